@@ -1,0 +1,1 @@
+//! hfi1: see docs/.

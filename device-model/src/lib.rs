@@ -1,0 +1,6 @@
+//! Emulated hfi1 (TID receive side) and irdma (control QP) PCI functions served over vfio-user.
+
+pub mod engine;
+pub mod hfi1;
+pub mod irdma;
+pub mod pci;

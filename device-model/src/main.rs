@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("device-model: not wired yet");
+    std::process::exit(2);
+}

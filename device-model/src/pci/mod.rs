@@ -1,0 +1,1 @@
+//! pci: see docs/.

@@ -1,0 +1,107 @@
+//! The one trait between the driver and how it reaches the device: MMIO, DMA mappings and interrupts.
+//!
+//! Backends: Linux VFIO inside a guest, a direct vfio-user client of the device model, and an
+//! in-process device model. Everything above this trait is the same code for all of them.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::dma::DmaMemory;
+
+#[derive(Debug, Error)]
+pub enum AccessError {
+    #[error("{what} at BAR{bar}+{offset:#x} is outside the BAR (size {size:#x})")]
+    OutOfRange { what: &'static str, bar: u32, offset: u64, size: u64 },
+    #[error("BAR{0} does not exist or is not a memory BAR")]
+    NoSuchBar(u32),
+    #[error("the device failed a {op}: errno {errno}")]
+    Errno { op: &'static str, errno: i32 },
+    #[error("{op} timed out after {timeout:?}")]
+    Timeout { op: &'static str, timeout: Duration },
+    #[error("I/O error during {op}: {source}")]
+    Io { op: &'static str, source: std::io::Error },
+    #[error("{0}")]
+    Other(String),
+}
+
+impl AccessError {
+    /// The negative errno the kernel-named API reports for this failure.
+    pub fn to_errno(&self) -> i32 {
+        match self {
+            AccessError::OutOfRange { .. } | AccessError::NoSuchBar(_) => -libc::EINVAL,
+            AccessError::Errno { errno, .. } => -errno.abs(),
+            AccessError::Timeout { .. } => -libc::ETIMEDOUT,
+            AccessError::Io { source, .. } => -source.raw_os_error().unwrap_or(libc::EIO),
+            AccessError::Other(_) => -libc::EIO,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, AccessError>;
+
+/// Identity of the device behind a backend, for `udriver info`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct DeviceIdentity {
+    pub vendor_id: u16,
+    pub device_id: u16,
+    /// (BAR index, size) of every memory BAR.
+    pub bars: Vec<(u32, u64)>,
+    pub msix_vectors: u32,
+    /// "vfio", "vfio-user" or "in-process".
+    pub backend: &'static str,
+    /// Whether register access is mapped memory (no trap per access).
+    pub mapped_bars: Vec<u32>,
+}
+
+/// How the driver reaches one device. Register accesses are single volatile accesses of the given width
+/// (64-bit for hfi1 CSRs, 32-bit for irdma registers); no `&mut [u8]` ever spans device memory.
+pub trait DeviceAccess: Send + Sync {
+    fn identity(&self) -> DeviceIdentity;
+    fn read32(&self, bar: u32, offset: u64) -> Result<u32>;
+    fn write32(&self, bar: u32, offset: u64, value: u32) -> Result<()>;
+    fn read64(&self, bar: u32, offset: u64) -> Result<u64>;
+    fn write64(&self, bar: u32, offset: u64, value: u64) -> Result<()>;
+    /// Makes `[offset, offset + len)` of `mem` visible to the device at `iova`. Page-aligned.
+    fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()>;
+    fn dma_unmap(&self, iova: u64, len: u64) -> Result<()>;
+    /// Sets up `nvec` MSI-X vectors with eventfds.
+    fn enable_msix(&self, nvec: u32) -> Result<()>;
+    /// Waits until `vector` fires (true) or `timeout` passes (false). Consumes the event.
+    fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool>;
+    /// Flushes posted/write-combined writes (the kernel's `flush_wc()`): a no-op where writes are not
+    /// buffered.
+    fn flush_wc(&self) {}
+
+    fn set_bits32(&self, bar: u32, offset: u64, bits: u32) -> Result<()> {
+        let v = self.read32(bar, offset)?;
+        self.write32(bar, offset, v | bits)
+    }
+    fn clear_bits32(&self, bar: u32, offset: u64, bits: u32) -> Result<()> {
+        let v = self.read32(bar, offset)?;
+        self.write32(bar, offset, v & !bits)
+    }
+}
+
+/// Polls `cond` every `interval` until it returns `Some`, or fails with `Timeout` after `timeout`.
+pub fn poll_until<T>(
+    op: &'static str,
+    timeout: Duration,
+    interval: Duration,
+    mut cond: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = cond()? {
+            return Ok(v);
+        }
+        if start.elapsed() >= timeout {
+            return Err(AccessError::Timeout { op, timeout });
+        }
+        if interval.is_zero() {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(interval);
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! irdma: see docs/.

@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("udriver: not wired yet");
+    std::process::exit(2);
+}
