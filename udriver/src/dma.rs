@@ -81,16 +81,20 @@ impl DmaMemory {
         use rustix::mm::{mmap, MapFlags, ProtFlags};
         // SAFETY: a fresh shared mapping of a file we own, of exactly the file's length; nothing else in
         // this process aliases it, and it is unmapped once in Drop.
-        let ptr = unsafe {
-            mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
-        }
-        .map_err(|e| DmaMemError::Create { len, source: e.into() })?;
+        let ptr =
+            unsafe { mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0) }
+                .map_err(|e| DmaMemError::Create { len, source: e.into() })?;
         // Touch nothing yet: the kernel zero-fills on first access.
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(DmaMemError::Create {
-            len,
-            source: std::io::Error::other("mmap returned NULL"),
-        })?;
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or(DmaMemError::Create { len, source: std::io::Error::other("mmap returned NULL") })?;
         Ok(Self { fd, ptr, len, huge })
+    }
+
+    /// A second mapping of the same file: shares the pages, outlives `other`. An in-process device model
+    /// holds one so its view of the driver's memory never dangles.
+    pub fn alias(other: &DmaMemory) -> Result<Self, DmaMemError> {
+        let fd = other.fd.try_clone().map_err(|e| DmaMemError::Create { len: other.len, source: e })?;
+        Self::map(fd, other.len, other.huge)
     }
 
     pub fn len(&self) -> usize {
@@ -177,7 +181,11 @@ impl Drop for DmaMemory {
 
 impl std::fmt::Debug for DmaMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DmaMemory").field("addr", &format_args!("{:#x}", self.addr())).field("len", &self.len).field("huge", &self.huge).finish()
+        f.debug_struct("DmaMemory")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .field("huge", &self.huge)
+            .finish()
     }
 }
 

@@ -3,7 +3,7 @@
 //! The core functions keep the Linux kernel's names, parameters and return conventions.
 
 pub mod access;
+pub mod backend;
 pub mod dma;
 pub mod hfi1;
 pub mod irdma;
-pub mod backend;

@@ -3,5 +3,5 @@
 //! Every byte from the peer is untrusted: sizes, counts, offsets and indices are checked against
 //! their limits before anything is allocated or indexed, and nothing a peer sends may panic.
 
-pub mod dma;
 pub mod device;
+pub mod dma;

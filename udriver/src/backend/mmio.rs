@@ -26,9 +26,12 @@ impl MappedBar {
     /// Maps `len` bytes of `fd` at `fd_offset`, standing for BAR bytes `[bar_offset, bar_offset + len)`.
     pub fn new(fd: BorrowedFd<'_>, fd_offset: u64, len: u64, bar_offset: u64) -> Result<Self> {
         use rustix::mm::{mmap, MapFlags, ProtFlags};
-        let len_usize = usize::try_from(len).map_err(|_| AccessError::Other(format!("BAR area too large: {len:#x}")))?;
+        let len_usize =
+            usize::try_from(len).map_err(|_| AccessError::Other(format!("BAR area too large: {len:#x}")))?;
         if len_usize == 0 || fd_offset % 4096 != 0 {
-            return Err(AccessError::Other(format!("cannot map BAR area of {len:#x} bytes at file offset {fd_offset:#x}")));
+            return Err(AccessError::Other(format!(
+                "cannot map BAR area of {len:#x} bytes at file offset {fd_offset:#x}"
+            )));
         }
         // SAFETY: a new shared mapping chosen by the kernel (no fixed address), so it aliases nothing in
         // this process; it is unmapped once in Drop.

@@ -1,5 +1,6 @@
 //! How the driver reaches a device: every backend implements `crate::access::DeviceAccess`.
 
+pub mod inproc;
 pub mod mmio;
 pub mod vfio;
 

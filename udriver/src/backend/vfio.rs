@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use vfio_bindings::bindings::vfio::{VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP};
+use vfio_bindings::bindings::vfio::{
+    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
+};
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioRegionInfoCap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -230,9 +232,7 @@ impl DeviceAccess for VfioBackend {
 
     fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {
         let fds = self.msix.lock().unwrap_or_else(|e| e.into_inner());
-        let fd = fds
-            .get(vector as usize)
-            .ok_or(AccessError::Other(format!("MSI-X vector {vector} is not enabled")))?;
+        let fd = fds.get(vector as usize).ok_or(AccessError::Other(format!("MSI-X vector {vector} is not enabled")))?;
         // SAFETY: the eventfd lives in `fds`, which is borrowed for the whole wait.
         let bfd = unsafe { BorrowedFd::borrow_raw(fd.as_raw_fd()) };
         wait_eventfd(bfd, timeout)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs every test: formatting, clippy, unit and integration tests, the QEMU end-to-end run and a fuzz smoke.
+# Usage: ci/test.sh [--no-e2e] [--no-fuzz]
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+
+E2E=1 FUZZ=1
+for a in "$@"; do
+    case $a in
+        --no-e2e) E2E=0 ;;
+        --no-fuzz) FUZZ=0 ;;
+        *) die "unknown option $a" ;;
+    esac
+done
+
+bash ci/setup-rust.sh
+
+log "cargo fmt --check"
+cargo fmt --all --check
+
+log "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+log "cargo test"
+cargo test --workspace 2>&1 | tee /tmp/rdma-emu-cargo-test.log
+grep -q "test result:" /tmp/rdma-emu-cargo-test.log || die "cargo test ran no test"
+
+if [ "$E2E" = 1 ]; then
+    log "QEMU end-to-end (fd-mapped guest RAM, then DMA_READ/WRITE messages)"
+    bash ci/e2e.sh
+fi
+
+if [ "$FUZZ" = 1 ] && [ -d fuzz ]; then
+    log "fuzz smoke"
+    bash ci/fuzz.sh --seconds "${FUZZ_SMOKE_SECONDS:-30}"
+fi
+log "all tests passed"

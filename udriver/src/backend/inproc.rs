@@ -1,0 +1,219 @@
+//! In-process backend: the device model's PCI function lives in this process. Register accesses are
+//! direct calls, DMA goes straight to our `DmaMemory`, interrupts are counted per vector. Used by tests,
+//! benchmarks and the hostile-device fuzz target; the same driver code runs over it as over VFIO.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use vfio_user_proto::device::{region, Device, DeviceContext, IrqTrigger};
+use vfio_user_proto::dma::{DmaAccess, DmaError};
+
+use crate::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
+use crate::dma::DmaMemory;
+
+/// One mapping: its length, the memory (an alias of the driver's, see `DmaMemory::alias`, so it stays
+/// valid whatever the driver frees) and the offset in that memory.
+#[derive(Clone)]
+struct Mapping {
+    len: u64,
+    mem: Arc<DmaMemory>,
+    offset: u64,
+}
+
+/// The device's view of the driver's DMA mappings.
+#[derive(Default)]
+struct Mappings {
+    map: Mutex<BTreeMap<u64, Mapping>>,
+}
+
+impl Mappings {
+    fn walk(
+        &self,
+        iova: u64,
+        len: usize,
+        mut f: impl FnMut(&DmaMemory, usize, usize, usize) -> Result<()>,
+    ) -> std::result::Result<(), DmaError> {
+        let len64 = len as u64;
+        iova.checked_add(len64).ok_or(DmaError::Overflow { iova, len: len64 })?;
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        // Check coverage first so a failing access touches nothing.
+        let mut pieces = Vec::new();
+        let (mut cur, mut done) = (iova, 0usize);
+        while done < len {
+            let (base, m) = map
+                .range(..=cur)
+                .next_back()
+                .filter(|(b, m)| cur < **b + m.len)
+                .ok_or(DmaError::Unmapped { iova, len: len64 })?;
+            let off_in = cur - base;
+            let n = ((m.len - off_in) as usize).min(len - done);
+            pieces.push((m.mem.clone(), (m.offset + off_in) as usize, done, n));
+            cur += n as u64;
+            done += n;
+        }
+        drop(map);
+        for (mem, off, at, n) in pieces {
+            f(&mem, off, at, n).map_err(|e| DmaError::Transport(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+impl DmaAccess for Mappings {
+    fn read(&self, iova: u64, buf: &mut [u8]) -> std::result::Result<(), DmaError> {
+        let len = buf.len();
+        self.walk(iova, len, |mem, off, at, n| {
+            mem.read(off, &mut buf[at..at + n]).map_err(|e| AccessError::Other(e.to_string()))
+        })
+    }
+    fn write(&self, iova: u64, buf: &[u8]) -> std::result::Result<(), DmaError> {
+        self.walk(iova, buf.len(), |mem, off, at, n| {
+            mem.write(off, &buf[at..at + n]).map_err(|e| AccessError::Other(e.to_string()))
+        })
+    }
+}
+
+/// Interrupt counts per (index, vector), with a condvar to wait on.
+#[derive(Default)]
+struct Irqs {
+    pending: Mutex<BTreeMap<u32, u64>>,
+    cond: Condvar,
+}
+
+impl IrqTrigger for Irqs {
+    fn trigger(&self, index: u32, vector: u32) {
+        if index != vfio_user_proto::device::irq::MSIX {
+            return;
+        }
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()).entry(vector).or_default() += 1;
+        self.cond.notify_all();
+    }
+}
+
+pub struct InProcess {
+    device: Arc<dyn Device>,
+    dma: Arc<Mappings>,
+    irqs: Arc<Irqs>,
+    bar_sizes: Vec<(u32, u64)>,
+}
+
+impl InProcess {
+    /// Attaches `device` as if a client had connected.
+    pub fn new(device: Arc<dyn Device>) -> Self {
+        let dma = Arc::new(Mappings::default());
+        let irqs = Arc::new(Irqs::default());
+        device.attach(DeviceContext { dma: dma.clone(), irq: irqs.clone() });
+        let bar_sizes = (region::BAR0..=region::BAR5)
+            .filter_map(|i| device.region_info(i).filter(|r| r.size > 0).map(|r| (i, r.size)))
+            .collect();
+        Self { device, dma, irqs, bar_sizes }
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    fn check(&self, bar: u32, offset: u64, width: u64) -> Result<()> {
+        let size =
+            self.bar_sizes.iter().find(|(i, _)| *i == bar).map(|(_, s)| *s).ok_or(AccessError::NoSuchBar(bar))?;
+        if offset.checked_add(width).is_none_or(|e| e > size) || offset % width != 0 {
+            return Err(AccessError::OutOfRange { what: "register access", bar, offset, size });
+        }
+        Ok(())
+    }
+
+    fn read(&self, bar: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(bar, offset, buf.len() as u64)?;
+        self.device.region_read(bar, offset, buf).map_err(|errno| AccessError::Errno { op: "region read", errno })
+    }
+
+    fn write(&self, bar: u32, offset: u64, buf: &[u8]) -> Result<()> {
+        self.check(bar, offset, buf.len() as u64)?;
+        self.device.region_write(bar, offset, buf).map_err(|errno| AccessError::Errno { op: "region write", errno })
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.device.detach();
+    }
+}
+
+impl DeviceAccess for InProcess {
+    fn identity(&self) -> DeviceIdentity {
+        let mut ids = [0u8; 4];
+        let ok = self.device.region_read(region::CONFIG, 0, &mut ids).is_ok();
+        let msix = self.device.irq_info(vfio_user_proto::device::irq::MSIX).map_or(0, |i| i.count);
+        DeviceIdentity {
+            vendor_id: if ok { u16::from_le_bytes([ids[0], ids[1]]) } else { 0xffff },
+            device_id: if ok { u16::from_le_bytes([ids[2], ids[3]]) } else { 0xffff },
+            bars: self.bar_sizes.clone(),
+            msix_vectors: msix,
+            backend: "in-process",
+            mapped_bars: Vec::new(),
+        }
+    }
+    fn read32(&self, bar: u32, offset: u64) -> Result<u32> {
+        let mut b = [0u8; 4];
+        self.read(bar, offset, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+    fn write32(&self, bar: u32, offset: u64, value: u32) -> Result<()> {
+        self.write(bar, offset, &value.to_le_bytes())
+    }
+    fn read64(&self, bar: u32, offset: u64) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(bar, offset, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+    fn write64(&self, bar: u32, offset: u64, value: u64) -> Result<()> {
+        self.write(bar, offset, &value.to_le_bytes())
+    }
+
+    fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
+        let end = iova.checked_add(len);
+        if len == 0 || end.is_none() || offset.checked_add(len).is_none_or(|e| e > mem.len() as u64) {
+            return Err(AccessError::Other(format!("bad DMA map {offset:#x}+{len:#x} at IOVA {iova:#x}")));
+        }
+        let mut map = self.dma.map.lock().unwrap_or_else(|e| e.into_inner());
+        let overlaps = map.range(..end.unwrap_or(u64::MAX)).next_back().is_some_and(|(b, m)| b + m.len > iova);
+        if overlaps {
+            return Err(AccessError::Errno { op: "DMA map", errno: libc::EEXIST });
+        }
+        let alias = DmaMemory::alias(mem).map_err(|e| AccessError::Other(e.to_string()))?;
+        map.insert(iova, Mapping { len, mem: Arc::new(alias), offset });
+        Ok(())
+    }
+
+    fn dma_unmap(&self, iova: u64, len: u64) -> Result<()> {
+        let mut map = self.dma.map.lock().unwrap_or_else(|e| e.into_inner());
+        let end = iova.saturating_add(len);
+        map.retain(|b, m| !(*b >= iova && *b + m.len <= end));
+        Ok(())
+    }
+
+    fn enable_msix(&self, nvec: u32) -> Result<()> {
+        let max = self.device.irq_info(vfio_user_proto::device::irq::MSIX).map_or(0, |i| i.count);
+        if nvec == 0 || nvec > max {
+            return Err(AccessError::Other(format!("{nvec} MSI-X vectors requested, device has {max}")));
+        }
+        Ok(())
+    }
+
+    fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut pending = self.irqs.pending.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(n) = pending.get_mut(&vector).filter(|n| **n > 0) {
+                *n = 0;
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            pending = self.irqs.cond.wait_timeout(pending, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
