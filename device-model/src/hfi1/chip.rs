@@ -7,9 +7,9 @@ use super::counters::Counters;
 use super::flow::{FlowEntry, FlowTable};
 use super::rcvarray::RcvArray;
 use super::regs::{
-    apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL,
-    RCV_TID_CTRL, RCV_TID_CTRL_TID_BASE_INDEX_MASK, RCV_TID_CTRL_TID_BASE_INDEX_SHIFT,
-    RCV_TID_CTRL_TID_PAIR_CNT_MASK, RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RCV_SHIFT, RXE_KCTXT_BASE, UCTXT_REGS,
+    apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL, RCV_SHIFT,
+    RCV_TID_CTRL, RCV_TID_CTRL_TID_BASE_INDEX_MASK, RCV_TID_CTRL_TID_BASE_INDEX_SHIFT, RCV_TID_CTRL_TID_PAIR_CNT_MASK,
+    RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE, UCTXT_REGS,
 };
 use super::shm::SharedWords;
 use super::{LB_BASE, LB_SIZE, RXE_NUM_TID_FLOWS};
@@ -225,7 +225,8 @@ mod tests {
     #[test]
     fn read_only_registers_ignore_writes() {
         let (mut c, n) = chip();
-        for offset in [RCV_STATUS, kctxt_csr(RCV_CTXT_STATUS, 2), kctxt_csr(RCV_HDR_OVFL_CNT, 2), uctxt_csr(RCV_HDR_TAIL, 2)]
+        for offset in
+            [RCV_STATUS, kctxt_csr(RCV_CTXT_STATUS, 2), kctxt_csr(RCV_HDR_OVFL_CNT, 2), uctxt_csr(RCV_HDR_TAIL, 2)]
         {
             assert_eq!(c.write(offset, u64::MAX, &n), Access::ReadOnly, "{offset:#x}");
             assert_eq!(c.read(offset, &n), Access::Done(0), "{offset:#x}");

@@ -57,7 +57,8 @@ fn parse_inject(req: &Value) -> Result<(Packet, Vec<u8>)> {
         let sequence = field(req, "sequence", u64::from(HFI1_KDETH_BTH_SEQ_MASK))? as u32;
         super::full_flow_psn(generation, sequence)
     };
-    let hex = req.get("payload_hex").map_or(Some(""), Value::as_str).ok_or_else(|| err("payload_hex must be a string"))?;
+    let hex =
+        req.get("payload_hex").map_or(Some(""), Value::as_str).ok_or_else(|| err("payload_hex must be a string"))?;
     let payload = decode_hex(hex)?;
     let packet = Packet { kdeth0: Packet::kdeth0(offset, om, tid, tidctrl), dest_qp: Packet::dest_qp(ctxt, flow), psn };
     Ok((packet, payload))

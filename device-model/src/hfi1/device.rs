@@ -322,3 +322,7 @@ impl Engine for Hfi1 {
         super::control::handle(self, request).map_err(|e| e.to_string())
     }
 }
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;

@@ -379,7 +379,13 @@ mod tests {
             assert_eq!(r.send(&p, &vec![0xAA; len]), want, "{p:?}");
             assert_eq!(r.mem.write_count(), 0, "{want:?}");
             assert_eq!(FlowEntry::decode(r.flow()).sequence, 0, "{want:?} must not advance the flow");
-            let errors: u64 = r.counters.snapshot().iter().filter(|(n, _)| n.starts_with("rx_") && *n != "rx_packets").map(|(_, v)| v).sum();
+            let errors: u64 = r
+                .counters
+                .snapshot()
+                .iter()
+                .filter(|(n, _)| n.starts_with("rx_") && *n != "rx_packets")
+                .map(|(_, v)| v)
+                .sum();
             assert_eq!(errors, 1, "{want:?}");
         }
     }

@@ -231,11 +231,20 @@ pub enum Csr {
     /// Index into [`GLOBAL_REGS`].
     Global(usize),
     /// Context and index into [`KCTXT_REGS`].
-    Kctxt { ctxt: usize, reg: usize },
+    Kctxt {
+        ctxt: usize,
+        reg: usize,
+    },
     /// Context and index into [`UCTXT_REGS`].
-    Uctxt { ctxt: usize, reg: usize },
+    Uctxt {
+        ctxt: usize,
+        reg: usize,
+    },
     /// Context and flow index of a TID flow table entry.
-    Flow { ctxt: usize, flow: usize },
+    Flow {
+        ctxt: usize,
+        flow: usize,
+    },
     /// RcvArray entry index (may be beyond the configured count: the caller judges it).
     RcvArray(u64),
     /// An offset in the project-specific loopback block (relative to its base).
