@@ -24,7 +24,7 @@ pub const fn kreg(offset: u64) -> usize {
 pub enum Access {
     /// Handled (a read gives the value).
     Done(u64),
-    /// Read-only register or unimplemented offset: reads are all-ones for unimplemented, writes ignored.
+    /// Nothing implemented at this offset: reads are all-ones, writes ignored.
     Unimplemented,
     /// Read-only register: the write changed nothing.
     ReadOnly,

@@ -141,8 +141,6 @@ impl RxResult {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
     pub iova: u64,
-    /// RcvArray index used, for reports.
-    pub index: u64,
 }
 
 fn count(c: &std::sync::atomic::AtomicU64) {
@@ -213,7 +211,7 @@ impl Chip {
         if flow_checked {
             self.flows.accept(ctxt, pkt.flow());
         }
-        Ok(Placement { iova: entry.iova() + offset, index })
+        Ok(Placement { iova: entry.iova() + offset })
     }
 }
 

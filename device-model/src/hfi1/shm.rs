@@ -120,7 +120,7 @@ mod tests {
     }
 
     #[test]
-    fn a_second_mapping_of_the_fd_sees_device_side_stores() {
+    fn stores_through_the_file_at_the_bar_offset_reach_the_word() {
         use std::os::fd::AsRawFd;
         let w = SharedWords::new("t", 0x1200000, 512).unwrap();
         // Open the same file, as a client would, and store at the BAR offset of entry 3.
