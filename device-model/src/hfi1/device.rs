@@ -201,6 +201,8 @@ impl Hfi1 {
 
     /// Queues the chain at LB_DESC_ADDR and returns at once; a full queue drops the doorbell (counted).
     fn ring_doorbell(&self) {
+        // Under the chip lock so a concurrent reset sees the bookkeeping whole; try_send never blocks.
+        let _chip = self.shared.lock_chip();
         let lb = &self.shared.lb;
         let desc = lb.desc_addr.load(Ordering::Acquire);
         lb.db_submitted.fetch_add(1, Ordering::AcqRel);
