@@ -1,1 +1,135 @@
-//! hfi1: see docs/.
+//! hfi1 (Omni-Path HFI, "WFR") receive side for TID RDMA: the RcvArray, the per-context TID flow table,
+//! a receive engine that places TID RDMA data packets, and a loopback send path. See docs/hfi1-device.md.
+
+mod chip;
+mod control;
+mod counters;
+mod device;
+mod flow;
+mod loopback;
+mod rcv;
+mod rcvarray;
+pub mod regs;
+mod shm;
+
+pub use counters::Counters;
+pub use device::Hfi1;
+pub use flow::{FlowCheck, FlowEntry};
+pub use loopback::{
+    Descriptor, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR,
+    LB_DESC_HDR_LEN, LB_DOORBELL, LB_LAST_RESULT, LB_MAX_CHAIN, LB_MAX_PAYLOAD, LB_MSIX_VECTOR, LB_SIZE,
+};
+pub use rcv::{full_flow_psn, Packet, RxResult, TIDCTRL_EVEN, TIDCTRL_ODD};
+pub use rcvarray::{BufSize, RcvEntry};
+
+/// Receive contexts the chip has (RXE_NUM_CONTEXTS).
+pub const RXE_NUM_CONTEXTS: usize = 160;
+/// TID flows per receive context (RXE_NUM_TID_FLOWS).
+pub const RXE_NUM_TID_FLOWS: usize = 32;
+/// RcvArray entries are handed out in groups of 8 (RCV_INCREMENT).
+pub const RCV_INCREMENT: usize = 8;
+/// The largest RcvArray an RCV_TID_CTRL base can reach: (TID_BASE_INDEX mask + 1) << RCV_SHIFT.
+pub const MAX_RCV_ARRAY_COUNT: usize = ((regs::RCV_TID_CTRL_TID_BASE_INDEX_MASK as usize) + 1) << regs::RCV_SHIFT;
+/// BAR0 size: covers every block used (the loopback block ends at 32 MiB); the real chip's BAR is 64 MiB.
+pub const HFI1_BAR0_SIZE: u64 = 0x200_0000;
+/// BAR index of the register BAR (64-bit, so it also takes index 1).
+pub const HFI1_BAR: u32 = 0;
+/// MSI-X vectors the function has: vector 0 signals loopback completion.
+pub const HFI1_MSIX_VECTORS: u16 = 1;
+
+// The largest RcvArray ends below the user CSRs, and the loopback block lies inside BAR0.
+const _: () =
+    assert!(regs::RCV_ARRAY + regs::RCV_ARRAY_ENTRY_SIZE * MAX_RCV_ARRAY_COUNT as u64 <= regs::RXE_UCTXT_BASE);
+const _: () = assert!(LB_BASE + LB_SIZE <= HFI1_BAR0_SIZE);
+
+/// Shape of the emulated chip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hfi1Config {
+    /// Receive contexts, 1..=160. Default 8.
+    pub rcv_contexts: usize,
+    /// RcvArray entries, a multiple of 512 (so the shared mapping is whole pages), at most
+    /// [`MAX_RCV_ARRAY_COUNT`]. Default 4096.
+    pub rcv_array_count: usize,
+    /// Loopback doorbells that may wait for the worker; more are counted and dropped. Default 64.
+    pub doorbell_queue: usize,
+}
+
+impl Default for Hfi1Config {
+    fn default() -> Self {
+        Self { rcv_contexts: 8, rcv_array_count: 4096, doorbell_queue: 64 }
+    }
+}
+
+/// Entries per page of the shared RcvArray mapping.
+const ENTRIES_PER_PAGE: usize = 4096 / regs::RCV_ARRAY_ENTRY_SIZE as usize;
+
+impl Hfi1Config {
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=RXE_NUM_CONTEXTS).contains(&self.rcv_contexts) {
+            return Err(Hfi1Error::Config(format!("rcv_contexts {} not in 1..={RXE_NUM_CONTEXTS}", self.rcv_contexts)));
+        }
+        let n = self.rcv_array_count;
+        if n == 0 || n % ENTRIES_PER_PAGE != 0 || n > MAX_RCV_ARRAY_COUNT {
+            return Err(Hfi1Error::Config(format!(
+                "rcv_array_count {n} must be a non-zero multiple of {ENTRIES_PER_PAGE} up to {MAX_RCV_ARRAY_COUNT}"
+            )));
+        }
+        if !(1..=4096).contains(&self.doorbell_queue) {
+            return Err(Hfi1Error::Config(format!("doorbell_queue {} not in 1..=4096", self.doorbell_queue)));
+        }
+        Ok(())
+    }
+}
+
+/// Errors of the hfi1 engine.
+#[derive(Debug, thiserror::Error)]
+pub enum Hfi1Error {
+    #[error("invalid hfi1 configuration: {0}")]
+    Config(String),
+    #[error("shared RcvArray memory: {0}")]
+    Shm(#[from] std::io::Error),
+    #[error("worker thread: {0}")]
+    Worker(String),
+    #[error("bad control request: {0}")]
+    Control(String),
+}
+
+impl Hfi1Error {
+    /// Negative errno, for callers that speak the kernel's convention.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Self::Config(_) | Self::Control(_) => -libc::EINVAL,
+            Self::Shm(e) => -e.raw_os_error().unwrap_or(libc::ENOMEM),
+            Self::Worker(_) => -libc::EIO,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Hfi1Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid() {
+        assert_eq!(Hfi1Config::default().validate().ok(), Some(()));
+    }
+
+    #[test]
+    fn config_outside_the_chip_limits_is_rejected() {
+        let bad = [
+            Hfi1Config { rcv_contexts: 0, ..Default::default() },
+            Hfi1Config { rcv_contexts: 161, ..Default::default() },
+            Hfi1Config { rcv_array_count: 0, ..Default::default() },
+            Hfi1Config { rcv_array_count: 1000, ..Default::default() },
+            Hfi1Config { rcv_array_count: MAX_RCV_ARRAY_COUNT + 512, ..Default::default() },
+            Hfi1Config { doorbell_queue: 0, ..Default::default() },
+        ];
+        for c in bad {
+            let err = c.validate().err();
+            assert!(matches!(err, Some(Hfi1Error::Config(_))), "{c:?}");
+            assert_eq!(err.map(|e| e.errno()), Some(-libc::EINVAL));
+        }
+    }
+}

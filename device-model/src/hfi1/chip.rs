@@ -1,0 +1,276 @@
+//! The RXE state a driver programs: global and per-context CSRs, the flow tables and the RcvArray, with the
+//! register read/write rules. Lives behind one lock that no DMA path holds.
+
+use serde_json::{json, Value};
+
+use super::counters::Counters;
+use super::flow::{FlowEntry, FlowTable};
+use super::rcvarray::RcvArray;
+use super::regs::{
+    apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL, RCV_SHIFT,
+    RCV_TID_CTRL, RCV_TID_CTRL_TID_BASE_INDEX_MASK, RCV_TID_CTRL_TID_BASE_INDEX_SHIFT, RCV_TID_CTRL_TID_PAIR_CNT_MASK,
+    RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE, UCTXT_REGS,
+};
+use super::shm::SharedWords;
+use super::{LB_BASE, LB_SIZE, RXE_NUM_TID_FLOWS};
+
+/// Index of a kernel per-context register in [`KCTXT_REGS`].
+pub const fn kreg(offset: u64) -> usize {
+    ((offset - RXE_KCTXT_BASE) / 8) as usize
+}
+
+/// What an MMIO access to the chip (not the loopback block) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Handled (a read gives the value).
+    Done(u64),
+    /// Nothing implemented at this offset: reads are all-ones, writes ignored.
+    Unimplemented,
+    /// Read-only register: the write changed nothing.
+    ReadOnly,
+    /// The offset belongs to the loopback block.
+    Loopback(u64),
+}
+
+pub struct Chip {
+    contexts: usize,
+    global: [u64; GLOBAL_REGS.len()],
+    kctxt: Vec<[u64; KCTXT_REGS.len()]>,
+    uctxt: Vec<[u64; UCTXT_REGS.len()]>,
+    pub flows: FlowTable,
+    pub rcv_array: RcvArray,
+}
+
+impl Chip {
+    pub fn new(contexts: usize, shm: SharedWords) -> Self {
+        let mut chip = Self {
+            contexts,
+            global: [0; GLOBAL_REGS.len()],
+            kctxt: vec![[0; KCTXT_REGS.len()]; contexts],
+            uctxt: vec![[0; UCTXT_REGS.len()]; contexts],
+            flows: FlowTable::new(contexts),
+            rcv_array: RcvArray::new(shm),
+        };
+        chip.reset();
+        chip
+    }
+
+    pub fn contexts(&self) -> usize {
+        self.contexts
+    }
+
+    /// reset_rxe_csrs plus the RcvArray invalidated: per-context CSRs and flow tables zero, the read-only
+    /// size registers show the configuration.
+    pub fn reset(&mut self) {
+        self.global = [0; GLOBAL_REGS.len()];
+        for (i, def) in GLOBAL_REGS.iter().enumerate() {
+            self.global[i] = match def.offset {
+                RCV_CONTEXTS => self.contexts as u64,
+                RCV_ARRAY_CNT => self.rcv_array.count() as u64,
+                _ => 0,
+            };
+        }
+        self.kctxt.iter_mut().for_each(|r| *r = [0; KCTXT_REGS.len()]);
+        self.uctxt.iter_mut().for_each(|r| *r = [0; UCTXT_REGS.len()]);
+        self.flows.reset();
+        self.rcv_array.reset();
+    }
+
+    /// A kernel per-context register value (`None` if the context does not exist).
+    pub fn kctxt(&self, ctxt: usize, offset: u64) -> Option<u64> {
+        self.kctxt.get(ctxt)?.get(kreg(offset)).copied()
+    }
+
+    /// The context's expected-receive range from RCV_TID_CTRL: (first entry, entry count).
+    pub fn tid_range(&self, ctxt: usize) -> Option<(u64, u64)> {
+        let v = self.kctxt(ctxt, RCV_TID_CTRL)?;
+        let base = (v >> RCV_TID_CTRL_TID_BASE_INDEX_SHIFT) & RCV_TID_CTRL_TID_BASE_INDEX_MASK;
+        let cnt = (v >> RCV_TID_CTRL_TID_PAIR_CNT_SHIFT) & RCV_TID_CTRL_TID_PAIR_CNT_MASK;
+        Some((base << RCV_SHIFT, cnt << RCV_SHIFT))
+    }
+
+    /// A 64-bit register read at the 8-byte-aligned `offset`.
+    pub fn read(&mut self, offset: u64, counters: &Counters) -> Access {
+        match decode(offset, self.contexts, LB_BASE, LB_SIZE) {
+            Csr::Global(i) => Access::Done(self.global[i]),
+            Csr::Kctxt { ctxt, reg } => self.kctxt.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r[reg])),
+            Csr::Uctxt { ctxt, reg } => self.uctxt.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r[reg])),
+            Csr::Flow { ctxt, flow } => self.flows.read(ctxt, flow).map_or(Access::Unimplemented, Access::Done),
+            Csr::RcvArray(i) => self.rcv_array.read(i, counters).map_or(Access::Unimplemented, Access::Done),
+            Csr::Loopback(rel) => Access::Loopback(rel),
+            Csr::Unimplemented => Access::Unimplemented,
+        }
+    }
+
+    /// A 64-bit register write at the 8-byte-aligned `offset`.
+    pub fn write(&mut self, offset: u64, value: u64, counters: &Counters) -> Access {
+        match decode(offset, self.contexts, LB_BASE, LB_SIZE) {
+            Csr::Global(i) => Self::write_reg(&GLOBAL_REGS[i], &mut self.global[i], value),
+            Csr::Kctxt { ctxt, reg } => match self.kctxt.get_mut(ctxt) {
+                Some(r) => Self::write_reg(&KCTXT_REGS[reg], &mut r[reg], value),
+                None => Access::Unimplemented,
+            },
+            Csr::Uctxt { ctxt, reg } => match self.uctxt.get_mut(ctxt) {
+                Some(r) => Self::write_reg(&UCTXT_REGS[reg], &mut r[reg], value),
+                None => Access::Unimplemented,
+            },
+            Csr::Flow { ctxt, flow } => {
+                if self.flows.write(ctxt, flow, value) {
+                    Access::Done(value)
+                } else {
+                    Access::Unimplemented
+                }
+            }
+            Csr::RcvArray(i) => {
+                // Out-of-range indices are counted by the RcvArray itself.
+                self.rcv_array.write(i, value, counters);
+                Access::Done(value)
+            }
+            Csr::Loopback(rel) => Access::Loopback(rel),
+            Csr::Unimplemented => Access::Unimplemented,
+        }
+    }
+
+    fn write_reg(def: &super::regs::RegDef, slot: &mut u64, value: u64) -> Access {
+        if def.is_read_only() {
+            return Access::ReadOnly;
+        }
+        *slot = apply_write(def, *slot, value);
+        Access::Done(value)
+    }
+
+    /// The dump of the control socket: registers, flow tables and valid RcvArray entries.
+    pub fn dump(&mut self, counters: &Counters) -> Value {
+        let global: serde_json::Map<String, Value> =
+            GLOBAL_REGS.iter().zip(self.global).map(|(d, v)| (d.name.to_string(), json!(format!("{v:#x}")))).collect();
+        let contexts: Vec<Value> = (0..self.contexts)
+            .map(|c| {
+                let mut regs = serde_json::Map::new();
+                for (d, v) in KCTXT_REGS.iter().zip(self.kctxt[c]).chain(UCTXT_REGS.iter().zip(self.uctxt[c])) {
+                    regs.insert(d.name.to_string(), json!(format!("{v:#x}")));
+                }
+                let flows: Vec<Value> = (0..RXE_NUM_TID_FLOWS)
+                    .filter_map(|f| {
+                        let raw = self.flows.read(c, f).filter(|r| *r != 0)?;
+                        Some(json!({"flow": f, "raw": format!("{raw:#x}"), "decoded": FlowEntry::decode(raw)}))
+                    })
+                    .collect();
+                let (base, count) = self.tid_range(c).unwrap_or((0, 0));
+                json!({"ctxt": c, "csrs": regs, "tid_base": base, "tid_count": count, "flows": flows})
+            })
+            .collect();
+        let entries: Vec<Value> = self
+            .rcv_array
+            .valid_entries(counters)
+            .into_iter()
+            .map(|(i, e)| {
+                json!({"index": i, "raw": format!("{:#x}", e.encode()), "buf_size_code": e.buf_size.code(),
+                       "buf_size": e.buf_size.bytes(), "addr": format!("{:#x}", e.iova())})
+            })
+            .collect();
+        json!({"global": global, "contexts": contexts, "rcv_array": entries})
+    }
+
+    /// RCV_CTXT_CTRL of a context, 0 when it does not exist.
+    pub fn ctxt_ctrl(&self, ctxt: usize) -> u64 {
+        self.kctxt(ctxt, RCV_CTXT_CTRL).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hfi1::regs::*;
+    use std::sync::atomic::Ordering;
+
+    fn chip() -> (Chip, Counters) {
+        (Chip::new(8, SharedWords::new("t", RCV_ARRAY, 4096).unwrap()), Counters::default())
+    }
+
+    #[test]
+    fn size_registers_read_the_configuration_and_ignore_writes() {
+        let (mut c, n) = chip();
+        assert_eq!(c.read(RCV_CONTEXTS, &n), Access::Done(8));
+        assert_eq!(c.read(RCV_ARRAY_CNT, &n), Access::Done(4096));
+        assert_eq!(c.write(RCV_ARRAY_CNT, 5, &n), Access::ReadOnly);
+        assert_eq!(c.write(RCV_CONTEXTS, 5, &n), Access::ReadOnly);
+        assert_eq!(c.read(RCV_ARRAY_CNT, &n), Access::Done(4096));
+    }
+
+    #[test]
+    fn golden_g7_tid_ctrl_value_gives_the_expected_range() {
+        let (mut c, n) = chip();
+        assert_eq!(c.write(kctxt_csr(RCV_TID_CTRL, 5), 0x0000008000000100, &n), Access::Done(0x0000008000000100));
+        assert_eq!(c.tid_range(5), Some((2048, 1024)));
+        assert_eq!(c.read(kctxt_csr(RCV_TID_CTRL, 5), &n), Access::Done(0x0000008000000100));
+    }
+
+    #[test]
+    fn writes_keep_only_the_defined_fields() {
+        let (mut c, n) = chip();
+        let table = [
+            (kctxt_csr(RCV_TID_CTRL, 1), u64::MAX, 0x000001FF00001FFF),
+            (kctxt_csr(RCV_EGR_CTRL, 1), u64::MAX, 0x000001FF00001FFF),
+            (kctxt_csr(RCV_CTXT_CTRL, 1), u64::MAX, 0x77F),
+            (RCV_BTH_QP, u64::MAX, 0x00FF0000),
+            (uctxt_csr(RCV_EGR_INDEX_HEAD, 1), u64::MAX, 0x7FF),
+            (uctxt_csr(RCV_HDR_HEAD, 1), u64::MAX, u64::MAX),
+        ];
+        for (offset, write, read) in table {
+            c.write(offset, write, &n);
+            assert_eq!(c.read(offset, &n), Access::Done(read), "{offset:#x}");
+        }
+    }
+
+    #[test]
+    fn read_only_registers_ignore_writes() {
+        let (mut c, n) = chip();
+        for offset in
+            [RCV_STATUS, kctxt_csr(RCV_CTXT_STATUS, 2), kctxt_csr(RCV_HDR_OVFL_CNT, 2), uctxt_csr(RCV_HDR_TAIL, 2)]
+        {
+            assert_eq!(c.write(offset, u64::MAX, &n), Access::ReadOnly, "{offset:#x}");
+            assert_eq!(c.read(offset, &n), Access::Done(0), "{offset:#x}");
+        }
+    }
+
+    #[test]
+    fn offsets_of_missing_contexts_and_holes_are_unimplemented() {
+        let (mut c, n) = chip();
+        for offset in [kctxt_csr(RCV_CTXT_CTRL, 8), uctxt_csr(RCV_HDR_HEAD, 8), tid_flow_csr(8, 0), CCE, TXE, 0x1000020]
+        {
+            assert_eq!(c.read(offset, &n), Access::Unimplemented, "{offset:#x}");
+            assert_eq!(c.write(offset, 1, &n), Access::Unimplemented, "{offset:#x}");
+        }
+        assert_eq!(c.read(RCV_ARRAY + 8 * 4096, &n), Access::Unimplemented);
+        c.write(RCV_ARRAY + 8 * 4096, 0x8000002000012345, &n);
+        assert_eq!(n.rcv_array_bad_index.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn reset_returns_every_register_and_table_to_power_on_values() {
+        let (mut c, n) = chip();
+        c.write(kctxt_csr(RCV_CTXT_CTRL, 3), 0x11, &n);
+        c.write(tid_flow_csr(3, 4), 0x0000006F091A2800, &n);
+        c.write(RCV_ARRAY + 8, 0x8000002000012345, &n);
+        c.rcv_array.shared().store(2, 0x8000002000012345);
+        c.reset();
+        assert_eq!(c.read(kctxt_csr(RCV_CTXT_CTRL, 3), &n), Access::Done(0));
+        assert_eq!(c.read(tid_flow_csr(3, 4), &n), Access::Done(0));
+        assert_eq!(c.read(RCV_ARRAY + 8, &n), Access::Done(0));
+        assert_eq!(c.read(RCV_ARRAY + 16, &n), Access::Done(0));
+        assert_eq!(c.read(RCV_ARRAY_CNT, &n), Access::Done(4096));
+    }
+
+    #[test]
+    fn dump_lists_valid_entries_and_programmed_flows() {
+        let (mut c, n) = chip();
+        c.write(RCV_ARRAY + 8 * 0x100, 0x8000002000012345, &n);
+        c.write(tid_flow_csr(2, 3), 0x0000006F091A2800, &n);
+        let d = c.dump(&n);
+        assert_eq!(d["rcv_array"][0]["index"], 0x100);
+        assert_eq!(d["rcv_array"][0]["addr"], "0x12345000");
+        assert_eq!(d["rcv_array"][0]["buf_size"], 8192);
+        assert_eq!(d["contexts"][2]["flows"][0]["decoded"]["generation"], 0x12345);
+        assert_eq!(d["global"]["RCV_ARRAY_CNT"], "0x1000");
+    }
+}

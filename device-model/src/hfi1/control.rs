@@ -1,0 +1,107 @@
+//! Control-socket commands of the hfi1 engine (JSON objects): inject, dump, reset, counters.
+//! Every field is checked; a hostile request gets an error, never a panic.
+
+use serde_json::{json, Value};
+
+use super::device::{counters_json, Hfi1};
+use super::rcv::{Packet, GENERATION_MASK, HFI1_KDETH_BTH_SEQ_MASK, KDETH_OFFSET_MASK, PSN_MASK};
+use super::{Hfi1Error, Result, LB_MAX_PAYLOAD};
+use crate::engine::Engine;
+
+fn err(msg: impl Into<String>) -> Hfi1Error {
+    Hfi1Error::Control(msg.into())
+}
+
+/// A required unsigned field no larger than `max`.
+fn field(req: &Value, name: &str, max: u64) -> Result<u64> {
+    let v = req.get(name).ok_or_else(|| err(format!("missing field \"{name}\"")))?;
+    let n = v.as_u64().ok_or_else(|| err(format!("\"{name}\" must be an unsigned integer")))?;
+    if n > max {
+        return Err(err(format!("\"{name}\" = {n} exceeds {max}")));
+    }
+    Ok(n)
+}
+
+/// An optional field with a default.
+fn field_or(req: &Value, name: &str, max: u64, default: u64) -> Result<u64> {
+    match req.get(name) {
+        None => Ok(default),
+        Some(Value::Bool(b)) => Ok(u64::from(*b).min(max)),
+        Some(_) => field(req, name, max),
+    }
+}
+
+fn decode_hex(s: &str) -> Result<Vec<u8>> {
+    if s.len() % 2 != 0 || s.len() > 2 * LB_MAX_PAYLOAD {
+        return Err(err(format!("payload_hex must be an even number of hex digits, at most {LB_MAX_PAYLOAD} bytes")));
+    }
+    let digit = |c: u8| -> Result<u8> {
+        (c as char).to_digit(16).map(|d| d as u8).ok_or_else(|| err("payload_hex has a non-hex character"))
+    };
+    s.as_bytes().chunks_exact(2).map(|p| Ok((digit(p[0])? << 4) | digit(p[1])?)).collect()
+}
+
+/// `{"cmd":"inject","ctxt":2,"flow":3,"tid":2,"tidctrl":1,"offset":16,"om":0,"psn":152709123,"payload_hex":"0102"}`.
+/// `psn` may be replaced by `generation` + `sequence`.
+fn parse_inject(req: &Value) -> Result<(Packet, Vec<u8>)> {
+    let ctxt = field(req, "ctxt", 0xFF)? as u32;
+    let flow = field(req, "flow", 0x1F)? as u32;
+    let tid = field(req, "tid", 0x3FF)? as u32;
+    let tidctrl = field(req, "tidctrl", 3)? as u32;
+    let offset = field_or(req, "offset", u64::from(KDETH_OFFSET_MASK), 0)? as u32;
+    let om = field_or(req, "om", 1, 0)? == 1;
+    let psn = if req.get("psn").is_some() {
+        field(req, "psn", u64::from(PSN_MASK))? as u32
+    } else {
+        let generation = field(req, "generation", u64::from(GENERATION_MASK))? as u32;
+        let sequence = field(req, "sequence", u64::from(HFI1_KDETH_BTH_SEQ_MASK))? as u32;
+        super::full_flow_psn(generation, sequence)
+    };
+    let hex =
+        req.get("payload_hex").map_or(Some(""), Value::as_str).ok_or_else(|| err("payload_hex must be a string"))?;
+    let payload = decode_hex(hex)?;
+    let packet = Packet { kdeth0: Packet::kdeth0(offset, om, tid, tidctrl), dest_qp: Packet::dest_qp(ctxt, flow), psn };
+    Ok((packet, payload))
+}
+
+pub(super) fn handle(dev: &Hfi1, req: &Value) -> Result<Value> {
+    let cmd = req.get("cmd").and_then(Value::as_str).ok_or_else(|| err("request needs a string \"cmd\""))?;
+    match cmd {
+        "inject" => {
+            let (packet, payload) = parse_inject(req)?;
+            let result = dev.inject(packet, payload)?;
+            Ok(json!({"result": result.name(), "code": result.code()}))
+        }
+        "dump" => Ok(dev.dump()),
+        "reset" => {
+            dev.reset();
+            Ok(json!({"ok": true}))
+        }
+        "counters" => Ok(counters_json(dev.shared_counters())),
+        other => Err(err(format!("unknown command \"{other}\" (inject, dump, reset, counters)"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_payload_decodes_and_bad_hex_is_an_error() {
+        assert_eq!(decode_hex("00ff10").ok(), Some(vec![0, 0xFF, 0x10]));
+        for bad in ["0", "zz", "0g", "é0"] {
+            assert!(matches!(decode_hex(bad), Err(Hfi1Error::Control(_))), "{bad}");
+        }
+        assert!(decode_hex(&"00".repeat(LB_MAX_PAYLOAD + 1)).is_err());
+    }
+
+    #[test]
+    fn inject_fields_build_the_packet() {
+        let req = json!({"cmd":"inject","ctxt":2,"flow":3,"tid":2,"tidctrl":2,"offset":3,"om":1,
+                         "generation":0x12345,"sequence":3,"payload_hex":"0506"});
+        let (p, payload) = parse_inject(&req).unwrap();
+        assert_eq!((p.ctxt(), p.flow(), p.tid(), p.tidctrl(), p.offset_bytes()), (2, 3, 2, 2, 192));
+        assert_eq!(p.psn, 0x091A2803);
+        assert_eq!(payload, [5, 6]);
+    }
+}

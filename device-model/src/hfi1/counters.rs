@@ -1,0 +1,83 @@
+//! Device error and event counters: atomics, so a driver or the control socket reads them while work runs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
+        /// Event and error counts since the last reset.
+        #[derive(Debug, Default)]
+        pub struct Counters {
+            $($(#[doc = $doc])* pub $name: AtomicU64,)*
+        }
+
+        impl Counters {
+            /// Every counter by name, in declaration order.
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+
+            pub fn reset(&self) {
+                $(self.$name.store(0, Ordering::Relaxed);)*
+            }
+        }
+    };
+}
+
+counters! {
+    /// RcvArray values (trapped, or taken from shared memory and non-zero) without WRITE_ENABLE: ignored.
+    rcv_array_no_write_enable,
+    /// RcvArray values with WRITE_ENABLE and a reserved BUF_SIZE code (0xB..=0xF): entry invalidated.
+    rcv_array_bad_buf_size,
+    /// Trapped RcvArray writes at an index at or beyond RCV_ARRAY_CNT.
+    rcv_array_bad_index,
+    /// RcvArray values adopted (programmed or invalidated) from a trapped write or from shared memory.
+    rcv_array_adopted,
+    /// Packets offered to the receive engine.
+    rx_packets,
+    /// Packets whose payload was placed.
+    rx_placed,
+    /// Packets for a context number at or beyond RCV_CONTEXTS.
+    rx_bad_context,
+    /// Packets for a context without RCV_CTXT_CTRL.ENABLE.
+    rx_context_disabled,
+    /// Packets with KDETH TIDCTRL 0 or 3.
+    rx_bad_tidctrl,
+    /// Packets for a flow without FLOW_VALID.
+    rx_flow_invalid,
+    /// Packets whose generation differs from the flow's (GEN_MISMATCH).
+    rx_gen_mismatch,
+    /// Packets whose sequence differs from the flow's expected one (SEQ_MISMATCH).
+    rx_seq_mismatch,
+    /// Packets whose TID names an entry outside the context's RCV_TID_CTRL range.
+    rx_tid_out_of_range,
+    /// Packets whose RcvArray entry is invalid.
+    rx_tid_invalid_entry,
+    /// Packets whose offset + length exceeds the entry's buffer.
+    rx_buffer_overrun,
+    /// Payload DMA writes that failed (unmapped or refused memory).
+    rx_dma_errors,
+    /// Loopback descriptors that could not be read or were malformed.
+    lb_bad_descriptors,
+    /// Loopback doorbells dropped because the worker queue was full.
+    lb_doorbell_overruns,
+    /// BAR writes that were not 8 bytes at an 8-byte-aligned offset.
+    mmio_bad_width,
+    /// BAR writes to read-only or unimplemented offsets.
+    mmio_ignored_writes,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_names_every_counter_and_reset_zeroes_them() {
+        let c = Counters::default();
+        c.rx_gen_mismatch.fetch_add(2, Ordering::Relaxed);
+        let snap = c.snapshot();
+        assert_eq!(snap.len(), 20);
+        assert!(snap.contains(&("rx_gen_mismatch", 2)));
+        c.reset();
+        assert!(c.snapshot().iter().all(|(_, v)| *v == 0));
+    }
+}

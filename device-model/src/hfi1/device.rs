@@ -1,0 +1,330 @@
+//! The hfi1 function as an [`Engine`]: BAR0 dispatch, the worker thread that places packets, attach/detach and
+//! reset.
+//!
+//! Locks: `chip` (registers, flow tables, RcvArray) is never held across a DMA access; `dma`/`irq` are held
+//! only to clone the handle. The loopback registers a driver polls are atomics.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use vfio_user_proto::device::RegionFd;
+use vfio_user_proto::dma::{DmaAccess, NoDma};
+
+use super::chip::{Access, Chip};
+use super::counters::Counters;
+use super::loopback::{self, LbRegs, LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
+use super::rcv::{Packet, RxResult};
+use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE};
+use super::shm::SharedWords;
+use super::{Hfi1Config, Hfi1Error, Result, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
+use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, NoInterrupt};
+
+/// How long detach waits for the descriptor in flight, and a control inject for its result.
+pub(super) const WORK_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub(super) enum Job {
+    Doorbell { desc: u64, epoch: u64 },
+    Inject { packet: Packet, payload: Vec<u8>, epoch: u64, reply: Sender<RxResult> },
+    Stop,
+}
+
+/// State shared by the register path and the worker.
+pub(super) struct Shared {
+    chip: Mutex<Chip>,
+    pub counters: Counters,
+    pub lb: LbRegs,
+    /// Bumped (under the chip lock) by every reset and detach; work from an older epoch is dropped.
+    epoch: AtomicU64,
+    dma: RwLock<Arc<dyn DmaAccess>>,
+    irq: RwLock<Arc<dyn Interrupt>>,
+    /// The epoch of the job the worker is running, if any.
+    busy: Mutex<Option<u64>>,
+    idle: Condvar,
+}
+
+impl Shared {
+    pub fn lock_chip(&self) -> MutexGuard<'_, Chip> {
+        self.chip.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Whether work of `epoch` may still run.
+    pub fn current(&self, epoch: u64) -> bool {
+        self.epoch() == epoch
+    }
+
+    /// Applies `f` to the loopback registers unless a reset came since `epoch` (checked under the chip lock,
+    /// which resets take, so a result never lands in freshly reset registers).
+    pub fn publish(&self, epoch: u64, f: impl FnOnce(&LbRegs)) -> bool {
+        let _chip = self.lock_chip();
+        if !self.current(epoch) {
+            return false;
+        }
+        f(&self.lb);
+        true
+    }
+
+    pub fn raise(&self, vector: u16) {
+        let irq = Arc::clone(&self.irq.read().unwrap_or_else(|e| e.into_inner()));
+        irq.raise(vector);
+    }
+
+    fn dma(&self) -> Arc<dyn DmaAccess> {
+        Arc::clone(&self.dma.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Power-on state; in-flight and queued work of the old epoch is abandoned.
+    fn reset(&self) {
+        let mut chip = self.lock_chip();
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        chip.reset();
+        self.lb.reset();
+        self.counters.reset();
+    }
+
+    fn set_busy(&self, v: Option<u64>) {
+        *self.busy.lock().unwrap_or_else(|e| e.into_inner()) = v;
+        self.idle.notify_all();
+    }
+
+    /// Waits (bounded) until the worker no longer runs a job of `epoch`.
+    fn wait_not_running(&self, epoch: u64) -> bool {
+        let guard = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        let (_g, res) = self
+            .idle
+            .wait_timeout_while(guard, WORK_TIMEOUT, |b| b.is_some_and(|e| e <= epoch))
+            .unwrap_or_else(|e| e.into_inner());
+        !res.timed_out()
+    }
+}
+
+/// The emulated hfi1 receive side. Dropping it stops its worker thread.
+pub struct Hfi1 {
+    config: Hfi1Config,
+    shared: Arc<Shared>,
+    region_fd: RegionFd,
+    jobs: Sender<Job>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl Hfi1 {
+    pub fn new(config: Hfi1Config) -> Result<Self> {
+        config.validate()?;
+        let shm = SharedWords::new("hfi1-bar0", RCV_ARRAY, config.rcv_array_count)?;
+        let region_fd = RegionFd { fd: shm.fd(), fd_offset: 0 };
+        let shared = Arc::new(Shared {
+            chip: Mutex::new(Chip::new(config.rcv_contexts, shm)),
+            counters: Counters::default(),
+            lb: LbRegs::default(),
+            epoch: AtomicU64::new(0),
+            dma: RwLock::new(Arc::new(NoDma)),
+            irq: RwLock::new(Arc::new(NoInterrupt)),
+            busy: Mutex::new(None),
+            idle: Condvar::new(),
+        });
+        let (jobs, rx) = crossbeam_channel::bounded(config.doorbell_queue);
+        let worker_shared = Arc::clone(&shared);
+        let worker = std::thread::Builder::new()
+            .name("hfi1-worker".into())
+            .spawn(move || worker(&worker_shared, &rx))
+            .map_err(|e| Hfi1Error::Worker(e.to_string()))?;
+        Ok(Self { config, shared, region_fd, jobs, worker: Some(worker) })
+    }
+
+    pub fn config(&self) -> &Hfi1Config {
+        &self.config
+    }
+
+    pub(super) fn shared_counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// Every counter by name.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.shared.counters.snapshot()
+    }
+
+    /// Sends one packet through the receive engine on the worker thread and waits for its result.
+    pub fn inject(&self, packet: Packet, payload: Vec<u8>) -> Result<RxResult> {
+        if payload.len() > LB_MAX_PAYLOAD {
+            return Err(Hfi1Error::Control(format!("payload of {} bytes exceeds {LB_MAX_PAYLOAD}", payload.len())));
+        }
+        let (reply, result) = crossbeam_channel::bounded(1);
+        let job = Job::Inject { packet, payload, epoch: self.shared.epoch(), reply };
+        self.jobs.send_timeout(job, WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("worker queue full".into()))?;
+        result.recv_timeout(WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("no result from the worker".into()))
+    }
+
+    /// The control socket's dump.
+    pub fn dump(&self) -> serde_json::Value {
+        let mut v = self.shared.lock_chip().dump(&self.shared.counters);
+        let lb = &self.shared.lb;
+        v["loopback"] = serde_json::json!({
+            "desc_addr": format!("{:#x}", lb.desc_addr.load(Ordering::Acquire)),
+            "db_submitted": lb.db_submitted.load(Ordering::Acquire),
+            "db_done": lb.db_done.load(Ordering::Acquire),
+            "desc_done": lb.desc_done.load(Ordering::Acquire),
+            "desc_err": lb.desc_err.load(Ordering::Acquire),
+            "last_result": lb.last_result.load(Ordering::Acquire),
+            "db_dropped": lb.db_dropped.load(Ordering::Acquire),
+        });
+        v["counters"] = counters_json(&self.shared.counters);
+        v
+    }
+
+    fn read64(&self, offset: u64) -> u64 {
+        let access = self.shared.lock_chip().read(offset, &self.shared.counters);
+        match access {
+            Access::Done(v) => v,
+            Access::Loopback(rel) => self.shared.lb.read(rel).unwrap_or(u64::MAX),
+            Access::Unimplemented | Access::ReadOnly => u64::MAX,
+        }
+    }
+
+    fn write64(&self, offset: u64, value: u64) {
+        let access = self.shared.lock_chip().write(offset, value, &self.shared.counters);
+        match access {
+            Access::Done(_) => {}
+            Access::Loopback(LB_DESC_ADDR) => self.shared.lb.desc_addr.store(value, Ordering::Release),
+            Access::Loopback(LB_DOORBELL) => self.ring_doorbell(),
+            Access::Loopback(_) | Access::Unimplemented | Access::ReadOnly => {
+                self.shared.counters.mmio_ignored_writes.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Queues the chain at LB_DESC_ADDR and returns at once; a full queue drops the doorbell (counted).
+    fn ring_doorbell(&self) {
+        // Under the chip lock so a concurrent reset sees the bookkeeping whole; try_send never blocks.
+        let _chip = self.shared.lock_chip();
+        let lb = &self.shared.lb;
+        let desc = lb.desc_addr.load(Ordering::Acquire);
+        lb.db_submitted.fetch_add(1, Ordering::AcqRel);
+        match self.jobs.try_send(Job::Doorbell { desc, epoch: self.shared.epoch() }) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                lb.db_submitted.fetch_sub(1, Ordering::AcqRel);
+                lb.db_dropped.fetch_add(1, Ordering::AcqRel);
+                self.shared.counters.lb_doorbell_overruns.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+pub(super) fn counters_json(c: &Counters) -> serde_json::Value {
+    c.snapshot().into_iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect()
+}
+
+fn worker(shared: &Shared, jobs: &Receiver<Job>) {
+    let mut buf = Vec::with_capacity(LB_MAX_PAYLOAD);
+    while let Ok(job) = jobs.recv() {
+        match job {
+            Job::Stop => break,
+            Job::Doorbell { desc, epoch } => {
+                shared.set_busy(Some(epoch));
+                if shared.current(epoch) {
+                    loopback::run_doorbell(shared, shared.dma().as_ref(), desc, epoch, &mut buf);
+                }
+                shared.set_busy(None);
+            }
+            Job::Inject { packet, payload, epoch, reply } => {
+                shared.set_busy(Some(epoch));
+                let result = if shared.current(epoch) {
+                    loopback::receive(shared, shared.dma().as_ref(), &packet, &payload, epoch)
+                } else {
+                    RxResult::Aborted
+                };
+                shared.set_busy(None);
+                let _ = reply.try_send(result);
+            }
+        }
+    }
+}
+
+impl Drop for Hfi1 {
+    fn drop(&mut self) {
+        self.shared.reset();
+        let _ = self.jobs.send_timeout(Job::Stop, WORK_TIMEOUT);
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Engine for Hfi1 {
+    fn name(&self) -> &'static str {
+        "hfi1"
+    }
+
+    fn bars(&self) -> Vec<BarSpec> {
+        let len = RCV_ARRAY_ENTRY_SIZE * self.config.rcv_array_count as u64;
+        vec![BarSpec {
+            index: HFI1_BAR,
+            size: HFI1_BAR0_SIZE,
+            is_64bit: true,
+            prefetchable: false,
+            mmap: Some(BarMmap { areas: vec![(RCV_ARRAY, len)], fd: self.region_fd.clone() }),
+        }]
+    }
+
+    fn msix_vectors(&self) -> u16 {
+        HFI1_MSIX_VECTORS
+    }
+
+    fn mmio_read(&self, bar: u32, offset: u64, data: &mut [u8]) {
+        data.fill(0xFF);
+        let shift = (offset % 8) as usize;
+        if bar != HFI1_BAR || offset >= HFI1_BAR0_SIZE || shift + data.len() > 8 || data.is_empty() {
+            return;
+        }
+        let value = self.read64(offset - shift as u64).to_le_bytes();
+        data.copy_from_slice(&value[shift..shift + data.len()]);
+    }
+
+    fn mmio_write(&self, bar: u32, offset: u64, data: &[u8]) {
+        // hfi1 CSRs are 64-bit registers written with writeq; anything else is counted and ignored.
+        let Ok(bytes) = <[u8; 8]>::try_from(data) else {
+            self.shared.counters.mmio_bad_width.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if bar != HFI1_BAR || offset >= HFI1_BAR0_SIZE || offset % 8 != 0 {
+            self.shared.counters.mmio_bad_width.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.write64(offset, u64::from_le_bytes(bytes));
+    }
+
+    fn attach(&self, dma: Arc<dyn DmaAccess>, irq: Arc<dyn Interrupt>) {
+        *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = dma;
+        *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = irq;
+    }
+
+    fn detach(&self) {
+        let old = self.shared.epoch();
+        self.shared.reset();
+        *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoDma);
+        *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoInterrupt);
+        if !self.shared.wait_not_running(old) {
+            tracing::warn!("hfi1: work in flight did not stop within {WORK_TIMEOUT:?} of detach");
+        }
+    }
+
+    fn reset(&self) {
+        // Never waits for the worker: a DMA in flight may need this very thread to deliver its reply.
+        self.shared.reset();
+    }
+
+    fn control(&self, request: &serde_json::Value) -> std::result::Result<serde_json::Value, String> {
+        super::control::handle(self, request).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;

@@ -1,0 +1,139 @@
+//! Shared memory behind the RcvArray's sparse-mmap area: a memfd the client maps, seen here as 64-bit atomic
+//! words. The only `unsafe` of the hfi1 engine lives in this file.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// `words` 64-bit words at byte `file_offset` of a memfd, mapped shared.
+///
+/// The file is `file_offset + 8 * words` bytes long and sparse below `file_offset`, so the client can map it at
+/// BAR offsets (file offset = BAR offset) without the device paying for the unused part.
+pub struct SharedWords {
+    ptr: *mut AtomicU64,
+    words: usize,
+    fd: Arc<OwnedFd>,
+}
+
+// SAFETY: the mapping is owned by this value for its whole life, and every access goes through `AtomicU64`,
+// which is safe to share between threads (and with the client process, which only does aligned 64-bit stores
+// and loads on it).
+unsafe impl Send for SharedWords {}
+// SAFETY: as above; `&SharedWords` only hands out atomic operations.
+unsafe impl Sync for SharedWords {}
+
+impl SharedWords {
+    /// Creates the memfd and maps the words. `file_offset` must be page-aligned.
+    pub fn new(name: &str, file_offset: u64, words: usize) -> std::io::Result<Self> {
+        let len = words.checked_mul(8).filter(|l| *l > 0).ok_or(std::io::ErrorKind::InvalidInput)?;
+        if file_offset % 4096 != 0 {
+            return Err(std::io::ErrorKind::InvalidInput.into());
+        }
+        let memfd = memfd::MemfdOptions::default()
+            .close_on_exec(true)
+            .create(name)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let file = memfd.into_file();
+        file.set_len(file_offset + len as u64)?;
+        let fd: OwnedFd = file.into();
+        // SAFETY: a fresh shared mapping chosen by the kernel (null hint), of a range the file covers (set_len
+        // above); no existing memory is replaced. The result is checked before use.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                file_offset,
+            )
+        }?;
+        Ok(Self { ptr: ptr.cast(), words, fd: Arc::new(fd) })
+    }
+
+    pub fn len(&self) -> usize {
+        self.words
+    }
+
+    /// The file backing the words, for the client to map.
+    pub fn fd(&self) -> Arc<OwnedFd> {
+        Arc::clone(&self.fd)
+    }
+
+    fn word(&self, index: usize) -> Option<&AtomicU64> {
+        if index >= self.words {
+            return None;
+        }
+        // SAFETY: `index < words`, so the word lies inside the mapping, which is page-aligned (so every word is
+        // 8-byte aligned) and lives as long as `self`. AtomicU64 has the layout of u64, and all accesses from
+        // this process are atomic.
+        Some(unsafe { &*self.ptr.add(index) })
+    }
+
+    /// Atomically takes word `index`, leaving 0. `None` if out of range.
+    pub fn take(&self, index: usize) -> Option<u64> {
+        self.word(index).map(|w| w.swap(0, Ordering::AcqRel))
+    }
+
+    /// Reads word `index` without changing it.
+    #[cfg(test)]
+    pub fn load(&self, index: usize) -> Option<u64> {
+        self.word(index).map(|w| w.load(Ordering::Acquire))
+    }
+
+    /// Stores `value` in word `index` (what a client store through its mapping does). Returns false if out of
+    /// range.
+    pub fn store(&self, index: usize, value: u64) -> bool {
+        self.word(index).map(|w| w.store(value, Ordering::Release)).is_some()
+    }
+
+    /// Zeroes every word.
+    pub fn clear(&self) {
+        (0..self.words).for_each(|i| {
+            self.store(i, 0);
+        });
+    }
+}
+
+impl Drop for SharedWords {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly the mapping made in `new`, and no reference into it outlives `self`
+        // (`word` borrows `self`).
+        let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.words * 8) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_returns_the_stored_word_and_leaves_zero() {
+        let w = SharedWords::new("t", 0x1200000, 512).unwrap();
+        assert!(w.store(7, 0x8000002000012345));
+        assert_eq!(w.take(7), Some(0x8000002000012345));
+        assert_eq!(w.load(7), Some(0));
+        assert_eq!(w.take(512), None);
+        assert!(!w.store(512, 1));
+    }
+
+    #[test]
+    fn stores_through_the_file_at_the_bar_offset_reach_the_word() {
+        use std::os::fd::AsRawFd;
+        let w = SharedWords::new("t", 0x1200000, 512).unwrap();
+        // Open the same file, as a client would, and store at the BAR offset of entry 3.
+        let path = format!("/proc/self/fd/{}", w.fd().as_raw_fd());
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&0x8000000000000000u64.to_le_bytes(), 0x1200000 + 8 * 3).unwrap();
+        assert_eq!(w.take(3), Some(0x8000000000000000));
+    }
+
+    #[test]
+    fn unaligned_file_offset_is_rejected() {
+        assert!(SharedWords::new("t", 8, 512).is_err());
+        assert!(SharedWords::new("t", 0, 0).is_err());
+    }
+}
