@@ -47,6 +47,8 @@ pub struct Function {
     /// Counted refusals: BAR accesses with Memory Space disabled, DMA with Bus Master disabled.
     mmio_refused: AtomicU64,
     dma_refused: Arc<AtomicU64>,
+    /// Status bits the DMA path raised, folded into config space under its lock.
+    status_events: Arc<AtomicU16>,
 }
 
 /// Checks an engine's BARs against each other and the MSI-X slot.
@@ -165,11 +167,17 @@ impl Function {
             msix,
             mmio_refused: AtomicU64::new(0),
             dma_refused: Arc::new(AtomicU64::new(0)),
+            status_events: Arc::new(AtomicU16::new(0)),
         })
     }
 
     fn lock_config(&self) -> MutexGuard<'_, ConfigSpace> {
-        self.config.lock().unwrap_or_else(|e| e.into_inner())
+        let mut cfg = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        let events = self.status_events.swap(0, Ordering::AcqRel);
+        if events != 0 {
+            cfg.raise_status(PCI_STATUS, events);
+        }
+        cfg
     }
 
     pub fn engine(&self) -> &Arc<dyn Engine> {
@@ -205,6 +213,7 @@ impl Function {
             let payload = cfg.get_u16(devctl) & PCI_EXP_DEVCTL_PAYLOAD;
             let link = cfg.get_u16(lnkctl);
             *cfg = ConfigSpace::new(&self.layout);
+            self.status_events.store(0, Ordering::Release);
             let fresh = cfg.get_u16(devctl) & !PCI_EXP_DEVCTL_PAYLOAD;
             cfg.set_u16(devctl, fresh | payload);
             cfg.set_u16(lnkctl, link);
@@ -220,6 +229,7 @@ impl Function {
     fn power_on_reset(&self) {
         let mut cfg = self.lock_config();
         *cfg = ConfigSpace::new(&self.layout);
+        self.status_events.store(0, Ordering::Release);
         if let Some(m) = &self.msix {
             m.reset();
         }
@@ -384,7 +394,12 @@ impl Device for Function {
             }
             None => Arc::new(NoInterrupt),
         };
-        let dma = Arc::new(BusMasterDma::new(ctx.dma, self.command.clone(), self.dma_refused.clone()));
+        let dma = Arc::new(BusMasterDma::new(
+            ctx.dma,
+            self.command.clone(),
+            self.dma_refused.clone(),
+            self.status_events.clone(),
+        ));
         self.engine.attach(dma, irq);
     }
 

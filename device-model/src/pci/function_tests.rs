@@ -279,6 +279,17 @@ fn engine_dma_needs_bus_master_enable() {
     assert_eq!(mem.read_u32(0x10_0000), Ok(5));
 }
 
+#[test]
+fn failed_dma_read_sets_received_master_abort_until_cleared() {
+    let (f, e, _, _) = attached();
+    cfg_w16(&f, 0x04, PCI_COMMAND_MASTER);
+    assert_eq!(cfg_r16(&f, 0x06), PCI_STATUS_CAP_LIST);
+    assert!(e.dma().read_u32(0xdead_0000).is_err());
+    assert_eq!(cfg_r16(&f, 0x06), PCI_STATUS_CAP_LIST | PCI_STATUS_REC_MASTER_ABORT);
+    cfg_w16(&f, 0x06, PCI_STATUS_REC_MASTER_ABORT);
+    assert_eq!(cfg_r16(&f, 0x06), PCI_STATUS_CAP_LIST);
+}
+
 fn program(f: &Function) {
     cfg_w32(f, 0x10, 0xfe00_0000);
     cfg_w16(f, 0x04, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
