@@ -1,6 +1,6 @@
 //! The control socket: JSON lines over a UNIX socket, one request per line, one reply per line.
 //!
-//! Requests: `{"cmd":"list"}`; `{"cmd":"reset","device":NAME}` (a function-level reset);
+//! Requests: `{"cmd":"list"}`; `{"cmd":"reset","device":NAME}` (the engine's reset);
 //! `{"device":NAME,"cmd":...}` for anything else, handed whole to that device (for a `Function`,
 //! `{"cmd":"pci"}` dumps PCI state and every other command goes to its engine's `control()`).
 //! Replies: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`. A line longer than `MAX_LINE`, bad
@@ -61,8 +61,10 @@ impl ControlTarget for Function {
             _ => self.engine().control(request),
         }
     }
+    /// The engine's registers and tables only: config space and MSI-X belong to the connected client, and an
+    /// FLR behind QEMU's back would turn memory decoding off under a running guest.
     fn reset(&self) {
-        self.function_level_reset();
+        self.engine().reset();
     }
 }
 

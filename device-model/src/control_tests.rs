@@ -3,7 +3,9 @@ use std::sync::atomic::AtomicU64;
 
 use super::*;
 use crate::engine::{BarSpec, Interrupt};
+use crate::pci::regs::{PCI_COMMAND_MEMORY, PCI_MSIX_FLAGS_ENABLE};
 use crate::pci::PciIds;
+use vfio_user_proto::device::{region, Device};
 use vfio_user_proto::dma::DmaAccess;
 
 /// Echoes requests, fails on `{"cmd":"fail"}`, panics on `{"cmd":"panic"}`, counts resets.
@@ -250,6 +252,14 @@ fn a_function_answers_pci_itself_and_passes_the_rest_to_its_engine() {
     assert_eq!(pci["result"]["msix"]["vectors"], json!(4));
     let dump = handle_request(&t[..1], br#"{"device":"hfi1","cmd":"dump"}"#);
     assert_eq!(dump, json!({"ok":true,"result":{"engine_saw":"dump"}}));
+    let msix_on = (PCI_MSIX_FLAGS_ENABLE).to_le_bytes();
+    f.region_write(region::CONFIG, 0x04, &PCI_COMMAND_MEMORY.to_le_bytes()).unwrap();
+    f.region_write(region::CONFIG, 0x82, &msix_on).unwrap();
     handle_request(&t[..1], br#"{"device":"hfi1","cmd":"reset"}"#);
-    assert_eq!(engine.resets.load(Ordering::SeqCst), 1, "function-level reset resets the engine");
+    assert_eq!(engine.resets.load(Ordering::SeqCst), 1, "the engine is reset");
+    let mut cmd = [0u8; 2];
+    f.region_read(region::CONFIG, 0x04, &mut cmd).unwrap();
+    assert_eq!(u16::from_le_bytes(cmd), PCI_COMMAND_MEMORY, "the client's config space stays");
+    f.region_read(region::CONFIG, 0x82, &mut cmd).unwrap();
+    assert_eq!(u16::from_le_bytes(cmd), PCI_MSIX_FLAGS_ENABLE | 3);
 }

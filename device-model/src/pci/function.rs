@@ -21,7 +21,6 @@ const PAGE_SIZE: u64 = 4096;
 const BAR_ACCESS_WIDTHS: [usize; 4] = [1, 2, 4, 8];
 
 /// What sits behind a BAR slot.
-#[derive(Clone)]
 enum Bar {
     Engine(BarSpec),
     Msix,
@@ -240,10 +239,14 @@ impl Function {
         (index <= region::BAR5).then_some(index as usize)
     }
 
-    /// Common checks of a BAR access; returns what is behind it.
-    fn bar_access(&self, index: u32, offset: u64, len: usize) -> Result<Bar, Errno> {
+    /// Common checks of a BAR access; returns whether the MSI-X BAR is behind it (else the engine's).
+    fn bar_access(&self, index: u32, offset: u64, len: usize) -> Result<bool, Errno> {
         let i = Self::bar_index(index).ok_or(libc::EINVAL)?;
-        let bar = self.bars[i].clone().ok_or(libc::EINVAL)?;
+        let is_msix = match &self.bars[i] {
+            None => return Err(libc::EINVAL),
+            Some(Bar::Msix) => true,
+            Some(Bar::Engine(_)) => false,
+        };
         if !BAR_ACCESS_WIDTHS.contains(&len) {
             return Err(libc::EINVAL);
         }
@@ -254,9 +257,10 @@ impl Function {
         // Linux vfio-pci refuses BAR access while memory decoding is off (-EIO); so do we.
         if self.command.load(Ordering::Acquire) & PCI_COMMAND_MEMORY == 0 {
             self.mmio_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(device = self.name(), index, offset, "BAR access with Memory Space disabled refused");
             return Err(libc::EIO);
         }
-        Ok(bar)
+        Ok(is_msix)
     }
 
     fn config_range(offset: u64, len: usize) -> Result<(), Errno> {
@@ -349,9 +353,10 @@ impl Device for Function {
             }
             return Ok(());
         }
-        match self.bar_access(index, offset, data.len())? {
-            Bar::Msix => self.msix.as_ref().ok_or(libc::EINVAL)?.read(offset, data),
-            Bar::Engine(_) => self.engine.mmio_read(index, offset, data),
+        if self.bar_access(index, offset, data.len())? {
+            self.msix.as_ref().ok_or(libc::EINVAL)?.read(offset, data);
+        } else {
+            self.engine.mmio_read(index, offset, data);
         }
         Ok(())
     }
@@ -379,9 +384,10 @@ impl Device for Function {
             }
             return Ok(());
         }
-        match self.bar_access(index, offset, data.len())? {
-            Bar::Msix => self.msix.as_ref().ok_or(libc::EINVAL)?.write(offset, data),
-            Bar::Engine(_) => self.engine.mmio_write(index, offset, data),
+        if self.bar_access(index, offset, data.len())? {
+            self.msix.as_ref().ok_or(libc::EINVAL)?.write(offset, data);
+        } else {
+            self.engine.mmio_write(index, offset, data);
         }
         Ok(())
     }
