@@ -201,7 +201,7 @@ impl Function {
         }
     }
 
-    /// Function-level reset (DEVICE_RESET, Initiate FLR, control socket): config space back to power-on values
+    /// Function-level reset (DEVICE_RESET, Initiate FLR): config space back to power-on values
     /// except what PCIe keeps across FLR (Max_Payload_Size and the Link Control bits), MSI-X masked, engine
     /// reset. Bus mastering stops before the engine resets, so in-flight DMA fails instead of landing.
     pub fn function_level_reset(&self) {
