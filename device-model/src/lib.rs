@@ -1,5 +1,7 @@
 //! Emulated hfi1 (TID receive side) and irdma (control QP) PCI functions served over vfio-user.
 
+pub mod cli;
+pub mod control;
 pub mod engine;
 pub mod hfi1;
 pub mod irdma;

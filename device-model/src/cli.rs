@@ -1,0 +1,292 @@
+//! Command line of the `device-model` binary, following the vfio-user/vhost-user backend program conventions
+//! (`--socket-path PATH` or `--fd FD`), plus one option per device to serve several from one process.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+use thiserror::Error;
+
+use crate::pci::PciIds;
+
+/// Most receive contexts the hfi1 chip has (RXE_NUM_CONTEXTS).
+pub const RXE_NUM_CONTEXTS: u32 = 160;
+/// RcvArray entries come in groups of RCV_INCREMENT.
+pub const RCV_INCREMENT: u32 = 8;
+/// Largest RcvArray the emulation offers (docs/pci.md).
+pub const MAX_RCV_ARRAY_ENTRIES: u32 = 32768;
+/// Largest qhash table the emulation offers.
+pub const MAX_QHASH_CAPACITY: u32 = 65536;
+
+const EXAMPLES: &str = "\
+Examples:
+  Serve both functions, each on its own vfio-user socket, with a control socket:
+    device-model --hfi1 /tmp/hfi1.sock --irdma /tmp/irdma.sock --control /tmp/dm.sock
+  and attach QEMU to one of them:
+    qemu-system-x86_64 ... -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"/tmp/hfi1.sock\",\"type\":\"unix\"}}'
+
+  Backend program convention, one device per process:
+    device-model --socket-path /tmp/irdma.sock --device irdma
+    device-model --fd 3 --device hfi1        # FD 3: an inherited UNIX socket, already listening
+
+  Serve one client per socket, then exit (tests):
+    device-model --hfi1 /tmp/hfi1.sock --once --log-level debug
+
+  A smaller hfi1, a bigger qhash table, other PCI IDs:
+    device-model --hfi1 /tmp/h.sock --hfi1-contexts 8 --hfi1-rcvarray-entries 2048 \\
+                 --irdma /tmp/i.sock --irdma-qhash-capacity 4096 --irdma-ids 1b36:1102
+
+  Query the control socket (JSON lines):
+    echo '{\"cmd\":\"list\"}' | socat - UNIX-CONNECT:/tmp/dm.sock
+    echo '{\"device\":\"irdma\",\"cmd\":\"dump\"}' | socat - UNIX-CONNECT:/tmp/dm.sock
+    echo '{\"cmd\":\"reset\",\"device\":\"hfi1\"}' | socat - UNIX-CONNECT:/tmp/dm.sock
+
+Default PCI IDs are 1b36:1100 (hfi1, class 020800) and 1b36:1101 (irdma, class 020000), which no in-tree
+Linux driver claims. Giving a real chip's IDs lets the guest's own hfi1/ice driver bind to the emulation.";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
+pub enum DeviceKind {
+    Hfi1,
+    Irdma,
+}
+
+impl DeviceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Hfi1 => "hfi1",
+            DeviceKind::Irdma => "irdma",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn level(self) -> tracing::Level {
+        match self {
+            LogLevel::Error => tracing::Level::ERROR,
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Debug => tracing::Level::DEBUG,
+            LogLevel::Trace => tracing::Level::TRACE,
+        }
+    }
+}
+
+/// A PCI vendor:device pair from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VendorDevice {
+    pub vendor_id: u16,
+    pub device_id: u16,
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum CliError {
+    #[error("\"{0}\" is not VENDOR:DEVICE (two hex IDs, e.g. 1b36:1100)")]
+    IdsFormat(String),
+    #[error("\"{0}\" is not a 16-bit hex ID")]
+    IdHex(String),
+    #[error("vendor ID {0:#06x} means \"no device\" to PCI enumeration")]
+    IdReserved(u16),
+    #[error("\"{0}\" is not a file descriptor number")]
+    Fd(String),
+    #[error("RcvArray entries must be a multiple of {RCV_INCREMENT} in {RCV_INCREMENT}..={MAX_RCV_ARRAY_ENTRIES}, not \"{0}\"")]
+    RcvArrayEntries(String),
+    #[error("nothing to serve: give --hfi1 PATH, --irdma PATH, or --socket-path PATH / --fd FD with --device")]
+    NothingToServe,
+    #[error("--socket-path and --fd need --device hfi1|irdma")]
+    DeviceMissing,
+    #[error("--device only goes with --socket-path or --fd")]
+    DeviceWithoutSocket,
+    #[error("{0} is used twice: each device and the control socket need their own socket path")]
+    PathReused(PathBuf),
+    #[error("{option} given but {device} is not served")]
+    OptionForAbsentDevice { option: &'static str, device: &'static str },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Parser)]
+#[command(
+    name = "device-model",
+    version,
+    about = "vfio-user server emulating the hfi1 TID receive side and the irdma control QP as PCI functions",
+    long_about = "vfio-user server emulating two Intel RDMA engines as PCI functions: the hfi1 (Omni-Path HFI) TID \
+receive structures and the irdma (E810) control QP. Each device is served on its own UNIX socket to one vfio-user \
+client at a time (QEMU's vfio-user-pci, or a direct client); when a client leaves, the device is reset and the \
+next client is served. An optional control socket (JSON lines) injects packets, dumps state and resets devices.",
+    after_help = "See --help for examples.",
+    after_long_help = EXAMPLES
+)]
+pub struct Args {
+    /// Serve the hfi1 function on a vfio-user socket created at PATH (a stale socket is replaced).
+    #[arg(long, value_name = "PATH")]
+    pub hfi1: Option<PathBuf>,
+
+    /// Serve the irdma function on a vfio-user socket created at PATH (a stale socket is replaced).
+    #[arg(long, value_name = "PATH")]
+    pub irdma: Option<PathBuf>,
+
+    /// Backend program convention: serve the single device chosen by --device on a socket created at PATH.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["fd", "hfi1", "irdma"])]
+    pub socket_path: Option<PathBuf>,
+
+    /// Backend program convention: serve the single device chosen by --device on the inherited, already
+    /// listening UNIX socket FD.
+    #[arg(long, value_name = "FD", value_parser = parse_fd, conflicts_with_all = ["socket_path", "hfi1", "irdma"])]
+    pub fd: Option<i32>,
+
+    /// The device served on --socket-path or --fd.
+    #[arg(long, value_enum, value_name = "DEVICE")]
+    pub device: Option<DeviceKind>,
+
+    /// Also serve the control socket (JSON lines: list, dump, inject, reset) at PATH, mode 0600.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+
+    /// PCI vendor:device IDs of the hfi1 function, in hex [default: 1b36:1100].
+    #[arg(long, value_name = "VENDOR:DEVICE", value_parser = parse_ids)]
+    pub hfi1_ids: Option<VendorDevice>,
+
+    /// PCI vendor:device IDs of the irdma function, in hex [default: 1b36:1101].
+    #[arg(long, value_name = "VENDOR:DEVICE", value_parser = parse_ids)]
+    pub irdma_ids: Option<VendorDevice>,
+
+    /// Number of hfi1 receive contexts (RCV_CONTEXTS), 1..=160 [default: the engine's].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(RXE_NUM_CONTEXTS)))]
+    pub hfi1_contexts: Option<u32>,
+
+    /// Number of hfi1 RcvArray entries (RCV_ARRAY_CNT), a multiple of 8 up to 32768 [default: the engine's].
+    #[arg(long, value_name = "N", value_parser = parse_rcvarray_entries)]
+    pub hfi1_rcvarray_entries: Option<u32>,
+
+    /// Capacity of the irdma quad-hash table, 1..=65536 entries [default: the engine's].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_QHASH_CAPACITY)))]
+    pub irdma_qhash_capacity: Option<u32>,
+
+    /// Serve one client per socket, then exit once every socket has had its client.
+    #[arg(long)]
+    pub once: bool,
+
+    /// Log level (logs go to stderr; RUST_LOG, when set, overrides this).
+    #[arg(long, value_enum, value_name = "LEVEL", default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+}
+
+/// Where a device listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// Create a listening socket at this path.
+    Path(PathBuf),
+    /// An inherited, already listening socket.
+    Fd(i32),
+}
+
+/// One device to serve, as the command line asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub kind: DeviceKind,
+    pub listen: Listen,
+    pub ids: PciIds,
+}
+
+impl Args {
+    /// The devices to serve, after the checks clap cannot express.
+    pub fn served(&self) -> Result<Vec<Served>, CliError> {
+        let ids = |kind: DeviceKind| {
+            let (default, given) = match kind {
+                DeviceKind::Hfi1 => (PciIds::hfi1_default(), self.hfi1_ids),
+                DeviceKind::Irdma => (PciIds::irdma_default(), self.irdma_ids),
+            };
+            given.map_or(default, |g| default.with_vendor_device(g.vendor_id, g.device_id))
+        };
+        let mut out = Vec::new();
+        let single = match (&self.socket_path, self.fd) {
+            (Some(p), _) => Some(Listen::Path(p.clone())),
+            (None, Some(fd)) => Some(Listen::Fd(fd)),
+            (None, None) => None,
+        };
+        match (single, self.device) {
+            (Some(listen), Some(kind)) => out.push(Served { kind, listen, ids: ids(kind) }),
+            (Some(_), None) => return Err(CliError::DeviceMissing),
+            (None, Some(_)) => return Err(CliError::DeviceWithoutSocket),
+            (None, None) => {
+                for (kind, path) in [(DeviceKind::Hfi1, &self.hfi1), (DeviceKind::Irdma, &self.irdma)] {
+                    if let Some(p) = path {
+                        out.push(Served { kind, listen: Listen::Path(p.clone()), ids: ids(kind) });
+                    }
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(CliError::NothingToServe);
+        }
+        let mut paths: Vec<&PathBuf> = out
+            .iter()
+            .filter_map(|s| match &s.listen {
+                Listen::Path(p) => Some(p),
+                Listen::Fd(_) => None,
+            })
+            .chain(self.control.iter())
+            .collect();
+        paths.sort();
+        if let Some(w) = paths.windows(2).find(|w| w[0] == w[1]) {
+            return Err(CliError::PathReused(w[0].clone()));
+        }
+        let serves = |k: DeviceKind| out.iter().any(|s| s.kind == k);
+        let per_device: [(&'static str, bool, DeviceKind); 5] = [
+            ("--hfi1-ids", self.hfi1_ids.is_some(), DeviceKind::Hfi1),
+            ("--hfi1-contexts", self.hfi1_contexts.is_some(), DeviceKind::Hfi1),
+            ("--hfi1-rcvarray-entries", self.hfi1_rcvarray_entries.is_some(), DeviceKind::Hfi1),
+            ("--irdma-ids", self.irdma_ids.is_some(), DeviceKind::Irdma),
+            ("--irdma-qhash-capacity", self.irdma_qhash_capacity.is_some(), DeviceKind::Irdma),
+        ];
+        for (option, given, kind) in per_device {
+            if given && !serves(kind) {
+                return Err(CliError::OptionForAbsentDevice { option, device: kind.name() });
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn parse_hex16(s: &str) -> Result<u16, CliError> {
+    let digits = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")).unwrap_or(s);
+    // from_str_radix alone would take a sign.
+    if digits.is_empty() || digits.len() > 4 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(CliError::IdHex(s.to_string()));
+    }
+    u16::from_str_radix(digits, 16).map_err(|_| CliError::IdHex(s.to_string()))
+}
+
+/// `VENDOR:DEVICE` in hex, as lspci prints it (`1b36:1100`, `0x8086:0x1592`).
+pub fn parse_ids(s: &str) -> Result<VendorDevice, CliError> {
+    let (v, d) = s.split_once(':').ok_or_else(|| CliError::IdsFormat(s.to_string()))?;
+    let vendor_id = parse_hex16(v.trim())?;
+    let device_id = parse_hex16(d.trim())?;
+    if vendor_id == 0x0000 || vendor_id == 0xffff {
+        return Err(CliError::IdReserved(vendor_id));
+    }
+    Ok(VendorDevice { vendor_id, device_id })
+}
+
+/// A file descriptor number (0 included: a socket on stdin is the inetd convention).
+pub fn parse_fd(s: &str) -> Result<i32, CliError> {
+    s.parse::<i32>().ok().filter(|fd| *fd >= 0).ok_or_else(|| CliError::Fd(s.to_string()))
+}
+
+/// RcvArray size: a whole number of RCV_INCREMENT groups, at most `MAX_RCV_ARRAY_ENTRIES`.
+pub fn parse_rcvarray_entries(s: &str) -> Result<u32, CliError> {
+    s.parse::<u32>()
+        .ok()
+        .filter(|n| *n >= RCV_INCREMENT && *n <= MAX_RCV_ARRAY_ENTRIES && n % RCV_INCREMENT == 0)
+        .ok_or_else(|| CliError::RcvArrayEntries(s.to_string()))
+}
+
+#[cfg(test)]
+#[path = "cli_tests.rs"]
+mod tests;

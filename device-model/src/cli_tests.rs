@@ -1,0 +1,182 @@
+use clap::CommandFactory;
+
+use super::*;
+
+fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+    Args::try_parse_from(std::iter::once("device-model").chain(args.iter().copied()))
+}
+
+fn served(args: &[&str]) -> Result<Vec<Served>, CliError> {
+    parse(args).unwrap().served()
+}
+
+#[test]
+fn parse_ids_reads_hex_vendor_and_device() {
+    let ok = [
+        ("1b36:1100", 0x1b36, 0x1100),
+        ("8086:1592", 0x8086, 0x1592),
+        ("0x8086:0x24f0", 0x8086, 0x24f0),
+        ("1B36:00ff", 0x1b36, 0x00ff),
+        ("1:2", 0x0001, 0x0002),
+    ];
+    for (s, v, d) in ok {
+        assert_eq!(parse_ids(s), Ok(VendorDevice { vendor_id: v, device_id: d }), "{s}");
+    }
+    let bad = [
+        ("1b36", CliError::IdsFormat("1b36".into())),
+        ("1b36-1100", CliError::IdsFormat("1b36-1100".into())),
+        (":1100", CliError::IdHex("".into())),
+        ("1b36:", CliError::IdHex("".into())),
+        ("1b36:11000", CliError::IdHex("11000".into())),
+        ("xyz:1100", CliError::IdHex("xyz".into())),
+        ("1b36:1100:1", CliError::IdHex("1100:1".into())),
+        ("ffff:1100", CliError::IdReserved(0xffff)),
+        ("0000:1100", CliError::IdReserved(0)),
+        ("+1b3:1100", CliError::IdHex("+1b3".into())),
+    ];
+    for (s, e) in bad {
+        assert_eq!(parse_ids(s), Err(e), "{s}");
+    }
+}
+
+#[test]
+fn parse_fd_and_rcvarray_entries_check_their_ranges() {
+    assert_eq!(parse_fd("3"), Ok(3));
+    assert_eq!(parse_fd("0"), Ok(0));
+    for s in ["-1", "x", "", "99999999999"] {
+        assert_eq!(parse_fd(s), Err(CliError::Fd(s.into())), "{s}");
+    }
+    for (s, n) in [("8", 8), ("2048", 2048), ("32768", 32768)] {
+        assert_eq!(parse_rcvarray_entries(s), Ok(n));
+    }
+    for s in ["0", "4", "12", "32776", "-8", "lots"] {
+        assert_eq!(parse_rcvarray_entries(s), Err(CliError::RcvArrayEntries(s.into())), "{s}");
+    }
+}
+
+#[test]
+fn per_device_sockets_serve_each_device_with_its_ids() {
+    let s = served(&["--hfi1", "/tmp/h.sock", "--irdma", "/tmp/i.sock", "--irdma-ids", "1b36:1102"]).unwrap();
+    assert_eq!(
+        s,
+        vec![
+            Served { kind: DeviceKind::Hfi1, listen: Listen::Path("/tmp/h.sock".into()), ids: PciIds::hfi1_default() },
+            Served {
+                kind: DeviceKind::Irdma,
+                listen: Listen::Path("/tmp/i.sock".into()),
+                ids: PciIds { device_id: 0x1102, ..PciIds::irdma_default() },
+            },
+        ]
+    );
+}
+
+#[test]
+fn backend_convention_serves_one_device_on_a_path_or_an_fd() {
+    assert_eq!(
+        served(&["--socket-path", "/tmp/x.sock", "--device", "irdma"]).unwrap(),
+        vec![Served {
+            kind: DeviceKind::Irdma,
+            listen: Listen::Path("/tmp/x.sock".into()),
+            ids: PciIds::irdma_default()
+        }]
+    );
+    let s = served(&["--fd", "3", "--device", "hfi1", "--hfi1-ids", "8086:24f0"]).unwrap();
+    assert_eq!(s[0].listen, Listen::Fd(3));
+    assert_eq!((s[0].ids.vendor_id, s[0].ids.device_id, s[0].ids.subsystem_vendor_id), (0x8086, 0x24f0, 0x8086));
+    assert_eq!(s[0].ids.class_code, 0x020800);
+}
+
+#[test]
+fn inconsistent_command_lines_are_refused() {
+    let cases: Vec<(&[&str], CliError)> = vec![
+        (&[], CliError::NothingToServe),
+        (&["--control", "/tmp/c"], CliError::NothingToServe),
+        (&["--socket-path", "/tmp/x"], CliError::DeviceMissing),
+        (&["--fd", "3"], CliError::DeviceMissing),
+        (&["--hfi1", "/tmp/x", "--device", "hfi1"], CliError::DeviceWithoutSocket),
+        (&["--hfi1", "/tmp/x", "--irdma", "/tmp/x"], CliError::PathReused("/tmp/x".into())),
+        (&["--hfi1", "/tmp/x", "--control", "/tmp/x"], CliError::PathReused("/tmp/x".into())),
+        (
+            &["--irdma", "/tmp/i", "--hfi1-contexts", "4"],
+            CliError::OptionForAbsentDevice { option: "--hfi1-contexts", device: "hfi1" },
+        ),
+        (
+            &["--hfi1", "/tmp/h", "--irdma-qhash-capacity", "4"],
+            CliError::OptionForAbsentDevice { option: "--irdma-qhash-capacity", device: "irdma" },
+        ),
+        (
+            &["--socket-path", "/tmp/s", "--device", "hfi1", "--irdma-ids", "1b36:1101"],
+            CliError::OptionForAbsentDevice { option: "--irdma-ids", device: "irdma" },
+        ),
+    ];
+    for (args, e) in cases {
+        assert_eq!(served(args), Err(e), "{args:?}");
+    }
+}
+
+#[test]
+fn clap_rejects_conflicts_and_out_of_range_values() {
+    use clap::error::ErrorKind;
+    let cases: &[(&[&str], ErrorKind)] = &[
+        (&["--socket-path", "/a", "--fd", "3", "--device", "hfi1"], ErrorKind::ArgumentConflict),
+        (&["--socket-path", "/a", "--hfi1", "/b", "--device", "hfi1"], ErrorKind::ArgumentConflict),
+        (&["--fd", "3", "--irdma", "/b", "--device", "irdma"], ErrorKind::ArgumentConflict),
+        (&["--hfi1", "/a", "--hfi1-contexts", "0"], ErrorKind::ValueValidation),
+        (&["--hfi1", "/a", "--hfi1-contexts", "161"], ErrorKind::ValueValidation),
+        (&["--irdma", "/a", "--irdma-qhash-capacity", "65537"], ErrorKind::ValueValidation),
+        (&["--hfi1", "/a", "--hfi1-ids", "zz:1"], ErrorKind::ValueValidation),
+        (&["--hfi1", "/a", "--hfi1-rcvarray-entries", "10"], ErrorKind::ValueValidation),
+        (&["--socket-path", "/a", "--device", "ice"], ErrorKind::InvalidValue),
+        (&["--hfi1", "/a", "--log-level", "loud"], ErrorKind::InvalidValue),
+        (&["--fd=-3", "--device", "hfi1"], ErrorKind::ValueValidation),
+    ];
+    for (args, kind) in cases {
+        assert_eq!(parse(args).unwrap_err().kind(), *kind, "{args:?}");
+    }
+}
+
+#[test]
+fn options_reach_args_with_defaults() {
+    let a = parse(&[
+        "--hfi1",
+        "/tmp/h",
+        "--hfi1-contexts",
+        "16",
+        "--hfi1-rcvarray-entries",
+        "4096",
+        "--once",
+        "--log-level",
+        "debug",
+    ])
+    .unwrap();
+    assert_eq!((a.hfi1_contexts, a.hfi1_rcvarray_entries, a.once), (Some(16), Some(4096), true));
+    assert_eq!(a.log_level.level(), tracing::Level::DEBUG);
+    let d = parse(&["--irdma", "/tmp/i"]).unwrap();
+    assert_eq!((d.log_level, d.once, d.irdma_qhash_capacity, d.control), (LogLevel::Info, false, None, None));
+}
+
+#[test]
+fn long_help_documents_every_option_and_examples() {
+    Args::command().debug_assert();
+    let help = Args::command().render_long_help().to_string();
+    for needle in [
+        "--hfi1 <PATH>",
+        "--irdma <PATH>",
+        "--socket-path <PATH>",
+        "--fd <FD>",
+        "--device <DEVICE>",
+        "--control <PATH>",
+        "--hfi1-ids <VENDOR:DEVICE>",
+        "--irdma-ids <VENDOR:DEVICE>",
+        "--hfi1-contexts <N>",
+        "--hfi1-rcvarray-entries <N>",
+        "--irdma-qhash-capacity <N>",
+        "--once",
+        "--log-level <LEVEL>",
+        "Examples:",
+        "vfio-user-pci",
+        "1b36:1100",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle}");
+    }
+}

@@ -1,0 +1,283 @@
+//! The control socket: JSON lines over a UNIX socket, one request per line, one reply per line.
+//!
+//! Requests: `{"cmd":"list"}`; `{"cmd":"reset","device":NAME}` (the engine's reset);
+//! `{"device":NAME,"cmd":...}` for anything else, handed whole to that device (for a `Function`,
+//! `{"cmd":"pci"}` dumps PCI state and every other command goes to its engine's `control()`).
+//! Replies: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`. A line longer than `MAX_LINE`, bad
+//! JSON or an unknown device gets an error reply and the connection goes on.
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::engine::Engine;
+use crate::pci::Function;
+
+/// Longest request line accepted.
+pub const MAX_LINE: usize = 1 << 20;
+/// Clients served at once; one more is told so and closed.
+pub const MAX_CLIENTS: usize = 8;
+/// How often blocked reads and accepts look at the shutdown flag.
+const POLL: Duration = Duration::from_millis(50);
+/// A client that cannot take its reply within this time is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A client silent for this long gives its slot back.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Something the control socket can address by name.
+pub trait ControlTarget: Send + Sync {
+    fn name(&self) -> &str;
+    /// What `list` shows for this device.
+    fn describe(&self) -> Value {
+        json!({ "name": self.name() })
+    }
+    fn control(&self, request: &Value) -> Result<Value, String>;
+    fn reset(&self);
+}
+
+impl ControlTarget for Function {
+    fn name(&self) -> &str {
+        Function::name(self)
+    }
+    fn describe(&self) -> Value {
+        json!({
+            "name": Function::name(self),
+            "ids": self.ids(),
+            "msix_vectors": self.msix().map_or(0, |m| m.vectors()),
+        })
+    }
+    fn control(&self, request: &Value) -> Result<Value, String> {
+        match request.get("cmd").and_then(Value::as_str) {
+            Some("pci") => Ok(self.pci_state()),
+            _ => self.engine().control(request),
+        }
+    }
+    /// The engine's registers and tables only: config space and MSI-X belong to the connected client, and an
+    /// FLR behind QEMU's back would turn memory decoding off under a running guest.
+    fn reset(&self) {
+        self.engine().reset();
+    }
+}
+
+/// A bare engine on the control socket (no PCI function around it): `reset` is the engine's own.
+pub struct EngineTarget(pub Arc<dyn Engine>);
+
+impl ControlTarget for EngineTarget {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn control(&self, request: &Value) -> Result<Value, String> {
+        self.0.control(request)
+    }
+    fn reset(&self) {
+        self.0.reset();
+    }
+}
+
+fn ok(result: Value) -> Value {
+    json!({ "ok": true, "result": result })
+}
+fn err(message: impl Into<String>) -> Value {
+    json!({ "ok": false, "error": message.into() })
+}
+
+/// The reply to one request line.
+pub fn handle_request(targets: &[Arc<dyn ControlTarget>], line: &[u8]) -> Value {
+    let request: Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => return err(format!("bad JSON: {e}")),
+    };
+    let Some(obj) = request.as_object() else { return err("request must be a JSON object") };
+    let Some(cmd) = obj.get("cmd").and_then(Value::as_str) else { return err("missing string field \"cmd\"") };
+    let device = match obj.get("device") {
+        None => None,
+        Some(Value::String(d)) => Some(d.as_str()),
+        Some(_) => return err("field \"device\" must be a string"),
+    };
+    let names = || targets.iter().map(|t| t.name().to_string()).collect::<Vec<_>>().join(", ");
+    let target = match device {
+        Some(d) => match targets.iter().find(|t| t.name() == d) {
+            Some(t) => Some(t),
+            None => return err(format!("unknown device \"{d}\" (devices: {})", names())),
+        },
+        None => None,
+    };
+    match (cmd, target) {
+        ("list", None) => ok(Value::Array(targets.iter().map(|t| t.describe()).collect())),
+        ("reset", Some(t)) => guarded(|| {
+            t.reset();
+            Ok(json!({ "reset": t.name() }))
+        }),
+        ("reset", None) => err(format!("\"reset\" needs a \"device\" (devices: {})", names())),
+        (_, Some(t)) => guarded(|| t.control(&request)),
+        (other, None) => err(format!("unknown command \"{other}\" without a \"device\" (devices: {})", names())),
+    }
+}
+
+/// A device bug must cost one reply, not the control thread.
+fn guarded(f: impl FnOnce() -> Result<Value, String>) -> Value {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => ok(v),
+        Ok(Err(e)) => err(e),
+        Err(_) => {
+            tracing::error!("control command panicked");
+            err("internal error while executing the command")
+        }
+    }
+}
+
+/// Serves the control socket at `path` until `shutdown` is set; the thread then joins its clients and
+/// removes the socket file. A stale socket at `path` is replaced; any other file there is an error.
+pub fn serve_control(
+    path: &Path,
+    targets: Vec<Arc<dyn ControlTarget>>,
+    shutdown: Arc<AtomicBool>,
+) -> io::Result<JoinHandle<()>> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(
+                ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    // The socket can reset devices and inject traffic: owner only.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    let path = path.to_path_buf();
+    std::thread::Builder::new()
+        .name("control-accept".into())
+        .spawn(move || accept_loop(listener, path, Arc::from(targets), shutdown))
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    path: PathBuf,
+    targets: Arc<[Arc<dyn ControlTarget>]>,
+    shutdown: Arc<AtomicBool>,
+) {
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut clients: Vec<JoinHandle<()>> = Vec::new();
+    while !shutdown.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                clients.retain(|h| !h.is_finished());
+                if active.load(Ordering::Acquire) >= MAX_CLIENTS {
+                    reject(stream);
+                    continue;
+                }
+                active.fetch_add(1, Ordering::AcqRel);
+                let (targets, shutdown, active2) = (targets.clone(), shutdown.clone(), active.clone());
+                let spawned = std::thread::Builder::new().name("control-client".into()).spawn(move || {
+                    if let Err(e) = serve_client(stream, &targets, &shutdown) {
+                        tracing::debug!("control client ended: {e}");
+                    }
+                    active2.fetch_sub(1, Ordering::AcqRel);
+                });
+                match spawned {
+                    Ok(h) => clients.push(h),
+                    Err(e) => {
+                        active.fetch_sub(1, Ordering::AcqRel);
+                        tracing::warn!("cannot start a control client thread: {e}");
+                    }
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                std::thread::sleep(POLL)
+            }
+            Err(e) => {
+                tracing::warn!("control socket accept failed: {e}");
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+    for h in clients {
+        let _ = h.join();
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+fn reject(mut stream: UnixStream) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let line = err(format!("too many control clients (at most {MAX_CLIENTS})")).to_string() + "\n";
+    let _ = stream.write_all(line.as_bytes());
+}
+
+fn reply(stream: &mut UnixStream, value: &Value) -> io::Result<()> {
+    let mut line = value.to_string();
+    line.push('\n');
+    stream.write_all(line.as_bytes())
+}
+
+fn serve_client(mut stream: UnixStream, targets: &[Arc<dyn ControlTarget>], shutdown: &AtomicBool) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(POLL))?;
+    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    let mut line: Vec<u8> = Vec::new();
+    // After an over-long line, bytes up to the next newline are dropped.
+    let mut discarding = false;
+    let mut chunk = vec![0u8; READ_CHUNK];
+    let mut last_activity = Instant::now();
+    loop {
+        if shutdown.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let n = match stream.read(&mut chunk) {
+            Ok(0) => {
+                if !discarding && !line.iter().all(u8::is_ascii_whitespace) {
+                    reply(&mut stream, &handle_request(targets, &line))?;
+                }
+                return Ok(());
+            }
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                if last_activity.elapsed() > IDLE_TIMEOUT {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        last_activity = Instant::now();
+        let mut rest = chunk.get(..n).unwrap_or_default();
+        while !rest.is_empty() {
+            let (piece, complete) = match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => (&rest[..i], true),
+                None => (rest, false),
+            };
+            rest = if complete { &rest[piece.len() + 1..] } else { &[] };
+            if !discarding {
+                line.extend_from_slice(piece);
+                if line.len() > MAX_LINE {
+                    line.clear();
+                    discarding = !complete;
+                    reply(&mut stream, &err(format!("request line longer than {MAX_LINE} bytes")))?;
+                    continue;
+                }
+            }
+            if complete {
+                if !discarding && !line.iter().all(u8::is_ascii_whitespace) {
+                    reply(&mut stream, &handle_request(targets, &line))?;
+                }
+                line.clear();
+                discarding = false;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "control_tests.rs"]
+mod tests;

@@ -1,0 +1,265 @@
+use std::io::{BufRead, BufReader};
+use std::sync::atomic::AtomicU64;
+
+use super::*;
+use crate::engine::{BarSpec, Interrupt};
+use crate::pci::regs::{PCI_COMMAND_MEMORY, PCI_MSIX_FLAGS_ENABLE};
+use crate::pci::PciIds;
+use vfio_user_proto::device::{region, Device};
+use vfio_user_proto::dma::DmaAccess;
+
+/// Echoes requests, fails on `{"cmd":"fail"}`, panics on `{"cmd":"panic"}`, counts resets.
+struct FakeTarget {
+    name: &'static str,
+    resets: AtomicU64,
+}
+
+impl ControlTarget for FakeTarget {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn control(&self, request: &Value) -> Result<Value, String> {
+        match request["cmd"].as_str() {
+            Some("fail") => Err("it failed".into()),
+            Some("panic") => panic!("fake device bug"),
+            _ => Ok(json!({ "echo": request })),
+        }
+    }
+    fn reset(&self) {
+        self.resets.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn targets() -> (Vec<Arc<dyn ControlTarget>>, Arc<FakeTarget>) {
+    let hfi1 = Arc::new(FakeTarget { name: "hfi1", resets: AtomicU64::new(0) });
+    let irdma = Arc::new(FakeTarget { name: "irdma", resets: AtomicU64::new(0) });
+    (vec![hfi1.clone(), irdma], hfi1)
+}
+
+fn socket_path(tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::SeqCst);
+    std::env::temp_dir().join(format!("dm-control-{}-{tag}-{n}.sock", std::process::id()))
+}
+
+struct Server {
+    path: PathBuf,
+    shutdown: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(tag: &str, targets: Vec<Arc<dyn ControlTarget>>) -> Server {
+        let path = socket_path(tag);
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let handle = serve_control(&path, targets, shutdown.clone()).unwrap();
+        Server { path, shutdown, handle: Some(handle) }
+    }
+    fn connect(&self) -> (UnixStream, BufReader<UnixStream>) {
+        let s = UnixStream::connect(&self.path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let r = BufReader::new(s.try_clone().unwrap());
+        (s, r)
+    }
+    fn stop(mut self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        self.handle.take().unwrap().join().unwrap();
+        assert!(!self.path.exists(), "socket file removed on shutdown");
+    }
+}
+
+fn roundtrip(s: &mut UnixStream, r: &mut BufReader<UnixStream>, line: &str) -> Value {
+    s.write_all(line.as_bytes()).unwrap();
+    s.write_all(b"\n").unwrap();
+    read_reply(r)
+}
+
+fn read_reply(r: &mut BufReader<UnixStream>) -> Value {
+    let mut reply = String::new();
+    r.read_line(&mut reply).unwrap();
+    serde_json::from_str(&reply).unwrap()
+}
+
+#[test]
+fn requests_are_answered_by_table() {
+    let (t, hfi1) = targets();
+    // (request, expected reply)
+    let cases: Vec<(&str, Value)> = vec![
+        (r#"{"cmd":"list"}"#, json!({"ok":true,"result":[{"name":"hfi1"},{"name":"irdma"}]})),
+        (
+            r#"{"device":"irdma","cmd":"dump","what":"qhash"}"#,
+            json!({"ok":true,"result":{"echo":{"device":"irdma","cmd":"dump","what":"qhash"}}}),
+        ),
+        (r#"{"device":"hfi1","cmd":"fail"}"#, json!({"ok":false,"error":"it failed"})),
+        (r#"{"device":"hfi1","cmd":"reset"}"#, json!({"ok":true,"result":{"reset":"hfi1"}})),
+        (
+            r#"{"device":"ice","cmd":"dump"}"#,
+            json!({"ok":false,"error":"unknown device \"ice\" (devices: hfi1, irdma)"}),
+        ),
+        (r#"{"cmd":"reset"}"#, json!({"ok":false,"error":"\"reset\" needs a \"device\" (devices: hfi1, irdma)"})),
+        (
+            r#"{"cmd":"dump"}"#,
+            json!({"ok":false,"error":"unknown command \"dump\" without a \"device\" (devices: hfi1, irdma)"}),
+        ),
+        (r#"{"device":"hfi1"}"#, json!({"ok":false,"error":"missing string field \"cmd\""})),
+        (r#"{"device":7,"cmd":"dump"}"#, json!({"ok":false,"error":"field \"device\" must be a string"})),
+        (r#"[1,2]"#, json!({"ok":false,"error":"request must be a JSON object"})),
+        (
+            r#"{"device":"hfi1","cmd":"panic"}"#,
+            json!({"ok":false,"error":"internal error while executing the command"}),
+        ),
+    ];
+    for (req, want) in cases {
+        assert_eq!(handle_request(&t, req.as_bytes()), want, "{req}");
+    }
+    assert_eq!(hfi1.resets.load(Ordering::SeqCst), 1);
+    let bad = handle_request(&t, b"{nope");
+    assert_eq!(bad["ok"], json!(false));
+    assert!(bad["error"].as_str().unwrap().starts_with("bad JSON"));
+}
+
+#[test]
+fn socket_round_trips_and_survives_garbage() {
+    let (t, hfi1) = targets();
+    let server = Server::start("rt", t);
+    let (mut s, mut r) = server.connect();
+    assert_eq!(roundtrip(&mut s, &mut r, r#"{"cmd":"list"}"#)["result"][1]["name"], json!("irdma"));
+    let garbage = roundtrip(&mut s, &mut r, "\u{0}\u{1}\u{ff}not json at all");
+    assert_eq!(garbage["ok"], json!(false));
+    // Blank lines are not requests; the next real request still gets its own reply.
+    s.write_all(b"\n  \n").unwrap();
+    assert_eq!(roundtrip(&mut s, &mut r, r#"{"device":"hfi1","cmd":"reset"}"#)["ok"], json!(true));
+    assert_eq!(hfi1.resets.load(Ordering::SeqCst), 1);
+    // Two requests in one write, split replies in order.
+    s.write_all(b"{\"cmd\":\"list\"}\n{\"device\":\"hfi1\",\"cmd\":\"fail\"}\n").unwrap();
+    assert_eq!(read_reply(&mut r)["ok"], json!(true));
+    assert_eq!(read_reply(&mut r)["error"], json!("it failed"));
+    drop((s, r));
+    server.stop();
+}
+
+#[test]
+fn huge_line_gets_one_error_and_the_connection_goes_on() {
+    let (t, _) = targets();
+    let server = Server::start("huge", t);
+    let (mut s, mut r) = server.connect();
+    let writer = {
+        let mut s = s.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let big = vec![b'x'; 3 * MAX_LINE];
+            s.write_all(&big).unwrap();
+            s.write_all(b"\n").unwrap();
+        })
+    };
+    let reply = read_reply(&mut r);
+    writer.join().unwrap();
+    assert_eq!(reply, json!({"ok":false,"error":format!("request line longer than {MAX_LINE} bytes")}));
+    assert_eq!(roundtrip(&mut s, &mut r, r#"{"cmd":"list"}"#)["ok"], json!(true));
+    drop((s, r));
+    server.stop();
+}
+
+#[test]
+fn several_clients_are_served_at_once_and_one_too_many_is_refused() {
+    let (t, _) = targets();
+    let server = Server::start("many", t);
+    let mut conns: Vec<_> = (0..MAX_CLIENTS).map(|_| server.connect()).collect();
+    // Every held connection answers, interleaved.
+    for (s, r) in conns.iter_mut() {
+        assert_eq!(roundtrip(s, r, r#"{"cmd":"list"}"#)["ok"], json!(true));
+    }
+    let (_s, mut r) = server.connect();
+    assert_eq!(
+        read_reply(&mut r),
+        json!({"ok":false,"error":format!("too many control clients (at most {MAX_CLIENTS})")})
+    );
+    drop(conns);
+    // Slots come back once clients leave.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (mut s, mut r) = server.connect();
+        if roundtrip(&mut s, &mut r, r#"{"cmd":"list"}"#)["ok"] == json!(true) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "client slots never freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.stop();
+}
+
+#[test]
+fn a_file_that_is_not_a_socket_is_not_replaced() {
+    let path = socket_path("file");
+    std::fs::write(&path, b"keep me").unwrap();
+    let e = serve_control(&path, Vec::new(), Arc::new(AtomicBool::new(false))).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists);
+    assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_stale_socket_is_replaced() {
+    let (t, _) = targets();
+    let path = socket_path("stale");
+    drop(UnixListener::bind(&path).unwrap());
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let server = Server { handle: Some(serve_control(&path, t, shutdown.clone()).unwrap()), path, shutdown };
+    let (mut s, mut r) = server.connect();
+    assert_eq!(roundtrip(&mut s, &mut r, r#"{"cmd":"list"}"#)["ok"], json!(true));
+    drop((s, r));
+    server.stop();
+}
+
+/// An engine whose control replies name it and whose resets are counted.
+struct CountingEngine {
+    resets: AtomicU64,
+}
+impl Engine for CountingEngine {
+    fn name(&self) -> &'static str {
+        "hfi1"
+    }
+    fn bars(&self) -> Vec<BarSpec> {
+        vec![BarSpec { index: 0, size: 0x1000, is_64bit: true, prefetchable: false, mmap: None }]
+    }
+    fn msix_vectors(&self) -> u16 {
+        4
+    }
+    fn mmio_read(&self, _: u32, _: u64, data: &mut [u8]) {
+        data.fill(0xff);
+    }
+    fn mmio_write(&self, _: u32, _: u64, _: &[u8]) {}
+    fn attach(&self, _: Arc<dyn DmaAccess>, _: Arc<dyn Interrupt>) {}
+    fn detach(&self) {}
+    fn reset(&self) {
+        self.resets.fetch_add(1, Ordering::SeqCst);
+    }
+    fn control(&self, request: &Value) -> Result<Value, String> {
+        Ok(json!({ "engine_saw": request["cmd"] }))
+    }
+}
+
+#[test]
+fn a_function_answers_pci_itself_and_passes_the_rest_to_its_engine() {
+    let engine = Arc::new(CountingEngine { resets: AtomicU64::new(0) });
+    let f = Function::try_new(engine.clone(), PciIds::hfi1_default()).unwrap();
+    let t: Vec<Arc<dyn ControlTarget>> = vec![f.clone(), Arc::new(EngineTarget(engine.clone()))];
+    let list = handle_request(&t, br#"{"cmd":"list"}"#);
+    assert_eq!(list["result"][0]["ids"]["device_id"], json!(0x1100));
+    assert_eq!(list["result"][0]["msix_vectors"], json!(4));
+    let pci = handle_request(&t[..1], br#"{"device":"hfi1","cmd":"pci"}"#);
+    assert_eq!(pci["result"]["command"], json!(0));
+    assert!(pci["result"]["config_256"].as_str().unwrap().starts_with("361b0011"));
+    assert_eq!(pci["result"]["msix"]["vectors"], json!(4));
+    let dump = handle_request(&t[..1], br#"{"device":"hfi1","cmd":"dump"}"#);
+    assert_eq!(dump, json!({"ok":true,"result":{"engine_saw":"dump"}}));
+    let msix_on = (PCI_MSIX_FLAGS_ENABLE).to_le_bytes();
+    f.region_write(region::CONFIG, 0x04, &PCI_COMMAND_MEMORY.to_le_bytes()).unwrap();
+    f.region_write(region::CONFIG, 0x82, &msix_on).unwrap();
+    handle_request(&t[..1], br#"{"device":"hfi1","cmd":"reset"}"#);
+    assert_eq!(engine.resets.load(Ordering::SeqCst), 1, "the engine is reset");
+    let mut cmd = [0u8; 2];
+    f.region_read(region::CONFIG, 0x04, &mut cmd).unwrap();
+    assert_eq!(u16::from_le_bytes(cmd), PCI_COMMAND_MEMORY, "the client's config space stays");
+    f.region_read(region::CONFIG, 0x82, &mut cmd).unwrap();
+    assert_eq!(u16::from_le_bytes(cmd), PCI_MSIX_FLAGS_ENABLE | 3);
+}
