@@ -73,6 +73,26 @@ pub trait DeviceAccess: Send + Sync {
     /// buffered.
     fn flush_wc(&self) {}
 
+    /// Reads PCI config space. Backends without config access (test fakes) keep this default.
+    fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let _ = (offset, buf);
+        Err(AccessError::Other("this backend has no PCI config space access".into()))
+    }
+    /// Writes PCI config space.
+    fn config_write(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        let _ = (offset, buf);
+        Err(AccessError::Other("this backend has no PCI config space access".into()))
+    }
+
+    /// `pci_enable_device()` + `pci_set_master()`: memory decoding and bus mastering on, the way Linux
+    /// prepares a device before touching its BARs or letting it DMA.
+    fn pci_enable_device(&self) -> Result<()> {
+        let mut cmd = [0u8; 2];
+        self.config_read(pci::COMMAND, &mut cmd)?;
+        let cmd = u16::from_le_bytes(cmd) | pci::COMMAND_MEMORY | pci::COMMAND_MASTER;
+        self.config_write(pci::COMMAND, &cmd.to_le_bytes())
+    }
+
     fn set_bits32(&self, bar: u32, offset: u64, bits: u32) -> Result<()> {
         let v = self.read32(bar, offset)?;
         self.write32(bar, offset, v | bits)
@@ -81,6 +101,18 @@ pub trait DeviceAccess: Send + Sync {
         let v = self.read32(bar, offset)?;
         self.write32(bar, offset, v & !bits)
     }
+}
+
+/// The few PCI config-space fields the driver touches itself (include/uapi/linux/pci_regs.h).
+pub mod pci {
+    pub const COMMAND: u64 = 0x04;
+    pub const COMMAND_MEMORY: u16 = 1 << 1;
+    pub const COMMAND_MASTER: u16 = 1 << 2;
+    pub const CAPABILITY_LIST: u64 = 0x34;
+    pub const CAP_ID_MSIX: u8 = 0x11;
+    /// Message Control word of the MSI-X capability, relative to the capability.
+    pub const MSIX_FLAGS: u64 = 2;
+    pub const MSIX_FLAGS_ENABLE: u16 = 1 << 15;
 }
 
 /// Polls `cond` every `interval` until it returns `Some`, or fails with `Timeout` after `timeout`.

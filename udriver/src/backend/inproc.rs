@@ -154,6 +154,16 @@ impl DeviceAccess for InProcess {
             mapped_bars: Vec::new(),
         }
     }
+    fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.device
+            .region_read(region::CONFIG, offset, buf)
+            .map_err(|errno| AccessError::Errno { op: "config read", errno })
+    }
+    fn config_write(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.device
+            .region_write(region::CONFIG, offset, buf)
+            .map_err(|errno| AccessError::Errno { op: "config write", errno })
+    }
     fn read32(&self, bar: u32, offset: u64) -> Result<u32> {
         let mut b = [0u8; 4];
         self.read(bar, offset, &mut b)?;
@@ -198,7 +208,8 @@ impl DeviceAccess for InProcess {
         if nvec == 0 || nvec > max {
             return Err(AccessError::Other(format!("{nvec} MSI-X vectors requested, device has {max}")));
         }
-        Ok(())
+        // No kernel in between: the driver turns MSI-X on in config space itself.
+        super::msix_enable(self)
     }
 
     fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {

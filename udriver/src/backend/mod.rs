@@ -7,7 +7,31 @@ pub mod vfio;
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
-use crate::access::{AccessError, Result};
+use crate::access::{pci, AccessError, DeviceAccess, Result};
+
+/// Sets MSI-X Enable in the device's MSI-X capability (what the kernel's `pci_alloc_irq_vectors` does
+/// for a VFIO client; a backend with no kernel in between does it itself).
+pub fn msix_enable(dev: &dyn DeviceAccess) -> Result<()> {
+    let mut ptr = [0u8; 1];
+    dev.config_read(pci::CAPABILITY_LIST, &mut ptr)?;
+    let mut cap = u64::from(ptr[0] & !3);
+    // A capability list has at most 48 entries in 256 bytes; a longer walk means a loop.
+    for _ in 0..48 {
+        if cap < 0x40 {
+            break;
+        }
+        let mut hdr = [0u8; 2];
+        dev.config_read(cap, &mut hdr)?;
+        if hdr[0] == pci::CAP_ID_MSIX {
+            let mut flags = [0u8; 2];
+            dev.config_read(cap + pci::MSIX_FLAGS, &mut flags)?;
+            let flags = u16::from_le_bytes(flags) | pci::MSIX_FLAGS_ENABLE;
+            return dev.config_write(cap + pci::MSIX_FLAGS, &flags.to_le_bytes());
+        }
+        cap = u64::from(hdr[1] & !3);
+    }
+    Err(AccessError::Other("device has no MSI-X capability".into()))
+}
 
 /// Waits for an eventfd to become readable, then consumes its count. `Ok(false)` on timeout.
 pub fn wait_eventfd(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool> {

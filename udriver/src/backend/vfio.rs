@@ -128,7 +128,7 @@ impl VfioBackend {
         Ok(())
     }
 
-    fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+    fn config_read_raw(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.pread(self.device.get_region_offset(VFIO_PCI_CONFIG_REGION_INDEX) + offset, buf)
     }
 
@@ -146,7 +146,7 @@ fn device_fd(device: &VfioDevice) -> BorrowedFd<'_> {
 impl DeviceAccess for VfioBackend {
     fn identity(&self) -> DeviceIdentity {
         let mut ids = [0u8; 4];
-        let (vendor_id, device_id) = match self.config_read(0, &mut ids) {
+        let (vendor_id, device_id) = match self.config_read_raw(0, &mut ids) {
             Ok(()) => (u16::from_le_bytes([ids[0], ids[1]]), u16::from_le_bytes([ids[2], ids[3]])),
             Err(_) => (0xffff, 0xffff),
         };
@@ -163,6 +163,13 @@ impl DeviceAccess for VfioBackend {
                 .filter_map(|(i, b)| b.as_ref().filter(|b| !b.maps.is_empty()).map(|_| i as u32))
                 .collect(),
         }
+    }
+
+    fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.config_read_raw(offset, buf)
+    }
+    fn config_write(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.pwrite(self.device.get_region_offset(VFIO_PCI_CONFIG_REGION_INDEX) + offset, buf)
     }
 
     fn read32(&self, bar: u32, offset: u64) -> Result<u32> {
