@@ -10,10 +10,11 @@ use crate::pci::PciIds;
 
 /// Most receive contexts the hfi1 chip has (RXE_NUM_CONTEXTS).
 pub const RXE_NUM_CONTEXTS: u32 = 160;
-/// RcvArray entries come in groups of RCV_INCREMENT.
-pub const RCV_INCREMENT: u32 = 8;
-/// Largest RcvArray the emulation offers (docs/pci.md).
-pub const MAX_RCV_ARRAY_ENTRIES: u32 = 32768;
+/// RcvArray sizes come in whole pages of the shared mapping (512 entries of 8 bytes), which also keeps
+/// them a multiple of RCV_INCREMENT (docs/hfi1-device.md).
+pub const RCV_ARRAY_GRANULE: u32 = 512;
+/// Largest RcvArray the emulation offers: what RCV_TID_CTRL's 13-bit base index can address.
+pub const MAX_RCV_ARRAY_ENTRIES: u32 = crate::hfi1::MAX_RCV_ARRAY_COUNT as u32;
 /// Largest qhash table the emulation offers.
 pub const MAX_QHASH_CAPACITY: u32 = 65536;
 
@@ -96,7 +97,7 @@ pub enum CliError {
     IdReserved(u16),
     #[error("\"{0}\" is not a file descriptor number")]
     Fd(String),
-    #[error("RcvArray entries must be a multiple of {RCV_INCREMENT} in {RCV_INCREMENT}..={MAX_RCV_ARRAY_ENTRIES}, not \"{0}\"")]
+    #[error("RcvArray entries must be a multiple of {RCV_ARRAY_GRANULE} in {RCV_ARRAY_GRANULE}..={MAX_RCV_ARRAY_ENTRIES}, not \"{0}\"")]
     RcvArrayEntries(String),
     #[error("nothing to serve: give --hfi1 PATH, --irdma PATH, or --socket-path PATH / --fd FD with --device")]
     NothingToServe,
@@ -160,7 +161,7 @@ pub struct Args {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(RXE_NUM_CONTEXTS)))]
     pub hfi1_contexts: Option<u32>,
 
-    /// Number of hfi1 RcvArray entries (RCV_ARRAY_CNT), a multiple of 8 up to 32768 [default: the engine's].
+    /// Number of hfi1 RcvArray entries (RCV_ARRAY_CNT), a multiple of 512 up to 65536 [default: the engine's].
     #[arg(long, value_name = "N", value_parser = parse_rcvarray_entries)]
     pub hfi1_rcvarray_entries: Option<u32>,
 
@@ -279,11 +280,11 @@ pub fn parse_fd(s: &str) -> Result<i32, CliError> {
     s.parse::<i32>().ok().filter(|fd| *fd >= 0).ok_or_else(|| CliError::Fd(s.to_string()))
 }
 
-/// RcvArray size: a whole number of RCV_INCREMENT groups, at most `MAX_RCV_ARRAY_ENTRIES`.
+/// RcvArray size: a whole number of shared-mapping pages, at most `MAX_RCV_ARRAY_ENTRIES`.
 pub fn parse_rcvarray_entries(s: &str) -> Result<u32, CliError> {
     s.parse::<u32>()
         .ok()
-        .filter(|n| *n >= RCV_INCREMENT && *n <= MAX_RCV_ARRAY_ENTRIES && n % RCV_INCREMENT == 0)
+        .filter(|n| *n >= RCV_ARRAY_GRANULE && *n <= MAX_RCV_ARRAY_ENTRIES && n % RCV_ARRAY_GRANULE == 0)
         .ok_or_else(|| CliError::RcvArrayEntries(s.to_string()))
 }
 
