@@ -1,0 +1,234 @@
+//! The control CQ: created by a CREATE_CQ WQE on the CQP, consumed with a polarity bit, armed through the
+//! shadow area and CQARM (reference 3.8, 3.9).
+
+use super::cqp::{irdma_sc_cqp_get_next_send_wqe_idx, irdma_sc_cqp_post_sq, queue_pa, sleep, IrdmaRing};
+use super::cqp::{IrdmaScCqp, QueueMemory};
+use super::defs::*;
+use super::regs::IrdmaRegisters::IRDMA_CQARM;
+use super::regs::{IrdmaHw, IRDMA_CQPSQ_CQ_CEQID, IRDMA_CQPSQ_CQ_CQID};
+use super::{IrdmaError, Result};
+
+/// `struct irdma_ccq_init_info`.
+pub struct IrdmaCcqInitInfo {
+    pub cq_base: Box<dyn QueueMemory>,
+    pub shadow_area: Box<dyn QueueMemory>,
+    pub num_elem: u32,
+    pub shadow_read_threshold: u32,
+    pub ceq_id: u32,
+    pub ceq_id_valid: bool,
+    pub ceqe_mask: bool,
+    pub vsi_idx: u16,
+    /// CQ-create qw1: the kernel puts the CQ pointer >> 1 there; we put this opaque value >> 1.
+    pub cq_ctx: u64,
+}
+
+/// `struct irdma_sc_cq` used as the CCQ (cq_id 0).
+pub struct IrdmaScCq {
+    hw: IrdmaHw,
+    cq_base: Box<dyn QueueMemory>,
+    shadow_area: Box<dyn QueueMemory>,
+    pub cq_pa: u64,
+    pub shadow_area_pa: u64,
+    pub cq_id: u32,
+    pub cq_size: u32,
+    pub(crate) cq_ring: IrdmaRing,
+    pub polarity: u8,
+    pub shadow_read_threshold: u32,
+    pub ceq_id: u32,
+    pub ceq_id_valid: bool,
+    pub ceqe_mask: bool,
+    pub vsi_idx: u16,
+    pub cq_ctx: u64,
+}
+
+/// The CCQ is always CQ 0 (3.9).
+pub const IRDMA_CCQ_CQ_ID: u32 = 0;
+
+/// `struct irdma_ccq_cqe_info`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IrdmaCcqCqeInfo {
+    pub scratch: u64,
+    pub op_ret_val: u32,
+    pub maj_err_code: u16,
+    pub min_err_code: u16,
+    pub op_code: u8,
+    pub error: bool,
+    pub wqe_idx: u32,
+}
+
+impl IrdmaScCq {
+    pub fn cq_ring(&self) -> IrdmaRing {
+        self.cq_ring
+    }
+    /// Whether the next CQE slot holds a valid-bit match, without consuming it.
+    pub fn has_new_cqe(&self) -> Result<bool> {
+        let qw3 = self.cq_base.read_u64(self.cq_ring.head() as usize * IRDMA_CQE_SIZE + IRDMA_BYTE_24)?;
+        Ok(IRDMA_CQ_VALID.get(qw3) == u64::from(self.polarity))
+    }
+}
+
+/// `irdma_sc_ccq_init(ccq, info)`; the initialised ccq is the return value. -EINVAL for an empty ring,
+/// memory too small or misaligned.
+pub fn irdma_sc_ccq_init(hw: IrdmaHw, info: IrdmaCcqInitInfo) -> Result<IrdmaScCq> {
+    if info.num_elem == 0 || info.num_elem > IRDMA_CQ_DBSA_CQEIDX.mask() as u32 {
+        return Err(IrdmaError::Inval(format!("CCQ size {}", info.num_elem)));
+    }
+    let ring_len = info.num_elem as usize * IRDMA_CQE_SIZE;
+    let cq_pa = queue_pa(info.cq_base.as_ref(), ring_len, IRDMA_CQ0_ALIGNMENT, "CCQ ring")?;
+    let shadow_area_pa = queue_pa(info.shadow_area.as_ref(), IRDMA_SHADOW_AREA_SIZE, 8, "CCQ shadow area")?;
+    Ok(IrdmaScCq {
+        hw,
+        cq_base: info.cq_base,
+        shadow_area: info.shadow_area,
+        cq_pa,
+        shadow_area_pa,
+        cq_id: IRDMA_CCQ_CQ_ID,
+        cq_size: info.num_elem,
+        cq_ring: IrdmaRing::new(info.num_elem),
+        polarity: 1,
+        shadow_read_threshold: info.shadow_read_threshold,
+        ceq_id: info.ceq_id,
+        ceq_id_valid: info.ceq_id_valid,
+        ceqe_mask: info.ceqe_mask,
+        vsi_idx: info.vsi_idx,
+        cq_ctx: info.cq_ctx,
+    })
+}
+
+/// `irdma_sc_ccq_create(ccq, scratch, check_overflow, post_sq)`, with the CQP explicit (the kernel reaches it
+/// through `ccq->dev->cqp`). Builds the CREATE_CQ WQE (3.9); with `post_sq`, rings the doorbell and waits
+/// for the CCQ's own completion, which lands in the CCQ.
+pub fn irdma_sc_ccq_create(
+    ccq: &mut IrdmaScCq,
+    cqp: &mut IrdmaScCqp,
+    scratch: u64,
+    check_overflow: bool,
+    post_sq: bool,
+) -> Result<()> {
+    let mut idx = 0;
+    irdma_sc_cqp_get_next_send_wqe_idx(cqp, scratch, &mut idx)?;
+    let wqe = cqp.wqe(idx)?;
+    wqe.set_64bit_val(IRDMA_BYTE_0, ccq.cq_size.into())?;
+    wqe.set_64bit_val(IRDMA_BYTE_8, ccq.cq_ctx >> 1)?;
+    wqe.set_64bit_val(IRDMA_BYTE_16, IRDMA_CQPSQ_CQ_SHADOW_READ_THRESHOLD.prep(ccq.shadow_read_threshold.into()))?;
+    wqe.set_64bit_val(IRDMA_BYTE_32, ccq.cq_pa)?;
+    wqe.set_64bit_val(IRDMA_BYTE_40, ccq.shadow_area_pa)?;
+    wqe.set_64bit_val(IRDMA_BYTE_48, IRDMA_CQPSQ_CQ_FIRSTPMPBLIDX.prep(0))?;
+    wqe.set_64bit_val(IRDMA_BYTE_56, IRDMA_CQPSQ_TPHVAL.prep(0) | IRDMA_CQPSQ_VSIIDX.prep(ccq.vsi_idx.into()))?;
+    let hdr = IRDMA_CQPSQ_CQ_CQID.prep(ccq.cq_id.into())
+        | IRDMA_CQPSQ_CQ_CEQID.prep(if ccq.ceq_id_valid { ccq.ceq_id.into() } else { 0 })
+        | IRDMA_CQPSQ_OPCODE.prep(IRDMA_CQP_OP_CREATE_CQ.into())
+        | IRDMA_CQPSQ_CQ_LPBLSIZE.prep(0)
+        | IRDMA_CQPSQ_CQ_CHKOVERFLOW.prep_bool(check_overflow)
+        | IRDMA_CQPSQ_CQ_VIRTMAP.prep_bool(false)
+        | IRDMA_CQPSQ_CQ_ENCEQEMASK.prep_bool(ccq.ceqe_mask)
+        | IRDMA_CQPSQ_CQ_CEQIDVALID.prep_bool(ccq.ceq_id_valid)
+        | IRDMA_CQPSQ_TPHEN.prep_bool(false)
+        | IRDMA_CQPSQ_CQ_AVOIDMEMCNFLCT.prep_bool(false)
+        | IRDMA_CQPSQ_WQEVALID.prep(cqp.polarity.into());
+    wqe.dma_wmb();
+    wqe.set_64bit_val(IRDMA_BYTE_24, hdr)?;
+    if post_sq {
+        irdma_sc_cqp_post_sq(cqp)?;
+        let mut info = IrdmaCcqCqeInfo::default();
+        irdma_sc_poll_for_cqp_op_done(cqp, ccq, IRDMA_CQP_OP_CREATE_CQ, &mut info)?;
+    }
+    Ok(())
+}
+
+/// `irdma_sc_ccq_get_cqe_info(ccq, info)`, with the CQP explicit. -ENOENT (`NoCqe`) when the next CQE's valid
+/// bit is not the CCQ polarity. A CQE whose valid bit matches is consumed; if it names a WQE that is not
+/// outstanding, or its completion context is not ours, it frees nothing and gives -EIO (`BadCqe`).
+pub fn irdma_sc_ccq_get_cqe_info(
+    ccq: &mut IrdmaScCq,
+    cqp: &mut IrdmaScCqp,
+    info: &mut IrdmaCcqCqeInfo,
+) -> Result<()> {
+    let base = ccq.cq_ring.head() as usize * IRDMA_CQE_SIZE;
+    let qw3 = ccq.cq_base.read_u64(base + IRDMA_BYTE_24)?;
+    if IRDMA_CQ_VALID.get(qw3) != u64::from(ccq.polarity) {
+        return Err(IrdmaError::NoCqe);
+    }
+    ccq.cq_base.dma_rmb();
+    let ctx = ccq.cq_base.read_u64(base + IRDMA_BYTE_8)?;
+    let qw2 = ccq.cq_base.read_u64(base + IRDMA_BYTE_16)?;
+    // Consume the slot before judging it, so one bad entry cannot wedge the ring.
+    ccq.cq_ring.move_head();
+    if ccq.cq_ring.head() == 0 {
+        ccq.polarity ^= 1;
+    }
+    ccq.cq_ring.move_tail();
+    ccq.shadow_area.write_u64(IRDMA_BYTE_0, IRDMA_CQ_DBSA_CQEIDX.prep(ccq.cq_ring.head().into()))?;
+    ccq.shadow_area.dma_wmb();
+
+    let wqe_idx = IRDMA_CQ_WQEIDX.get(qw3) as u32;
+    if ctx != cqp.cqp_compl_ctx {
+        return Err(IrdmaError::BadCqe(format!("completion context {ctx:#x}, expected {:#x}", cqp.cqp_compl_ctx)));
+    }
+    if wqe_idx >= cqp.sq_size || cqp.scratch(wqe_idx).is_none() {
+        return Err(IrdmaError::BadCqe(format!("WQE index {wqe_idx} is not an outstanding SQ entry")));
+    }
+    let error = IRDMA_CQ_ERROR.get(qw3) != 0;
+    // The opcode comes from the WQE we posted, not from the CQE.
+    let op_code = IRDMA_CQPSQ_OPCODE.get(cqp.wqe(wqe_idx)?.get_64bit_val(IRDMA_BYTE_24)?) as u8;
+    let scratch = cqp.complete_wqe(wqe_idx).unwrap_or_default();
+    *info = IrdmaCcqCqeInfo {
+        scratch,
+        op_ret_val: IRDMA_CCQ_OPRETVAL.get(qw2) as u32,
+        maj_err_code: if error { IRDMA_CQ_MAJERR.get(qw3) as u16 } else { IRDMA_CQPSQ_MAJ_NO_ERROR },
+        min_err_code: IRDMA_CQ_MINERR.get(qw3) as u16,
+        op_code,
+        error,
+        wqe_idx,
+    };
+    Ok(())
+}
+
+/// `irdma_sc_ccq_arm(ccq)`: bumps the 2-bit arm sequence in shadow qw4 with ARM_NEXT, then writes the
+/// CQ id to CQARM.
+pub fn irdma_sc_ccq_arm(ccq: &IrdmaScCq) -> Result<()> {
+    let v = ccq.shadow_area.read_u64(IRDMA_BYTE_32)?;
+    let arm_seq_num = (IRDMA_CQ_DBSA_ARM_SEQ_NUM.get(v) + 1) & IRDMA_CQ_DBSA_ARM_SEQ_NUM.get(u64::MAX);
+    let temp = IRDMA_CQ_DBSA_ARM_SEQ_NUM.prep(arm_seq_num)
+        | IRDMA_CQ_DBSA_SW_CQ_SELECT.prep(IRDMA_CQ_DBSA_SW_CQ_SELECT.get(v))
+        | IRDMA_CQ_DBSA_ARM_NEXT_SE.prep(IRDMA_CQ_DBSA_ARM_NEXT_SE.get(v))
+        | IRDMA_CQ_DBSA_ARM_NEXT.prep(1);
+    ccq.shadow_area.write_u64(IRDMA_BYTE_32, temp)?;
+    ccq.shadow_area.dma_wmb();
+    ccq.hw.wr32(IRDMA_CQARM, ccq.cq_id)?;
+    Ok(())
+}
+
+/// `irdma_sc_poll_for_cqp_op_done(cqp, op_code, info)`, with the CCQ explicit. Polls the CCQ for up to
+/// 100 x max_done_count attempts, sleeping max_sleep when it is empty. A CQE with the error bit (any op but
+/// QUERY_STAG) gives -EIO with `info` filled; another op's completion is consumed and skipped, as the kernel
+/// does; a garbage CQE gives -EIO at once; running out of attempts gives -ETIMEDOUT.
+pub fn irdma_sc_poll_for_cqp_op_done(
+    cqp: &mut IrdmaScCqp,
+    ccq: &mut IrdmaScCq,
+    op_code: u8,
+    info: &mut IrdmaCcqCqeInfo,
+) -> Result<()> {
+    let limit = 100 * u64::from(cqp.hw_attrs.max_done_count);
+    for _ in 0..limit {
+        let mut cqe = IrdmaCcqCqeInfo::default();
+        match irdma_sc_ccq_get_cqe_info(ccq, cqp, &mut cqe) {
+            Err(IrdmaError::NoCqe) => {
+                sleep(cqp.hw_attrs.max_sleep);
+                continue;
+            }
+            Err(e) => return Err(e),
+            Ok(()) => {}
+        }
+        if cqe.error && cqe.op_code != IRDMA_CQP_OP_QUERY_STAG {
+            *info = cqe;
+            return Err(IrdmaError::CqeError { op: cqe.op_code, maj: cqe.maj_err_code, min: cqe.min_err_code });
+        }
+        if cqe.op_code == op_code {
+            *info = cqe;
+            return Ok(());
+        }
+        tracing::debug!(expected = op_code, got = cqe.op_code, wqe_idx = cqe.wqe_idx, "CQP opcode mismatch");
+    }
+    Err(IrdmaError::Timeout("poll for CQP op done"))
+}
