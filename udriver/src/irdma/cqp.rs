@@ -511,3 +511,224 @@ pub fn irdma_sc_cqp_nop(cqp: &mut IrdmaScCqp, scratch: u64, post_sq: bool) -> Re
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::irdma::testdev::*;
+
+    fn errno(r: Result<impl Sized>) -> i32 {
+        r.err().map_or(0, |e| e.to_errno())
+    }
+
+    /// Completes WQEs the way a register-polling driver would, without a CCQ.
+    fn retire(cqp: &mut IrdmaScCqp, idx: u32) {
+        assert!(cqp.complete_wqe(idx).is_some(), "WQE {idx} was not outstanding");
+    }
+
+    #[test]
+    fn cqp_init_accepts_only_power_of_two_sq_sizes_from_4_to_2048() {
+        let dev = FakeIrdma::scripted();
+        for (size, ok) in [(0, false), (2, false), (3, false), (4, true), (100, false), (2048, true), (4096, false)] {
+            let pool = Arc::new(DmaPool::new(dev.clone(), false));
+            let sq = pool.alloc_contiguous(4096 * 64).unwrap();
+            let ctx = pool.alloc_contiguous(64).unwrap();
+            let r = cqp_with(&dev, &pool, size, Box::new(sq), Box::new(ctx));
+            assert_eq!(r.is_ok(), ok, "size {size}");
+            if !ok {
+                assert_eq!(errno(r), -libc::EINVAL, "size {size}");
+            }
+        }
+    }
+
+    #[test]
+    fn cqp_init_rejects_an_sq_that_is_too_small_or_misaligned() {
+        let dev = FakeIrdma::scripted();
+        let pool = Arc::new(DmaPool::new(dev.clone(), false));
+        let small = pool.alloc_contiguous(4 * 64 - 8).unwrap();
+        let ctx = pool.alloc_contiguous(64).unwrap();
+        assert_eq!(errno(cqp_with(&dev, &pool, 4, Box::new(small), Box::new(ctx))), -libc::EINVAL);
+        let sq = AtIova { inner: Arc::new(pool.alloc_contiguous(4 * 64).unwrap()), base: 0x1_0000_0100 };
+        let ctx = pool.alloc_contiguous(64).unwrap();
+        assert_eq!(errno(cqp_with(&dev, &pool, 4, Box::new(sq), Box::new(ctx))), -libc::EINVAL);
+    }
+
+    #[test]
+    fn cqp_init_writes_cqptail_then_cqpdb_then_ccqpstatus_as_zero() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, cqp) = plain_cqp(&dev, 4);
+        let want = [(off(IRDMA_CQPTAIL), 0), (off(IRDMA_CQPDB), 0), (off(IRDMA_CCQPSTATUS), 0)];
+        assert_eq!(dev.writes(), want);
+        assert_eq!((cqp.polarity, cqp.sq_ring.head(), cqp.sq_ring.tail(), cqp.hw_sq_size), (0, 0, 0, 1));
+    }
+
+    /// G10: GEN2, SQ 2048, RoCE only, hmc_profile 1, context at 0x1_2345_6000.
+    #[test]
+    fn cqp_create_writes_the_g10_host_context_then_ccqphigh_then_ccqplow() {
+        let dev = FakeIrdma::scripted();
+        let pool = Arc::new(DmaPool::new(dev.clone(), false));
+        let sq = pool.alloc_contiguous(2048 * 64).unwrap();
+        let sq_pa = sq.iova(0).unwrap();
+        let ctx_mem = Arc::new(pool.alloc_contiguous(64).unwrap());
+        let ctx = AtIova { inner: ctx_mem.clone(), base: 0x0000_0001_2345_6000 };
+        let mut cqp = cqp_with(&dev, &pool, 2048, Box::new(sq), Box::new(ctx)).unwrap();
+        dev.clear_writes();
+        dev.script(IRDMA_CCQPSTATUS, &[0, 0, 0x0000_0001]);
+        let (mut maj, mut min) = (0xAA, 0xBB);
+        irdma_sc_cqp_create(&mut cqp, &mut maj, &mut min).unwrap();
+        let qw: Vec<u64> = (0..8).map(|i| ctx_mem.read_u64(i * 8).unwrap()).collect();
+        assert_eq!(qw, [0xA10, sq_pa, 0x1, 0x0000_0001_2345_6000, 0x0001_0000, 0, 0, 0]);
+        assert_eq!(dev.writes(), [(off(IRDMA_CCQPHIGH), 0x0000_0001), (off(IRDMA_CCQPLOW), 0x2345_6000)]);
+        assert!(cqp.is_created());
+    }
+
+    #[test]
+    fn cqp_create_reports_eopnotsupp_with_the_cqperrcodes_when_ccqp_err_is_set() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        dev.set_reg(IRDMA_CCQPSTATUS, 0x8000_0001);
+        dev.set_reg(IRDMA_CQPERRCODES, 0xF001_0001);
+        let (mut maj, mut min) = (0, 0);
+        let r = irdma_sc_cqp_create(&mut cqp, &mut maj, &mut min);
+        assert!(matches!(r, Err(IrdmaError::CqpCreate { status: 0x8000_0001, maj: 0xF001, min: 1 })));
+        assert_eq!(errno(r), -libc::EOPNOTSUPP);
+        assert_eq!((maj, min), (0xF001, 0x0001));
+        assert!(!cqp.is_created());
+    }
+
+    #[test]
+    fn cqp_create_times_out_when_ccqpstatus_never_becomes_nonzero() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        cqp.hw_attrs.max_done_count = 20;
+        let r = irdma_sc_cqp_create(&mut cqp, &mut 0, &mut 0);
+        assert!(matches!(r, Err(IrdmaError::Timeout(_))));
+        assert_eq!(errno(r), -libc::ETIMEDOUT);
+    }
+
+    #[test]
+    fn cqp_create_treats_a_nonzero_status_without_done_as_an_io_error() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        dev.set_reg(IRDMA_CCQPSTATUS, 0x0000_0002);
+        let r = irdma_sc_cqp_create(&mut cqp, &mut 0, &mut 0);
+        assert!(matches!(r, Err(IrdmaError::BadRegister { reg: "CCQPSTATUS", value: 2 })));
+        assert_eq!(errno(r), -libc::EIO);
+    }
+
+    #[test]
+    fn cqp_destroy_clears_the_context_address_and_waits_for_done_to_drop() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        dev.set_reg(IRDMA_CCQPSTATUS, 1);
+        irdma_sc_cqp_create(&mut cqp, &mut 0, &mut 0).unwrap();
+        dev.clear_writes();
+        dev.script(IRDMA_CCQPSTATUS, &[1, 1, 0]);
+        irdma_sc_cqp_destroy(&mut cqp).unwrap();
+        assert_eq!(dev.writes(), [(off(IRDMA_CCQPHIGH), 0), (off(IRDMA_CCQPLOW), 0)]);
+        // CCQPSTATUS is still 1 once the script runs out: a second destroy never sees DONE drop.
+        dev.set_reg(IRDMA_CCQPSTATUS, 1);
+        cqp.hw_attrs.max_done_count = 10;
+        assert_eq!(errno(irdma_sc_cqp_destroy(&mut cqp)), -libc::ETIMEDOUT);
+    }
+
+    /// G11: polarity starts 0 and flips at index 0; the doorbell carries the new head.
+    #[test]
+    fn sq_polarity_and_doorbell_follow_g11_across_a_2048_entry_wrap() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 2048);
+        dev.clear_writes();
+        for i in 0..2048u32 {
+            irdma_sc_cqp_nop(&mut cqp, u64::from(i), true).unwrap();
+            let hdr = cqp.wqe(i).unwrap().get_64bit_val(IRDMA_BYTE_24).unwrap();
+            assert_eq!(IRDMA_CQPSQ_WQEVALID.get(hdr), 1, "first pass, WQE {i}");
+            retire(&mut cqp, i);
+        }
+        let db = dev.writes_to(IRDMA_CQPDB);
+        assert_eq!(db.len(), 2048);
+        assert_eq!((db[0], db[1], db[2046], db[2047]), (1, 2, 2047, 0));
+        irdma_sc_cqp_nop(&mut cqp, 9999, true).unwrap();
+        let hdr = cqp.wqe(0).unwrap().get_64bit_val(IRDMA_BYTE_24).unwrap();
+        assert_eq!(hdr, 0x0000_0024_0000_0000, "second pass: NOP with valid bit 0");
+        assert_eq!(dev.writes_to(IRDMA_CQPDB).last(), Some(&1));
+    }
+
+    #[test]
+    fn next_send_wqe_reports_enomem_when_all_but_one_slot_are_in_use() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        for s in 0..3 {
+            irdma_sc_cqp_nop(&mut cqp, s, false).unwrap();
+        }
+        let mut idx = 77;
+        let r = irdma_sc_cqp_get_next_send_wqe_idx(&mut cqp, 3, &mut idx).map(|w| w.idx);
+        assert!(matches!(r, Err(IrdmaError::SqFull)));
+        assert_eq!(errno(r), -libc::ENOMEM);
+        assert_eq!((idx, cqp.sq_ring.head(), cqp.requested_ops), (77, 3, 3));
+        retire(&mut cqp, 0);
+        assert_eq!(irdma_sc_cqp_get_next_send_wqe_idx(&mut cqp, 3, &mut idx).map(|w| w.idx).unwrap(), 3);
+    }
+
+    #[test]
+    fn next_send_wqe_zeroes_the_slot_and_records_the_scratch() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        for off in (0..64).step_by(8) {
+            cqp.wqe(0).unwrap().set_64bit_val(off, u64::MAX).unwrap();
+        }
+        let mut idx = 9;
+        irdma_sc_cqp_get_next_send_wqe_idx(&mut cqp, 0xFEED, &mut idx).unwrap();
+        assert_eq!(idx, 0);
+        for off in (0..64).step_by(8) {
+            assert_eq!(cqp.wqe(0).unwrap().get_64bit_val(off).unwrap(), 0, "qword at {off}");
+        }
+        assert_eq!(cqp.scratch(0), Some(0xFEED));
+    }
+
+    #[test]
+    fn register_polling_follows_cqptail_and_its_error_bit() {
+        struct Case {
+            name: &'static str,
+            cqptail: &'static [u32],
+            errno: i32,
+            tail_after: u32,
+        }
+        let cases = [
+            Case { name: "tail moves 0 -> 1", cqptail: &[0, 0, 1], errno: 0, tail_after: 1 },
+            Case { name: "G12: CQPTAIL 0x80000005", cqptail: &[0x8000_0005], errno: -libc::EIO, tail_after: 0 },
+            Case { name: "tail never moves", cqptail: &[], errno: -libc::ETIMEDOUT, tail_after: 0 },
+            Case { name: "tail outside a 4-entry SQ", cqptail: &[0x7FF], errno: -libc::EIO, tail_after: 0 },
+        ];
+        for c in cases {
+            let dev = FakeIrdma::scripted();
+            let (_pool, mut cqp) = plain_cqp(&dev, 4);
+            dev.set_reg(IRDMA_CQPERRCODES, 0xF000_0005);
+            let (_, tail, _) = irdma_get_cqp_reg_info(&cqp).unwrap();
+            irdma_sc_cqp_nop(&mut cqp, 1, true).unwrap();
+            dev.script(IRDMA_CQPTAIL, c.cqptail);
+            let r = irdma_cqp_poll_registers(&mut cqp, tail, 50);
+            assert_eq!(errno(r), c.errno, "{}", c.name);
+            assert_eq!(cqp.sq_ring.tail(), c.tail_after, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn register_polling_carries_the_major_and_minor_codes_of_an_op_error() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        dev.set_reg(IRDMA_CQPERRCODES, 0xF001_0001);
+        irdma_sc_cqp_nop(&mut cqp, 1, true).unwrap();
+        dev.set_reg(IRDMA_CQPTAIL, 0x8000_0005);
+        let r = irdma_cqp_poll_registers(&mut cqp, 0, 5);
+        assert!(matches!(r, Err(IrdmaError::CqpOpErr { maj: 0xF001, min: 1 })));
+    }
+
+    #[test]
+    fn register_polling_rejects_a_moving_tail_when_nothing_is_outstanding() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        dev.set_reg(IRDMA_CQPTAIL, 2);
+        let r = irdma_cqp_poll_registers(&mut cqp, 0, 5);
+        assert!(matches!(r, Err(IrdmaError::BadRegister { reg: "CQPTAIL", value: 2 })));
+    }
+}
