@@ -232,3 +232,237 @@ pub fn irdma_sc_poll_for_cqp_op_done(
     }
     Err(IrdmaError::Timeout("poll for CQP op done"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::irdma::cqp::irdma_sc_cqp_nop;
+    use crate::irdma::regs::IrdmaRegisters::IRDMA_CQARM;
+    use crate::irdma::testdev::*;
+    use std::sync::Arc;
+
+    struct Rig {
+        dev: Arc<FakeIrdma>,
+        _pool: Arc<crate::dma::DmaPool>,
+        cqp: IrdmaScCqp,
+        ccq: IrdmaScCq,
+    }
+
+    /// A CQP of `sq` entries and a CCQ of `cq` entries; CQEs are written by the test through the device's
+    /// view of the ring.
+    fn rig(sq: u32, cq: u32) -> Rig {
+        let dev = FakeIrdma::scripted();
+        let (pool, cqp) = plain_cqp(&dev, sq);
+        let ccq = plain_ccq(&dev, &pool, cq);
+        Rig { dev, _pool: pool, cqp, ccq }
+    }
+
+    impl Rig {
+        fn write_cqe(&self, slot: u32, qw1: u64, qw2: u64, qw3: u64) {
+            let base = self.ccq.cq_pa + u64::from(slot) * IRDMA_CQE_SIZE as u64;
+            self.dev.dma_write_u64(base + 8, qw1);
+            self.dev.dma_write_u64(base + 16, qw2);
+            self.dev.dma_write_u64(base + 24, qw3);
+        }
+        fn shadow(&self, byte: u64) -> u64 {
+            self.dev.dma_read_u64(self.ccq.shadow_area_pa + byte)
+        }
+        fn nops(&mut self, n: u32) {
+            for s in 0..n {
+                irdma_sc_cqp_nop(&mut self.cqp, 0x100 + u64::from(s), false).unwrap();
+            }
+        }
+    }
+
+    fn errno(r: Result<()>) -> i32 {
+        r.err().map_or(0, |e| e.to_errno())
+    }
+
+    /// G12 first example: qw3 0x8000000500000000.
+    #[test]
+    fn a_valid_cqe_for_wqe_5_reports_its_scratch_and_the_opcode_of_the_posted_wqe() {
+        let mut r = rig(8, 8);
+        r.nops(6);
+        r.write_cqe(0, r.cqp.cqp_compl_ctx, 0x1234, 0x8000_0005_0000_0000);
+        let mut info = IrdmaCcqCqeInfo::default();
+        irdma_sc_ccq_get_cqe_info(&mut r.ccq, &mut r.cqp, &mut info).unwrap();
+        let want = IrdmaCcqCqeInfo {
+            scratch: 0x105,
+            op_ret_val: 0x1234,
+            maj_err_code: 0,
+            min_err_code: 0,
+            op_code: IRDMA_CQP_OP_NOP,
+            error: false,
+            wqe_idx: 5,
+        };
+        assert_eq!(info, want);
+        assert_eq!(r.shadow(0), 1, "shadow area qw0 holds the new CQ head");
+        assert_eq!((r.cqp.sq_ring().tail(), r.cqp.scratch(5)), (1, None));
+        assert_eq!(errno(irdma_sc_ccq_get_cqe_info(&mut r.ccq, &mut r.cqp, &mut info)), -libc::ENOENT);
+    }
+
+    /// G12 second example: qw3 0x80800005F0010001.
+    #[test]
+    fn an_error_cqe_makes_poll_for_op_done_return_eio_with_the_codes_copied_out() {
+        let mut r = rig(8, 8);
+        r.nops(6);
+        r.write_cqe(0, r.cqp.cqp_compl_ctx, 0, 0x8080_0005_F001_0001);
+        let mut info = IrdmaCcqCqeInfo::default();
+        let res = irdma_sc_poll_for_cqp_op_done(&mut r.cqp, &mut r.ccq, IRDMA_CQP_OP_NOP, &mut info);
+        assert!(matches!(res, Err(IrdmaError::CqeError { op: IRDMA_CQP_OP_NOP, maj: 0xF001, min: 0x0001 })));
+        assert_eq!(errno(res), -libc::EIO);
+        assert_eq!((info.error, info.maj_err_code, info.min_err_code, info.wqe_idx), (true, 0xF001, 1, 5));
+    }
+
+    #[test]
+    fn a_cqe_whose_valid_bit_is_not_the_ccq_polarity_is_not_consumed() {
+        let mut r = rig(8, 8);
+        r.nops(1);
+        r.write_cqe(0, r.cqp.cqp_compl_ctx, 0, 0x0000_0000_0000_0000);
+        let mut info = IrdmaCcqCqeInfo::default();
+        let res = irdma_sc_ccq_get_cqe_info(&mut r.ccq, &mut r.cqp, &mut info);
+        assert!(matches!(res, Err(IrdmaError::NoCqe)));
+        assert_eq!((r.ccq.cq_ring().head(), r.cqp.sq_ring().tail()), (0, 0));
+    }
+
+    #[test]
+    fn garbage_cqes_are_consumed_and_rejected_without_freeing_an_sq_slot() {
+        struct Case {
+            name: &'static str,
+            wrong_ctx: bool,
+            qw3: u64,
+        }
+        let cases = [
+            Case { name: "completion context not ours", wrong_ctx: true, qw3: 0x8000_0000_0000_0000 },
+            Case { name: "WQE index beyond the SQ", wrong_ctx: false, qw3: 0x8000_7FFF_0000_0000 },
+            Case { name: "WQE index with nothing outstanding", wrong_ctx: false, qw3: 0x8000_0003_0000_0000 },
+        ];
+        for c in cases {
+            let mut r = rig(8, 8);
+            r.nops(2);
+            let ctx = if c.wrong_ctx { !r.cqp.cqp_compl_ctx } else { r.cqp.cqp_compl_ctx };
+            r.write_cqe(0, ctx, 0, c.qw3);
+            let mut info = IrdmaCcqCqeInfo::default();
+            let res = irdma_sc_ccq_get_cqe_info(&mut r.ccq, &mut r.cqp, &mut info);
+            assert!(matches!(res, Err(IrdmaError::BadCqe(_))), "{}", c.name);
+            assert_eq!(errno(res), -libc::EIO, "{}", c.name);
+            assert_eq!(r.ccq.cq_ring().head(), 1, "{}: the slot is consumed", c.name);
+            assert_eq!(r.cqp.sq_ring().tail(), 0, "{}: no SQ slot is freed", c.name);
+            assert_eq!(r.cqp.scratch(0), Some(0x100), "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn a_second_completion_for_the_same_wqe_is_rejected() {
+        let mut r = rig(8, 8);
+        r.nops(2);
+        r.write_cqe(0, r.cqp.cqp_compl_ctx, 0, 0x8000_0000_0000_0000);
+        r.write_cqe(1, r.cqp.cqp_compl_ctx, 0, 0x8000_0000_0000_0000);
+        let mut info = IrdmaCcqCqeInfo::default();
+        irdma_sc_ccq_get_cqe_info(&mut r.ccq, &mut r.cqp, &mut info).unwrap();
+        let res = irdma_sc_ccq_get_cqe_info(&mut r.ccq, &mut r.cqp, &mut info);
+        assert!(matches!(res, Err(IrdmaError::BadCqe(_))));
+        assert_eq!(r.cqp.sq_ring().tail(), 1);
+    }
+
+    #[test]
+    fn the_ccq_polarity_flips_each_time_the_ring_wraps() {
+        let mut r = rig(4, 4);
+        for i in 0..9u32 {
+            r.nops(1);
+            let slot = i % 4;
+            let valid = if (i / 4) % 2 == 0 { 1u64 << 63 } else { 0 };
+            r.write_cqe(slot, r.cqp.cqp_compl_ctx, 0, valid | u64::from(i % 4) << 32);
+            let mut info = IrdmaCcqCqeInfo::default();
+            irdma_sc_ccq_get_cqe_info(&mut r.ccq, &mut r.cqp, &mut info).unwrap();
+            assert_eq!(info.wqe_idx, i % 4, "completion {i}");
+            assert_eq!(r.shadow(0), u64::from((i + 1) % 4), "completion {i}");
+            let wraps = (i + 1) / 4;
+            assert_eq!(r.ccq.polarity, if wraps % 2 == 0 { 1 } else { 0 }, "after completion {i}");
+        }
+        assert_eq!((r.ccq.polarity, r.ccq.cq_ring().head()), (1, 1));
+    }
+
+    #[test]
+    fn arming_bumps_the_sequence_keeps_select_and_se_and_writes_the_cq_id_to_cqarm() {
+        // (shadow qw4 before, after); the first row is G12's arm from a zeroed shadow.
+        let cases = [(0x0, 0x1_4000), (0x1_4000, 0x2_4000), (0x3_8005, 0x0_C005)];
+        for (before, after) in cases {
+            let r = rig(4, 4);
+            r.dev.dma_write_u64(r.ccq.shadow_area_pa + 32, before);
+            r.dev.clear_writes();
+            irdma_sc_ccq_arm(&r.ccq).unwrap();
+            assert_eq!(r.shadow(32), after, "from {before:#x}");
+            assert_eq!(r.dev.writes(), [(off(IRDMA_CQARM), 0)], "from {before:#x}");
+        }
+    }
+
+    #[test]
+    fn poll_for_op_done_skips_other_ops_and_stops_at_the_wanted_one() {
+        let mut r = rig(8, 8);
+        r.nops(1);
+        irdma_sc_ccq_create(&mut r.ccq, &mut r.cqp, 7, true, false).unwrap();
+        r.write_cqe(0, r.cqp.cqp_compl_ctx, 0, 0x8000_0000_0000_0000);
+        r.write_cqe(1, r.cqp.cqp_compl_ctx, 0, 0x8000_0001_0000_0000);
+        let mut info = IrdmaCcqCqeInfo::default();
+        irdma_sc_poll_for_cqp_op_done(&mut r.cqp, &mut r.ccq, IRDMA_CQP_OP_CREATE_CQ, &mut info).unwrap();
+        assert_eq!((info.op_code, info.scratch, info.wqe_idx), (IRDMA_CQP_OP_CREATE_CQ, 7, 1));
+        assert_eq!(r.cqp.sq_ring().tail(), 2, "the skipped NOP completion still frees its slot");
+    }
+
+    #[test]
+    fn poll_for_op_done_times_out_on_a_device_that_never_completes() {
+        let mut r = rig(4, 4);
+        r.cqp.hw_attrs.max_done_count = 5;
+        r.nops(1);
+        let mut info = IrdmaCcqCqeInfo::default();
+        let res = irdma_sc_poll_for_cqp_op_done(&mut r.cqp, &mut r.ccq, IRDMA_CQP_OP_NOP, &mut info);
+        assert!(matches!(res, Err(IrdmaError::Timeout(_))));
+        assert_eq!(errno(res), -libc::ETIMEDOUT);
+    }
+
+    #[test]
+    fn poll_for_op_done_returns_a_garbage_cqe_error_at_once() {
+        let mut r = rig(4, 4);
+        r.nops(1);
+        r.write_cqe(0, 0xDEAD, 0, 0x8000_0000_0000_0000);
+        let mut info = IrdmaCcqCqeInfo::default();
+        let res = irdma_sc_poll_for_cqp_op_done(&mut r.cqp, &mut r.ccq, IRDMA_CQP_OP_NOP, &mut info);
+        assert!(matches!(res, Err(IrdmaError::BadCqe(_))));
+    }
+
+    #[test]
+    fn the_create_cq_wqe_carries_size_threshold_addresses_and_header_bits() {
+        let mut r = rig(4, 6);
+        irdma_sc_ccq_create(&mut r.ccq, &mut r.cqp, 0, true, false).unwrap();
+        let w = r.cqp.wqe(0).unwrap();
+        let q: Vec<u64> = (0..8).map(|i| w.get_64bit_val(i * 8).unwrap()).collect();
+        assert_eq!(q[0], 6);
+        assert_eq!(q[1], 0x1000 >> 1);
+        assert_eq!(q[2], 16);
+        // VALID 1<<63 | CEQIDVALID 1<<49 | CHKOVERFLOW 1<<46 | OPCODE 3<<32, cq_id 0, ceq_id 0.
+        assert_eq!(q[3], 0x8002_4003_0000_0000);
+        assert_eq!((q[4], q[5], q[6], q[7]), (r.ccq.cq_pa, r.ccq.shadow_area_pa, 0, 0));
+    }
+
+    #[test]
+    fn ccq_init_rejects_an_empty_or_too_small_ring() {
+        let dev = FakeIrdma::scripted();
+        let pool = Arc::new(crate::dma::DmaPool::new(dev.clone(), false));
+        for (num_elem, ring_len) in [(0u32, 4096usize), (200, 4096)] {
+            let info = IrdmaCcqInitInfo {
+                cq_base: Box::new(pool.alloc_contiguous(ring_len).unwrap()),
+                shadow_area: Box::new(pool.alloc_contiguous(64).unwrap()),
+                num_elem,
+                shadow_read_threshold: 16,
+                ceq_id: 0,
+                ceq_id_valid: true,
+                ceqe_mask: false,
+                vsi_idx: 0,
+                cq_ctx: 0,
+            };
+            let res = irdma_sc_ccq_init(IrdmaHw::new(dev.clone()), info).map(|_| ());
+            assert_eq!(errno(res), -libc::EINVAL, "{num_elem} entries in {ring_len} bytes");
+        }
+    }
+}
