@@ -131,3 +131,212 @@ pub fn irdma_sc_manage_qhash_table_entry(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::irdma::cqp::{irdma_sc_cqp_nop, IrdmaScCqp};
+    use crate::irdma::regs::IrdmaRegisters::IRDMA_CQPDB;
+    use crate::irdma::testdev::*;
+    use std::sync::{Arc, Mutex};
+    use IrdmaQuadEntryType::*;
+    use IrdmaQuadHashManageType::*;
+
+    /// G9's ESTABLISHED entry: local 10.0.0.1:4791, remote 10.0.0.2:5000, QP 5, MAC 00:11:22:33:44:55.
+    fn g9_established() -> IrdmaQhashTableInfo {
+        IrdmaQhashTableInfo {
+            vsi: IrdmaVsiQos::default(),
+            manage: IrdmaQhashManageTypeAdd,
+            entry_type: IrdmaQhashTypeTcpEstablished,
+            vlan_valid: false,
+            ipv4_valid: true,
+            mac_addr: [0x00, 0x11, 0x22, 0x33, 0x44, 0x55],
+            vlan_id: 0,
+            user_pri: 0,
+            qp_num: 5,
+            dest_ip: [0x0A00_0001, 0, 0, 0],
+            src_ip: [0x0A00_0002, 0, 0, 0],
+            dest_port: 4791,
+            src_port: 5000,
+        }
+    }
+
+    fn g9_syn_listener() -> IrdmaQhashTableInfo {
+        IrdmaQhashTableInfo { entry_type: IrdmaQhashTypeTcpSyn, src_ip: [0; 4], src_port: 0, ..g9_established() }
+    }
+
+    fn g9_ipv6_vlan_listener() -> IrdmaQhashTableInfo {
+        IrdmaQhashTableInfo {
+            ipv4_valid: false,
+            vlan_valid: true,
+            vlan_id: 100,
+            dest_ip: [0xFE80_0000, 0, 0, 1],
+            ..g9_syn_listener()
+        }
+    }
+
+    fn wqe(cqp: &IrdmaScCqp, idx: u32) -> [u64; 8] {
+        let w = cqp.wqe(idx).unwrap();
+        std::array::from_fn(|i| w.get_64bit_val(i * 8).unwrap())
+    }
+
+    /// Moves the SQ to its second pass, where the valid bit is 0.
+    fn to_second_pass(cqp: &mut IrdmaScCqp) {
+        for i in 0..cqp.sq_size {
+            irdma_sc_cqp_nop(cqp, 0, false).unwrap();
+            cqp.complete_wqe(i).unwrap();
+        }
+    }
+
+    #[test]
+    fn qhash_wqes_match_the_g9_golden_examples_bit_for_bit() {
+        struct Case {
+            name: &'static str,
+            info: IrdmaQhashTableInfo,
+            second_pass: bool,
+            want: [u64; 8],
+        }
+        let cases = [
+            Case {
+                name: "IPv4 ESTABLISHED add, polarity 1",
+                info: g9_established(),
+                second_pass: false,
+                want: [
+                    0x0000_0011_2233_4455,
+                    0x0000_0005_1388_12B7,
+                    0,
+                    0xB000_0425_0000_0000,
+                    0x0000_0000_0A00_0002,
+                    0,
+                    0x0000_0000_0A00_0001,
+                    0,
+                ],
+            },
+            Case {
+                name: "IPv4 SYN listener, polarity 1",
+                info: g9_syn_listener(),
+                second_pass: false,
+                want: [0x0000_0011_2233_4455, 0x0000_0005_0000_12B7, 0, 0xB000_0825_0000_0000, 0, 0, 0x0A00_0001, 0],
+            },
+            Case {
+                name: "IPv4 ESTABLISHED delete, polarity 0",
+                info: IrdmaQhashTableInfo { manage: IrdmaQhashManageTypeDelete, ..g9_established() },
+                second_pass: true,
+                want: [
+                    0x0000_0011_2233_4455,
+                    0x0000_0005_1388_12B7,
+                    0,
+                    0x1000_0425_0000_0000,
+                    0x0000_0000_0A00_0002,
+                    0,
+                    0x0000_0000_0A00_0001,
+                    0,
+                ],
+            },
+            Case {
+                name: "IPv6 SYN listener on fe80::1, VLAN 100, polarity 1",
+                info: g9_ipv6_vlan_listener(),
+                second_pass: false,
+                want: [
+                    0x0000_0011_2233_4455,
+                    0x0000_0005_0000_12B7,
+                    0x0000_0064_0000_0000,
+                    0xA800_0825_0000_0000,
+                    0,
+                    0,
+                    0x0000_0000_0000_0001,
+                    0xFE80_0000_0000_0000,
+                ],
+            },
+        ];
+        for c in cases {
+            let dev = FakeIrdma::scripted();
+            let (_pool, mut cqp) = plain_cqp(&dev, 4);
+            if c.second_pass {
+                to_second_pass(&mut cqp);
+            }
+            let idx = cqp.sq_ring().head();
+            dev.clear_writes();
+            irdma_sc_manage_qhash_table_entry(&mut cqp, &c.info, 42, true).unwrap();
+            assert_eq!(wqe(&cqp, idx), c.want, "{}", c.name);
+            assert_eq!(cqp.scratch(idx), Some(42), "{}", c.name);
+            assert_eq!(dev.writes_to(IRDMA_CQPDB), [(idx + 1) % 4], "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn the_qs_handle_of_the_user_priority_lands_in_qw2() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        let mut vsi = IrdmaVsiQos::default();
+        vsi.qs_handle[3] = 0x3FF;
+        let info = IrdmaQhashTableInfo { vsi, user_pri: 3, ..g9_ipv6_vlan_listener() };
+        irdma_sc_manage_qhash_table_entry(&mut cqp, &info, 0, false).unwrap();
+        assert_eq!(wqe(&cqp, 0)[2], 0x0000_0064_0000_03FF);
+        let bad = IrdmaQhashTableInfo { user_pri: 8, ..info };
+        let r = irdma_sc_manage_qhash_table_entry(&mut cqp, &bad, 0, false);
+        assert_eq!(r.err().map(|e| e.to_errno()), Some(-libc::EINVAL));
+        assert_eq!(cqp.sq_ring().head(), 1, "a rejected entry takes no SQ slot");
+    }
+
+    #[test]
+    fn qhash_stores_every_other_qword_then_a_barrier_then_the_header() {
+        use MemOp::*;
+        let established_v6 = IrdmaQhashTableInfo {
+            ipv4_valid: false,
+            dest_ip: [0xFE80_0000, 0, 0, 1],
+            src_ip: [0xFE80_0000, 0, 0, 2],
+            ..g9_established()
+        };
+        let cases = [
+            ("IPv4 ESTABLISHED", g9_established(), vec![0, 48, 16, 32, 8]),
+            ("IPv4 SYN", g9_syn_listener(), vec![0, 48, 16, 8]),
+            ("IPv6 SYN VLAN", g9_ipv6_vlan_listener(), vec![0, 56, 48, 16, 8]),
+            ("IPv6 ESTABLISHED", established_v6, vec![0, 56, 48, 16, 40, 32, 8]),
+        ];
+        for (name, info, body) in cases {
+            let dev = FakeIrdma::scripted();
+            let pool = Arc::new(crate::dma::DmaPool::new(dev.clone(), false));
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let sq = RecordingMemory { inner: pool.alloc_contiguous(4 * 64).unwrap(), log: log.clone() };
+            let ctx = pool.alloc_contiguous(64).unwrap();
+            let mut cqp = cqp_with(&dev, &pool, 4, Box::new(sq), Box::new(ctx)).unwrap();
+            irdma_sc_manage_qhash_table_entry(&mut cqp, &info, 0, true).unwrap();
+            let log = log.lock().unwrap().clone();
+            // The slot is zeroed first, then the WQE proper.
+            let zeroing: Vec<MemOp> = (0..8).map(|i| Store { offset: i * 8, value: 0 }).collect();
+            assert_eq!(log[..8], zeroing[..], "{name}");
+            let mut order: Vec<Option<usize>> = log[8..]
+                .iter()
+                .map(|op| match op {
+                    Store { offset, .. } => Some(*offset),
+                    Wmb => None,
+                })
+                .collect();
+            let header = order.pop();
+            let barrier = order.pop();
+            assert_eq!((barrier, header), (Some(None), Some(Some(24))), "{name}: barrier, then header last");
+            assert_eq!(order, body.into_iter().map(Some).collect::<Vec<_>>(), "{name}");
+        }
+    }
+
+    #[test]
+    fn qhash_on_a_full_sq_returns_enomem_and_writes_nothing() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        for _ in 0..3 {
+            irdma_sc_manage_qhash_table_entry(&mut cqp, &g9_established(), 0, false).unwrap();
+        }
+        let before = wqe(&cqp, 3);
+        let r = irdma_sc_manage_qhash_table_entry(&mut cqp, &g9_established(), 0, true);
+        assert_eq!(r.err().map(|e| e.to_errno()), Some(-libc::ENOMEM));
+        assert_eq!(wqe(&cqp, 3), before);
+        assert!(dev.writes_to(IRDMA_CQPDB).iter().all(|v| *v == 0), "only init's CQPDB <- 0");
+    }
+
+    #[test]
+    fn mac_addresses_read_as_a_big_endian_48_bit_number() {
+        assert_eq!(ether_addr_to_u64(&[0x00, 0x11, 0x22, 0x33, 0x44, 0x55]), 0x0011_2233_4455);
+        assert_eq!(ether_addr_to_u64(&[0xFF; 6]), 0xFFFF_FFFF_FFFF);
+    }
+}
