@@ -223,3 +223,90 @@ impl IrdmaDev {
         irdma_sc_cqp_destroy(&mut st.cqp)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::irdma::testdev::*;
+
+    fn errno<T>(r: Result<T>) -> i32 {
+        r.err().map_or(0, |e| e.to_errno())
+    }
+
+    #[test]
+    fn dev_init_accepts_only_a_4_or_8_mib_doorbell_bar() {
+        for (pe_db_size, want) in [(0u32, -libc::ENODEV), (1, 0), (2, 0), (3, -libc::ENODEV)] {
+            let dev = FakeIrdma::scripted();
+            // Bits outside PE_DB_SIZE must not matter.
+            dev.set_reg(IRDMA_GLPCI_LBARCTRL, 0xFFFF_FFCF | pe_db_size << 4);
+            let r = irdma_sc_dev_init(&IrdmaHw::new(dev.clone()));
+            assert_eq!(errno(r), want, "PE_DB_SIZE {pe_db_size}");
+        }
+    }
+
+    #[test]
+    fn pe_readiness_retries_until_all_three_cpustatus_read_0x80() {
+        let dev = FakeIrdma::scripted();
+        dev.script(IRDMA_GLPE_CPUSTATUS1, &[0x00, 0x40]);
+        irdma_wait_pe_ready(&IrdmaHw::new(dev.clone()), &fast_attrs()).unwrap();
+        assert!(dev.writes().is_empty());
+    }
+
+    #[test]
+    fn pe_readiness_gives_up_after_the_retry_count_with_etimedout() {
+        let dev = FakeIrdma::scripted();
+        let attrs = fast_attrs();
+        // Not ready for exactly 1 + max_pe_ready_count checks: the retry budget is spent.
+        let tries = attrs.max_pe_ready_count as usize + 1;
+        dev.script(IRDMA_GLPE_CPUSTATUS2, &vec![0x81; tries]);
+        let r = irdma_wait_pe_ready(&IrdmaHw::new(dev.clone()), &attrs);
+        assert!(matches!(r, Err(IrdmaError::PeNotReady([0x80, 0x80, 0x81]))));
+        assert_eq!(errno(r), -libc::ETIMEDOUT);
+        // One fewer failure and the last retry succeeds.
+        let dev = FakeIrdma::scripted();
+        dev.script(IRDMA_GLPE_CPUSTATUS2, &vec![0x81; tries - 1]);
+        irdma_wait_pe_ready(&IrdmaHw::new(dev.clone()), &attrs).unwrap();
+    }
+
+    #[test]
+    fn bring_up_creates_the_cqp_then_the_ccq_through_a_create_cq_wqe() {
+        let dev = FakeIrdma::executing();
+        let pool = Arc::new(DmaPool::new(dev.clone(), false));
+        let cfg = IrdmaDevConfig { hw_attrs: fast_attrs(), ..Default::default() };
+        let irdma = IrdmaDev::new(pool, cfg).unwrap();
+        assert_eq!(irdma.db_size, IRDMA_PE_DB_SIZE_8M);
+        let ccq = dev.ccq().unwrap();
+        assert_eq!(ccq.size, IW_CCQ_SIZE);
+        let exec = dev.executed();
+        assert_eq!(exec.len(), 1);
+        assert_eq!(IRDMA_CQPSQ_OPCODE.get(exec[0][3]), u64::from(IRDMA_CQP_OP_CREATE_CQ));
+        let st = irdma.lock();
+        assert_eq!((st.cqp.sq_ring().head(), st.cqp.sq_ring().tail(), st.ccq.cq_ring().head()), (1, 1, 1));
+        assert_eq!((ccq.pa, ccq.shadow_pa), (st.ccq.cq_pa, st.ccq.shadow_area_pa));
+        assert_eq!(st.ccq.cq_pa % IRDMA_CQ0_ALIGNMENT, 0);
+        assert_eq!(st.cqp.sq_pa % IRDMA_CQP_ALIGNMENT, 0);
+        drop(st);
+        irdma.destroy().unwrap();
+    }
+
+    #[test]
+    fn bring_up_fails_cleanly_when_the_device_rejects_the_cqp() {
+        let dev = FakeIrdma::scripted();
+        dev.script(IRDMA_CCQPSTATUS, &[0x8000_0001]);
+        let pool = Arc::new(DmaPool::new(dev.clone(), false));
+        let cfg = IrdmaDevConfig { hw_attrs: fast_attrs(), sq_size: 4, ccq_size: 4, ..Default::default() };
+        assert_eq!(errno(IrdmaDev::new(pool.clone(), cfg)), -libc::EOPNOTSUPP);
+        // Every buffer went back: nothing is mapped and the first IOVA is free again.
+        assert_eq!(dev.mapped(), 0);
+        let b = pool.alloc_contiguous(4096).unwrap();
+        assert_eq!(b.iova(0), Some(crate::dma::IOVA_BASE));
+    }
+
+    #[test]
+    fn bring_up_rejects_a_ccq_smaller_than_the_sq() {
+        let dev = FakeIrdma::executing();
+        let pool = Arc::new(DmaPool::new(dev.clone(), false));
+        let cfg = IrdmaDevConfig { hw_attrs: fast_attrs(), sq_size: 8, ccq_size: 4, ..Default::default() };
+        assert_eq!(errno(IrdmaDev::new(pool, cfg)), -libc::EINVAL);
+    }
+}

@@ -120,6 +120,9 @@ impl FakeIrdma {
     pub fn ccq(&self) -> Option<DevCcq> {
         self.lock().ccq
     }
+    pub fn mapped(&self) -> usize {
+        self.lock().maps.len()
+    }
     pub fn irqs_raised(&self) -> u32 {
         self.lock().irqs_raised
     }
