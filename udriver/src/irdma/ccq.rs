@@ -139,11 +139,7 @@ pub fn irdma_sc_ccq_create(
 /// `irdma_sc_ccq_get_cqe_info(ccq, info)`, with the CQP explicit. -ENOENT (`NoCqe`) when the next CQE's valid
 /// bit is not the CCQ polarity. A CQE whose valid bit matches is consumed; if it names a WQE that is not
 /// outstanding, or its completion context is not ours, it frees nothing and gives -EIO (`BadCqe`).
-pub fn irdma_sc_ccq_get_cqe_info(
-    ccq: &mut IrdmaScCq,
-    cqp: &mut IrdmaScCqp,
-    info: &mut IrdmaCcqCqeInfo,
-) -> Result<()> {
+pub fn irdma_sc_ccq_get_cqe_info(ccq: &mut IrdmaScCq, cqp: &mut IrdmaScCqp, info: &mut IrdmaCcqCqeInfo) -> Result<()> {
     let base = ccq.cq_ring.head() as usize * IRDMA_CQE_SIZE;
     let qw3 = ccq.cq_base.read_u64(base + IRDMA_BYTE_24)?;
     if IRDMA_CQ_VALID.get(qw3) != u64::from(ccq.polarity) {

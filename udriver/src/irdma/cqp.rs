@@ -26,6 +26,9 @@ pub trait QueueMemory: Send {
         fence(Ordering::Acquire);
     }
     fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     fn iova(&self, offset: usize) -> Option<u64>;
 }
 

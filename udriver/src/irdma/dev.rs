@@ -58,11 +58,7 @@ pub fn irdma_wait_pe_ready(hw: &IrdmaHw, attrs: &IrdmaHwAttrs) -> Result<()> {
         if attempt > 0 {
             std::thread::sleep(attrs.pe_ready_delay);
         }
-        last = [
-            hw.rd32(IRDMA_GLPE_CPUSTATUS0)?,
-            hw.rd32(IRDMA_GLPE_CPUSTATUS1)?,
-            hw.rd32(IRDMA_GLPE_CPUSTATUS2)?,
-        ];
+        last = [hw.rd32(IRDMA_GLPE_CPUSTATUS0)?, hw.rd32(IRDMA_GLPE_CPUSTATUS1)?, hw.rd32(IRDMA_GLPE_CPUSTATUS2)?];
         if last.iter().all(|s| *s == IRDMA_CPU_STATUS_READY) {
             return Ok(());
         }

@@ -215,3 +215,231 @@ pub fn irdma_handle_cqp_op(dev: &IrdmaDev, cmd: IrdmaCqpCmd) -> Result<IrdmaCcqC
 pub fn irdma_manage_qhash(dev: &IrdmaDev, info: &IrdmaQhashTableInfo) -> Result<IrdmaCcqCqeInfo> {
     irdma_handle_cqp_op(dev, IrdmaCqpCmd::ManageQhashTableEntry(*info))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dma::DmaPool;
+    use crate::irdma::cqp::irdma_sc_cqp_nop;
+    use crate::irdma::dev::IrdmaDevConfig;
+    use crate::irdma::qhash::{IrdmaQuadEntryType, IrdmaQuadHashManageType, IrdmaVsiQos};
+    use crate::irdma::regs::IrdmaRegisters::IRDMA_CQARM;
+    use crate::irdma::testdev::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn up(sq_size: u32, ccq_size: u32, wait_mode: IrdmaCqpWaitMode) -> (Arc<FakeIrdma>, IrdmaDev) {
+        up_with(sq_size, ccq_size, wait_mode, Duration::from_millis(200))
+    }
+
+    fn up_with(
+        sq_size: u32,
+        ccq_size: u32,
+        wait_mode: IrdmaCqpWaitMode,
+        cqp_timeout: Duration,
+    ) -> (Arc<FakeIrdma>, IrdmaDev) {
+        let dev = FakeIrdma::executing();
+        let pool = Arc::new(DmaPool::new(dev.clone(), false));
+        let cfg = IrdmaDevConfig {
+            hw_attrs: fast_attrs(),
+            sq_size,
+            ccq_size,
+            wait_mode,
+            cqp_timeout,
+            irq_slice: Duration::from_millis(5),
+            ..Default::default()
+        };
+        let irdma = IrdmaDev::new(pool, cfg).unwrap();
+        (dev, irdma)
+    }
+
+    fn listener(port: u16) -> IrdmaQhashTableInfo {
+        IrdmaQhashTableInfo {
+            vsi: IrdmaVsiQos::default(),
+            manage: IrdmaQuadHashManageType::IrdmaQhashManageTypeAdd,
+            entry_type: IrdmaQuadEntryType::IrdmaQhashTypeTcpSyn,
+            vlan_valid: false,
+            ipv4_valid: true,
+            mac_addr: [0x00, 0x11, 0x22, 0x33, 0x44, 0x55],
+            vlan_id: 0,
+            user_pri: 0,
+            qp_num: 5,
+            dest_ip: [0x0A00_0001, 0, 0, 0],
+            src_ip: [0; 4],
+            dest_port: port,
+            src_port: 0,
+        }
+    }
+
+    fn errno<T>(r: Result<T>) -> i32 {
+        r.err().map_or(0, |e| e.to_errno())
+    }
+
+    #[test]
+    fn a_qhash_add_reaches_the_device_and_completes() {
+        let (dev, irdma) = up(2048, 2050, IrdmaCqpWaitMode::Poll);
+        let info = irdma_manage_qhash(&irdma, &listener(4791)).unwrap();
+        assert_eq!((info.op_code, info.wqe_idx, info.error), (IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY, 1, false));
+        let exec = dev.executed();
+        assert_eq!(exec[1][1], 0x0000_0005_0000_12B7);
+        assert_eq!(exec[1][3], 0xB000_0825_0000_0000);
+    }
+
+    #[test]
+    fn both_rings_wrap_and_every_command_completes() {
+        let (dev, irdma) = up(4, 4, IrdmaCqpWaitMode::Poll);
+        for i in 0..21u16 {
+            let cmd = if i % 2 == 0 { IrdmaCqpCmd::Nop } else { IrdmaCqpCmd::ManageQhashTableEntry(listener(i)) };
+            let info = irdma_handle_cqp_op(&irdma, cmd).unwrap();
+            assert_eq!(info.op_code, cmd.op_code(), "command {i}");
+            // CREATE_CQ took SQ slot 0, so command i sits in slot (i + 1) % 4.
+            assert_eq!(info.wqe_idx, u32::from(i + 1) % 4, "command {i}");
+        }
+        // 22 WQEs: the valid bit of each follows its pass over the 4-entry SQ (1, 0, 1, ...).
+        let exec = dev.executed();
+        assert_eq!(exec.len(), 22);
+        for (n, w) in exec.iter().enumerate() {
+            assert_eq!(IRDMA_CQPSQ_WQEVALID.get(w[3]), 1 - (n as u64 / 4) % 2, "WQE {n}");
+        }
+        let st = irdma.lock();
+        // 22 CQEs on a 4-entry CCQ: 5 wraps, so polarity 1 ^ 1 (odd) = 0 and head 2.
+        assert_eq!((st.ccq.cq_ring().head(), st.ccq.polarity), (2, 0));
+        assert_eq!(st.cqp.sq_ring().used_quanta(), 0);
+    }
+
+    #[test]
+    fn a_full_sq_queues_commands_in_a_backlog_that_drains_as_completions_free_slots() {
+        let (dev, irdma) = up(4, 4, IrdmaCqpWaitMode::Poll);
+        dev.hold(true);
+        let scratches: Vec<u64> = (0..5).map(|_| irdma_post_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap()).collect();
+        {
+            let mut st = irdma.lock();
+            assert_eq!(st.cqp_cmd_head.len(), 2, "3 usable SQ slots, 2 commands wait");
+            assert!(st.cqp.sq_ring().is_full());
+            assert_eq!(errno(irdma_sc_cqp_nop(&mut st.cqp, 0, false)), -libc::ENOMEM);
+        }
+        assert_eq!(dev.executed().len(), 4);
+        dev.release();
+        irdma_wait_cqp_op(&irdma, scratches[0]).unwrap();
+        assert!(irdma.lock().cqp_cmd_head.is_empty(), "completions moved the backlog to the SQ");
+        assert_eq!(dev.executed().len(), 6);
+        dev.release();
+        for s in &scratches[1..] {
+            irdma_wait_cqp_op(&irdma, *s).unwrap();
+        }
+    }
+
+    #[test]
+    fn backlogged_commands_keep_their_submission_order() {
+        let (dev, irdma) = up(4, 4, IrdmaCqpWaitMode::Poll);
+        dev.hold(true);
+        let ports = [10u16, 11, 12, 13, 14, 15];
+        let scratches: Vec<u64> = ports
+            .iter()
+            .map(|p| irdma_post_cqp_op(&irdma, IrdmaCqpCmd::ManageQhashTableEntry(listener(*p))).unwrap())
+            .collect();
+        dev.hold(false);
+        dev.release();
+        for s in scratches {
+            irdma_wait_cqp_op(&irdma, s).unwrap();
+        }
+        let seen: Vec<u64> = dev.executed()[1..].iter().map(|w| w[1] & 0xFFFF).collect();
+        assert_eq!(seen, ports.map(u64::from));
+    }
+
+    #[test]
+    fn waiting_by_interrupt_arms_the_ccq_and_wakes_on_msix() {
+        let (dev, irdma) = up(8, 8, IrdmaCqpWaitMode::Event { vector: 0 });
+        dev.hold(true);
+        let s = irdma_post_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap();
+        let dev2 = dev.clone();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            dev2.release();
+        });
+        let info = irdma_wait_cqp_op(&irdma, s).unwrap();
+        releaser.join().unwrap();
+        assert_eq!(info.op_code, IRDMA_CQP_OP_NOP);
+        assert!(dev.irqs_raised() >= 1);
+        assert!(!dev.writes_to(IRDMA_CQARM).is_empty());
+        assert_eq!(dev.writes_to(IRDMA_CQARM).iter().max(), Some(&0), "the CCQ is CQ 0");
+    }
+
+    #[test]
+    fn a_device_that_never_completes_times_out_in_both_wait_modes() {
+        for mode in [IrdmaCqpWaitMode::Poll, IrdmaCqpWaitMode::Event { vector: 0 }] {
+            let (dev, irdma) = up(4, 4, mode);
+            dev.hold(true);
+            let r = irdma_handle_cqp_op(&irdma, IrdmaCqpCmd::Nop);
+            assert!(matches!(r, Err(IrdmaError::Timeout(_))), "{mode:?}");
+            assert_eq!(errno(r), -libc::ETIMEDOUT, "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn a_late_completion_after_a_timeout_is_dropped_and_the_cqp_keeps_working() {
+        let (dev, irdma) = up(4, 4, IrdmaCqpWaitMode::Poll);
+        dev.hold(true);
+        assert_eq!(errno(irdma_handle_cqp_op(&irdma, IrdmaCqpCmd::Nop)), -libc::ETIMEDOUT);
+        dev.hold(false);
+        dev.release();
+        irdma_handle_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap();
+        let st = irdma.lock();
+        assert!(st.done.is_empty() && st.abandoned.is_empty());
+    }
+
+    #[test]
+    fn a_command_that_times_out_in_the_backlog_is_withdrawn() {
+        let (dev, irdma) = up(4, 4, IrdmaCqpWaitMode::Poll);
+        dev.hold(true);
+        for _ in 0..3 {
+            irdma_post_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap();
+        }
+        let queued = irdma_post_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap();
+        assert_eq!(errno(irdma_wait_cqp_op(&irdma, queued)), -libc::ETIMEDOUT);
+        assert!(irdma.lock().cqp_cmd_head.is_empty());
+        dev.release();
+        assert_eq!(dev.executed().len(), 4, "the withdrawn command never reaches the SQ");
+    }
+
+    #[test]
+    fn an_error_completion_gives_eio_with_the_major_and_minor_codes() {
+        let (dev, irdma) = up(4, 4, IrdmaCqpWaitMode::Poll);
+        dev.fail_op(IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY, IRDMA_CQPSQ_MAJ_CNTXTCACHE_ERROR, 1);
+        let r = irdma_manage_qhash(&irdma, &listener(1));
+        assert!(matches!(r, Err(IrdmaError::CqeError { op: 0x25, maj: 0xF001, min: 1 })));
+        assert_eq!(errno(r), -libc::EIO);
+        irdma_handle_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap();
+    }
+
+    #[test]
+    fn a_garbage_cqe_gives_eio_instead_of_a_completion() {
+        let (dev, irdma) = up(4, 4, IrdmaCqpWaitMode::Poll);
+        dev.hold(true);
+        let s = irdma_post_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap();
+        dev.post_cqe(0xBAD_C0DE, 0, IRDMA_CQ_WQEIDX.prep(1));
+        let r = irdma_wait_cqp_op(&irdma, s);
+        assert!(matches!(r, Err(IrdmaError::BadCqe(_))));
+        assert_eq!(errno(r), -libc::EIO);
+    }
+
+    #[test]
+    fn several_threads_share_the_cqp_through_the_lock() {
+        let (_dev, irdma) = up_with(4, 4, IrdmaCqpWaitMode::Poll, Duration::from_secs(10));
+        let irdma = Arc::new(irdma);
+        let workers: Vec<_> = (0..4u16)
+            .map(|t| {
+                let irdma = irdma.clone();
+                std::thread::spawn(move || {
+                    (0..25u16).all(|i| irdma_manage_qhash(&irdma, &listener(t * 100 + i)).is_ok())
+                })
+            })
+            .collect();
+        for w in workers {
+            assert!(w.join().unwrap());
+        }
+        let st = irdma.lock();
+        assert_eq!(st.cqp.completed_ops, 101, "CREATE_CQ plus 100 qhash entries");
+        assert!(st.cqp_cmd_head.is_empty() && st.done.is_empty());
+    }
+}
