@@ -1,7 +1,8 @@
 //! The control CQ: created by a CREATE_CQ WQE on the CQP, consumed with a polarity bit, armed through the
 //! shadow area and CQARM (reference 3.8, 3.9).
 
-use super::cqp::{irdma_sc_cqp_get_next_send_wqe_idx, irdma_sc_cqp_post_sq, queue_pa, sleep, IrdmaRing};
+use super::cqp::{irdma_cqp_poll_registers, irdma_get_cqp_reg_info, irdma_sc_cqp_get_next_send_wqe_idx};
+use super::cqp::{irdma_sc_cqp_post_sq, queue_pa, sleep, IrdmaRing};
 use super::cqp::{IrdmaScCqp, QueueMemory};
 use super::defs::*;
 use super::regs::IrdmaRegisters::IRDMA_CQARM;
@@ -132,6 +133,36 @@ pub fn irdma_sc_ccq_create(
         irdma_sc_cqp_post_sq(cqp)?;
         let mut info = IrdmaCcqCqeInfo::default();
         irdma_sc_poll_for_cqp_op_done(cqp, ccq, IRDMA_CQP_OP_CREATE_CQ, &mut info)?;
+    }
+    Ok(())
+}
+
+/// `irdma_sc_ccq_destroy(ccq, scratch, post_sq)`, with the CQP explicit. The CCQ cannot report its own
+/// destruction, so completion is by register polling (CQPTAIL), up to max_done_count reads.
+pub fn irdma_sc_ccq_destroy(ccq: &mut IrdmaScCq, cqp: &mut IrdmaScCqp, scratch: u64, post_sq: bool) -> Result<()> {
+    let mut idx = 0;
+    irdma_sc_cqp_get_next_send_wqe_idx(cqp, scratch, &mut idx)?;
+    let wqe = cqp.wqe(idx)?;
+    wqe.set_64bit_val(IRDMA_BYTE_0, ccq.cq_size.into())?;
+    wqe.set_64bit_val(IRDMA_BYTE_8, ccq.cq_ctx >> 1)?;
+    wqe.set_64bit_val(IRDMA_BYTE_40, ccq.shadow_area_pa)?;
+    let hdr = IRDMA_CQPSQ_CQ_CQID.prep(ccq.cq_id.into())
+        | IRDMA_CQPSQ_CQ_CEQID.prep(if ccq.ceq_id_valid { ccq.ceq_id.into() } else { 0 })
+        | IRDMA_CQPSQ_OPCODE.prep(IRDMA_CQP_OP_DESTROY_CQ.into())
+        | IRDMA_CQPSQ_CQ_ENCEQEMASK.prep_bool(ccq.ceqe_mask)
+        | IRDMA_CQPSQ_CQ_CEQIDVALID.prep_bool(ccq.ceq_id_valid)
+        | IRDMA_CQPSQ_TPHEN.prep_bool(false)
+        | IRDMA_CQPSQ_CQ_AVOIDMEMCNFLCT.prep_bool(false)
+        | IRDMA_CQPSQ_WQEVALID.prep(cqp.polarity.into());
+    wqe.dma_wmb();
+    wqe.set_64bit_val(IRDMA_BYTE_24, hdr)?;
+    let (val, tail, error) = irdma_get_cqp_reg_info(cqp)?;
+    if error || tail >= cqp.sq_size {
+        return Err(IrdmaError::BadRegister { reg: "CQPTAIL", value: val });
+    }
+    if post_sq {
+        irdma_sc_cqp_post_sq(cqp)?;
+        irdma_cqp_poll_registers(cqp, tail, cqp.hw_attrs.max_done_count)?;
     }
     Ok(())
 }

@@ -36,6 +36,7 @@ pub const IRDMA_MAX_PE_READY_COUNT: u32 = 14;
 
 /// CQP opcodes (IRDMA_CQP_OP_*).
 pub const IRDMA_CQP_OP_CREATE_CQ: u8 = 0x03;
+pub const IRDMA_CQP_OP_DESTROY_CQ: u8 = 0x05;
 pub const IRDMA_CQP_OP_QUERY_STAG: u8 = 0x0B;
 pub const IRDMA_CQP_OP_NOP: u8 = 0x24;
 pub const IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY: u8 = 0x25;

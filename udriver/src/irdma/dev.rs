@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::ccq::{irdma_sc_ccq_arm, irdma_sc_ccq_create, irdma_sc_ccq_init, IrdmaCcqInitInfo};
+use super::ccq::{irdma_sc_ccq_arm, irdma_sc_ccq_create, irdma_sc_ccq_destroy, irdma_sc_ccq_init, IrdmaCcqInitInfo};
 use super::cqp::*;
 use super::defs::*;
 use super::process::{IrdmaCqpState, IrdmaCqpWaitMode};
@@ -213,10 +213,19 @@ impl IrdmaDev {
         self.cqp_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tears the CQP down through the registers; the queue memory is given back when `self` drops.
+    /// Tears down as `irdma_destroy_ccq` then `irdma_destroy_cqp` do: completions still in the CCQ are
+    /// collected first, the CCQ is destroyed by a CQP command polled through CQPTAIL, then the CQP through
+    /// the registers. The CQP is destroyed even if the CCQ step fails; the first error is returned. The
+    /// queue memory is given back when `self` drops.
     pub fn destroy(self) -> Result<()> {
         let mut st = self.lock();
-        irdma_sc_cqp_destroy(&mut st.cqp)
+        if let Err(e) = super::process::irdma_cqp_ce_handler(&mut st) {
+            tracing::warn!(error = %e, "bad CQE while draining the CCQ for destroy");
+        }
+        let st = &mut *st;
+        let ccq = irdma_sc_ccq_destroy(&mut st.ccq, &mut st.cqp, 0, true);
+        let cqp = irdma_sc_cqp_destroy(&mut st.cqp);
+        ccq.and(cqp)
     }
 }
 
@@ -282,7 +291,17 @@ mod tests {
         assert_eq!(st.ccq.cq_pa % IRDMA_CQ0_ALIGNMENT, 0);
         assert_eq!(st.cqp.sq_pa % IRDMA_CQP_ALIGNMENT, 0);
         drop(st);
+        dev.clear_writes();
         irdma.destroy().unwrap();
+        let last = *dev.executed().last().unwrap();
+        // DESTROY_CQ of CQ 0: VALID 1<<63 | CEQIDVALID 1<<49 | OPCODE 5<<32; size and shadow area echoed.
+        assert_eq!(last[3], 0x8002_0005_0000_0000);
+        assert_eq!((last[0], last[5]), (u64::from(IW_CCQ_SIZE), ccq.shadow_pa));
+        assert!(dev.ccq().is_none());
+        let w = dev.writes();
+        assert_eq!(w.first().map(|(o, v)| (*o, *v)), Some((IrdmaHw::offset(IRDMA_CQPDB), 2)));
+        assert_eq!(w[w.len() - 2..], [(IrdmaHw::offset(IRDMA_CCQPHIGH), 0), (IrdmaHw::offset(IRDMA_CCQPLOW), 0)]);
+        assert_eq!(dev.mapped(), 0, "every queue buffer was unmapped");
     }
 
     #[test]

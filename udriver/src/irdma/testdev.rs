@@ -215,8 +215,13 @@ impl FakeIrdma {
                 if IRDMA_CQPSQ_WQEVALID.get(wqe[3]) != u64::from(st.sq_polarity) {
                     break;
                 }
-                if IRDMA_CQPSQ_OPCODE.get(wqe[3]) == u64::from(IRDMA_CQP_OP_CREATE_CQ) {
+                let op = IRDMA_CQPSQ_OPCODE.get(wqe[3]) as u8;
+                if op == IRDMA_CQP_OP_CREATE_CQ {
                     st.ccq = Some(DevCcq { pa: wqe[4], size: wqe[0] as u32, shadow_pa: wqe[5], head: 0, polarity: 1 });
+                } else if op == IRDMA_CQP_OP_DESTROY_CQ {
+                    // Completes through CQPTAIL only: the CCQ is gone.
+                    Self::flush(st, &self.irq);
+                    st.ccq = None;
                 }
                 st.executed.push(wqe);
                 st.pending.push_back(st.tail);
