@@ -260,6 +260,10 @@ impl IrdmaScCqp {
     pub fn scratch(&self, wqe_idx: u32) -> Option<u64> {
         self.scratch_array.get(wqe_idx as usize).copied().flatten()
     }
+    /// Whether a command with this scratch is posted and not yet completed.
+    pub fn is_outstanding(&self, scratch: u64) -> bool {
+        self.scratch_array.contains(&Some(scratch))
+    }
     /// Retires the command at `wqe_idx` and frees one SQ slot (the SQ tail moves).
     pub(crate) fn complete_wqe(&mut self, wqe_idx: u32) -> Option<u64> {
         let scratch = self.scratch_array.get_mut(wqe_idx as usize)?.take()?;
@@ -499,16 +503,11 @@ pub fn irdma_cqp_poll_registers(cqp: &mut IrdmaScCqp, tail: u32, count: u32) -> 
 /// `irdma_sc_cqp_nop(cqp, scratch, post_sq)`: a NOP WQE.
 pub fn irdma_sc_cqp_nop(cqp: &mut IrdmaScCqp, scratch: u64, post_sq: bool) -> Result<()> {
     let mut idx = 0;
-    let polarity = {
-        let _ = irdma_sc_cqp_get_next_send_wqe_idx(cqp, scratch, &mut idx)?;
-        cqp.polarity
-    };
+    irdma_sc_cqp_get_next_send_wqe_idx(cqp, scratch, &mut idx)?;
+    let hdr = IRDMA_CQPSQ_OPCODE.prep(IRDMA_CQP_OP_NOP.into()) | IRDMA_CQPSQ_WQEVALID.prep(cqp.polarity.into());
     let wqe = cqp.wqe(idx)?;
     wqe.dma_wmb();
-    wqe.set_64bit_val(
-        IRDMA_BYTE_24,
-        IRDMA_CQPSQ_OPCODE.prep(IRDMA_CQP_OP_NOP.into()) | IRDMA_CQPSQ_WQEVALID.prep(polarity.into()),
-    )?;
+    wqe.set_64bit_val(IRDMA_BYTE_24, hdr)?;
     if post_sq {
         irdma_sc_cqp_post_sq(cqp)?;
     }

@@ -186,7 +186,7 @@ impl IrdmaDev {
         }
         let created = irdma_sc_ccq_create(&mut ccq, &mut cqp, 0, true, true).and_then(|()| {
             if let IrdmaCqpWaitMode::Event { vector } = config.wait_mode {
-                hw.device().enable_msix(vector + 1)?;
+                hw.device().enable_msix(vector.saturating_add(1))?;
                 irdma_sc_ccq_arm(&ccq)?;
             }
             Ok(())

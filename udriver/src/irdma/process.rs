@@ -156,29 +156,34 @@ pub fn irdma_post_cqp_op(dev: &IrdmaDev, cmd: IrdmaCqpCmd) -> Result<u64> {
 }
 
 /// Waits for the command `scratch` to complete, at most `cqp_timeout`. A completion with the error bit gives
-/// -EIO (`CqeError`), a garbage CQE -EIO (`BadCqe`), no completion -ETIMEDOUT; a command that timed out
-/// while still in the backlog is withdrawn.
+/// -EIO (`CqeError`), a garbage CQE -EIO (`BadCqe`), no completion -ETIMEDOUT. On any failure other than its
+/// own completion the command is given up: withdrawn if still in the backlog, else its late completion is
+/// dropped.
 pub fn irdma_wait_cqp_op(dev: &IrdmaDev, scratch: u64) -> Result<IrdmaCcqCqeInfo> {
     let deadline = Instant::now() + dev.config.cqp_timeout;
+    match wait_for(dev, scratch, deadline) {
+        Ok(Done::Cqe(info)) => Ok(info),
+        Ok(Done::Failed(e)) => Err(e),
+        Err(e) => {
+            abandon(&mut dev.lock(), scratch);
+            Err(e)
+        }
+    }
+}
+
+fn wait_for(dev: &IrdmaDev, scratch: u64, deadline: Instant) -> Result<Done> {
     loop {
         {
             let mut st = dev.lock();
             let drained = irdma_cqp_ce_handler(&mut st);
             if let Some(done) = st.done.remove(&scratch) {
-                return match done {
-                    Done::Cqe(info) => Ok(info),
-                    Done::Failed(e) => Err(e),
-                };
+                return Ok(done);
             }
-            if let Err(e) = drained {
-                abandon(&mut st, scratch);
-                return Err(e);
-            }
+            drained?;
             if Instant::now() >= deadline {
-                abandon(&mut st, scratch);
                 return Err(IrdmaError::Timeout("CQP command completion"));
             }
-            if let super::IrdmaCqpWaitMode::Event { .. } = dev.config.wait_mode {
+            if let IrdmaCqpWaitMode::Event { .. } = dev.config.wait_mode {
                 // Arm before sleeping, then look once more: a CQE that landed before the arm raises no
                 // interrupt.
                 irdma_sc_ccq_arm(&st.ccq)?;
@@ -197,12 +202,15 @@ pub fn irdma_wait_cqp_op(dev: &IrdmaDev, scratch: u64) -> Result<IrdmaCcqCqeInfo
     }
 }
 
+/// Gives up on `scratch`: out of the backlog if queued; if posted and not yet completed, its completion
+/// will be dropped.
 fn abandon(st: &mut IrdmaCqpState, scratch: u64) {
     let queued = st.cqp_cmd_head.len();
     st.cqp_cmd_head.retain(|c| c.scratch != scratch);
-    if st.cqp_cmd_head.len() == queued {
+    if st.cqp_cmd_head.len() == queued && st.cqp.is_outstanding(scratch) {
         st.abandoned.insert(scratch);
     }
+    st.done.remove(&scratch);
 }
 
 /// `irdma_handle_cqp_op`: submit and wait.
@@ -421,6 +429,12 @@ mod tests {
         let r = irdma_wait_cqp_op(&irdma, s);
         assert!(matches!(r, Err(IrdmaError::BadCqe(_))));
         assert_eq!(errno(r), -libc::EIO);
+        // The real completion arrives later, is dropped, and the CQP carries on.
+        dev.hold(false);
+        dev.release();
+        irdma_handle_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap();
+        let st = irdma.lock();
+        assert!(st.done.is_empty() && st.abandoned.is_empty() && st.cqp.sq_ring().used_quanta() == 0);
     }
 
     #[test]
