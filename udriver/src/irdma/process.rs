@@ -315,6 +315,27 @@ mod tests {
         assert_eq!(st.cqp.sq_ring().used_quanta(), 0);
     }
 
+    /// G11 on the full-size rings, end to end: WQE 2047 rings the doorbell with 0 and the next pass writes
+    /// valid bits of 0.
+    #[test]
+    fn the_2048_entry_sq_and_2050_entry_ccq_wrap_end_to_end() {
+        let (dev, irdma) = up(2048, 2050, IrdmaCqpWaitMode::Poll);
+        for i in 0..2100u32 {
+            let info = irdma_handle_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap();
+            assert_eq!(info.wqe_idx, (i + 1) % 2048, "command {i}");
+        }
+        let db = dev.writes_to(crate::irdma::regs::IrdmaRegisters::IRDMA_CQPDB);
+        // init's 0, CREATE_CQ's 1, then one per command: command i rings (i + 2) % 2048.
+        assert_eq!(db[..3], [0, 1, 2]);
+        assert_eq!(db[2047 + 1], 0, "WQE 2047 rings 0");
+        let exec = dev.executed();
+        assert_eq!(IRDMA_CQPSQ_WQEVALID.get(exec[2047][3]), 1);
+        assert_eq!(IRDMA_CQPSQ_WQEVALID.get(exec[2048][3]), 0, "second pass starts with valid bit 0");
+        let st = irdma.lock();
+        // 2101 CQEs on 2050 entries: one wrap, polarity 0, head 51.
+        assert_eq!((st.ccq.cq_ring().head(), st.ccq.polarity), (51, 0));
+    }
+
     #[test]
     fn a_full_sq_queues_commands_in_a_backlog_that_drains_as_completions_free_slots() {
         let (dev, irdma) = up(4, 4, IrdmaCqpWaitMode::Poll);
