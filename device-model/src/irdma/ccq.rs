@@ -37,7 +37,13 @@ pub const IRDMA_CQ_DBSA_ARM_NEXT_SE: Field = Field::bit(15);
 pub const IRDMA_CQ_DBSA_ARM_SEQ_NUM: Field = Field::new(17, 16);
 
 /// qw0..qw3 of a CCQ CQE. qw0's meaning is NOT FOUND in the reference: the device writes 0.
-pub fn encode_cqe(valid: bool, completion_context: u64, wqe_idx: u32, op_ret_val: u32, error: Option<(u16, u16)>) -> [u64; 4] {
+pub fn encode_cqe(
+    valid: bool,
+    completion_context: u64,
+    wqe_idx: u32,
+    op_ret_val: u32,
+    error: Option<(u16, u16)>,
+) -> [u64; 4] {
     let mut qw3 = IRDMA_CQ_WQEIDX.put(u64::from(wqe_idx)) | IRDMA_CQ_VALID.put(u64::from(valid));
     if let Some((major, minor)) = error {
         qw3 |= IRDMA_CQ_ERROR.put(1) | IRDMA_CQ_MAJERR.put(u64::from(major)) | IRDMA_CQ_MINERR.put(u64::from(minor));

@@ -132,10 +132,7 @@ impl Segment {
         let vlan = match v.get("vlan") {
             None | Some(Value::Null) => None,
             Some(x) => Some(
-                x.as_u64()
-                    .filter(|id| *id < 4096)
-                    .map(|id| id as u16)
-                    .ok_or("\"vlan\" must be an integer 0..=4095")?,
+                x.as_u64().filter(|id| *id < 4096).map(|id| id as u16).ok_or("\"vlan\" must be an integer 0..=4095")?,
             ),
         };
         Ok(Segment {
@@ -217,7 +214,8 @@ mod tests {
 
     #[test]
     fn segment_json_parses_ipv6_words_most_significant_first() {
-        let v = json!({"src_ip": "fe80::2", "dst_ip": "fe80::1", "src_port": 1, "dst_port": 2, "vlan": 100, "syn": true});
+        let v =
+            json!({"src_ip": "fe80::2", "dst_ip": "fe80::1", "src_port": 1, "dst_port": 2, "vlan": 100, "syn": true});
         let s = Segment::from_json(&v).unwrap();
         assert!(!s.ipv4);
         assert_eq!(s.dst_ip, [0xFE80_0000, 0, 0, 1]);

@@ -118,9 +118,9 @@ impl ResultLog {
 
     fn to_json(&self) -> Value {
         let order = (self.next..RESULT_LOG_LEN).chain(0..self.next);
-        let items = order.filter_map(|i| self.entries[i].as_ref()).map(|(seg, target, source)| {
-            json!({"source": source, "segment": seg.to_json(), "result": target.to_json()})
-        });
+        let items = order.filter_map(|i| self.entries[i].as_ref()).map(
+            |(seg, target, source)| json!({"source": source, "segment": seg.to_json(), "result": target.to_json()}),
+        );
         Value::Array(items.collect())
     }
 }

@@ -9,8 +9,8 @@ pub mod device;
 pub mod loopback;
 pub mod qhash;
 pub mod regs;
-pub mod wqe;
 mod worker;
+pub mod wqe;
 
 #[cfg(test)]
 mod tests;

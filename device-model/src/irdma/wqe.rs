@@ -127,9 +127,7 @@ impl Wqe {
                 Ok(Command::Nop)
             }
             IRDMA_CQP_OP_CREATE_CQ => decode_create_cq(&self.0).map(Command::CreateCq),
-            IRDMA_CQP_OP_DESTROY_CQ => {
-                Ok(Command::DestroyCq { cq_id: IRDMA_CQPSQ_CQ_CQID.get(self.header()) as u32 })
-            }
+            IRDMA_CQP_OP_DESTROY_CQ => Ok(Command::DestroyCq { cq_id: IRDMA_CQPSQ_CQ_CQID.get(self.header()) as u32 }),
             IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY => decode_qhash(&self.0).map(Command::ManageQhash),
             other => Err(WqeError::UnsupportedOpcode(other)),
         }
@@ -325,7 +323,16 @@ mod tests {
 
     #[test]
     fn g9_ipv6_vlan_listener_puts_word_0_in_qw7_high() {
-        let w = Wqe([MAC, 0x0000_0005_0000_12B7, 0x0000_0064_0000_0000, 0xA800_0825_0000_0000, 0, 0, 1, 0xFE80_0000_0000_0000]);
+        let w = Wqe([
+            MAC,
+            0x0000_0005_0000_12B7,
+            0x0000_0064_0000_0000,
+            0xA800_0825_0000_0000,
+            0,
+            0,
+            1,
+            0xFE80_0000_0000_0000,
+        ]);
         let op = qhash(&w);
         assert!(!op.key.ipv4);
         assert_eq!(op.key.vlan, Some(100));
