@@ -26,7 +26,8 @@ pub use qhash::{EntryType, QhashKey, QhashTable};
 /// Construction parameters of an irdma function.
 #[derive(Debug, Clone)]
 pub struct IrdmaConfig {
-    /// Quad-hash table capacity (entries). Default 4096. Storage is reserved up front.
+    /// Quad-hash table capacity (entries). Default 4096; at most `IRDMA_EMU_MAX_QHASH_CAPACITY` (larger values
+    /// are clamped). Storage is reserved up front.
     pub qhash_capacity: usize,
     /// MSI-X vectors of the function. Default 4. Also the number of GLINT_CEQCTL registers.
     pub msix_vectors: u16,
@@ -41,6 +42,9 @@ impl Default for IrdmaConfig {
         Self { qhash_capacity: 4096, msix_vectors: 4, ccq_full_wait: Duration::from_millis(10), max_ccq_size: 1 << 20 }
     }
 }
+
+/// Largest quad-hash table the device builds.
+pub const IRDMA_EMU_MAX_QHASH_CAPACITY: usize = 1 << 20;
 
 /// Major codes this device reports (CQE MAJERR / CQPERRCODES). The reference lists no codes for these
 /// conditions, so the project defines them (docs/irdma-device.md).

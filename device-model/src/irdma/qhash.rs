@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde_json::{json, Value};
 
-use super::WqeError;
+use super::{WqeError, IRDMA_EMU_MAX_QHASH_CAPACITY};
 
 /// `enum irdma_quad_entry_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -80,9 +80,10 @@ pub struct QhashTable {
 
 impl QhashTable {
     pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.min(IRDMA_EMU_MAX_QHASH_CAPACITY);
         // Twice the capacity so that churn at a full table rehashes in place rather than reallocating
         // (no allocation per WQE in steady state).
-        Self { map: HashMap::with_capacity(capacity.saturating_mul(2)), capacity }
+        Self { map: HashMap::with_capacity(capacity * 2), capacity }
     }
 
     pub fn capacity(&self) -> usize {
