@@ -213,6 +213,37 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_established_quads_match_with_their_vlan() {
+        let local = [0xFE80_0000, 0, 0, 1];
+        let remote = [0xFE80_0000, 0, 0, 2];
+        let mut t = QhashTable::new(4);
+        let key = QhashKey {
+            entry_type: EntryType::TcpEstablished,
+            ipv4: false,
+            vlan: Some(7),
+            dest_ip: local,
+            dest_port: 80,
+            src_ip: remote,
+            src_port: 9000,
+        };
+        t.add(key, QhashData { qpn: 11, mac: 0, qs_handle: 0 }).unwrap();
+        let s = Segment {
+            ipv4: false,
+            src_ip: remote,
+            dst_ip: local,
+            src_port: 9000,
+            dst_port: 80,
+            vlan: Some(7),
+            syn: false,
+            ack: true,
+        };
+        assert_eq!(classify(&t, &s), ClassifyTarget::Established { qpn: 11 });
+        // The same words read as IPv4 are a different key.
+        assert_eq!(classify(&t, &Segment { ipv4: true, ..s }), ClassifyTarget::ToHost);
+        assert_eq!(classify(&t, &Segment { vlan: None, ..s }), ClassifyTarget::ToHost);
+    }
+
+    #[test]
     fn segment_json_parses_ipv6_words_most_significant_first() {
         let v =
             json!({"src_ip": "fe80::2", "dst_ip": "fe80::1", "src_port": 1, "dst_port": 2, "vlan": 100, "syn": true});

@@ -720,6 +720,22 @@ fn ccqpstatus_reads_are_served_while_the_create_dma_is_in_flight() {
 }
 
 #[test]
+fn a_doorbell_returns_while_the_wqe_fetch_is_in_flight() {
+    let mut rig = Rig::new();
+    rig.create_cqp(16);
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    rig.dev.attach(Arc::new(Gated { inner: rig.mem.clone(), gated: SQ_PA, release: rx }), rig.irqs.clone());
+    rig.post(nop());
+    rig.w32(IRDMA_CQPDB, rig.head);
+    assert!(!rig.dev.wait_idle(Duration::from_millis(20)), "the fetch is blocked in DMA");
+    assert_eq!(rig.r32(IRDMA_CQPTAIL), 0, "CQPTAIL is served meanwhile");
+    assert_eq!(rig.r32(IRDMA_CCQPSTATUS), 1);
+    tx.send(()).unwrap();
+    rig.idle();
+    assert_eq!(rig.r32(IRDMA_CQPTAIL), 1);
+}
+
+#[test]
 fn detach_during_a_create_publishes_nothing_and_the_next_client_starts_clean() {
     let mut rig = Rig::new();
     let (tx, rx) = crossbeam_channel::bounded(1);

@@ -419,12 +419,15 @@ fn wait_ccq_space(shared: &Shared, epoch: u64, ccq: &mut Ccq, dma: &dyn DmaAcces
         if ccq.has_space() {
             return Ok(());
         }
+        if shared.epoch.load(Relaxed) != epoch || shared.stop.load(Relaxed) {
+            // Reset or shutdown: the caller's publish is dropped, so nothing is counted.
+            return Err(WqeError::CcqFull);
+        }
         if !counted {
             bump(&shared.counters.ccq_full_waits);
             counted = true;
         }
-        let stale = shared.epoch.load(Relaxed) != epoch || shared.stop.load(Relaxed);
-        if stale || Instant::now() >= deadline {
+        if Instant::now() >= deadline {
             bump(&shared.counters.ccq_overflows);
             return Err(WqeError::CcqFull);
         }
