@@ -35,11 +35,19 @@ pub struct IrdmaConfig {
     pub ccq_full_wait: Duration,
     /// Largest CCQ the device accepts in CREATE_CQ (entries). Default 1 << 20 (CQEIDX is 20 bits).
     pub max_ccq_size: u64,
+    /// How long the worker polls for the next request before sleeping. Default 50 µs.
+    pub worker_spin: Duration,
 }
 
 impl Default for IrdmaConfig {
     fn default() -> Self {
-        Self { qhash_capacity: 4096, msix_vectors: 4, ccq_full_wait: Duration::from_millis(10), max_ccq_size: 1 << 20 }
+        Self {
+            qhash_capacity: 4096,
+            msix_vectors: 4,
+            ccq_full_wait: Duration::from_millis(10),
+            max_ccq_size: 1 << 20,
+            worker_spin: Duration::from_micros(50),
+        }
     }
 }
 

@@ -60,7 +60,7 @@ impl Worker {
 
     pub fn run(mut self) {
         while !self.shared.stop.load(Relaxed) {
-            match self.rx.recv_timeout(WORKER_POLL) {
+            match self.next_message() {
                 Ok(Msg { work: Work::Stop, .. }) => break,
                 Ok(msg) => {
                     self.handle(msg);
@@ -70,6 +70,25 @@ impl Worker {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
+    }
+
+    /// The next message: polled (yielding) for up to `worker_spin` before sleeping, because a driver that
+    /// waits for each completion rings again within microseconds and a futex wake-up costs more.
+    fn next_message(&self) -> Result<Msg, RecvTimeoutError> {
+        let spin = self.shared.config.worker_spin;
+        if !spin.is_zero() {
+            let start = Instant::now();
+            loop {
+                if let Ok(msg) = self.rx.try_recv() {
+                    return Ok(msg);
+                }
+                if start.elapsed() >= spin {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        self.rx.recv_timeout(WORKER_POLL)
     }
 
     /// True while no reset happened since this worker last synchronised.
