@@ -127,7 +127,12 @@ impl Wqe {
                 Ok(Command::Nop)
             }
             IRDMA_CQP_OP_CREATE_CQ => decode_create_cq(&self.0).map(Command::CreateCq),
-            IRDMA_CQP_OP_DESTROY_CQ => Ok(Command::DestroyCq { cq_id: IRDMA_CQPSQ_CQ_CQID.get(self.header()) as u32 }),
+            IRDMA_CQP_OP_DESTROY_CQ => {
+                // irdma_sc_cq_destroy repeats the create-time header flags: all of them are accepted.
+                let allowed = CQ_HEADER_FIELDS | IRDMA_CQPSQ_CQ_VIRTMAP.mask() | IRDMA_CQPSQ_TPHEN.mask();
+                reserved(3, self.header(), allowed)?;
+                Ok(Command::DestroyCq { cq_id: IRDMA_CQPSQ_CQ_CQID.get(self.header()) as u32 })
+            }
             IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY => decode_qhash(&self.0).map(Command::ManageQhash),
             other => Err(WqeError::UnsupportedOpcode(other)),
         }
@@ -213,6 +218,17 @@ fn decode_qhash(qw: &[u64; 8]) -> Result<QhashOp, WqeError> {
     Ok(QhashOp { manage, key, data })
 }
 
+/// CQ create/destroy header bits this device accepts (VIRTMAP and TPHEN are refused separately at create).
+const CQ_HEADER_FIELDS: u64 = IRDMA_CQPSQ_CQ_CQID.mask()
+    | IRDMA_CQPSQ_CQ_CEQID.mask()
+    | IRDMA_CQPSQ_OPCODE.mask()
+    | IRDMA_CQPSQ_CQ_LPBLSIZE.mask()
+    | IRDMA_CQPSQ_CQ_CHKOVERFLOW.mask()
+    | IRDMA_CQPSQ_CQ_ENCEQEMASK.mask()
+    | IRDMA_CQPSQ_CQ_CEQIDVALID.mask()
+    | IRDMA_CQPSQ_CQ_AVOIDMEMCNFLCT.mask()
+    | IRDMA_CQPSQ_WQEVALID.mask();
+
 fn decode_create_cq(qw: &[u64; 8]) -> Result<CqCreate, WqeError> {
     let hdr = qw[3];
     if IRDMA_CQPSQ_CQ_VIRTMAP.is_set(hdr) {
@@ -221,19 +237,7 @@ fn decode_create_cq(qw: &[u64; 8]) -> Result<CqCreate, WqeError> {
     if IRDMA_CQPSQ_TPHEN.is_set(hdr) {
         return Err(WqeError::BadField("TPHEN: TPH is not supported"));
     }
-    reserved(
-        3,
-        hdr,
-        IRDMA_CQPSQ_CQ_CQID.mask()
-            | IRDMA_CQPSQ_CQ_CEQID.mask()
-            | IRDMA_CQPSQ_OPCODE.mask()
-            | IRDMA_CQPSQ_CQ_LPBLSIZE.mask()
-            | IRDMA_CQPSQ_CQ_CHKOVERFLOW.mask()
-            | IRDMA_CQPSQ_CQ_ENCEQEMASK.mask()
-            | IRDMA_CQPSQ_CQ_CEQIDVALID.mask()
-            | IRDMA_CQPSQ_CQ_AVOIDMEMCNFLCT.mask()
-            | IRDMA_CQPSQ_WQEVALID.mask(),
-    )?;
+    reserved(3, hdr, CQ_HEADER_FIELDS)?;
     reserved(2, qw[2], IRDMA_CQPSQ_CQ_SHADOW_READ_THRESHOLD.mask())?;
     let ring_pa = qw[4];
     if ring_pa == 0 || ring_pa % IRDMA_CQ0_ALIGNMENT != 0 {
@@ -400,6 +404,14 @@ mod tests {
                 extended_cqe: false,
             }))
         );
+    }
+
+    #[test]
+    fn destroy_cq_accepts_the_create_time_flags_and_refuses_reserved_bits() {
+        let hdr = (1u64 << 63) | (1 << 49) | (1 << 46) | (0x05 << 32);
+        assert_eq!(Wqe([16, 0, 0, hdr, 0, 0, 0, 0]).decode(), Ok(Command::DestroyCq { cq_id: 0 }));
+        let bad = Wqe([0, 0, 0, hdr | (1 << 20), 0, 0, 0, 0]);
+        assert_eq!(bad.decode(), Err(WqeError::ReservedBits { qw: 3, bits: 1 << 20 }));
     }
 
     #[test]
