@@ -321,6 +321,21 @@ fn identification_registers_and_unimplemented_offsets() {
 }
 
 #[test]
+fn doorbells_beyond_the_ring_and_arms_of_other_cqs_are_counted_and_ignored() {
+    let mut rig = Rig::new();
+    rig.create_cqp(16);
+    rig.w32(IRDMA_CQARM, 0);
+    assert_eq!(rig.counter("arms_ignored"), 1, "no CCQ yet");
+    rig.create_ccq(16);
+    rig.w32(IRDMA_CQPDB, 16);
+    rig.w32(IRDMA_CQARM, 1);
+    rig.idle();
+    assert_eq!(rig.counter("doorbells_ignored"), 2, "init CQPDB <- 0 and head 16");
+    assert_eq!(rig.counter("arms_ignored"), 2);
+    assert_eq!(rig.r32(IRDMA_CQPTAIL), 1);
+}
+
+#[test]
 fn g11_valid_bit_polarity_holds_across_two_ring_passes() {
     let mut rig = Rig::new();
     rig.create_cqp(4);
