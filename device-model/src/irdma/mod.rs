@@ -1,1 +1,161 @@
-//! irdma: see docs/.
+//! irdma (E810, GEN2) control QP: the CQP SQ ring, the CCQ, the quad-hash table and TCP classification.
+//!
+//! Register map, layouts, error codes and decisions: docs/irdma-device.md.
+
+pub mod ccq;
+pub mod classify;
+pub mod cqp;
+pub mod device;
+pub mod loopback;
+pub mod qhash;
+pub mod regs;
+mod worker;
+pub mod wqe;
+
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+pub use classify::{ClassifyTarget, Segment};
+pub use device::Irdma;
+pub use qhash::{EntryType, QhashKey, QhashTable};
+
+/// Construction parameters of an irdma function.
+#[derive(Debug, Clone)]
+pub struct IrdmaConfig {
+    /// Quad-hash table capacity (entries). Default 4096; at most `IRDMA_EMU_MAX_QHASH_CAPACITY` (larger values
+    /// are clamped). Storage is reserved up front.
+    pub qhash_capacity: usize,
+    /// MSI-X vectors of the function. Default 4. Also the number of GLINT_CEQCTL registers.
+    pub msix_vectors: u16,
+    /// How long the worker waits for the driver to consume a CCQ entry when the CCQ is full. Default 10 ms.
+    pub ccq_full_wait: Duration,
+    /// Largest CCQ the device accepts in CREATE_CQ (entries). Default 1 << 20 (CQEIDX is 20 bits).
+    pub max_ccq_size: u64,
+    /// How long the worker polls for the next request before sleeping. Default 50 µs.
+    pub worker_spin: Duration,
+}
+
+impl Default for IrdmaConfig {
+    fn default() -> Self {
+        Self {
+            qhash_capacity: 4096,
+            msix_vectors: 4,
+            ccq_full_wait: Duration::from_millis(10),
+            max_ccq_size: 1 << 20,
+            worker_spin: Duration::from_micros(50),
+        }
+    }
+}
+
+/// Largest quad-hash table the device builds.
+pub const IRDMA_EMU_MAX_QHASH_CAPACITY: usize = 1 << 20;
+
+/// Major codes this device reports (CQE MAJERR / CQPERRCODES). The reference lists no codes for these
+/// conditions, so the project defines them (docs/irdma-device.md).
+pub const IRDMA_CQPSQ_MAJ_NO_ERROR: u16 = 0x0000;
+pub const IRDMA_EMU_MAJ_BAD_WQE: u16 = 0x8001;
+pub const IRDMA_EMU_MAJ_QHASH: u16 = 0x8002;
+pub const IRDMA_EMU_MAJ_CQ: u16 = 0x8003;
+pub const IRDMA_EMU_MAJ_DMA: u16 = 0x8004;
+pub const IRDMA_EMU_MAJ_CQP_CREATE: u16 = 0x8005;
+
+/// Which DMA access failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DmaStage {
+    WqeFetch = 1,
+    CqeWrite = 2,
+    HostContext = 3,
+    ShadowArea = 4,
+    CqMemory = 5,
+    LoopbackDescriptor = 6,
+}
+
+/// Why a CQP WQE (or the ring around it) failed. Each maps to one (major, minor) pair.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum WqeError {
+    #[error("unknown or unsupported CQP opcode {0:#x}")]
+    UnsupportedOpcode(u8),
+    #[error("bad MANAGE value {0}")]
+    BadManage(u8),
+    #[error("bad quad-hash entry type {0}")]
+    BadEntryType(u8),
+    #[error("reserved bits {bits:#x} set in qw{qw}")]
+    ReservedBits { qw: u8, bits: u64 },
+    #[error("bad field value: {0}")]
+    BadField(&'static str),
+    #[error("quad-hash entry already present")]
+    QhashDuplicate,
+    #[error("quad-hash entry not found")]
+    QhashMissing,
+    #[error("quad-hash table full")]
+    QhashFull,
+    #[error("CQ id {0} not supported (only the CCQ, cq_id 0)")]
+    CqIdUnsupported(u32),
+    #[error("the CCQ already exists")]
+    CcqExists,
+    #[error("no such CQ {0}")]
+    NoSuchCq(u32),
+    #[error("CCQ full: the driver did not consume in time")]
+    CcqFull,
+    #[error("DMA failed: {0:?}")]
+    Dma(DmaStage),
+}
+
+impl WqeError {
+    /// (major, minor) as written to the CQE and CQPERRCODES.
+    pub fn codes(&self) -> (u16, u16) {
+        match *self {
+            WqeError::UnsupportedOpcode(_) => (IRDMA_EMU_MAJ_BAD_WQE, 0x0001),
+            WqeError::BadManage(_) => (IRDMA_EMU_MAJ_BAD_WQE, 0x0002),
+            WqeError::BadEntryType(_) => (IRDMA_EMU_MAJ_BAD_WQE, 0x0003),
+            WqeError::ReservedBits { .. } => (IRDMA_EMU_MAJ_BAD_WQE, 0x0004),
+            WqeError::BadField(_) => (IRDMA_EMU_MAJ_BAD_WQE, 0x0005),
+            WqeError::QhashDuplicate => (IRDMA_EMU_MAJ_QHASH, 0x0001),
+            WqeError::QhashMissing => (IRDMA_EMU_MAJ_QHASH, 0x0002),
+            WqeError::QhashFull => (IRDMA_EMU_MAJ_QHASH, 0x0003),
+            WqeError::CqIdUnsupported(_) => (IRDMA_EMU_MAJ_CQ, 0x0001),
+            WqeError::CcqExists => (IRDMA_EMU_MAJ_CQ, 0x0002),
+            WqeError::NoSuchCq(_) => (IRDMA_EMU_MAJ_CQ, 0x0003),
+            WqeError::CcqFull => (IRDMA_EMU_MAJ_CQ, 0x0004),
+            WqeError::Dma(stage) => (IRDMA_EMU_MAJ_DMA, stage as u16),
+        }
+    }
+}
+
+/// Why CQP create (CCQPLOW write) failed: CCQPSTATUS.CCQP_ERR with these codes in CQPERRCODES.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum CreateError {
+    #[error("SQSIZE code {0} outside 1..=10")]
+    BadSqSize(u64),
+    #[error("SQ base {0:#x} is zero or not 0x200-aligned")]
+    BadSqBase(u64),
+    #[error("HW_MAJVER {0} is not GEN2 (1)")]
+    BadMajorVersion(u64),
+    #[error("a CQP already exists")]
+    AlreadyExists,
+    #[error("host context DMA read failed")]
+    ContextDma,
+    #[error("bad host-context field: {0}")]
+    BadField(&'static str),
+    #[error("the worker queue is full")]
+    Busy,
+}
+
+impl CreateError {
+    pub fn codes(&self) -> (u16, u16) {
+        let minor = match self {
+            CreateError::BadSqSize(_) => 0x0001,
+            CreateError::BadSqBase(_) => 0x0002,
+            CreateError::BadMajorVersion(_) => 0x0003,
+            CreateError::AlreadyExists => 0x0004,
+            CreateError::ContextDma => return WqeError::Dma(DmaStage::HostContext).codes(),
+            CreateError::BadField(_) => 0x0006,
+            CreateError::Busy => 0x0007,
+        };
+        (IRDMA_EMU_MAJ_CQP_CREATE, minor)
+    }
+}
