@@ -54,9 +54,6 @@ impl FakeHfi1 {
     pub fn reg(&self, offset: u64) -> Option<u64> {
         self.regs.lock().unwrap().get(&offset).copied()
     }
-    pub fn set_reg(&self, offset: u64, value: u64) {
-        self.regs.lock().unwrap().insert(offset, value);
-    }
     pub fn fail_writes_from(&self, offset: Option<u64>) {
         *self.fail_from.lock().unwrap() = offset;
     }

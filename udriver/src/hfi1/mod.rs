@@ -17,6 +17,8 @@ pub mod wqe;
 mod fake;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_exp;
 
 use thiserror::Error;
 

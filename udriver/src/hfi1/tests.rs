@@ -1,9 +1,7 @@
 //! hfi1 driver behaviour against the fake BAR0 of `fake.rs`. Expected register values and TID entries come
 //! from hardware-facts §4 (G1-G8) or are derived by hand from the rules it cites.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use super::ctxt::*;
 use super::exp_rcv::*;
@@ -13,34 +11,32 @@ use super::qp::*;
 use super::regs::*;
 use super::sge::{RvtSge, RvtSgeState};
 use super::tid::*;
-use super::wait::*;
-use super::wqe::*;
 use super::Hfi1Error;
-use crate::dma::{DmaBuffer, PAGE_SIZE};
+use crate::dma::DmaBuffer;
 
-const INVALID: u64 = RCV_ARRAY_RT_WRITE_ENABLE_SMASK;
+pub(super) const INVALID: u64 = RCV_ARRAY_RT_WRITE_ENABLE_SMASK;
 
-fn mk_qp(r: &Rig, num: u32, pmtu: u32, do_send: DoSend) -> Arc<Hfi1Qp> {
+pub(super) fn mk_qp(r: &Rig, num: u32, pmtu: u32, do_send: DoSend) -> Arc<Hfi1Qp> {
     Hfi1Qp::new(num, r.rcd.clone(), QpSendState::new(IbQpType::Rc, pmtu), do_send)
 }
-fn quiet_qp(r: &Rig, num: u32, pmtu: u32) -> Arc<Hfi1Qp> {
+pub(super) fn quiet_qp(r: &Rig, num: u32, pmtu: u32) -> Arc<Hfi1Qp> {
     mk_qp(r, num, pmtu, Box::new(|_| {}))
 }
-fn req_for(qp: &Arc<Hfi1Qp>, seg_len: u32, n_flows: u32) -> TidRdmaRequest {
+pub(super) fn req_for(qp: &Arc<Hfi1Qp>, seg_len: u32, n_flows: u32) -> TidRdmaRequest {
     let mut req = TidRdmaRequest::new(qp);
     hfi1_kern_exp_rcv_alloc_flows(&mut req).unwrap();
     req.seg_len = seg_len;
     req.n_flows = n_flows;
     req
 }
-fn ss_over(buf: &Arc<DmaBuffer>) -> RvtSgeState {
+pub(super) fn ss_over(buf: &Arc<DmaBuffer>) -> RvtSgeState {
     RvtSgeState::new(vec![RvtSge::new(buf.clone(), 0, buf.len() as u32).unwrap()]).unwrap()
 }
-fn frag(r: &Rig, runs: &[u64]) -> Arc<DmaBuffer> {
+pub(super) fn frag(r: &Rig, runs: &[u64]) -> Arc<DmaBuffer> {
     Arc::new(r.pool.alloc_fragmented(runs).unwrap())
 }
 /// Hardware flow then one segment, as `hfi1_build_tid_rdma_read_req` does.
-fn setup_segment(qp: &Arc<Hfi1Qp>, req: &mut TidRdmaRequest, ss: &mut RvtSgeState) -> Result<(), i32> {
+pub(super) fn setup_segment(qp: &Arc<Hfi1Qp>, req: &mut TidRdmaRequest, ss: &mut RvtSgeState) -> Result<(), i32> {
     let mut g = qp.lock();
     hfi1_kern_setup_hw_flow(&qp.rcd, &mut g)?;
     let mut last = false;
@@ -48,7 +44,7 @@ fn setup_segment(qp: &Arc<Hfi1Qp>, req: &mut TidRdmaRequest, ss: &mut RvtSgeStat
 }
 
 /// The three group sets agree with each group's `used` and with their counts.
-fn assert_groups_consistent(rcd: &Hfi1Ctxtdata) -> (u32, u32, u32) {
+pub(super) fn assert_groups_consistent(rcd: &Hfi1Ctxtdata) -> (u32, u32, u32) {
     let exp = rcd.lock_exp();
     for (set, ok) in [
         (&exp.tid_group_list, &(|u: u8, _s: u8| u == 0) as &dyn Fn(u8, u8) -> bool),
