@@ -177,12 +177,8 @@ mod tests {
     #[test]
     fn four_k_finder_cuts_runs_to_powers_of_two() {
         // (runs, expected counts) derived from the §1.8 rules.
-        let cases: &[(&[u32], &[u8])] = &[
-            (&[64], &[64, 0]),
-            (&[7], &[4, 2, 1, 0]),
-            (&[1, 1], &[1, 1]),
-            (&[5, 3], &[4, 1, 2, 1]),
-        ];
+        let cases: &[(&[u32], &[u8])] =
+            &[(&[64], &[64, 0]), (&[7], &[4, 2, 1, 0]), (&[1, 1], &[1, 1]), (&[5, 3], &[4, 1, 2, 1])];
         for (runs, counts) in cases {
             let mut list = Vec::new();
             tid_rdma_find_phys_blocks_4k(&pages(runs), &mut list);

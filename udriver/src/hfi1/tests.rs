@@ -91,8 +91,8 @@ fn probe_rejects_implausible_chip_geometry() {
 fn extra_groups_go_to_the_first_contexts() {
     // 10 groups over 3 contexts: 3 each, one extra for context 0.
     let fake = FakeHfi1::new(80, 3);
-    let dd = Hfi1Devdata::probe(fake, Hfi1Params { num_rcv_contexts: 3, rcvarr_split: 0, ..Default::default() })
-        .unwrap();
+    let dd =
+        Hfi1Devdata::probe(fake, Hfi1Params { num_rcv_contexts: 3, rcvarr_split: 0, ..Default::default() }).unwrap();
     let bases: Vec<(u32, u32)> = (0..3)
         .map(|c| {
             let r = Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, c).unwrap();
@@ -107,8 +107,9 @@ fn extra_groups_go_to_the_first_contexts() {
 fn context_csr_values_and_addresses_match_golden_g7() {
     // 3 contexts of 1024 entries, no eager part: context 2 has expected_base 2048, count 1024.
     let fake = FakeHfi1::new(3072, 3);
-    let dd = Hfi1Devdata::probe(fake.clone(), Hfi1Params { num_rcv_contexts: 3, rcvarr_split: 0, ..Default::default() })
-        .unwrap();
+    let dd =
+        Hfi1Devdata::probe(fake.clone(), Hfi1Params { num_rcv_contexts: 3, rcvarr_split: 0, ..Default::default() })
+            .unwrap();
     let rcd = Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 2).unwrap();
     assert_eq!((rcd.expected_base, rcd.expected_count), (2048, 1024));
     assert_eq!(rcd.rcv_tid_ctrl(), 0x0000_0080_0000_0100);

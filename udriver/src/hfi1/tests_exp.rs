@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::exp_rcv::*;
-use super::flow::{hfi1_kern_clear_hw_flow, hfi1_kern_setup_hw_flow};
 use super::fake::{rig, Rig};
+use super::flow::{hfi1_kern_clear_hw_flow, hfi1_kern_setup_hw_flow};
 use super::pageset::TidRdmaPageset;
 use super::qp::*;
 use super::regs::*;
@@ -75,13 +75,12 @@ fn golden_g6_segment_programs_three_tids_a_filler_and_two_tid_entries() {
 
 /// Programs `counts` page sets (one page each set unless given) as a flow of their own.
 fn program(r: &Rig, counts: &[u8], pmtu: u32) -> TidRdmaFlow {
-    let mut flow = TidRdmaFlow::default();
-    flow.pagesets = counts
+    let pagesets: Vec<TidRdmaPageset> = counts
         .iter()
         .enumerate()
         .map(|(i, c)| TidRdmaPageset { addr: 0x10_0000 * (i as u64 + 1), idx: i as u8, count: *c, mapped: true })
         .collect();
-    flow.npagesets = counts.len() as u8;
+    let mut flow = TidRdmaFlow { npagesets: counts.len() as u8, pagesets, ..Default::default() };
     let mut exp = r.rcd.lock_exp();
     kern_alloc_tids(&mut flow, &mut exp).unwrap();
     kern_program_rcvarray(&mut flow, &mut exp, pmtu).unwrap();
@@ -165,11 +164,9 @@ fn four_k_setup_walks_several_sges_segment_by_segment() {
     let qp = quiet_qp(&r, 1, 4096);
     let a = Arc::new(r.pool.alloc_contiguous(3 * PAGE_SIZE as usize).unwrap());
     let b = frag(&r, &[1, 2]);
-    let mut ss = RvtSgeState::new(vec![
-        RvtSge::new(a.clone(), 0, 3 * PG).unwrap(),
-        RvtSge::new(b.clone(), 0, 3 * PG).unwrap(),
-    ])
-    .unwrap();
+    let mut ss =
+        RvtSgeState::new(vec![RvtSge::new(a.clone(), 0, 3 * PG).unwrap(), RvtSge::new(b.clone(), 0, 3 * PG).unwrap()])
+            .unwrap();
     let mut req = req_for(&qp, 4 * PG, 4);
     let mut g = qp.lock();
     hfi1_kern_setup_hw_flow(&r.rcd, &mut g).unwrap();
@@ -385,7 +382,8 @@ fn setup_wqe_follows_the_per_type_rules_of_golden_g8() {
     let r = rig(1);
     // (qp type, length, AH, call_send before, expected result, call_send after)
     let ah12 = Some(RvtAh { log_pmtu: 12, sl: 0 });
-    let cases: &[(IbQpType, u32, Option<RvtAh>, bool, Result<(), i32>, bool)] = &[
+    type Case = (IbQpType, u32, Option<RvtAh>, bool, Result<(), i32>, bool);
+    let cases: &[Case] = &[
         (IbQpType::Rc, 8192, None, true, Ok(()), false),
         (IbQpType::Rc, 200, None, false, Ok(()), true),
         (IbQpType::Rc, 4096, None, false, Ok(()), false),
@@ -494,9 +492,14 @@ fn stress(threads: u32, groups: u32, free_flows: u32, duration: Duration) -> (Ri
     let mut qps = Vec::new();
     for t in 0..threads {
         let (tx, rx) = crossbeam_channel::bounded::<()>(1);
-        let qp = mk_qp(&r, t, if t % 2 == 0 { 4096 } else { 8192 }, Box::new(move |_| {
-            let _ = tx.try_send(());
-        }));
+        let qp = mk_qp(
+            &r,
+            t,
+            if t % 2 == 0 { 4096 } else { 8192 },
+            Box::new(move |_| {
+                let _ = tx.try_send(());
+            }),
+        );
         qps.push(qp.clone());
         let runs: Vec<u64> = (0..12).map(|i| 1 + u64::from((t + i) % 3)).collect();
         let buf = frag(&r, &runs);
