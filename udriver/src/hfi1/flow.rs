@@ -79,8 +79,11 @@ pub fn hfi1_kern_init_ctxt_generations(rcd: &Hfi1Ctxtdata) -> Result<(), AccessE
 }
 
 /// `hfi1_kern_setup_hw_flow(rcd, qp)`: gives `qp` a hardware flow. -EAGAIN queues the QP on `flow_queue`;
-/// it is woken when a flow frees. A failed flow-table write releases the flow and returns its errno.
+/// it is woken when a flow frees. -EINVAL if `rcd` is not the QP's context. A failed flow-table write releases the flow and returns its errno.
 pub fn hfi1_kern_setup_hw_flow(rcd: &Hfi1Ctxtdata, qp: &mut QpLocked<'_>) -> Result<(), i32> {
+    if !std::ptr::eq(rcd, &*qp.qp.rcd) {
+        return Err(-libc::EINVAL);
+    }
     if qp.flow_state.index < RXE_NUM_TID_FLOWS {
         return Ok(());
     }
@@ -121,6 +124,9 @@ pub fn hfi1_kern_setup_hw_flow(rcd: &Hfi1Ctxtdata, qp: &mut QpLocked<'_>) -> Res
 /// `hfi1_kern_clear_hw_flow(rcd, qp)`: releases the QP's flow and wakes the head of `flow_queue`. The
 /// software state is always released; an error only reports a failed flow-table write.
 pub fn hfi1_kern_clear_hw_flow(rcd: &Hfi1Ctxtdata, qp: &mut QpLocked<'_>) -> Result<(), i32> {
+    if !std::ptr::eq(rcd, &*qp.qp.rcd) {
+        return Err(-libc::EINVAL);
+    }
     let index = qp.flow_state.index;
     if index >= RXE_NUM_TID_FLOWS {
         return Ok(());

@@ -287,6 +287,8 @@ fn flows_run_out_with_eagain_and_the_waiter_gets_one_after_a_clear() {
     r.dd.wq.run_pending(100);
     assert_eq!(*woken.lock().unwrap(), vec![32]);
     let mut g = last.lock();
+    let other = Hfi1Ctxtdata::hfi1_create_ctxtdata(&r.dd, 0).unwrap();
+    assert_eq!(hfi1_kern_setup_hw_flow(&other, &mut g), Err(-libc::EINVAL), "not the QP's context");
     hfi1_kern_setup_hw_flow(&r.rcd, &mut g).unwrap();
     assert_eq!(g.flow_state.index, 7);
     assert_eq!(g.s_flags & HFI1_S_WAIT_TID_SPACE, 0);
