@@ -210,6 +210,10 @@ fn kern_get_phys_blocks(
         return Ok(());
     }
     kern_find_pages(flow, isge, seg_len, ss, last);
+    if flow.pages.is_empty() {
+        // Nothing left in the SGE state: there is no segment to receive.
+        return Err(-libc::EINVAL);
+    }
     let n = if pmtu == OPA_MTU_4096 {
         tid_rdma_find_phys_blocks_4k(&flow.pages, &mut flow.pagesets)
     } else {
@@ -221,8 +225,8 @@ fn kern_get_phys_blocks(
 
 /// `hfi1_kern_exp_rcv_setup(req, ss, last)`: sets up the receive side of the next segment of `req`
 /// (§1.9). The caller holds `qp`'s `s_lock` and has reserved the hardware flow with
-/// `hfi1_kern_setup_hw_flow`. -EINVAL: ring full or too many flows in flight; -ENOMEM: page sets could not
-/// be mapped; -EAGAIN: no RcvArray space now, the QP is queued and woken later.
+/// `hfi1_kern_setup_hw_flow`. -EINVAL: ring full, too many flows in flight, or `ss` exhausted; -ENOMEM:
+/// page sets could not be mapped; -EAGAIN: no RcvArray space now, the QP is queued and woken later.
 pub fn hfi1_kern_exp_rcv_setup(
     req: &mut TidRdmaRequest,
     ss: &mut RvtSgeState,
@@ -242,9 +246,13 @@ pub fn hfi1_kern_exp_rcv_setup(
         return Err(-libc::EINVAL);
     };
     // 2. Pages and page sets.
-    if let Err(e) = kern_get_phys_blocks(flow, &mut req.isge, req.seg_len, qp.pmtu, ss, last) {
-        hfi1_wait_kmem(qp);
-        return Err(e);
+    match kern_get_phys_blocks(flow, &mut req.isge, req.seg_len, qp.pmtu, ss, last) {
+        Ok(()) => {}
+        Err(e) if e == -libc::ENOMEM => {
+            hfi1_wait_kmem(qp);
+            return Err(e);
+        }
+        Err(e) => return Err(e),
     }
     // 3. TIDs, in FIFO order behind earlier waiters.
     let rcd = req.rcd.clone();

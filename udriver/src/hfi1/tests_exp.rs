@@ -208,6 +208,12 @@ fn setup_fails_with_einval_when_the_flow_ring_is_full_or_too_many_flows_are_in_f
     req.n_flows = 4;
     let buf = frag(&r, &[2]);
     assert_eq!(setup_segment(&qp, &mut req, &mut ss_over(&buf)), Err(-libc::EINVAL), "no flows allocated");
+    hfi1_kern_exp_rcv_alloc_flows(&mut req).unwrap();
+    req.seg_len = 2 * PG;
+    let mut ss = ss_over(&buf);
+    assert_eq!(setup_segment(&qp, &mut req, &mut ss), Ok(()));
+    assert_eq!(setup_segment(&qp, &mut req, &mut ss), Err(-libc::EINVAL), "SGE state exhausted");
+    assert_eq!(qp.lock().tid_wait, None, "not queued for nothing");
 }
 
 #[test]
@@ -272,9 +278,9 @@ fn waiters_are_woken_in_fifo_order_and_each_wakeup_passes_the_turn_on() {
         assert_eq!(setup_segment(qp, &mut req, &mut ss), Err(-libc::EAGAIN));
         pending.lock().unwrap().push((qp.qp_num, req, ss));
     }
-    let tickets: Vec<u32> = qps.iter().map(|q| q.lock().tid_enqueue).collect();
-    assert_eq!(tickets, vec![1, 2, 3]);
-    // A QP arriving later queues behind them even though it is not short of anything itself.
+    let waiting: Vec<(u32, bool)> =
+        qps.iter().map(|q| q.lock()).map(|g| (g.tid_enqueue, g.s_flags & HFI1_S_WAIT_TID_SPACE != 0)).collect();
+    assert_eq!(waiting, vec![(1, true), (2, true), (3, true)]);
     hfi1_kern_exp_rcv_clear(&mut hreq, &mut hog.lock()).unwrap();
     r.dd.wq.run_pending(100);
     assert_eq!(*order.lock().unwrap(), vec![(3, Ok(())), (1, Ok(())), (2, Ok(()))]);
@@ -482,9 +488,12 @@ fn stress(threads: u32, groups: u32, free_flows: u32, duration: Duration) -> (Ri
     let (setups, eagains) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let dd = r.dd.clone();
     let stop_w = stop.clone();
+    let rcd = r.rcd.clone();
+    // The wakeup runner also checks the group sets between wakeups while everything runs.
     let worker = std::thread::spawn(move || {
         while !stop_w.load(Ordering::Relaxed) {
             dd.wq.run_one(Duration::from_millis(5));
+            assert_groups_consistent(&rcd);
         }
     });
     let deadline = Instant::now() + duration;
