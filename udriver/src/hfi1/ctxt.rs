@@ -5,6 +5,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::flow::hfi1_kern_init_ctxt_generations;
 use super::regs::*;
 use super::tid::{ExpTidSet, TidGroup};
 use super::wait::{TidQueue, TidWorkQueue};
@@ -215,7 +216,8 @@ pub struct Hfi1Ctxtdata {
 }
 
 impl Hfi1Ctxtdata {
-    /// `hfi1_create_ctxtdata` + `hfi1_alloc_ctxt_rcv_groups`: places context `ctxt` in the RcvArray.
+    /// `hfi1_create_ctxtdata` + `hfi1_alloc_ctxt_rcv_groups`: places context `ctxt` in the RcvArray and
+    /// initialises its flow generations (`hfi1_kern_init_ctxt_generations`, 32 flow-table writes).
     pub fn hfi1_create_ctxtdata(dd: &Arc<Hfi1Devdata>, ctxt: u32) -> Result<Arc<Self>, Hfi1Error> {
         if ctxt >= dd.num_rcv_contexts {
             return Err(Hfi1Error::BadParam { what: "ctxt", value: u64::from(ctxt) });
@@ -241,7 +243,7 @@ impl Hfi1Ctxtdata {
         for k in 0..groups_vec.len() {
             tid_group_list.push_back(k);
         }
-        Ok(Arc::new(Self {
+        let rcd = Arc::new(Self {
             dd: dd.clone(),
             ctxt,
             rcv_array_groups: groups,
@@ -261,7 +263,10 @@ impl Hfi1Ctxtdata {
                 flow_queue: TidQueue::default(),
                 rarr_queue: TidQueue::default(),
             }),
-        }))
+        });
+        // Every context here is a kernel context, which the kernel gives flow generations at creation.
+        hfi1_kern_init_ctxt_generations(&rcd)?;
+        Ok(rcd)
     }
 
     /// Takes `exp_lock`. With a QP involved, take the QP's `s_lock` first (§1.13).

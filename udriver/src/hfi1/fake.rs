@@ -114,5 +114,6 @@ pub fn rig(groups: u32) -> Rig {
     let dd = Hfi1Devdata::probe(fake.clone(), params).unwrap();
     let rcd = Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 0).unwrap();
     let pool = DmaPool::new(fake.clone(), false);
+    fake.clear_log();
     Rig { fake, dd, rcd, pool }
 }

@@ -119,6 +119,7 @@ fn context_csr_values_and_addresses_match_golden_g7() {
         Hfi1Devdata::probe(fake2, Hfi1Params { num_rcv_contexts: 2, rcvarr_split: 100, ..Default::default() }).unwrap();
     let rcd2 = Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd2, 1).unwrap();
     assert_eq!(rcd2.rcv_egr_ctrl(), 0x0000_0080_0000_0080);
+    fake.clear_log();
     let csr = dd.csr();
     csr.write_kctxt_csr(3, RCV_CTXT_CTRL, 1).unwrap();
     csr.write_kctxt_csr(5, RCV_EGR_CTRL, 2).unwrap();
@@ -136,6 +137,7 @@ fn context_enable_writes_csrs_in_the_kernel_order() {
     let hdrq = Arc::new(pool.alloc_contiguous(8192).unwrap());
     let tail = Arc::new(pool.alloc_contiguous(4096).unwrap());
     rcd.set_rcvhdrq(hdrq.clone(), Some(tail.clone()));
+    fake.clear_log();
     hfi1_rcvctrl(&dd, HFI1_RCVCTRL_CTXT_ENB | HFI1_RCVCTRL_TIDFLOW_ENB, &rcd).unwrap();
     let k = |off: u64| off + 0x200;
     let u = |off: u64| off + 0x2000;
@@ -212,6 +214,7 @@ fn flow_table_writes_match_golden_g3() {
     let fake = FakeHfi1::new(24, 3);
     let dd = Hfi1Devdata::probe(fake.clone(), Hfi1Params { num_rcv_contexts: 3, ..Default::default() }).unwrap();
     let rcd = Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 2).unwrap();
+    fake.clear_log();
     let mut exp = rcd.lock_exp();
     exp.flows[3].generation = 0x12345;
     assert_eq!(kern_setup_hw_flow(&mut exp, 3).unwrap(), 0x12345);
@@ -221,9 +224,11 @@ fn flow_table_writes_match_golden_g3() {
 }
 
 #[test]
-fn init_generations_parks_every_flow_on_the_reserved_generation() {
-    let r = rig(1);
-    hfi1_kern_init_ctxt_generations(&r.rcd).unwrap();
+fn creating_a_context_parks_every_flow_on_the_reserved_generation() {
+    let fake = FakeHfi1::new(8, 1);
+    let dd = Hfi1Devdata::probe(fake.clone(), Hfi1Params::default()).unwrap();
+    let rcd = Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 0).unwrap();
+    let r = Rig { fake: fake.clone(), dd: dd.clone(), rcd, pool: crate::dma::DmaPool::new(fake, false) };
     let w = r.fake.writes();
     assert_eq!(w.len(), 32);
     for (i, (off, val)) in w.into_iter().enumerate() {
