@@ -19,6 +19,8 @@ mod fake;
 mod tests;
 #[cfg(test)]
 mod tests_exp;
+#[cfg(test)]
+mod tests_wait;
 
 use thiserror::Error;
 
