@@ -115,7 +115,7 @@ pub fn kern_alloc_tids(flow: &mut TidRdmaFlow, rcd: &mut ExpLocked<'_>) -> Resul
     let used: Vec<usize> = rcd.tid_used_list.list.iter().copied().collect();
     for grp in used {
         let Some(g) = rcd.groups.get(grp).copied() else { continue };
-        let take = (npagesets - pageidx).min(u32::from(g.size - g.used));
+        let take = (npagesets - pageidx).min(u32::from(g.size.saturating_sub(g.used)));
         kern_add_tid_node(flow, rcd, grp, take);
         pageidx += take;
         if pageidx >= npagesets {
