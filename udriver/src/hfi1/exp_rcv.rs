@@ -1,0 +1,328 @@
+//! Expected-receive setup and teardown for TID RDMA (§1.9, §1.11): the per-request ring of flows, page
+//! sets, TID allocation, RcvArray programming, the tidarray and npkts, and queueing on shortage.
+
+use std::sync::Arc;
+
+use super::ctxt::Hfi1Ctxtdata;
+use super::pageset::{
+    dma_map_flow, dma_unmap_flow, tid_rdma_find_phys_blocks_4k, tid_rdma_find_phys_blocks_8k, TidRdmaPageset,
+};
+use super::qp::{Hfi1Qp, QpLocked};
+use super::regs::full_flow_psn;
+use super::sge::RvtSgeState;
+use super::tid::{kern_alloc_tids, kern_program_rcvarray, kern_unprogram_rcvarray};
+use super::wait::{
+    dequeue_tid_waiter, first_qp, hfi1_wait_kmem, kernel_tid_waiters, queue_qp_for_tid_wait,
+    tid_rdma_schedule_tid_wakeup, trigger_tid_waiter, QueueId,
+};
+use crate::dma::PAGE_SIZE;
+
+pub const TID_RDMA_MIN_SEGMENT_SIZE: u32 = 256 << 10;
+pub const TID_RDMA_MAX_SEGMENT_SIZE: u32 = 256 << 10;
+pub const TID_RDMA_MAX_PAGES: usize = (TID_RDMA_MAX_SEGMENT_SIZE as u64 / PAGE_SIZE) as usize;
+pub const TID_RDMA_MAX_READ_SEGS_PER_REQ: u32 = 6;
+pub const TID_RDMA_MAX_WRITE_SEGS_PER_REQ: u32 = 4;
+pub const MAX_REQ: u32 = 6;
+/// Size of the per-request flow ring: roundup_pow_of_two(MAX_REQ + 1).
+pub const MAX_FLOWS: u16 = 8;
+/// 4 KiB path MTU selects the 4k page-set finder.
+pub const OPA_MTU_4096: u32 = 4096;
+
+/// `CIRC_CNT(head, tail, MAX_FLOWS)`.
+pub fn circ_cnt(head: u16, tail: u16) -> u16 {
+    head.wrapping_sub(tail) & (MAX_FLOWS - 1)
+}
+/// `CIRC_SPACE(head, tail, MAX_FLOWS)`.
+pub fn circ_space(head: u16, tail: u16) -> u16 {
+    tail.wrapping_sub(head).wrapping_sub(1) & (MAX_FLOWS - 1)
+}
+
+/// `struct kern_tid_node`: one group pick of `kern_alloc_tids`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernTidNode {
+    /// Index into the context's groups.
+    pub grp: usize,
+    /// The group's map when picked.
+    pub map: u8,
+    /// Entries to program in it.
+    pub cnt: u8,
+}
+
+/// `struct flow_state` of one TID flow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowState {
+    pub flags: u32,
+    pub resp_ib_psn: u32,
+    pub generation: u32,
+    pub spsn: u32,
+    pub lpsn: u32,
+    pub r_next_psn: u32,
+    pub ib_spsn: u32,
+    pub ib_lpsn: u32,
+}
+
+/// `struct tid_rdma_flow`: one segment's receive resources.
+#[derive(Debug, Clone, Default)]
+pub struct TidRdmaFlow {
+    pub flow_state: FlowState,
+    pub tid_qpn: u32,
+    pub tid_offset: u32,
+    pub length: u32,
+    pub sent: u32,
+    pub tnode_cnt: u8,
+    pub tidcnt: u8,
+    pub tid_idx: u8,
+    /// Hardware flow index used for this segment.
+    pub idx: u32,
+    pub npagesets: u8,
+    pub npkts: u32,
+    pub pkt: u32,
+    pub resync_npkts: u32,
+    pub tnode: Vec<KernTidNode>,
+    pub pagesets: Vec<TidRdmaPageset>,
+    /// The tidarray sent to the responder.
+    pub tid_entry: Vec<u32>,
+    /// IOVA of each page of the segment (the kernel's `pages[]`), kept for reuse after -EAGAIN.
+    pub pages: Vec<u64>,
+}
+
+/// `enum tid_rdma_req_state`, the states the setup path uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TidRequestState {
+    #[default]
+    Inactive,
+    Active,
+    Sync,
+    Queued,
+}
+
+/// `struct tid_rdma_request`.
+pub struct TidRdmaRequest {
+    pub qp: Arc<Hfi1Qp>,
+    pub rcd: Arc<Hfi1Ctxtdata>,
+    /// The ring of MAX_FLOWS flows, allocated lazily.
+    pub flows: Option<Vec<TidRdmaFlow>>,
+    pub setup_head: u16,
+    pub clear_tail: u16,
+    pub flow_idx: u16,
+    pub acked_tail: u16,
+    /// Segments allowed in flight (remote max_read for READ).
+    pub n_flows: u32,
+    pub seg_len: u32,
+    pub total_len: u32,
+    pub total_segs: u32,
+    pub cur_seg: u32,
+    pub comp_seg: u32,
+    pub ack_seg: u32,
+    pub alloc_seg: u32,
+    /// Index of the SGE `kern_find_pages` is in.
+    pub isge: u8,
+    pub s_next_psn: u32,
+    pub state: TidRequestState,
+}
+
+impl TidRdmaRequest {
+    pub fn new(qp: &Arc<Hfi1Qp>) -> Self {
+        Self {
+            qp: qp.clone(),
+            rcd: qp.rcd.clone(),
+            flows: None,
+            setup_head: 0,
+            clear_tail: 0,
+            flow_idx: 0,
+            acked_tail: 0,
+            n_flows: 0,
+            seg_len: 0,
+            total_len: 0,
+            total_segs: 0,
+            cur_seg: 0,
+            comp_seg: 0,
+            ack_seg: 0,
+            alloc_seg: 0,
+            isge: 0,
+            s_next_psn: 0,
+            state: TidRequestState::Inactive,
+        }
+    }
+
+    /// The flow at ring position `i`.
+    pub fn flow(&self, i: u16) -> Option<&TidRdmaFlow> {
+        self.flows.as_ref()?.get(usize::from(i & (MAX_FLOWS - 1)))
+    }
+}
+
+/// `hfi1_kern_exp_rcv_alloc_flows(req, gfp)`: allocates the flow ring once.
+pub fn hfi1_kern_exp_rcv_alloc_flows(req: &mut TidRdmaRequest) -> Result<(), i32> {
+    if req.flows.is_some() {
+        return Ok(());
+    }
+    let mut flows = Vec::new();
+    flows.try_reserve_exact(usize::from(MAX_FLOWS)).map_err(|_| -libc::ENOMEM)?;
+    flows.resize_with(usize::from(MAX_FLOWS), TidRdmaFlow::default);
+    req.flows = Some(flows);
+    Ok(())
+}
+
+/// `hfi1_kern_exp_rcv_free_flows(req)`. Refuses with -EBUSY while flows are still programmed, since
+/// dropping them would leak RcvArray entries.
+pub fn hfi1_kern_exp_rcv_free_flows(req: &mut TidRdmaRequest) -> Result<(), i32> {
+    if req.flows.is_some() && circ_cnt(req.setup_head, req.clear_tail) != 0 {
+        return Err(-libc::EBUSY);
+    }
+    req.flows = None;
+    Ok(())
+}
+
+/// `kern_find_pages(flow, pages, ss, last)`: the pages of the next segment, one per 4 KiB step of the SGE
+/// state. `last` is set while SGEs remain, as the kernel does.
+fn kern_find_pages(flow: &mut TidRdmaFlow, isge: &mut u8, seg_len: u32, ss: &mut RvtSgeState, last: &mut bool) {
+    let mut length = seg_len;
+    flow.pages.clear();
+    while length > 0 && *isge < ss.num_sge && flow.pages.len() < TID_RDMA_MAX_PAGES {
+        let Some(sge) = ss.sge.as_mut() else { break };
+        let Some(page) = sge.page_iova() else { break };
+        flow.pages.push(page);
+        sge.offset += PAGE_SIZE as usize;
+        sge.sge_length = sge.sge_length.saturating_sub(PAGE_SIZE as u32);
+        if sge.sge_length == 0 {
+            *isge += 1;
+            ss.select(*isge);
+        }
+        length = length.saturating_sub(PAGE_SIZE as u32);
+    }
+    flow.length = seg_len - length;
+    *last = *isge != ss.num_sge;
+}
+
+/// `kern_get_phys_blocks(flow, pages, ss, last)`: page sets of the segment, reused after an -EAGAIN.
+fn kern_get_phys_blocks(
+    flow: &mut TidRdmaFlow,
+    isge: &mut u8,
+    seg_len: u32,
+    pmtu: u32,
+    ss: &mut RvtSgeState,
+    last: &mut bool,
+) -> Result<(), i32> {
+    if flow.npagesets > 0 {
+        if flow.pagesets.iter().any(|p| p.count > 0 && !p.mapped) {
+            return dma_map_flow(&flow.pages, &mut flow.pagesets);
+        }
+        return Ok(());
+    }
+    kern_find_pages(flow, isge, seg_len, ss, last);
+    if flow.pages.is_empty() {
+        // Nothing left in the SGE state: there is no segment to receive.
+        return Err(-libc::EINVAL);
+    }
+    let n = if pmtu == OPA_MTU_4096 {
+        tid_rdma_find_phys_blocks_4k(&flow.pages, &mut flow.pagesets)
+    } else {
+        tid_rdma_find_phys_blocks_8k(&flow.pages, &mut flow.pagesets)
+    };
+    flow.npagesets = n as u8;
+    dma_map_flow(&flow.pages, &mut flow.pagesets)
+}
+
+/// `hfi1_kern_exp_rcv_setup(req, ss, last)`: sets up the receive side of the next segment of `req`
+/// (§1.9). The caller holds `qp`'s `s_lock` and has reserved the hardware flow with
+/// `hfi1_kern_setup_hw_flow`. -EINVAL: ring full, too many flows in flight, or `ss` exhausted; -ENOMEM:
+/// page sets could not be mapped; -EAGAIN: no RcvArray space now, the QP is queued and woken later.
+pub fn hfi1_kern_exp_rcv_setup(
+    req: &mut TidRdmaRequest,
+    ss: &mut RvtSgeState,
+    last: &mut bool,
+    qp: &mut QpLocked<'_>,
+) -> Result<(), i32> {
+    if !Arc::ptr_eq(&req.qp, qp.qp) {
+        return Err(-libc::EINVAL);
+    }
+    // 1. The flow ring.
+    let head = req.setup_head;
+    let clear_tail = req.clear_tail;
+    if circ_space(head, clear_tail) == 0 || u32::from(circ_cnt(head, clear_tail)) >= req.n_flows {
+        return Err(-libc::EINVAL);
+    }
+    let Some(flow) = req.flows.as_mut().and_then(|f| f.get_mut(usize::from(head))) else {
+        return Err(-libc::EINVAL);
+    };
+    // 2. Pages and page sets.
+    match kern_get_phys_blocks(flow, &mut req.isge, req.seg_len, qp.pmtu, ss, last) {
+        Ok(()) => {}
+        Err(e) if e == -libc::ENOMEM => {
+            hfi1_wait_kmem(qp);
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    }
+    // 3. TIDs, in FIFO order behind earlier waiters.
+    let rcd = req.rcd.clone();
+    let mut exp = rcd.lock_exp();
+    if kernel_tid_waiters(&mut exp, QueueId::Rarr, qp) || kern_alloc_tids(flow, &mut exp).is_err() {
+        queue_qp_for_tid_wait(&mut exp, QueueId::Rarr, qp);
+        return Err(-libc::EAGAIN);
+    }
+    // 4. RcvArray, tidarray and npkts. A device error undoes the programming.
+    if let Err(e) = kern_program_rcvarray(flow, &mut exp, qp.pmtu) {
+        let _ = kern_unprogram_rcvarray(flow, &mut exp);
+        return Err(e.to_errno());
+    }
+    // 5. Flow PSNs from the QP's hardware flow.
+    flow.flow_state = FlowState::default();
+    flow.idx = qp.flow_state.index;
+    flow.flow_state.generation = qp.flow_state.generation;
+    flow.flow_state.spsn = qp.flow_state.psn;
+    flow.flow_state.lpsn = flow.flow_state.spsn.wrapping_add(flow.npkts).wrapping_sub(1);
+    flow.flow_state.r_next_psn = full_flow_psn(flow.flow_state.generation, flow.flow_state.spsn);
+    qp.flow_state.psn = qp.flow_state.psn.wrapping_add(flow.npkts);
+    // 6. Leave the queue and pass the turn on.
+    dequeue_tid_waiter(&mut exp, QueueId::Rarr, qp);
+    let fqp = first_qp(&mut exp, QueueId::Rarr);
+    drop(exp);
+    tid_rdma_schedule_tid_wakeup(fqp);
+    // 7. Advance the ring.
+    req.setup_head = (head + 1) & (MAX_FLOWS - 1);
+    Ok(())
+}
+
+/// `hfi1_kern_exp_rcv_clear(req)`: releases the oldest set-up flow and wakes the head RcvArray waiter.
+/// -EINVAL when nothing is set up. A device write error is returned after the release completed.
+pub fn hfi1_kern_exp_rcv_clear(req: &mut TidRdmaRequest, qp: &mut QpLocked<'_>) -> Result<(), i32> {
+    if !Arc::ptr_eq(&req.qp, qp.qp) || circ_cnt(req.setup_head, req.clear_tail) == 0 {
+        return Err(-libc::EINVAL);
+    }
+    let tail = req.clear_tail;
+    let Some(flow) = req.flows.as_mut().and_then(|f| f.get_mut(usize::from(tail))) else {
+        return Err(-libc::EINVAL);
+    };
+    let mut exp = req.rcd.lock_exp();
+    let written = kern_unprogram_rcvarray(flow, &mut exp);
+    let fqp = first_qp(&mut exp, QueueId::Rarr);
+    drop(exp);
+    dma_unmap_flow(&mut flow.pagesets);
+    flow.pagesets.clear();
+    flow.npagesets = 0;
+    req.clear_tail = (tail + 1) & (MAX_FLOWS - 1);
+    match fqp {
+        Some(f) if Arc::ptr_eq(&f, qp.qp) => trigger_tid_waiter(qp),
+        other => tid_rdma_schedule_tid_wakeup(other),
+    }
+    written.map_err(|e| e.to_errno())
+}
+
+/// `hfi1_kern_exp_rcv_clear_all(req)`: clears every set-up flow. Device write errors do not stop it; the
+/// first one is returned.
+pub fn hfi1_kern_exp_rcv_clear_all(req: &mut TidRdmaRequest, qp: &mut QpLocked<'_>) -> Result<(), i32> {
+    let mut first = Ok(());
+    while circ_cnt(req.setup_head, req.clear_tail) != 0 {
+        match hfi1_kern_exp_rcv_clear(req, qp) {
+            Ok(()) => {}
+            Err(e) if e == -libc::EINVAL => return Err(e),
+            Err(e) => {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+    }
+    first
+}

@@ -1,0 +1,608 @@
+//! Expected-receive setup/teardown, waiting and WQE setup against the fake BAR0 (G5, G6, G8 and the
+//! acceptance list of issue 4), plus a bounded multi-thread run checking nothing leaks.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::exp_rcv::*;
+use super::fake::{rig, Rig};
+use super::flow::{hfi1_kern_clear_hw_flow, hfi1_kern_setup_hw_flow};
+use super::pageset::TidRdmaPageset;
+use super::qp::*;
+use super::regs::*;
+use super::sge::{RvtSge, RvtSgeState};
+use super::tests::{assert_groups_consistent, frag, mk_qp, quiet_qp, req_for, setup_segment, ss_over, INVALID};
+use super::tid::*;
+use super::wait::*;
+use super::wqe::*;
+use crate::dma::PAGE_SIZE;
+
+const PG: u32 = PAGE_SIZE as u32;
+
+fn rcv_writes(r: &Rig) -> Vec<(u32, u64)> {
+    r.fake
+        .writes()
+        .into_iter()
+        .filter(|(a, _)| (RCV_ARRAY..RCV_ARRAY + 0x10_0000).contains(a))
+        .map(|(a, v)| (((a - RCV_ARRAY) / 8) as u32, v))
+        .collect()
+}
+
+#[test]
+fn golden_g6_segment_programs_three_tids_a_filler_and_two_tid_entries() {
+    let r = rig(2);
+    let qp = quiet_qp(&r, 1, 4096);
+    let buf = frag(&r, &[3, 1]);
+    let p = buf.pages().to_vec();
+    let mut req = req_for(&qp, 4 * PG, 4);
+    let mut ss = ss_over(&buf);
+    r.fake.clear_log();
+    let mut g = qp.lock();
+    hfi1_kern_setup_hw_flow(&r.rcd, &mut g).unwrap();
+    r.fake.clear_log();
+    let mut last = true;
+    hfi1_kern_exp_rcv_setup(&mut req, &mut ss, &mut last, &mut g).unwrap();
+    assert!(!last, "the only SGE is consumed");
+    let flow = req.flow(0).unwrap();
+    assert_eq!(flow.tid_entry, vec![0x0030_0003, 0x0050_0001]);
+    assert_eq!((flow.tidcnt, flow.npkts, flow.length), (2, 4, 4 * PG));
+    let order_addr = |order: u64, a: u64| INVALID | (order << 36) | (a >> 12);
+    assert_eq!(
+        rcv_writes(&r),
+        vec![
+            (0, order_addr(2, p[0])),
+            (1, order_addr(1, p[2])),
+            (2, order_addr(1, p[3])),
+            (3, INVALID),
+            (4, 0),
+            (5, 0),
+            (6, 0),
+            (7, 0),
+        ]
+    );
+    let exp = r.rcd.lock_exp();
+    assert_eq!(exp.groups[0], TidGroup { base: 0, size: 8, used: 4, map: 0x0F });
+    assert_eq!(exp.tid_used_list.list, [0]);
+    assert_eq!((exp.tid_group_list.count, exp.tid_used_list.count), (1, 1));
+    drop(exp);
+    // PSNs: the flow starts at the QP's flow psn and the QP's psn moves on by npkts.
+    assert_eq!((flow.flow_state.spsn, flow.flow_state.lpsn), (0, 3));
+    assert_eq!(flow.flow_state.r_next_psn, full_flow_psn(g.flow_state.generation, 0));
+    assert_eq!(g.flow_state.psn, 4);
+    assert_eq!(req.setup_head, 1);
+}
+
+/// Programs `counts` page sets (one page each set unless given) as a flow of their own.
+fn program(r: &Rig, counts: &[u8], pmtu: u32) -> TidRdmaFlow {
+    let pagesets: Vec<TidRdmaPageset> = counts
+        .iter()
+        .enumerate()
+        .map(|(i, c)| TidRdmaPageset { addr: 0x10_0000 * (i as u64 + 1), idx: i as u8, count: *c, mapped: true })
+        .collect();
+    let mut flow = TidRdmaFlow { npagesets: counts.len() as u8, pagesets, ..Default::default() };
+    let mut exp = r.rcd.lock_exp();
+    kern_alloc_tids(&mut flow, &mut exp).unwrap();
+    kern_program_rcvarray(&mut flow, &mut exp, pmtu).unwrap();
+    flow
+}
+
+#[test]
+fn golden_g5_pairs_and_lone_entries_get_the_right_ctrl() {
+    let r = rig(1);
+    // Entries 0-3 taken first, then a pair of 16-page sets lands on entries 4 and 5.
+    program(&r, &[1, 1, 1, 1], 4096);
+    let pair = program(&r, &[16, 16], 4096);
+    assert_eq!((pair.tid_entry.clone(), pair.npkts), (vec![0x00B0_0020], 32));
+    let mut r8 = rig(1);
+    program(&r8, &[1, 1, 1, 1], 8192);
+    assert_eq!(program(&r8, &[16, 16], 8192).npkts, 16, "8 KiB pmtu: 2 pages per packet");
+    // Entries 0-4 taken: a lone 4-page set on odd entry 5, then a 1-page set on even entry 6.
+    r8 = rig(1);
+    program(&r8, &[1, 1, 1, 1, 1], 4096);
+    assert_eq!(program(&r8, &[4], 4096).tid_entry, vec![0x00A0_0004]);
+    assert_eq!(program(&r8, &[1], 4096).tid_entry, vec![0x00D0_0001]);
+    assert_groups_consistent(&r8.rcd);
+}
+
+#[test]
+fn alloc_tids_takes_whole_groups_then_used_then_the_next_free_group() {
+    // (free groups, page sets of an earlier flow, page sets asked, expected (group, cnt) picks or None).
+    type Case = (u32, &'static [u8], u8, Option<&'static [(usize, u8)]>);
+    let cases: &[Case] = &[
+        (3, &[], 10, Some(&[(0, 8), (1, 2)])),
+        (2, &[], 16, Some(&[(0, 8), (1, 8)])),
+        (2, &[], 18, None),
+        (1, &[], 8, Some(&[(0, 8)])),
+        (1, &[1, 1], 8, None),
+        (2, &[1, 1], 4, Some(&[(0, 4)])),
+        (2, &[1, 1, 1, 1, 1, 1], 4, Some(&[(0, 2), (1, 2)])),
+        (1, &[], 0, Some(&[(0, 0)])),
+    ];
+    for (i, (groups, earlier, asked, want)) in cases.iter().enumerate() {
+        let r = rig(*groups);
+        if !earlier.is_empty() {
+            program(&r, earlier, 4096);
+        }
+        let mut flow = TidRdmaFlow { npagesets: *asked, ..Default::default() };
+        let got = kern_alloc_tids(&mut flow, &mut r.rcd.lock_exp());
+        match want {
+            Some(w) => {
+                assert_eq!(got, Ok(()), "case {i}");
+                let picks: Vec<(usize, u8)> = flow.tnode.iter().map(|t| (t.grp, t.cnt)).collect();
+                assert_eq!(&picks, w, "case {i}");
+            }
+            None => assert_eq!(got, Err(-libc::EAGAIN), "case {i}"),
+        }
+    }
+}
+
+#[test]
+fn eight_k_setup_on_fragmented_memory_programs_single_pages_and_fillers() {
+    let r = rig(1);
+    let qp = quiet_qp(&r, 1, 8192);
+    let buf = frag(&r, &[4, 1, 2, 1]);
+    let p = buf.pages().to_vec();
+    let mut req = req_for(&qp, 8 * PG, 4);
+    let mut ss = ss_over(&buf);
+    setup_segment(&qp, &mut req, &mut ss).unwrap();
+    let flow = req.flow(0).unwrap();
+    let sets: Vec<(u8, u8)> = flow.pagesets.iter().map(|s| (s.idx, s.count)).collect();
+    assert_eq!(sets, vec![(0, 4), (4, 0), (4, 1), (5, 1), (6, 1), (7, 1)]);
+    // Entry 0/1: 4 pages then a filler, which forces CTRL 1; then two real pairs. npkts = 2 + 1 + 1.
+    assert_eq!(flow.tid_entry, vec![0x0010_0004, 0x0070_0002, 0x00B0_0002]);
+    assert_eq!(flow.npkts, 4);
+    let w = rcv_writes(&r);
+    assert_eq!(w[0], (0, INVALID | (3 << 36) | (p[0] >> 12)));
+    assert_eq!(w[1], (1, INVALID));
+    assert_eq!(w[2], (2, INVALID | (1 << 36) | (p[4] >> 12)));
+}
+
+#[test]
+fn four_k_setup_walks_several_sges_segment_by_segment() {
+    let r = rig(4);
+    let qp = quiet_qp(&r, 1, 4096);
+    let a = Arc::new(r.pool.alloc_contiguous(3 * PAGE_SIZE as usize).unwrap());
+    let b = frag(&r, &[1, 2]);
+    let mut ss =
+        RvtSgeState::new(vec![RvtSge::new(a.clone(), 0, 3 * PG).unwrap(), RvtSge::new(b.clone(), 0, 3 * PG).unwrap()])
+            .unwrap();
+    let mut req = req_for(&qp, 4 * PG, 4);
+    let mut g = qp.lock();
+    hfi1_kern_setup_hw_flow(&r.rcd, &mut g).unwrap();
+    let mut last = false;
+    hfi1_kern_exp_rcv_setup(&mut req, &mut ss, &mut last, &mut g).unwrap();
+    assert!(last, "an SGE remains after the first segment");
+    let f0 = req.flow(0).unwrap();
+    assert_eq!(f0.pages, vec![a.pages()[0], a.pages()[1], a.pages()[2], b.pages()[0]]);
+    assert_eq!(f0.pagesets.iter().map(|s| s.count).collect::<Vec<_>>(), vec![2, 1, 1, 0]);
+    hfi1_kern_exp_rcv_setup(&mut req, &mut ss, &mut last, &mut g).unwrap();
+    assert!(!last);
+    let f1 = req.flow(1).unwrap();
+    assert_eq!((f1.length, f1.pagesets.iter().map(|s| s.count).collect::<Vec<_>>()), (2 * PG, vec![2, 0]));
+    assert_eq!(f1.flow_state.spsn, 4, "continues after the first segment's 4 packets");
+    hfi1_kern_exp_rcv_clear_all(&mut req, &mut g).unwrap();
+    assert_eq!(assert_groups_consistent(&r.rcd), (4, 0, 0));
+}
+
+#[test]
+fn setup_fails_with_einval_when_the_flow_ring_is_full_or_too_many_flows_are_in_flight() {
+    // (n_flows, setups that succeed before -EINVAL)
+    for (n_flows, ok) in [(8u32, 7usize), (2, 2), (0, 0)] {
+        let r = rig(2);
+        let qp = quiet_qp(&r, 1, 4096);
+        let buf = frag(&r, &[1; 16]);
+        let mut ss = ss_over(&buf);
+        let mut req = req_for(&qp, 2 * PG, n_flows);
+        for i in 0..ok {
+            assert_eq!(setup_segment(&qp, &mut req, &mut ss), Ok(()), "n_flows {n_flows} setup {i}");
+        }
+        assert_eq!(setup_segment(&qp, &mut req, &mut ss), Err(-libc::EINVAL), "n_flows {n_flows}");
+        let mut g = qp.lock();
+        hfi1_kern_exp_rcv_clear_all(&mut req, &mut g).unwrap();
+        assert_eq!(hfi1_kern_exp_rcv_clear(&mut req, &mut g), Err(-libc::EINVAL), "nothing left to clear");
+    }
+    let r = rig(1);
+    let qp = quiet_qp(&r, 1, 4096);
+    let mut req = TidRdmaRequest::new(&qp);
+    req.n_flows = 4;
+    let buf = frag(&r, &[2]);
+    assert_eq!(setup_segment(&qp, &mut req, &mut ss_over(&buf)), Err(-libc::EINVAL), "no flows allocated");
+    hfi1_kern_exp_rcv_alloc_flows(&mut req).unwrap();
+    req.seg_len = 2 * PG;
+    let mut ss = ss_over(&buf);
+    assert_eq!(setup_segment(&qp, &mut req, &mut ss), Ok(()));
+    assert_eq!(setup_segment(&qp, &mut req, &mut ss), Err(-libc::EINVAL), "SGE state exhausted");
+    assert_eq!(qp.lock().tid_wait, None, "not queued for nothing");
+}
+
+#[test]
+fn tids_run_out_with_eagain_and_the_same_call_succeeds_after_a_clear() {
+    let r = rig(1);
+    let woken = Arc::new(Mutex::new(Vec::new()));
+    let w = woken.clone();
+    let a = quiet_qp(&r, 1, 4096);
+    let b = mk_qp(&r, 2, 4096, Box::new(move |qp| w.lock().unwrap().push(qp.qp_num)));
+    let (abuf, bbuf) = (frag(&r, &[1; 8]), frag(&r, &[2]));
+    let mut areq = req_for(&a, 8 * PG, 4);
+    setup_segment(&a, &mut areq, &mut ss_over(&abuf)).unwrap();
+    assert_eq!(assert_groups_consistent(&r.rcd), (0, 0, 1));
+    let mut breq = req_for(&b, 2 * PG, 4);
+    let mut bss = ss_over(&bbuf);
+    assert_eq!(setup_segment(&b, &mut breq, &mut bss), Err(-libc::EAGAIN));
+    assert_ne!(b.lock().s_flags & HFI1_S_WAIT_TID_SPACE, 0);
+    assert_eq!(r.rcd.lock_exp().rarr_queue.enqueue, 1);
+    hfi1_kern_exp_rcv_clear(&mut areq, &mut a.lock()).unwrap();
+    assert_eq!(assert_groups_consistent(&r.rcd), (1, 0, 0));
+    r.dd.wq.run_pending(100);
+    assert_eq!(*woken.lock().unwrap(), vec![2], "the waiter is woken");
+    assert_eq!(setup_segment(&b, &mut breq, &mut bss), Ok(()));
+    assert_eq!(b.lock().s_flags & HFI1_S_WAIT_TID_SPACE, 0);
+    let exp = r.rcd.lock_exp();
+    assert!(exp.rarr_queue.queue_head.is_empty());
+    assert_eq!((exp.rarr_queue.enqueue, exp.rarr_queue.dequeue), (1, 1));
+}
+
+type Pending = Arc<Mutex<Vec<(u32, TidRdmaRequest, RvtSgeState)>>>;
+
+#[test]
+fn waiters_are_woken_in_fifo_order_and_each_wakeup_passes_the_turn_on() {
+    let r = rig(1);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let pending: Pending = Arc::new(Mutex::new(Vec::new()));
+    // Each wakeup retries that QP's setup, as hfi1_do_send would.
+    let mk = |n: u32| {
+        let (o, p) = (order.clone(), pending.clone());
+        mk_qp(
+            &r,
+            n,
+            4096,
+            Box::new(move |qp: &Arc<Hfi1Qp>| {
+                let mut list = p.lock().unwrap();
+                let Some(pos) = list.iter().position(|(q, _, _)| *q == qp.qp_num) else { return };
+                let (_, mut req, mut ss) = list.remove(pos);
+                drop(list);
+                o.lock().unwrap().push((qp.qp_num, setup_segment(qp, &mut req, &mut ss)));
+            }),
+        )
+    };
+    let hog = quiet_qp(&r, 100, 4096);
+    let hbuf = frag(&r, &[1; 8]);
+    let mut hreq = req_for(&hog, 8 * PG, 4);
+    setup_segment(&hog, &mut hreq, &mut ss_over(&hbuf)).unwrap();
+    let qps: Vec<Arc<Hfi1Qp>> = [3, 1, 2].into_iter().map(mk).collect();
+    for qp in &qps {
+        let buf = frag(&r, &[2]);
+        let mut req = req_for(qp, 2 * PG, 4);
+        let mut ss = ss_over(&buf);
+        assert_eq!(setup_segment(qp, &mut req, &mut ss), Err(-libc::EAGAIN));
+        pending.lock().unwrap().push((qp.qp_num, req, ss));
+    }
+    let waiting: Vec<(u32, bool)> =
+        qps.iter().map(|q| q.lock()).map(|g| (g.tid_enqueue, g.s_flags & HFI1_S_WAIT_TID_SPACE != 0)).collect();
+    assert_eq!(waiting, vec![(1, true), (2, true), (3, true)]);
+    hfi1_kern_exp_rcv_clear(&mut hreq, &mut hog.lock()).unwrap();
+    r.dd.wq.run_pending(100);
+    assert_eq!(*order.lock().unwrap(), vec![(3, Ok(())), (1, Ok(())), (2, Ok(()))]);
+    for qp in &qps {
+        assert_eq!(qp.lock().s_flags & HFI1_S_WAIT_TID_SPACE, 0);
+    }
+    assert!(r.rcd.lock_exp().rarr_queue.queue_head.is_empty());
+}
+
+#[test]
+fn a_newcomer_queues_behind_existing_waiters() {
+    let r = rig(2);
+    let hog = quiet_qp(&r, 1, 4096);
+    let hbuf = frag(&r, &[1; 16]);
+    let mut hreq = req_for(&hog, 16 * PG, 4);
+    setup_segment(&hog, &mut hreq, &mut ss_over(&hbuf)).unwrap();
+    let w = quiet_qp(&r, 2, 4096);
+    let wbuf = frag(&r, &[2]);
+    assert_eq!(setup_segment(&w, &mut req_for(&w, 2 * PG, 4), &mut ss_over(&wbuf)), Err(-libc::EAGAIN));
+    hfi1_kern_exp_rcv_clear(&mut hreq, &mut hog.lock()).unwrap();
+    // Space exists now, but the woken waiter has not run yet: the newcomer must queue.
+    let n = quiet_qp(&r, 3, 4096);
+    let nbuf = frag(&r, &[2]);
+    assert_eq!(setup_segment(&n, &mut req_for(&n, 2 * PG, 4), &mut ss_over(&nbuf)), Err(-libc::EAGAIN));
+    let exp = r.rcd.lock_exp();
+    let q: Vec<u32> = exp.rarr_queue.queue_head.iter().map(|q| q.qp_num).collect();
+    assert_eq!(q, vec![2, 3]);
+}
+
+#[test]
+fn flush_wait_takes_a_qp_off_its_queue() {
+    let r = rig(1);
+    let hog = quiet_qp(&r, 1, 4096);
+    let hbuf = frag(&r, &[1; 8]);
+    setup_segment(&hog, &mut req_for(&hog, 8 * PG, 4), &mut ss_over(&hbuf)).unwrap();
+    let w = quiet_qp(&r, 2, 4096);
+    let wbuf = frag(&r, &[2]);
+    assert_eq!(setup_segment(&w, &mut req_for(&w, 2 * PG, 4), &mut ss_over(&wbuf)), Err(-libc::EAGAIN));
+    let mut g = w.lock();
+    tid_rdma_flush_wait(&mut g);
+    assert_eq!((g.s_flags & HFI1_S_WAIT_TID_SPACE, g.tid_wait), (0, None));
+    drop(g);
+    let exp = r.rcd.lock_exp();
+    assert!(exp.rarr_queue.queue_head.is_empty());
+    assert_eq!(exp.rarr_queue.dequeue, 1);
+}
+
+#[test]
+fn free_flows_refuses_while_segments_are_programmed() {
+    let r = rig(1);
+    let qp = quiet_qp(&r, 1, 4096);
+    let buf = frag(&r, &[2]);
+    let mut req = req_for(&qp, 2 * PG, 4);
+    setup_segment(&qp, &mut req, &mut ss_over(&buf)).unwrap();
+    assert_eq!(hfi1_kern_exp_rcv_free_flows(&mut req), Err(-libc::EBUSY));
+    hfi1_kern_exp_rcv_clear_all(&mut req, &mut qp.lock()).unwrap();
+    assert_eq!(hfi1_kern_exp_rcv_free_flows(&mut req), Ok(()));
+    assert!(req.flows.is_none());
+}
+
+#[test]
+fn a_failing_rcvarray_write_undoes_the_setup_and_leaks_nothing() {
+    let r = rig(1);
+    let qp = quiet_qp(&r, 1, 4096);
+    let buf = frag(&r, &[2, 2]);
+    let mut req = req_for(&qp, 4 * PG, 4);
+    let mut ss = ss_over(&buf);
+    let mut g = qp.lock();
+    hfi1_kern_setup_hw_flow(&r.rcd, &mut g).unwrap();
+    r.fake.fail_writes_from(Some(RCV_ARRAY));
+    let mut last = false;
+    assert_eq!(hfi1_kern_exp_rcv_setup(&mut req, &mut ss, &mut last, &mut g), Err(-libc::EIO));
+    assert_eq!(assert_groups_consistent(&r.rcd), (1, 0, 0));
+    assert_eq!(req.setup_head, 0);
+    // The same call succeeds once the device behaves, reusing the page sets.
+    r.fake.fail_writes_from(None);
+    assert_eq!(hfi1_kern_exp_rcv_setup(&mut req, &mut ss, &mut last, &mut g), Ok(()));
+    // Two 2-page sets on entries 0 and 1 form one pair: IDX 0, CTRL 3, LEN 4.
+    assert_eq!(req.flow(0).unwrap().tid_entry, vec![0x0030_0004]);
+    // A flow-table write failure gives the flow back.
+    hfi1_kern_clear_hw_flow(&r.rcd, &mut g).unwrap();
+    r.fake.fail_writes_from(Some(RCV_TID_FLOW_TABLE));
+    assert_eq!(hfi1_kern_setup_hw_flow(&r.rcd, &mut g), Err(-libc::EIO));
+    assert_eq!(r.rcd.lock_exp().flow_mask, 0);
+}
+
+// ---------------------------------------------------------------- WQE setup (G8)
+
+fn wqe(qp: &Arc<Hfi1Qp>, opcode: IbWrOpcode, length: u32, sg_list: Vec<RvtSge>) -> RvtSwqe {
+    RvtSwqe {
+        opcode,
+        remote_addr: 0x10_0000,
+        length,
+        ssn: 0,
+        psn: 0,
+        lpsn: 0,
+        sg_list,
+        ah: None,
+        priv_: Some(Box::new(Hfi1SwqePriv { tid_req: TidRdmaRequest::new(qp) })),
+    }
+}
+
+#[test]
+fn setup_wqe_follows_the_per_type_rules_of_golden_g8() {
+    let r = rig(1);
+    // (qp type, length, AH, call_send before, expected result, call_send after)
+    let ah12 = Some(RvtAh { log_pmtu: 12, sl: 0 });
+    type Case = (IbQpType, u32, Option<RvtAh>, bool, Result<(), i32>, bool);
+    let cases: &[Case] = &[
+        (IbQpType::Rc, 8192, None, true, Ok(()), false),
+        (IbQpType::Rc, 200, None, false, Ok(()), true),
+        (IbQpType::Rc, 4096, None, false, Ok(()), false),
+        (IbQpType::Uc, 0x8000_0001, None, true, Err(-libc::EINVAL), true),
+        (IbQpType::Uc, 8192, None, true, Ok(()), false),
+        (IbQpType::Ud, 5000, ah12, false, Err(-libc::EINVAL), false),
+        (IbQpType::Ud, 4096, ah12, false, Ok(()), false),
+        (IbQpType::Gsi, 256, ah12, false, Ok(()), true),
+        (IbQpType::Gsi, 256, Some(RvtAh { log_pmtu: 12, sl: 15 }), false, Err(-libc::EINVAL), false),
+        (IbQpType::Gsi, 256, None, false, Err(-libc::EINVAL), false),
+        (IbQpType::Smi, 2049, None, false, Err(-libc::EINVAL), false),
+        (IbQpType::Smi, 2048, None, false, Ok(()), false),
+        (IbQpType::Other, 1 << 20, None, false, Ok(()), false),
+        (IbQpType::Other, 256, None, false, Ok(()), true),
+    ];
+    for (i, (ty, len, ah, before, res, after)) in cases.iter().enumerate() {
+        let mut sl_to_sc = [0u8; 32];
+        sl_to_sc[15] = 0xF;
+        let dd = super::ctxt::Hfi1Devdata::probe(
+            r.fake.clone(),
+            super::ctxt::Hfi1Params { rcvarr_split: 0, sl_to_sc, ..Default::default() },
+        )
+        .unwrap();
+        let rcd = super::ctxt::Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 0).unwrap();
+        let qp = Hfi1Qp::new(1, rcd, QpSendState::new(*ty, 4096), Box::new(|_| {}));
+        let mut w = wqe(&qp, IbWrOpcode::Send, *len, vec![]);
+        w.ah = *ah;
+        let mut call_send = *before;
+        assert_eq!(hfi1_setup_wqe(&mut qp.lock(), &mut w, &mut call_send), *res, "case {i}");
+        assert_eq!(call_send, *after, "case {i}");
+    }
+}
+
+fn tid_qp(r: &Rig, remote: Option<TidRdmaParams>) -> Arc<Hfi1Qp> {
+    let mut st = QpSendState::new(IbQpType::Rc, 4096);
+    st.s_next_psn = 100;
+    st.tid_rdma_remote = remote;
+    Hfi1Qp::new(1, r.rcd.clone(), st, Box::new(|_| {}))
+}
+
+#[test]
+fn large_rc_read_and_write_become_tid_rdma_with_golden_g8_psns() {
+    let r = rig(1);
+    let remote = TidRdmaParams { max_len: 256 << 10, max_read: 6, max_write: 4, ..Default::default() };
+    let buf = Arc::new(r.pool.alloc_contiguous(1 << 20).unwrap());
+    let sge = || vec![RvtSge::new(buf.clone(), 0, 1 << 20).unwrap()];
+    // (opcode, SGEs, remote params, expected opcode, lpsn, s_next_psn after, segments, n_flows)
+    type Case = (IbWrOpcode, bool, bool, IbWrOpcode, u32, u32, u32, u32);
+    let cases: &[Case] = &[
+        (IbWrOpcode::RdmaRead, true, true, IbWrOpcode::TidRdmaRead, 355, 356, 4, 6),
+        (IbWrOpcode::RdmaWrite, true, true, IbWrOpcode::TidRdmaWrite, 103, 104, 4, 0),
+        (IbWrOpcode::RdmaRead, true, false, IbWrOpcode::RdmaRead, 355, 356, 0, 0),
+        (IbWrOpcode::RdmaRead, false, true, IbWrOpcode::RdmaRead, 355, 356, 0, 0),
+    ];
+    for (i, (op, aligned, negotiated, want_op, lpsn, next, segs, n_flows)) in cases.iter().enumerate() {
+        let qp = tid_qp(&r, negotiated.then_some(remote));
+        let sg = if *aligned { sge() } else { vec![RvtSge::new(buf.clone(), 512, (1 << 20) - 512).unwrap()] };
+        let mut w = wqe(&qp, *op, 1 << 20, sg);
+        let mut call_send = true;
+        let mut g = qp.lock();
+        rvt_post_one_wr(&mut g, &mut w, &mut call_send).unwrap();
+        assert_eq!((w.opcode, w.psn, w.lpsn, g.s_next_psn), (*want_op, 100, *lpsn, *next), "case {i}");
+        assert!(!call_send, "case {i}: 1 MiB is above pmtu and piothreshold");
+        let req = &w.priv_.as_ref().unwrap().tid_req;
+        assert_eq!((req.total_segs, req.n_flows), (*segs, *n_flows), "case {i}");
+        if *segs > 0 {
+            assert_eq!(req.seg_len, 256 << 10);
+            assert!(req.flows.is_some());
+        }
+    }
+    // Below one segment, a READ stays an RDMA READ.
+    let qp = tid_qp(&r, Some(remote));
+    let mut w = wqe(&qp, IbWrOpcode::RdmaRead, 128 << 10, sge());
+    rvt_post_one_wr(&mut qp.lock(), &mut w, &mut false).unwrap();
+    assert_eq!((w.opcode, w.lpsn), (IbWrOpcode::RdmaRead, 131));
+}
+
+// ---------------------------------------------------------------- concurrency
+
+struct StressReport {
+    setups: u64,
+    eagains: u64,
+}
+
+/// `threads` QPs share one context with `groups` TID groups and only `free_flows` hardware flows, each
+/// looping flow setup -> 1..3 segments -> clear for `duration`. A worker thread runs the wakeups.
+fn stress(threads: u32, groups: u32, free_flows: u32, duration: Duration) -> (Rig, StressReport) {
+    let r = rig(groups);
+    {
+        let mut exp = r.rcd.lock_exp();
+        for _ in free_flows..RXE_NUM_TID_FLOWS {
+            super::flow::kern_reserve_flow(&mut exp, RXE_NUM_TID_FLOWS).unwrap();
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (setups, eagains) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let dd = r.dd.clone();
+    let stop_w = stop.clone();
+    let rcd = r.rcd.clone();
+    // The wakeup runner also checks the group sets between wakeups while everything runs.
+    let worker = std::thread::spawn(move || {
+        while !stop_w.load(Ordering::Relaxed) {
+            dd.wq.run_one(Duration::from_millis(5));
+            assert_groups_consistent(&rcd);
+        }
+    });
+    let deadline = Instant::now() + duration;
+    let mut handles = Vec::new();
+    let mut qps = Vec::new();
+    for t in 0..threads {
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+        let qp = mk_qp(
+            &r,
+            t,
+            if t % 2 == 0 { 4096 } else { 8192 },
+            Box::new(move |_| {
+                let _ = tx.try_send(());
+            }),
+        );
+        qps.push(qp.clone());
+        let runs: Vec<u64> = (0..12).map(|i| 1 + u64::from((t + i) % 3)).collect();
+        let buf = frag(&r, &runs);
+        let (setups, eagains) = (setups.clone(), eagains.clone());
+        handles.push(std::thread::spawn(move || {
+            let mut seed = 0x9E37_79B9u32.wrapping_mul(t + 1);
+            let mut rnd = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                seed
+            };
+            let mut req = TidRdmaRequest::new(&qp);
+            hfi1_kern_exp_rcv_alloc_flows(&mut req).unwrap();
+            req.seg_len = 4 * PG;
+            req.n_flows = 6;
+            while Instant::now() < deadline {
+                let want = 1 + rnd() % 3;
+                let mut ss = ss_over(&buf);
+                let mut got = 0;
+                let mut g = qp.lock();
+                let mut res = hfi1_kern_setup_hw_flow(&qp.rcd, &mut g);
+                while res.is_ok() && got < want {
+                    let mut last = false;
+                    res = hfi1_kern_exp_rcv_setup(&mut req, &mut ss, &mut last, &mut g);
+                    if res.is_ok() {
+                        got += 1;
+                        setups.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                match res {
+                    Ok(()) | Err(-11) => {}
+                    Err(e) => panic!("unexpected errno {e}"),
+                }
+                let waited = res.is_err();
+                if waited {
+                    eagains.fetch_add(1, Ordering::Relaxed);
+                }
+                hfi1_kern_exp_rcv_clear_all(&mut req, &mut g).unwrap();
+                if rnd() % 2 == 0 || waited {
+                    hfi1_kern_clear_hw_flow(&qp.rcd, &mut g).unwrap();
+                }
+                drop(g);
+                if waited {
+                    let _ = rx.recv_timeout(Duration::from_millis(20));
+                }
+            }
+            let mut g = qp.lock();
+            hfi1_kern_exp_rcv_clear_all(&mut req, &mut g).unwrap();
+            hfi1_kern_clear_hw_flow(&qp.rcd, &mut g).unwrap();
+            tid_rdma_flush_wait(&mut g);
+            drop(g);
+            hfi1_kern_exp_rcv_free_flows(&mut req).unwrap();
+        }));
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    worker.join().unwrap();
+    r.dd.wq.run_pending(10_000);
+    for qp in &qps {
+        assert_eq!(qp.lock().s_flags & HFI1_S_WAIT_TID_SPACE, 0);
+    }
+    let report = StressReport { setups: setups.load(Ordering::Relaxed), eagains: eagains.load(Ordering::Relaxed) };
+    (r, report)
+}
+
+fn stress_duration() -> Duration {
+    let secs = std::env::var("UDRIVER_HFI1_STRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    Duration::from_secs(secs)
+}
+
+#[test]
+fn threads_driving_qps_on_one_context_leak_no_tid_group_or_flow() {
+    let (r, rep) = stress(6, 3, 3, stress_duration());
+    eprintln!("stress: {} segment setups, {} -EAGAIN waits", rep.setups, rep.eagains);
+    assert!(rep.setups > 0, "work was done");
+    assert!(rep.eagains > 0, "resources were contended");
+    assert_eq!(assert_groups_consistent(&r.rcd), (3, 0, 0));
+    let exp = r.rcd.lock_exp();
+    assert!(exp.groups.iter().all(|g| g.used == 0 && g.map == 0));
+    // The test held flows 0-28; 29-31 were shared.
+    assert_eq!(exp.flow_mask, u32::MAX >> 3, "only the flows the test held stay reserved");
+    assert!(exp.flow_queue.queue_head.is_empty() && exp.rarr_queue.queue_head.is_empty());
+    assert_eq!(exp.rarr_queue.enqueue, exp.rarr_queue.dequeue);
+    assert_eq!(exp.flow_queue.enqueue, exp.flow_queue.dequeue);
+    drop(exp);
+    // Every expected entry ends invalid (or was never written / only WC-filled).
+    let mut last = std::collections::HashMap::new();
+    for (idx, v) in rcv_writes(&r) {
+        if v != 0 {
+            last.insert(idx, v);
+        }
+    }
+    assert!(last.values().all(|v| *v == INVALID), "an RcvArray entry stayed programmed");
+}
