@@ -207,6 +207,8 @@ impl Device for TestDevice {
                 fd: Some(RegionFd { fd: self.bar2.clone(), fd_offset: 0 }),
             }),
             region::CONFIG => Some(RegionInfo { size: CONFIG_SIZE, flags: rw, ..Default::default() }),
+            // As vfio-pci: every index below num_regions exists, absent BARs have size 0.
+            i if i < region::NUM_REGIONS => Some(RegionInfo::default()),
             _ => None,
         }
     }
