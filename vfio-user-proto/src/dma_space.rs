@@ -235,7 +235,13 @@ impl DmaSpace {
         }
     }
 
-    fn run(&self, iova: u64, len: usize, write: bool, mut op: impl FnMut(&Piece, usize) -> Result<(), DmaError>) -> Result<(), DmaError> {
+    fn run(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        mut op: impl FnMut(&Piece, usize) -> Result<(), DmaError>,
+    ) -> Result<(), DmaError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(DmaError::Transport("client disconnected".into()));
         }
@@ -245,7 +251,12 @@ impl DmaSpace {
         // drop its references before replying). Message pieces must not hold it: their reply is read by
         // the thread that would take the write lock for the next DMA_UNMAP.
         let all_mapped = pieces.iter().all(|p| matches!(p.backing, Backing::File { .. }));
-        let _guard = if all_mapped { Some(inner) } else { drop(inner); None };
+        let _guard = if all_mapped {
+            Some(inner)
+        } else {
+            drop(inner);
+            None
+        };
         let mut done = 0;
         for p in &pieces {
             op(p, done)?;
@@ -283,7 +294,9 @@ impl DmaAccess for DmaSpace {
                     if !map.writable {
                         return Err(DmaError::Permission { iova: p.iova, dir: "write" });
                     }
-                    map.region.write_slice(src, MemoryRegionAddress(*offset)).map_err(|e| DmaError::Transport(e.to_string()))
+                    map.region
+                        .write_slice(src, MemoryRegionAddress(*offset))
+                        .map_err(|e| DmaError::Transport(e.to_string()))
                 }
                 Backing::Message => self.messages.as_ref().ok_or_else(Self::no_messages)?.dma_write(p.iova, src),
             }

@@ -238,7 +238,10 @@ mod tests {
     fn a_non_eventfd_is_refused() {
         let s = IrqState::new();
         let (r, _w) = rustix::pipe::pipe().unwrap();
-        assert_eq!(s.set_irqs(&req(f::DATA_EVENTFD | f::ACTION_TRIGGER, 0, 1), Some(MSIX), &[], vec![r]), Err(libc::EINVAL));
+        assert_eq!(
+            s.set_irqs(&req(f::DATA_EVENTFD | f::ACTION_TRIGGER, 0, 1), Some(MSIX), &[], vec![r]),
+            Err(libc::EINVAL)
+        );
         assert_eq!(s.fd_count(), 0);
     }
 }

@@ -103,11 +103,17 @@ fn unsealed_fd_and_fd_less_maps_are_served_by_messages_split_per_mapping() {
     s.read(0x1ff0, &mut buf).unwrap();
     assert_eq!(buf, [0xab; 0x20]);
     s.write(0x2ff0, &[9; 0x20]).unwrap();
-    assert_eq!(*fake.calls.lock().unwrap(), vec![("read", 0x1ff0, 0x10), ("read", 0x2000, 0x10), ("write", 0x2ff0, 0x10)]);
+    assert_eq!(
+        *fake.calls.lock().unwrap(),
+        vec![("read", 0x1ff0, 0x10), ("read", 0x2000, 0x10), ("write", 0x2ff0, 0x10)]
+    );
     let mut b = [0u8; 0x10];
     sealed.read_at(&mut b, 0).unwrap();
     assert_eq!(b, [9; 0x10]);
 }
+
+/// (name, iova, size, file offset, flags, fd, expected error)
+type MapCase = (&'static str, u64, u64, u64, u32, Option<OwnedFd>, MapError);
 
 #[test]
 fn dma_map_rules_reject_bad_requests_with_the_right_error() {
@@ -116,11 +122,19 @@ fn dma_map_rules_reject_bad_requests_with_the_right_error() {
     let (pipe_r, _pipe_w) = rustix::pipe::pipe().unwrap();
     let (s, _) = space();
     s.map(0x10000, 0x2000, 0, RW, fd(&ram)).unwrap();
-    let cases: Vec<(&str, u64, u64, u64, u32, Option<OwnedFd>, MapError)> = vec![
+    let cases: Vec<MapCase> = vec![
         ("overlap at start", 0x10000, PAGE, 0, RW, None, MapError::Exists),
         ("overlap inside", 0x11000, PAGE, 0, RW, None, MapError::Exists),
         ("overlap from below", 0xf000, 0x2000, 0, RW, None, MapError::Exists),
-        ("fd smaller than mapping", 0x20000, 0x2000, 0x3000, RW, fd(&ram), MapError::Invalid("mapping exceeds the file")),
+        (
+            "fd smaller than mapping",
+            0x20000,
+            0x2000,
+            0x3000,
+            RW,
+            fd(&ram),
+            MapError::Invalid("mapping exceeds the file"),
+        ),
         ("offset overflows", 0x20000, PAGE, u64::MAX - 0xfff, RW, fd(&ram), MapError::Invalid("offset overflows")),
         ("unaligned iova", 0x20800, PAGE, 0, RW, None, MapError::Invalid("unaligned or empty range")),
         ("empty", 0x20000, 0, 0, RW, None, MapError::Invalid("unaligned or empty range")),

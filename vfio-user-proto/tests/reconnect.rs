@@ -19,11 +19,18 @@ struct Zeros(Mutex<Vec<u8>>);
 
 impl ClientDmaBacking for Zeros {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), i32> {
-        buf.copy_from_slice(self.0.lock().unwrap().get(offset as usize..offset as usize + buf.len()).ok_or(libc::EFAULT)?);
+        buf.copy_from_slice(
+            self.0.lock().unwrap().get(offset as usize..offset as usize + buf.len()).ok_or(libc::EFAULT)?,
+        );
         Ok(())
     }
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), i32> {
-        self.0.lock().unwrap().get_mut(offset as usize..offset as usize + data.len()).ok_or(libc::EFAULT)?.copy_from_slice(data);
+        self.0
+            .lock()
+            .unwrap()
+            .get_mut(offset as usize..offset as usize + data.len())
+            .ok_or(libc::EFAULT)?
+            .copy_from_slice(data);
         Ok(())
     }
 }

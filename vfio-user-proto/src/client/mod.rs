@@ -338,13 +338,26 @@ impl Client {
         Ok(())
     }
 
-    pub fn dma_map_fd(&self, iova: u64, size: u64, fd: BorrowedFd, fd_offset: u64, prot: DmaProt) -> Result<(), ClientError> {
+    pub fn dma_map_fd(
+        &self,
+        iova: u64,
+        size: u64,
+        fd: BorrowedFd,
+        fd_offset: u64,
+        prot: DmaProt,
+    ) -> Result<(), ClientError> {
         let q = DmaMap { argsz: DMA_MAP_SIZE as u32, flags: prot.bits(), offset: fd_offset, address: iova, size };
         self.request(cmd::DMA_MAP, &[&q.encode()], &[fd]).map(drop)
     }
 
     /// fd-less map: the client answers the server's DMA_READ/DMA_WRITE for this range from `backing`.
-    pub fn dma_map_backed(&self, iova: u64, size: u64, backing: Arc<dyn ClientDmaBacking>, prot: DmaProt) -> Result<(), ClientError> {
+    pub fn dma_map_backed(
+        &self,
+        iova: u64,
+        size: u64,
+        backing: Arc<dyn ClientDmaBacking>,
+        prot: DmaProt,
+    ) -> Result<(), ClientError> {
         let q = DmaMap { argsz: DMA_MAP_SIZE as u32, flags: prot.bits(), offset: 0, address: iova, size };
         // Registered first: the server may DMA as soon as it has replied.
         self.backed_mut().push(Backed { iova, size, prot, backing });

@@ -30,7 +30,12 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn send(&self, header: &Header, parts: &[&[u8]], fds: &[std::os::fd::BorrowedFd]) -> std::io::Result<()> {
+    pub(crate) fn send(
+        &self,
+        header: &Header,
+        parts: &[&[u8]],
+        fds: &[std::os::fd::BorrowedFd],
+    ) -> std::io::Result<()> {
         let _g = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
         send_message(&self.stream, header, parts, fds)
     }
@@ -44,13 +49,16 @@ impl Shared {
     }
 
     /// Finds the backing holding all of `[addr, addr+count)` with permission `need`.
-    fn serve_dma(&self, addr: u64, count: u64, need: DmaProt, op: impl FnOnce(&dyn ClientDmaBacking, u64) -> Result<(), Errno>) -> Result<(), Errno> {
+    fn serve_dma(
+        &self,
+        addr: u64,
+        count: u64,
+        need: DmaProt,
+        op: impl FnOnce(&dyn ClientDmaBacking, u64) -> Result<(), Errno>,
+    ) -> Result<(), Errno> {
         let backed = self.backed();
         let end = addr.checked_add(count).ok_or(libc::EFAULT)?;
-        let b = backed
-            .iter()
-            .find(|b| addr >= b.iova && end <= b.iova.saturating_add(b.size))
-            .ok_or(libc::EFAULT)?;
+        let b = backed.iter().find(|b| addr >= b.iova && end <= b.iova.saturating_add(b.size)).ok_or(libc::EFAULT)?;
         if !b.prot.contains(need) {
             return Err(libc::EPERM);
         }

@@ -15,10 +15,10 @@ use crate::server::outbound::Outbound;
 use crate::server::ServerConfig;
 use crate::sock::Message;
 use crate::wire::{
-    command as cmd, dma_unmap_flags, encode_sparse_cap, hdr_flags, put_u16, put_u64, DmaMap, DmaUnmap, FourU32,
-    Reader, RegionInfoWire, RegionRw, SetIrqs, DEVICE_INFO_SIZE, DMA_MAP_SIZE, DMA_UNMAP_SIZE, IRQ_INFO_SIZE,
-    PAGE_SIZE, REGION_INFO_SIZE, REGION_RW_SIZE, SET_IRQS_SIZE, VERSION_MAJOR, VERSION_MINOR,
-    WRITE_MULTI_ENTRY_SIZE, WRITE_MULTI_MAX_DATA, WRITE_MULTI_MAX_ENTRIES,
+    command as cmd, dma_unmap_flags, encode_sparse_cap, hdr_flags, put_u16, put_u64, DmaMap, DmaUnmap, FourU32, Reader,
+    RegionInfoWire, RegionRw, SetIrqs, DEVICE_INFO_SIZE, DMA_MAP_SIZE, DMA_UNMAP_SIZE, IRQ_INFO_SIZE, PAGE_SIZE,
+    REGION_INFO_SIZE, REGION_RW_SIZE, SET_IRQS_SIZE, VERSION_MAJOR, VERSION_MINOR, WRITE_MULTI_ENTRY_SIZE,
+    WRITE_MULTI_MAX_DATA, WRITE_MULTI_MAX_ENTRIES,
 };
 
 /// A successful reply: payload and the descriptors to pass with it.

@@ -145,7 +145,13 @@ impl Server {
         result
     }
 
-    fn read_loop(&self, stream: &UnixStream, out: &Outbound, dma: &DmaSpace, irq: &IrqState) -> Result<(), ServerError> {
+    fn read_loop(
+        &self,
+        stream: &UnixStream,
+        out: &Outbound,
+        dma: &DmaSpace,
+        irq: &IrqState,
+    ) -> Result<(), ServerError> {
         let limits = RecvLimits {
             max_msg_size: self.config.max_msg_size(),
             max_fds: self.config.max_msg_fds,

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Sender};
 use memfd::{FileSeal, MemfdOptions};
 use vfio_user_proto::device::{
-    device_flags, irq, irq_flags, region, region_flags, Device, DeviceContext, DeviceInfo, Errno, IrqInfo,
-    RegionFd, RegionInfo, SparseArea,
+    device_flags, irq, irq_flags, region, region_flags, Device, DeviceContext, DeviceInfo, Errno, IrqInfo, RegionFd,
+    RegionInfo, SparseArea,
 };
 use vfio_user_proto::dma::DmaAccess;
 use vfio_user_proto::{Server, ServerConfig, ShutdownHandle};
@@ -194,7 +194,11 @@ fn reg_offset(offset: u64, len: usize) -> Result<u64, Errno> {
 
 impl Device for TestDevice {
     fn device_info(&self) -> DeviceInfo {
-        DeviceInfo { flags: device_flags::PCI | device_flags::RESET, num_regions: region::NUM_REGIONS, num_irqs: irq::NUM_IRQS }
+        DeviceInfo {
+            flags: device_flags::PCI | device_flags::RESET,
+            num_regions: region::NUM_REGIONS,
+            num_irqs: irq::NUM_IRQS,
+        }
     }
     fn region_info(&self, index: u32) -> Option<RegionInfo> {
         let rw = region_flags::READ | region_flags::WRITE;
@@ -214,7 +218,9 @@ impl Device for TestDevice {
     }
     fn irq_info(&self, index: u32) -> Option<IrqInfo> {
         match index {
-            irq::INTX => Some(IrqInfo { flags: irq_flags::EVENTFD | irq_flags::MASKABLE | irq_flags::AUTOMASKED, count: 1 }),
+            irq::INTX => {
+                Some(IrqInfo { flags: irq_flags::EVENTFD | irq_flags::MASKABLE | irq_flags::AUTOMASKED, count: 1 })
+            }
             irq::MSIX => Some(IrqInfo { flags: irq_flags::EVENTFD | irq_flags::MASKABLE, count: MSIX_VECTORS }),
             _ => None,
         }
