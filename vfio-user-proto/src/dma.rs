@@ -172,7 +172,10 @@ mod tests {
         let m = HeapMemory::new();
         assert!(m.map(0x1000, 0x1000));
         assert!(m.map(0x3000, 0x1000));
-        assert_eq!(m.write(0x1ffc, &[0xff; 8]), Err(DmaError::Unmapped { iova: 0x1ffc, len: 8 }));
+        assert_eq!(
+            m.write(0x1ffc, &[0xff; 8]),
+            Err(DmaError::Unmapped { iova: 0x1ffc, len: 8 })
+        );
         assert_eq!(m.read_u32(0x1ffc).unwrap(), 0);
         assert_eq!(m.write_count(), 0);
     }
