@@ -328,12 +328,15 @@ impl FdInfo {
             return Err(MapError::Invalid("mapping exceeds the file"));
         }
         let mode = fcntl_getfl(&fd).map_err(|_| MapError::Invalid("fcntl failed"))? & OFlags::ACCMODE;
-        let (readable, writable) = (mode != OFlags::WRONLY, mode == OFlags::RDWR);
+        // Files that are not memfds have no seals (EINVAL): treat as unsealed.
+        let seals = fcntl_get_seals(&fd).unwrap_or(SealFlags::empty());
+        let sealed = seals.contains(SealFlags::SHRINK);
+        // A write seal forbids shared writable mappings.
+        let write_sealed = seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE);
+        let (readable, writable) = (mode != OFlags::WRONLY, mode == OFlags::RDWR && !write_sealed);
         if !readable || (flags & dma_map_flags::WRITE != 0 && !writable) {
             return Err(MapError::Access);
         }
-        // Files that are not memfds have no seals (EINVAL): treat as unsealed.
-        let sealed = fcntl_get_seals(&fd).map(|s| s.contains(SealFlags::SHRINK)).unwrap_or(false);
         let need_write = flags & dma_map_flags::WRITE != 0;
         Ok(FdInfo { fd, key: (st.st_dev, st.st_ino), file_size, end, sealed, writable, need_write })
     }
@@ -351,7 +354,7 @@ impl Inner {
         let len = usize::try_from(info.file_size).map_err(|_| MapError::Invalid("file too large"))?;
         let prot = if info.writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
         let file = FileOffset::new(File::from(info.fd), 0);
-        let region = MmapRegion::<()>::build(Some(file), len, prot, libc::MAP_SHARED)
+        let region = MmapRegion::<()>::build(Some(file), len, prot, libc::MAP_SHARED | libc::MAP_NORESERVE)
             .map_err(|e| MapError::Mmap(e.to_string()))?;
         let region = GuestRegionMmap::new(region, GuestAddress(0)).ok_or(MapError::Invalid("empty file"))?;
         let map = Arc::new(FileMap { region, size: info.file_size, writable: info.writable });

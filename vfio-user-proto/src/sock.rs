@@ -68,9 +68,9 @@ fn to_timespec(d: Duration) -> Timespec {
     Timespec { tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX), tv_nsec: d.subsec_nanos().into() }
 }
 
-/// Waits until `stream` is readable. `Ok(false)` on timeout.
-fn wait_readable(stream: &UnixStream, timeout: Duration) -> std::io::Result<bool> {
-    let mut fds = [PollFd::new(stream, PollFlags::IN)];
+/// Waits until `fd` is readable (or a listener has a connection). `Ok(false)` on timeout.
+pub fn wait_readable(fd: impl AsFd, timeout: Duration) -> std::io::Result<bool> {
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     match poll(&mut fds, Some(&to_timespec(timeout))) {
         Ok(n) => Ok(n > 0),
         Err(rustix::io::Errno::INTR) => Ok(false),

@@ -203,3 +203,18 @@ fn a_sealed_file_that_grew_is_remapped_for_maps_beyond_the_first_mmap() {
     // Shrinking is prevented by the seal, so the old mmap can never fault.
     assert!(ram.set_len(0x1000).is_err());
 }
+
+#[test]
+fn a_write_sealed_file_maps_read_only() {
+    let m = memfd::MemfdOptions::default().allow_sealing(true).create("dmaspace-wseal").unwrap();
+    m.as_file().set_len(0x2000).unwrap();
+    m.add_seal(memfd::FileSeal::SealShrink).unwrap();
+    m.add_seal(memfd::FileSeal::SealWrite).unwrap();
+    let f = m.into_file();
+    let (s, fake) = space();
+    assert_eq!(s.map(0x1000, PAGE, 0, RW, fd(&f)), Err(MapError::Access));
+    s.map(0x1000, PAGE, 0, READ, fd(&f)).unwrap();
+    assert_eq!(s.read_u32(0x1000).unwrap(), 0);
+    assert_eq!(s.mmap_count(), 1);
+    assert!(fake.calls.lock().unwrap().is_empty());
+}

@@ -138,6 +138,8 @@ impl Client {
     pub fn from_stream(stream: UnixStream, mut config: ClientConfig) -> Result<Client, ClientError> {
         config.max_msg_fds = config.max_msg_fds.clamp(1, SCM_MAX_FD);
         config.max_data_xfer_size = config.max_data_xfer_size.max(1);
+        // A zero socket timeout would mean "none" to the kernel (and is refused by std).
+        config.timeout = config.timeout.max(Duration::from_millis(1));
         let max_msg_size = config.max_data_xfer_size.saturating_add(MSG_OVERHEAD);
         stream.set_write_timeout(Some(config.timeout))?;
         let caps = Self::negotiate(&stream, &config, max_msg_size)?;

@@ -19,7 +19,7 @@ use thiserror::Error;
 use crate::device::{Device, DeviceContext};
 use crate::dma_space::{DmaSpace, MessageDma};
 use crate::irq::IrqState;
-use crate::sock::{recv_message, FrameError, RecvLimits, SCM_MAX_FD};
+use crate::sock::{recv_message, wait_readable, FrameError, RecvLimits, SCM_MAX_FD};
 use crate::wire::{Header, HEADER_SIZE};
 
 use conn::Conn;
@@ -88,13 +88,17 @@ pub struct Server {
     busy: Mutex<()>,
 }
 
-/// How long `serve` sleeps between looks at the shutdown flag while no client connects.
+/// How long `serve` waits for a connection between looks at the shutdown flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
+const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 
 impl Server {
     pub fn new(device: Arc<dyn Device>, mut config: ServerConfig) -> Self {
         config.max_msg_fds = config.max_msg_fds.clamp(1, SCM_MAX_FD);
         config.max_data_xfer_size = config.max_data_xfer_size.max(1);
+        // A zero socket timeout would mean "none" to the kernel (and is refused by std).
+        config.dma_timeout = config.dma_timeout.max(MIN_TIMEOUT);
+        config.stall_timeout = config.stall_timeout.max(MIN_TIMEOUT);
         Server { device, config, stop: Arc::new(AtomicBool::new(false)), busy: Mutex::new(()) }
     }
 
@@ -114,7 +118,9 @@ impl Server {
                         Err(e) => tracing::warn!("client dropped: {e}"),
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    wait_readable(&listener, ACCEPT_POLL)?;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     // EMFILE and friends pass; keep serving.
