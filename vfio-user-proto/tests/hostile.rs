@@ -4,68 +4,21 @@
 
 mod common;
 
-use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use common::raw::{Raw, GOOD_VERSION, ID};
 use common::{fd_count, maps_named, memfd, Running};
 use rustix::event::{eventfd, EventfdFlags};
 use vfio_user_proto::device::{irq, region};
-use vfio_user_proto::sock::{borrow_all, recv_message, send_message, FrameError, Message, RecvLimits};
+use vfio_user_proto::sock::{FrameError, Message};
 use vfio_user_proto::wire::{
     command as c, dma_map_flags, dma_unmap_flags, hdr_flags, irq_set_flags as f, DmaMap, DmaUnmap, FourU32, Header,
     RegionInfoWire, RegionRw, SetIrqs,
 };
 use vfio_user_proto::ServerConfig;
 
-const ID: u16 = 0x77;
 const RW: u32 = dma_map_flags::READ | dma_map_flags::WRITE;
-const GOOD_VERSION: &[u8] = b"\0\0\x01\0{\"capabilities\":{\"max_msg_fds\":16}}\0";
-
-struct Raw {
-    s: UnixStream,
-    negotiated: std::cell::Cell<bool>,
-}
-
-impl Raw {
-    fn connect(srv: &Running) -> Raw {
-        let s = UnixStream::connect(&srv.path).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-        Raw { s, negotiated: false.into() }
-    }
-    fn send(&self, command: u16, payload: &[u8], fds: &[OwnedFd]) {
-        self.send_hdr(Header::command(ID, command, payload.len()), payload, fds);
-    }
-    fn send_hdr(&self, h: Header, payload: &[u8], fds: &[OwnedFd]) {
-        send_message(&self.s, &h, &[payload], &borrow_all(fds)).unwrap();
-    }
-    fn raw(&self, bytes: &[u8]) {
-        (&self.s).write_all(bytes).unwrap();
-    }
-    fn recv(&self) -> Result<Message, FrameError> {
-        let lim = RecvLimits { max_msg_size: 1 << 21, max_fds: 4, stall_timeout: Duration::from_secs(3), stop: None };
-        recv_message(&self.s, &lim)
-    }
-    fn ok(&self, command: u16, payload: &[u8], fds: &[OwnedFd]) -> Message {
-        self.send(command, payload, fds);
-        let m = self.recv().unwrap();
-        assert!(m.header.is_reply() && !m.header.is_error(), "setup {command} failed: {:?}", m.header);
-        m
-    }
-    fn version(&self) {
-        self.ok(c::VERSION, GOOD_VERSION, &[]);
-        self.negotiated.set(true);
-    }
-    /// A well-formed request is served.
-    fn good(&self) {
-        if !self.negotiated.get() {
-            self.version();
-        }
-        let m = self.ok(c::DEVICE_GET_INFO, &FourU32([16, 0, 0, 0]).encode(), &[]);
-        assert_eq!(FourU32::decode(&m.payload).unwrap().0[2], region::NUM_REGIONS);
-    }
-}
 
 enum Expect {
     /// Error reply with this errno; the connection stays usable.

@@ -354,3 +354,71 @@ pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
     f()
 }
+
+/// A hand-driven client speaking raw messages, for hostile and QEMU-shaped sequences.
+pub mod raw {
+    use std::io::Write;
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    use vfio_user_proto::device::region;
+    use vfio_user_proto::sock::{borrow_all, recv_message, send_message, FrameError, Message, RecvLimits};
+    use vfio_user_proto::wire::{command as c, FourU32, Header};
+
+    use super::Running;
+
+    /// The message id every raw request uses.
+    pub const ID: u16 = 0x77;
+    pub const GOOD_VERSION: &[u8] = b"\0\0\x01\0{\"capabilities\":{\"max_msg_fds\":16}}\0";
+
+    pub struct Raw {
+        pub s: UnixStream,
+        negotiated: std::cell::Cell<bool>,
+    }
+
+    impl Raw {
+        pub fn connect(srv: &Running) -> Raw {
+            let s = UnixStream::connect(&srv.path).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            Raw { s, negotiated: false.into() }
+        }
+        pub fn send(&self, command: u16, payload: &[u8], fds: &[OwnedFd]) {
+            self.send_hdr(Header::command(ID, command, payload.len()), payload, fds);
+        }
+        pub fn send_hdr(&self, h: Header, payload: &[u8], fds: &[OwnedFd]) {
+            send_message(&self.s, &h, &[payload], &borrow_all(fds)).unwrap();
+        }
+        pub fn raw(&self, bytes: &[u8]) {
+            (&self.s).write_all(bytes).unwrap();
+        }
+        pub fn recv(&self) -> Result<Message, FrameError> {
+            let lim =
+                RecvLimits { max_msg_size: 1 << 21, max_fds: 4, stall_timeout: Duration::from_secs(3), stop: None };
+            recv_message(&self.s, &lim)
+        }
+        /// Sends a request and returns its successful reply.
+        pub fn ok(&self, command: u16, payload: &[u8], fds: &[OwnedFd]) -> Message {
+            self.send(command, payload, fds);
+            let m = self.recv().unwrap();
+            assert!(m.header.is_reply() && !m.header.is_error(), "request {command} failed: {:?}", m.header);
+            m
+        }
+        pub fn version_with(&self, payload: &[u8]) -> Message {
+            let m = self.ok(c::VERSION, payload, &[]);
+            self.negotiated.set(true);
+            m
+        }
+        pub fn version(&self) {
+            self.version_with(GOOD_VERSION);
+        }
+        /// A well-formed request is served.
+        pub fn good(&self) {
+            if !self.negotiated.get() {
+                self.version();
+            }
+            let m = self.ok(c::DEVICE_GET_INFO, &FourU32([16, 0, 0, 0]).encode(), &[]);
+            assert_eq!(FourU32::decode(&m.payload).unwrap().0[2], region::NUM_REGIONS);
+        }
+    }
+}
