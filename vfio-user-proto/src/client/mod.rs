@@ -220,6 +220,12 @@ impl Client {
             pending.insert(id, tx);
             id
         };
+        // Checked after registering: the reader sets the flag before it clears the table, so either we
+        // see the flag here or our sender is dropped by the clear.
+        if self.shared.closed.load(Ordering::Acquire) {
+            self.shared.pending().remove(&id);
+            return Err(ClientError::Disconnected);
+        }
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if let Err(e) = self.shared.send(&Header::command(id, command, len), parts, fds) {
             self.shared.pending().remove(&id);
@@ -295,7 +301,7 @@ impl Client {
                 return Err(protocol("REGION_READ reply does not match the request"));
             }
             dst.copy_from_slice(data);
-            off = off.checked_add(dst.len() as u64).ok_or(ClientError::Invalid("offset overflows"))?;
+            off = off.wrapping_add(dst.len() as u64); // the server rejects offsets past the region
         }
         Ok(())
     }
@@ -308,7 +314,7 @@ impl Client {
             if m.payload.len() < REGION_RW_SIZE {
                 return Err(protocol("short REGION_WRITE reply"));
             }
-            off = off.checked_add(src.len() as u64).ok_or(ClientError::Invalid("offset overflows"))?;
+            off = off.wrapping_add(src.len() as u64);
         }
         Ok(())
     }

@@ -80,6 +80,12 @@ impl Outbound {
             pending.insert(id, tx);
             id
         };
+        // Checked after registering: `close` sets the flag before it clears the table, so either we
+        // see the flag here or our sender is dropped by the clear.
+        if self.closed.load(Ordering::Acquire) {
+            self.pending().remove(&id);
+            return Err(DmaError::Transport("client disconnected".into()));
+        }
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if let Err(e) = self.send(&Header::command(id, cmd, len), parts, &[]) {
             self.pending().remove(&id);
@@ -116,7 +122,8 @@ impl MessageDma for Outbound {
                 return Err(bad_reply("DMA_READ"));
             }
             dst.copy_from_slice(data);
-            addr += dst.len() as u64;
+            // Wraps only after the last chunk of an access ending at 2^64.
+            addr = addr.wrapping_add(dst.len() as u64);
         }
         Ok(())
     }
@@ -130,7 +137,7 @@ impl MessageDma for Outbound {
             if reply.payload.len() < DMA_RW_SIZE - 4 || reply.payload.get(..8) != Some(&addr.to_ne_bytes()[..]) {
                 return Err(bad_reply("DMA_WRITE"));
             }
-            addr += src.len() as u64;
+            addr = addr.wrapping_add(src.len() as u64);
         }
         Ok(())
     }
