@@ -2,6 +2,17 @@
 //!
 //! Every byte from the peer is untrusted: sizes, counts, offsets and indices are checked against
 //! their limits before anything is allocated or indexed, and nothing a peer sends may panic.
+//! See `docs/vfio-user.md` for the messages, limits and policies.
 
+pub mod client;
 pub mod device;
 pub mod dma;
+pub mod dma_space;
+pub mod irq;
+pub mod server;
+pub mod sock;
+pub mod wire;
+
+pub use client::{Client, ClientConfig, ClientDmaBacking, ClientError, DmaProt, ServerCaps};
+pub use dma_space::{DmaSpace, MapError, MessageDma};
+pub use server::{Server, ServerConfig, ServerError, ShutdownHandle};

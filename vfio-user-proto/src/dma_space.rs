@@ -1,0 +1,364 @@
+//! The server's view of one client's memory: the DMA_MAP table plus the two ways to reach it.
+//!
+//! - A mapping with an fd sealed against shrinking (F_SEAL_SHRINK) is served from an mmap of the whole
+//!   file through vm-memory. Each distinct file (st_dev, st_ino) is mapped once, and every DMA_MAP of it
+//!   translates IOVA to a file offset, so QEMU's one-map-per-4-KiB-page costs no mmap per page.
+//! - Any other mapping (no fd, or an unsealed fd that could shrink under us and fault the server) is
+//!   served by DMA_READ/DMA_WRITE messages to the client.
+//!
+//! Accesses are split at mapping boundaries and fully checked before any byte moves.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+
+use rustix::fs::{fcntl_get_seals, fcntl_getfl, fstat, FileType, OFlags, SealFlags};
+use thiserror::Error;
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestRegionMmap, MemoryRegionAddress, MmapRegion};
+
+use crate::dma::{DmaAccess, DmaError};
+use crate::wire::{dma_map_flags, PAGE_SIZE};
+
+/// The message path for mappings that are not mmapped (DMA_READ/DMA_WRITE to the client).
+pub trait MessageDma: Send + Sync {
+    fn dma_read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError>;
+    fn dma_write(&self, iova: u64, data: &[u8]) -> Result<(), DmaError>;
+}
+
+/// Why a DMA_MAP or DMA_UNMAP was refused.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum MapError {
+    #[error("mapping overlaps an existing one")]
+    Exists,
+    #[error("invalid mapping: {0}")]
+    Invalid(&'static str),
+    #[error("too many mappings (limit {0})")]
+    TooMany(u32),
+    #[error("fd does not allow the requested access")]
+    Access,
+    #[error("mapping the file failed: {0}")]
+    Mmap(String),
+    #[error("client disconnected")]
+    Closed,
+}
+
+impl MapError {
+    /// The errno sent in the error reply.
+    pub fn errno(&self) -> i32 {
+        match self {
+            MapError::Exists => libc::EEXIST,
+            MapError::Invalid(_) => libc::EINVAL,
+            MapError::TooMany(_) => libc::ENOSPC,
+            MapError::Access => libc::EACCES,
+            MapError::Mmap(_) => libc::ENOMEM,
+            MapError::Closed => libc::ENODEV,
+        }
+    }
+}
+
+/// One mmap of a whole file, shared by every mapping of that file.
+struct FileMap {
+    region: GuestRegionMmap<()>,
+    size: u64,
+    writable: bool,
+}
+
+#[derive(Clone)]
+enum Backing {
+    File { map: Arc<FileMap>, offset: u64 },
+    Message,
+}
+
+struct Mapping {
+    /// Inclusive, so a mapping may end at 2^64 without overflow.
+    last: u64,
+    flags: u32,
+    backing: Backing,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Keyed by first IOVA; non-overlapping.
+    maps: BTreeMap<u64, Mapping>,
+    files: HashMap<(u64, u64), Weak<FileMap>>,
+}
+
+/// One piece of an access: `len` bytes at `iova`, all inside one mapping.
+struct Piece {
+    iova: u64,
+    len: usize,
+    backing: Backing,
+}
+
+/// A connection's DMA space. Given to the device as its `DmaAccess`; after `close` every access fails.
+pub struct DmaSpace {
+    inner: RwLock<Inner>,
+    closed: AtomicBool,
+    messages: Option<Arc<dyn MessageDma>>,
+    max_maps: u32,
+}
+
+impl DmaSpace {
+    /// `messages` serves fd-less mappings; `None` makes them fail with a transport error.
+    pub fn new(max_maps: u32, messages: Option<Arc<dyn MessageDma>>) -> Self {
+        DmaSpace { inner: RwLock::default(), closed: AtomicBool::new(false), messages, max_maps }
+    }
+
+    fn read_inner(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+    fn write_inner(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// DMA_MAP. `flags` are `dma_map_flags::*`; `offset` is the file offset (ignored without fd).
+    pub fn map(&self, iova: u64, size: u64, offset: u64, flags: u32, fd: Option<OwnedFd>) -> Result<(), MapError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(MapError::Closed);
+        }
+        let known = dma_map_flags::READ | dma_map_flags::WRITE;
+        if flags & !known != 0 || flags == 0 {
+            return Err(MapError::Invalid("flags"));
+        }
+        if size == 0 || iova % PAGE_SIZE != 0 || size % PAGE_SIZE != 0 {
+            return Err(MapError::Invalid("unaligned or empty range"));
+        }
+        let last = iova.checked_add(size - 1).ok_or(MapError::Invalid("range overflows"))?;
+        let backing_fd = match fd {
+            Some(fd) => Some(FdInfo::inspect(fd, offset, size, flags)?),
+            None => None,
+        };
+        let mut inner = self.write_inner();
+        if inner.maps.len() >= self.max_maps as usize {
+            return Err(MapError::TooMany(self.max_maps));
+        }
+        if let Some((_, prev)) = inner.maps.range(..=last).next_back() {
+            if prev.last >= iova {
+                return Err(MapError::Exists);
+            }
+        }
+        let backing = match backing_fd {
+            Some(info) if info.sealed => {
+                let map = inner.file_map(info)?;
+                Backing::File { map, offset }
+            }
+            // An unsealed file could shrink under an mmap and fault us: use messages (fd dropped).
+            _ => Backing::Message,
+        };
+        inner.maps.insert(iova, Mapping { last, flags, backing });
+        Ok(())
+    }
+
+    /// DMA_UNMAP with Linux VFIO type1 semantics: removes every mapping inside the range and returns the
+    /// bytes removed (0 for a range never mapped); a range that would split a mapping is EINVAL.
+    pub fn unmap(&self, iova: u64, size: u64) -> Result<u64, MapError> {
+        if size == 0 {
+            return Err(MapError::Invalid("empty range"));
+        }
+        let last = iova.checked_add(size - 1).ok_or(MapError::Invalid("range overflows"))?;
+        let mut inner = self.write_inner();
+        if let Some((&start, m)) = inner.maps.range(..iova).next_back() {
+            if m.last >= iova && start < iova {
+                return Err(MapError::Invalid("unmap would split a mapping"));
+            }
+        }
+        if let Some((_, m)) = inner.maps.range(iova..=last).next_back() {
+            if m.last > last {
+                return Err(MapError::Invalid("unmap would split a mapping"));
+            }
+        }
+        let keys: Vec<u64> = inner.maps.range(iova..=last).map(|(k, _)| *k).collect();
+        let mut removed = 0u64;
+        for k in keys {
+            if let Some(m) = inner.maps.remove(&k) {
+                removed = removed.saturating_add(m.last - k).saturating_add(1);
+            }
+        }
+        inner.files.retain(|_, w| w.strong_count() > 0);
+        Ok(removed)
+    }
+
+    /// Drops every mapping (DMA_UNMAP with the ALL flag).
+    pub fn unmap_all(&self) {
+        let mut inner = self.write_inner();
+        inner.maps.clear();
+        inner.files.clear();
+    }
+
+    /// The client is gone: drop every mapping; from now on every access and map fails.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.unmap_all();
+    }
+
+    pub fn mapping_count(&self) -> usize {
+        self.read_inner().maps.len()
+    }
+
+    /// How many distinct files are mmapped right now.
+    pub fn mmap_count(&self) -> usize {
+        self.read_inner().files.values().filter(|w| w.strong_count() > 0).count()
+    }
+
+    /// Splits `[iova, iova+len)` into per-mapping pieces, checking coverage and permission first.
+    fn plan(&self, inner: &Inner, iova: u64, len: usize, write: bool) -> Result<Vec<Piece>, DmaError> {
+        let len64 = len as u64;
+        let unmapped = DmaError::Unmapped { iova, len: len64 };
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let last = iova.checked_add(len64 - 1).ok_or(DmaError::Overflow { iova, len: len64 })?;
+        let (need, dir) = if write { (dma_map_flags::WRITE, "write") } else { (dma_map_flags::READ, "read") };
+        let mut pieces = Vec::new();
+        let mut cur = iova;
+        loop {
+            let (&start, m) = inner.maps.range(..=cur).next_back().ok_or(unmapped.clone())?;
+            if m.last < cur {
+                return Err(unmapped);
+            }
+            if m.flags & need == 0 {
+                return Err(DmaError::Permission { iova: cur, dir });
+            }
+            let piece_last = m.last.min(last);
+            let n = usize::try_from(piece_last - cur + 1).map_err(|_| unmapped.clone())?;
+            let backing = match &m.backing {
+                Backing::File { map, offset } => Backing::File { map: map.clone(), offset: offset + (cur - start) },
+                Backing::Message => Backing::Message,
+            };
+            pieces.push(Piece { iova: cur, len: n, backing });
+            if piece_last == last {
+                return Ok(pieces);
+            }
+            cur = piece_last + 1;
+        }
+    }
+
+    fn run(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        mut op: impl FnMut(&Piece, usize) -> Result<(), DmaError>,
+    ) -> Result<(), DmaError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(DmaError::Transport("client disconnected".into()));
+        }
+        let inner = self.read_inner();
+        let pieces = self.plan(&inner, iova, len, write)?;
+        // mmapped pieces run under the read lock, so an unmap waits for them (the spec asks the server to
+        // drop its references before replying). Message pieces must not hold it: their reply is read by
+        // the thread that would take the write lock for the next DMA_UNMAP.
+        let all_mapped = pieces.iter().all(|p| matches!(p.backing, Backing::File { .. }));
+        let _guard = if all_mapped {
+            Some(inner)
+        } else {
+            drop(inner);
+            None
+        };
+        let mut done = 0;
+        for p in &pieces {
+            op(p, done)?;
+            done += p.len;
+        }
+        Ok(())
+    }
+
+    fn no_messages() -> DmaError {
+        DmaError::Transport("mapping without fd and no message path".into())
+    }
+}
+
+impl DmaAccess for DmaSpace {
+    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        let len = buf.len();
+        self.run(iova, len, false, |p, done| {
+            let dst = buf.get_mut(done..done + p.len).ok_or(DmaError::Overflow { iova, len: len as u64 })?;
+            match &p.backing {
+                Backing::File { map, offset } => map
+                    .region
+                    .read_slice(dst, MemoryRegionAddress(*offset))
+                    .map_err(|e| DmaError::Transport(e.to_string())),
+                Backing::Message => self.messages.as_ref().ok_or_else(Self::no_messages)?.dma_read(p.iova, dst),
+            }
+        })
+    }
+
+    fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+        let len = buf.len();
+        self.run(iova, len, true, |p, done| {
+            let src = buf.get(done..done + p.len).ok_or(DmaError::Overflow { iova, len: len as u64 })?;
+            match &p.backing {
+                Backing::File { map, offset } => {
+                    if !map.writable {
+                        return Err(DmaError::Permission { iova: p.iova, dir: "write" });
+                    }
+                    map.region
+                        .write_slice(src, MemoryRegionAddress(*offset))
+                        .map_err(|e| DmaError::Transport(e.to_string()))
+                }
+                Backing::Message => self.messages.as_ref().ok_or_else(Self::no_messages)?.dma_write(p.iova, src),
+            }
+        })
+    }
+}
+
+/// What DMA_MAP learned about a passed fd.
+struct FdInfo {
+    fd: OwnedFd,
+    key: (u64, u64),
+    file_size: u64,
+    /// End of the range this DMA_MAP needs (offset + size).
+    end: u64,
+    sealed: bool,
+    writable: bool,
+    need_write: bool,
+}
+
+impl FdInfo {
+    fn inspect(fd: OwnedFd, offset: u64, size: u64, flags: u32) -> Result<Self, MapError> {
+        let st = fstat(&fd).map_err(|_| MapError::Invalid("fstat failed"))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(MapError::Invalid("fd is not a regular file"));
+        }
+        let file_size = u64::try_from(st.st_size).map_err(|_| MapError::Invalid("negative file size"))?;
+        let end = offset.checked_add(size).ok_or(MapError::Invalid("offset overflows"))?;
+        if offset % PAGE_SIZE != 0 || end > file_size {
+            return Err(MapError::Invalid("mapping exceeds the file"));
+        }
+        let mode = fcntl_getfl(&fd).map_err(|_| MapError::Invalid("fcntl failed"))? & OFlags::ACCMODE;
+        // Files that are not memfds have no seals (EINVAL): treat as unsealed.
+        let seals = fcntl_get_seals(&fd).unwrap_or(SealFlags::empty());
+        let sealed = seals.contains(SealFlags::SHRINK);
+        // A write seal forbids shared writable mappings.
+        let write_sealed = seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE);
+        let (readable, writable) = (mode != OFlags::WRONLY, mode == OFlags::RDWR && !write_sealed);
+        if !readable || (flags & dma_map_flags::WRITE != 0 && !writable) {
+            return Err(MapError::Access);
+        }
+        let need_write = flags & dma_map_flags::WRITE != 0;
+        Ok(FdInfo { fd, key: (st.st_dev, st.st_ino), file_size, end, sealed, writable, need_write })
+    }
+}
+
+impl Inner {
+    /// The shared mmap of this file, created (whole file) if none covers the need.
+    fn file_map(&mut self, info: FdInfo) -> Result<Arc<FileMap>, MapError> {
+        if let Some(existing) = self.files.get(&info.key).and_then(Weak::upgrade) {
+            // A sealed file never shrinks; it may have grown since, or this fd may allow writing.
+            if existing.size >= info.end && (existing.writable || !info.need_write) {
+                return Ok(existing);
+            }
+        }
+        let len = usize::try_from(info.file_size).map_err(|_| MapError::Invalid("file too large"))?;
+        let prot = if info.writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        let file = FileOffset::new(File::from(info.fd), 0);
+        let region = MmapRegion::<()>::build(Some(file), len, prot, libc::MAP_SHARED | libc::MAP_NORESERVE)
+            .map_err(|e| MapError::Mmap(e.to_string()))?;
+        let region = GuestRegionMmap::new(region, GuestAddress(0)).ok_or(MapError::Invalid("empty file"))?;
+        let map = Arc::new(FileMap { region, size: info.file_size, writable: info.writable });
+        self.files.insert(info.key, Arc::downgrade(&map));
+        Ok(map)
+    }
+}

@@ -1,0 +1,190 @@
+//! The vfio-user server: serves one [`Device`] to one client at a time.
+//!
+//! Per connection, the calling thread reads the socket and answers requests (register accesses call the
+//! device directly); device worker threads send DMA_READ/DMA_WRITE on the same socket and wait for the
+//! reply, which the reading thread routes to them by message id. On disconnect the connection's DMA
+//! space is closed (mappings dropped, waiting workers woken with an error), the IRQ eventfds are closed
+//! and the device is detached, which resets it.
+
+mod conn;
+mod outbound;
+
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::device::{Device, DeviceContext};
+use crate::dma_space::{DmaSpace, MessageDma};
+use crate::irq::IrqState;
+use crate::sock::{recv_message, wait_readable, FrameError, RecvLimits, SCM_MAX_FD};
+use crate::wire::{Header, HEADER_SIZE};
+
+use conn::Conn;
+use outbound::Outbound;
+
+/// Room for the fixed parts of any message beyond its data (REGION_WRITE_MULTI's 200 entries are the largest).
+const MSG_OVERHEAD: u32 = 8192;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Most descriptors accepted in one message (advertised as `max_msg_fds`, at most 253).
+    pub max_msg_fds: u32,
+    /// Largest data count of one REGION_READ/WRITE or DMA_READ/WRITE (advertised).
+    pub max_data_xfer_size: u32,
+    /// Most DMA mappings at once (advertised).
+    pub max_dma_maps: u32,
+    /// How long a worker waits for the client's DMA_READ/DMA_WRITE reply, and the socket send timeout.
+    pub dma_timeout: Duration,
+    /// How long a client may stall in the middle of one message before it is disconnected.
+    pub stall_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_msg_fds: 16,
+            max_data_xfer_size: 1 << 20,
+            max_dma_maps: 65535,
+            dma_timeout: Duration::from_secs(5),
+            stall_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ServerConfig {
+    fn max_msg_size(&self) -> u32 {
+        self.max_data_xfer_size.saturating_add(MSG_OVERHEAD)
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error("connection closed: {0}")]
+    Frame(#[from] FrameError),
+    #[error("socket error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("another client is being served")]
+    Busy,
+}
+
+/// Makes [`Server::serve`] (and a running connection) return promptly.
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<AtomicBool>);
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+pub struct Server {
+    device: Arc<dyn Device>,
+    config: ServerConfig,
+    stop: Arc<AtomicBool>,
+    /// One client at a time: the device has one context.
+    busy: Mutex<()>,
+}
+
+/// How long `serve` waits for a connection between looks at the shutdown flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+impl Server {
+    pub fn new(device: Arc<dyn Device>, mut config: ServerConfig) -> Self {
+        config.max_msg_fds = config.max_msg_fds.clamp(1, SCM_MAX_FD);
+        config.max_data_xfer_size = config.max_data_xfer_size.max(1);
+        // A zero socket timeout would mean "none" to the kernel (and is refused by std).
+        config.dma_timeout = config.dma_timeout.max(MIN_TIMEOUT);
+        config.stall_timeout = config.stall_timeout.max(MIN_TIMEOUT);
+        Server { device, config, stop: Arc::new(AtomicBool::new(false)), busy: Mutex::new(()) }
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.stop.clone())
+    }
+
+    /// Accepts and serves clients one after another until the shutdown handle fires.
+    pub fn serve(&self, listener: UnixListener) -> std::io::Result<()> {
+        listener.set_nonblocking(true)?;
+        while !self.stop.load(Ordering::Acquire) {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    stream.set_nonblocking(false)?;
+                    match self.serve_connection(stream) {
+                        Ok(()) => tracing::info!("client disconnected"),
+                        Err(e) => tracing::warn!("client dropped: {e}"),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    wait_readable(&listener, ACCEPT_POLL)?;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // EMFILE and friends pass; keep serving.
+                    tracing::warn!("accept failed: {e}");
+                    std::thread::sleep(ACCEPT_POLL);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves one connected client until it disconnects, then detaches (and so resets) the device.
+    pub fn serve_connection(&self, stream: UnixStream) -> Result<(), ServerError> {
+        let _busy = self.busy.try_lock().map_err(|_| ServerError::Busy)?;
+        stream.set_write_timeout(Some(self.config.dma_timeout))?;
+        let out = Arc::new(Outbound::new(stream.try_clone()?, self.config.dma_timeout, self.config.max_data_xfer_size));
+        let messages: Arc<dyn MessageDma> = out.clone();
+        let dma = Arc::new(DmaSpace::new(self.config.max_dma_maps, Some(messages)));
+        let irq = Arc::new(IrqState::new());
+        self.device.attach(DeviceContext { dma: dma.clone(), irq: irq.clone() });
+        let result = self.read_loop(&stream, &out, &dma, &irq);
+        // Order matters: wake workers blocked on DMA first, so the device can stop its work in detach.
+        out.close();
+        dma.close();
+        irq.clear();
+        self.device.detach();
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        result
+    }
+
+    fn read_loop(
+        &self,
+        stream: &UnixStream,
+        out: &Outbound,
+        dma: &DmaSpace,
+        irq: &IrqState,
+    ) -> Result<(), ServerError> {
+        let limits = RecvLimits {
+            max_msg_size: self.config.max_msg_size(),
+            max_fds: self.config.max_msg_fds,
+            stall_timeout: self.config.stall_timeout,
+            stop: Some(&self.stop),
+        };
+        let mut conn = Conn {
+            device: &*self.device,
+            cfg: &self.config,
+            info: self.device.device_info(),
+            out,
+            dma,
+            irq,
+            negotiated: false,
+        };
+        loop {
+            match recv_message(stream, &limits) {
+                Ok(msg) => conn.handle(msg)?,
+                Err(FrameError::Closed) | Err(FrameError::Stopped) => return Ok(()),
+                Err(FrameError::BadSize { header, size, max }) => {
+                    // The body length is unknown, so the stream cannot be resynchronised: answer and close.
+                    let errno = if (size as usize) < HEADER_SIZE { libc::EINVAL } else { libc::E2BIG };
+                    let _ = out.send(&Header::error_reply(&header, errno), &[], &[]);
+                    return Err(FrameError::BadSize { header, size, max }.into());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}

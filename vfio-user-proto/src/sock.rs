@@ -1,0 +1,218 @@
+//! Message framing over a UNIX stream socket, with SCM_RIGHTS fd passing (through rustix, no `unsafe`).
+//!
+//! Reading is bounded: the header's size is checked against the limit before the body is allocated,
+//! at most `max_fds` descriptors are accepted per message (the kernel closes any beyond the control
+//! buffer and reports MSG_CTRUNC), and a peer that stalls inside a message hits a deadline.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use thiserror::Error;
+
+use crate::wire::{Header, HEADER_SIZE};
+
+/// Linux's `SCM_MAX_FD`: no message can carry more descriptors than this.
+pub const SCM_MAX_FD: u32 = 253;
+
+/// How often a reader waiting between messages looks at its stop flag.
+const STOP_POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+#[derive(Debug, Error)]
+pub enum FrameError {
+    #[error("peer closed the connection")]
+    Closed,
+    #[error("peer closed the connection in the middle of a message")]
+    Truncated,
+    #[error("peer stalled in the middle of a message")]
+    Timeout,
+    #[error("stopped")]
+    Stopped,
+    /// The header's size cannot be trusted, so the stream cannot be resynchronised.
+    #[error("message size {size} outside [16, {max}]")]
+    BadSize { header: Header, size: u32, max: u32 },
+    #[error("socket error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// One complete message as received.
+#[derive(Debug)]
+pub struct Message {
+    pub header: Header,
+    pub payload: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
+    /// More descriptors arrived than the limit; the extra ones were closed by the kernel.
+    pub fds_truncated: bool,
+}
+
+/// Receive-side limits and waits.
+pub struct RecvLimits<'a> {
+    /// Largest whole message (header included) accepted.
+    pub max_msg_size: u32,
+    pub max_fds: u32,
+    /// Longest a peer may stall between two parts of one message.
+    pub stall_timeout: Duration,
+    /// While waiting for the next message, return `Stopped` once this is set.
+    pub stop: Option<&'a AtomicBool>,
+}
+
+fn to_timespec(d: Duration) -> Timespec {
+    Timespec { tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX), tv_nsec: d.subsec_nanos().into() }
+}
+
+/// Waits until `fd` is readable (or a listener has a connection). `Ok(false)` on timeout.
+pub fn wait_readable(fd: impl AsFd, timeout: Duration) -> std::io::Result<bool> {
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    match poll(&mut fds, Some(&to_timespec(timeout))) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reads exactly `buf.len()` bytes, collecting descriptors. Returns the number of bytes read before EOF
+/// (less than `buf.len()` only on EOF).
+fn recv_exact(
+    stream: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    truncated: &mut bool,
+    limits: &RecvLimits,
+    first_wait_unbounded: bool,
+) -> Result<usize, FrameError> {
+    let mut pos = 0;
+    let mut deadline = Instant::now() + limits.stall_timeout;
+    while pos < buf.len() {
+        if pos == 0 && first_wait_unbounded {
+            // Between messages: a peer may be idle for as long as it likes, unless we are told to stop.
+            if let Some(stop) = limits.stop {
+                loop {
+                    if stop.load(Ordering::Acquire) {
+                        return Err(FrameError::Stopped);
+                    }
+                    if wait_readable(stream, STOP_POLL_INTERVAL)? {
+                        break;
+                    }
+                }
+            }
+        } else {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !wait_readable(stream, left)? {
+                return Err(FrameError::Timeout);
+            }
+        }
+        let room = (limits.max_fds as usize).saturating_sub(fds.len());
+        let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(room.max(1)))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let Some(dst) = buf.get_mut(pos..) else { break };
+        let mut iov = [IoSliceMut::new(dst)];
+        let msg = match recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(m) => m,
+            Err(rustix::io::Errno::INTR) => continue,
+            // Only a receive timeout (SO_RCVTIMEO) yields EAGAIN on our blocking sockets.
+            Err(rustix::io::Errno::AGAIN) => return Err(FrameError::Timeout),
+            Err(e) => return Err(FrameError::Io(e.into())),
+        };
+        if msg.flags.contains(ReturnFlags::CTRUNC) {
+            *truncated = true;
+        }
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = m {
+                for fd in rights {
+                    if fds.len() < limits.max_fds as usize {
+                        fds.push(fd);
+                    } else {
+                        *truncated = true; // dropped here, so closed
+                    }
+                }
+            }
+        }
+        if msg.bytes == 0 {
+            return Ok(pos);
+        }
+        pos += msg.bytes;
+        deadline = Instant::now() + limits.stall_timeout;
+    }
+    Ok(pos)
+}
+
+/// Reads one whole message. On `BadSize` the header was consumed but the body was not.
+pub fn recv_message(stream: &UnixStream, limits: &RecvLimits) -> Result<Message, FrameError> {
+    let mut fds = Vec::new();
+    let mut truncated = false;
+    let mut hb = [0u8; HEADER_SIZE];
+    let got = recv_exact(stream, &mut hb, &mut fds, &mut truncated, limits, true)?;
+    if got == 0 {
+        return Err(FrameError::Closed);
+    }
+    if got < HEADER_SIZE {
+        return Err(FrameError::Truncated);
+    }
+    let header = Header::decode(&hb);
+    if (header.msg_size as usize) < HEADER_SIZE || header.msg_size > limits.max_msg_size {
+        return Err(FrameError::BadSize { header, size: header.msg_size, max: limits.max_msg_size });
+    }
+    let mut payload = vec![0u8; header.msg_size as usize - HEADER_SIZE];
+    let got = recv_exact(stream, &mut payload, &mut fds, &mut truncated, limits, false)?;
+    if got < payload.len() {
+        return Err(FrameError::Truncated);
+    }
+    Ok(Message { header, payload, fds, fds_truncated: truncated })
+}
+
+/// Sends `header` + `parts` as one message, with `fds` attached to its first bytes.
+pub fn send_message(stream: &UnixStream, header: &Header, parts: &[&[u8]], fds: &[BorrowedFd]) -> std::io::Result<()> {
+    let hb = header.encode();
+    let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+    all.push(&hb);
+    all.extend(parts.iter().copied().filter(|p| !p.is_empty()));
+    let total: usize = all.iter().map(|p| p.len()).sum();
+    let mut sent = 0usize;
+    let mut first = true;
+    while sent < total {
+        // Rebuild the iovec from the first unsent byte.
+        let mut skip = sent;
+        let mut iov = Vec::with_capacity(all.len());
+        for p in &all {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            iov.push(IoSlice::new(p.get(skip..).unwrap_or_default()));
+            skip = 0;
+        }
+        let n = if first && !fds.is_empty() {
+            let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+                return Err(std::io::Error::other("control buffer too small"));
+            }
+            sendmsg(stream, &iov, &mut control, SendFlags::NOSIGNAL)
+        } else {
+            sendmsg(stream, &iov, &mut SendAncillaryBuffer::default(), SendFlags::NOSIGNAL)
+        };
+        match n {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                sent += n;
+                first = false;
+            }
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Convenience for borrowing a slice of owned descriptors.
+pub fn borrow_all(fds: &[OwnedFd]) -> Vec<BorrowedFd<'_>> {
+    fds.iter().map(|f| f.as_fd()).collect()
+}

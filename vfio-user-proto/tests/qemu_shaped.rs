@@ -1,0 +1,162 @@
+//! Message sequences shaped like what QEMU 10.2 sends (qemu-vfio-user-facts.md), and a client that
+//! never answers the server's DMA_READ.
+
+mod common;
+
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use common::raw::Raw;
+use common::{cmd, memfd, regs, status, Running};
+use vfio_user_proto::device::region;
+use vfio_user_proto::sock::Message;
+use vfio_user_proto::wire::{command as c, dma_map_flags, DmaMap, DmaUnmap, Reader, RegionRw};
+use vfio_user_proto::ServerConfig;
+
+const R: u32 = dma_map_flags::READ;
+const RW: u32 = dma_map_flags::READ | dma_map_flags::WRITE;
+/// QEMU 10.2's VERSION proposal (facts: "QEMU's VERSION advertised ...").
+const QEMU_VERSION: &[u8] = b"\0\0\0\0{\"capabilities\":{\"max_msg_fds\":16,\"max_data_xfer_size\":1048576,\
+\"pgsizes\":4096,\"max_dma_maps\":65535,\"migration\":{\"pgsize\":4096,\"max_bitmap_size\":1048576},\
+\"write_multiple\":true}}\0";
+const GUEST_RAM: u64 = 0x2000_0000;
+
+fn map(r: &Raw, iova: u64, size: u64, offset: u64, flags: u32, fd: Option<&std::fs::File>) {
+    let fds: Vec<OwnedFd> = fd.map(|f| OwnedFd::from(f.try_clone().unwrap())).into_iter().collect();
+    r.ok(c::DMA_MAP, &DmaMap { argsz: 32, flags, offset, address: iova, size }.encode(), &fds);
+}
+
+/// Unmaps and returns the reply's size (bytes unmapped).
+fn unmap(r: &Raw, iova: u64, size: u64) -> u64 {
+    let m = r.ok(c::DMA_UNMAP, &DmaUnmap { argsz: 24, flags: 0, address: iova, size }.encode(), &[]);
+    DmaUnmap::decode(&m.payload).unwrap().size
+}
+
+fn write32(r: &Raw, off: u64, v: u32) {
+    let mut p = RegionRw { offset: off, region: region::BAR0, count: 4 }.encode();
+    p.extend(v.to_le_bytes());
+    r.ok(c::REGION_WRITE, &p, &[]);
+}
+
+/// Reads a register, skipping (and never answering) any request the server sends meanwhile.
+fn read32(r: &Raw, off: u64) -> u32 {
+    r.send(c::REGION_READ, &RegionRw { offset: off, region: region::BAR0, count: 4 }.encode(), &[]);
+    loop {
+        let m: Message = r.recv().unwrap();
+        if m.header.is_reply() {
+            assert!(!m.header.is_error());
+            let (_, data) = RegionRw::decode(&m.payload).unwrap();
+            return u32::from_le_bytes(data.try_into().unwrap());
+        }
+    }
+}
+
+fn run_job(r: &Raw, command: u32, addr: u64, len: u32) -> (u32, u32) {
+    write32(r, regs::DMA_ADDR_LO, addr as u32);
+    write32(r, regs::DMA_ADDR_HI, (addr >> 32) as u32);
+    write32(r, regs::DMA_LEN, len);
+    write32(r, regs::DMA_CMD, command);
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let st = read32(r, regs::DMA_STATUS);
+        if st != status::BUSY || Instant::now() > end {
+            return (st, read32(r, regs::DMA_RESULT));
+        }
+    }
+}
+
+#[test]
+fn qemu_10_2_boot_viommu_and_guest_dma_sequence_is_served() {
+    let srv = Running::start(ServerConfig::default());
+    let r = Raw::connect(&srv);
+    let v = r.version_with(QEMU_VERSION);
+    let mut rd = Reader::new(&v.payload);
+    assert_eq!((rd.u16().unwrap(), rd.u16().unwrap()), (0, 0), "minor is min(client, ours)");
+    let text = rd.rest();
+    assert_eq!(text.last(), Some(&0));
+    let caps: serde_json::Value = serde_json::from_slice(&text[..text.len() - 1]).unwrap();
+    let caps = &caps["capabilities"];
+    assert_eq!((caps["max_msg_fds"].as_u64(), caps["pgsizes"].as_u64()), (Some(16), Some(4096)));
+    assert_eq!(caps["write_multiple"].as_bool(), Some(true));
+
+    let ram = memfd("qemu-guest-ram", GUEST_RAM, true);
+    // Boot: RAM with fd and offset = GPA, ROM/VRAM/own BAR without fd.
+    map(&r, 0x0, 0xa0000, 0x0, RW, Some(&ram));
+    map(&r, 0xc0000, 0x1ff40000, 0xc0000, RW, Some(&ram));
+    map(&r, 0xfffc0000, 0x40000, 0, R, None);
+    map(&r, 0xfd000000, 0x1000000, 0, RW, None);
+    map(&r, 0xfebd1000, 0xf000, 0, RW, None);
+    // SeaBIOS PAM reconfiguration: unmap, then RO/RW pieces.
+    assert_eq!(unmap(&r, 0xc0000, 0x1ff40000), 0x1ff40000);
+    let pam = [(0xc0000, 0xb000, R), (0xcb000, 0x3000, RW), (0xce000, 0x16000, R), (0xe4000, 0xc000, RW)];
+    for (iova, size, flags) in pam.into_iter().chain([(0xf0000, 0x10000, R), (0x100000, 0x1ff00000, RW)]) {
+        map(&r, iova, size, iova, flags, Some(&ram));
+    }
+    // The guest enables DMAR: every mapping goes, then whole-space unmaps of ranges never mapped.
+    for (iova, size) in [(0x0, 0xa0000)].into_iter().chain(pam.map(|(i, s, _)| (i, s))) {
+        assert_eq!(unmap(&r, iova, size), size);
+    }
+    for (iova, size) in [(0xf0000, 0x10000), (0x100000, 0x1ff00000), (0xfd000000, 0x1000000), (0xfebd1000, 0xf000)] {
+        assert_eq!(unmap(&r, iova, size), size);
+    }
+    assert_eq!(unmap(&r, 0xfffc0000, 0x40000), 0x40000);
+    for (iova, size) in [
+        (0xfef00000, 0x100000),
+        (0x100000000, 0x100000000),
+        (0x800000000000, 0x800000000000),
+        (0x0, 0x80000000),
+        (0xfec00000, 0x200000),
+    ] {
+        assert_eq!(unmap(&r, iova, size), 0, "never mapped: success, 0 bytes");
+    }
+    // The guest's VFIO_IOMMU_MAP_DMA of 64 KiB at IOVA 0x100000: one map per page, offset = GPA
+    // (the first seven GPAs are those of the facts' run 1, the rest distinct pages).
+    let gpas: Vec<u64> = [0x1ffbf000u64, 0x1ffb6000, 0x1ffb4000, 0x1ffb2000, 0x1ff9c000, 0x1ff9b000, 0x1ff9a000]
+        .into_iter()
+        .chain((0..9).map(|i| 0x1ffc0000 + i * 0x3000))
+        .collect();
+    for (i, gpa) in gpas.iter().enumerate() {
+        map(&r, 0x100000 + i as u64 * 0x1000, 0x1000, *gpa, RW, Some(&ram));
+    }
+    // The guest fills its buffer with i & 0xff; the device sums 0x1000 bytes at IOVA 0x102000.
+    for (i, gpa) in gpas.iter().enumerate() {
+        let page: Vec<u8> = (0..0x1000).map(|b| ((i * 0x1000 + b) & 0xff) as u8).collect();
+        ram.write_all_at(&page, *gpa).unwrap();
+    }
+    assert_eq!(run_job(&r, cmd::SUM, 0x102000, 0x1000), (status::DONE, 0x7f800), "facts: expected=0x7f800");
+    // The device fills 0x3000 bytes at IOVA 0x104000: three separately mapped pages.
+    write32(&r, regs::FILL_BYTE, 0xa5);
+    assert_eq!(run_job(&r, cmd::FILL, 0x104000, 0x3000).0, status::DONE);
+    for (i, gpa) in gpas.iter().enumerate() {
+        let mut page = vec![0u8; 0x1000];
+        ram.read_exact_at(&mut page, *gpa).unwrap();
+        let filled = (4..7).contains(&i);
+        assert!(page
+            .iter()
+            .enumerate()
+            .all(|(b, v)| *v == if filled { 0xa5 } else { ((i * 0x1000 + b) & 0xff) as u8 }));
+    }
+    for i in 0..16u64 {
+        assert_eq!(unmap(&r, 0x100000 + i * 0x1000, 0x1000), 0x1000);
+    }
+    // Poweroff: the IOMMU region removals, the last one ending exactly at 2^64.
+    assert_eq!(unmap(&r, 0x0, 0xfee00000), 0);
+    assert_eq!(unmap(&r, 0xfef00000, 0xffff_ffff_0110_0000), 0);
+    r.ok(c::DEVICE_RESET, &[], &[]);
+}
+
+#[test]
+fn a_client_that_never_answers_dma_read_fails_the_job_after_the_timeout_while_registers_stay_served() {
+    let srv = Running::start(ServerConfig { dma_timeout: Duration::from_millis(300), ..Default::default() });
+    let r = Raw::connect(&srv);
+    r.version();
+    map(&r, 0x1000, 0x1000, 0, RW, None);
+    let start = Instant::now();
+    let (st, _) = run_job(&r, cmd::SUM, 0x1000, 0x100);
+    assert_eq!(st, status::ERROR);
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    // The connection still works.
+    write32(&r, regs::SCRATCH, 9);
+    assert_eq!(read32(&r, regs::SCRATCH), 9);
+}
