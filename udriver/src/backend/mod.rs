@@ -3,6 +3,7 @@
 pub mod inproc;
 pub mod mmio;
 pub mod vfio;
+pub mod vfio_user;
 
 use std::os::fd::BorrowedFd;
 use std::time::Duration;

@@ -236,9 +236,8 @@ impl Conn<'_> {
         if !cap.is_empty() {
             out.flags |= region_flags::CAPS;
             out.argsz = full;
-            if complete {
-                out.cap_offset = REGION_INFO_SIZE as u32;
-            }
+            // Even in the short answer: QEMU 10.2 rejects CAPS with a cap_offset outside [32, argsz].
+            out.cap_offset = REGION_INFO_SIZE as u32;
         }
         let mut payload = out.encode();
         if complete {
