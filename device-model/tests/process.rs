@@ -1,0 +1,174 @@
+//! The device model as a separate process, reached over its sockets the way QEMU and udriver reach it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use device_model::hfi1::regs::{RCV_ARRAY, RCV_ARRAY_CNT, RCV_CONTEXTS};
+use device_model::irdma::regs::{IRDMA_CCQPHIGH, IRDMA_CCQPLOW, IRDMA_CCQPSTATUS, IRDMA_GLPE_CPUSTATUS0};
+use vfio_user_proto::device::region;
+use vfio_user_proto::{Client, ClientConfig, DmaProt};
+
+struct DeviceModel {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl DeviceModel {
+    fn start(tag: &str) -> DeviceModel {
+        let dir = std::env::temp_dir().join(format!("dm-process-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_device-model"))
+            .arg("--hfi1")
+            .arg(dir.join("hfi1.sock"))
+            .arg("--irdma")
+            .arg(dir.join("irdma.sock"))
+            .arg("--control")
+            .arg(dir.join("control.sock"))
+            .arg("--log-level")
+            .arg("warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let dm = DeviceModel { child, dir };
+        for s in ["hfi1.sock", "irdma.sock", "control.sock"] {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while UnixStream::connect(dm.dir.join(s)).is_err() {
+                assert!(Instant::now() < deadline, "{s} did not appear");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        // The probe connections above were clients too; give the server time to see them go.
+        std::thread::sleep(Duration::from_millis(100));
+        dm
+    }
+
+    fn sock(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn client(&self, name: &str) -> Client {
+        connect(&self.sock(name))
+    }
+
+    fn control(&self, request: &str) -> serde_json::Value {
+        let mut s = UnixStream::connect(self.sock("control.sock")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        writeln!(s, "{request}").unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+}
+
+impl Drop for DeviceModel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Connects, retrying while the server is still finishing the previous client.
+fn connect(path: &Path) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Client::connect(path, ClientConfig::default()) {
+            Ok(c) => return c,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("connect {}: {e}", path.display()),
+        }
+    }
+}
+
+fn enable(c: &Client) {
+    // Memory space + bus master, as pci_enable_device() + pci_set_master() do.
+    c.region_write(region::CONFIG, 4, &6u16.to_le_bytes()).unwrap();
+}
+
+fn read64(c: &Client, off: u64) -> u64 {
+    let mut b = [0u8; 8];
+    c.region_read(region::BAR0, off, &mut b).unwrap();
+    u64::from_le_bytes(b)
+}
+
+fn read32(c: &Client, off: u64) -> u32 {
+    let mut b = [0u8; 4];
+    c.region_read(region::BAR0, off, &mut b).unwrap();
+    u32::from_le_bytes(b)
+}
+
+#[test]
+fn both_functions_answer_with_their_identity_and_chip_registers() {
+    let dm = DeviceModel::start("identity");
+    let h = dm.client("hfi1.sock");
+    let mut ids = [0u8; 4];
+    h.region_read(region::CONFIG, 0, &mut ids).unwrap();
+    assert_eq!(ids, [0x36, 0x1b, 0x00, 0x11], "hfi1 is 1b36:1100");
+    enable(&h);
+    assert_eq!(read64(&h, RCV_ARRAY_CNT), 4096);
+    assert_eq!(read64(&h, RCV_CONTEXTS), 8);
+    let bar0 = h.region_info(region::BAR0).unwrap();
+    assert_eq!(bar0.sparse_areas.len(), 1, "the RcvArray is offered as a sparse mmap area");
+    assert_eq!(bar0.sparse_areas[0].offset, RCV_ARRAY);
+    assert!(bar0.fd.is_some());
+    drop(h);
+
+    let i = dm.client("irdma.sock");
+    i.region_read(region::CONFIG, 0, &mut ids).unwrap();
+    assert_eq!(ids, [0x36, 0x1b, 0x01, 0x11], "irdma is 1b36:1101");
+    enable(&i);
+    assert_eq!(read32(&i, IRDMA_GLPE_CPUSTATUS0), 0x80, "PE ready");
+}
+
+#[test]
+fn a_client_killed_in_the_middle_of_a_message_leaves_the_next_client_served() {
+    let dm = DeviceModel::start("midmsg");
+    // Half a header, then gone.
+    let mut raw = UnixStream::connect(dm.sock("hfi1.sock")).unwrap();
+    raw.write_all(&[1, 0, 1, 0, 0x40, 0, 0, 0]).unwrap();
+    drop(raw);
+    let c = dm.client("hfi1.sock");
+    enable(&c);
+    assert_eq!(read64(&c, RCV_ARRAY_CNT), 4096);
+}
+
+#[test]
+fn a_client_killed_while_a_cqp_create_runs_leaves_a_reset_device_for_the_next_client() {
+    let dm = DeviceModel::start("midcmd");
+    {
+        let c = dm.client("irdma.sock");
+        enable(&c);
+        let mem = rustix::fs::memfd_create("ctx", rustix::fs::MemfdFlags::ALLOW_SEALING).unwrap();
+        rustix::fs::ftruncate(&mem, 0x10000).unwrap();
+        rustix::fs::fcntl_add_seals(&mem, rustix::fs::SealFlags::SHRINK).unwrap();
+        use std::os::fd::AsFd;
+        c.dma_map_fd(0x10_0000, 0x10000, mem.as_fd(), 0, DmaProt::READ_WRITE).unwrap();
+        // A host context that asks for an SQ the device then reads: create starts, and the client dies.
+        c.region_write(region::BAR0, IRDMA_CCQPHIGH, &0u32.to_le_bytes()).unwrap();
+        c.region_write(region::BAR0, IRDMA_CCQPLOW, &0x10_0000u32.to_le_bytes()).unwrap();
+    }
+    let c = dm.client("irdma.sock");
+    enable(&c);
+    assert_eq!(read32(&c, IRDMA_CCQPSTATUS), 0, "the next client sees a device without a CQP");
+    assert_eq!(read32(&c, IRDMA_GLPE_CPUSTATUS0), 0x80);
+    let dump = dm.control(r#"{"device":"irdma","cmd":"dump"}"#);
+    assert_eq!(dump["ok"], true, "{dump}");
+}
+
+#[test]
+fn the_control_socket_lists_both_devices_and_rejects_garbage() {
+    let dm = DeviceModel::start("control");
+    let list = dm.control(r#"{"cmd":"list"}"#);
+    let names: Vec<&str> = list["result"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["hfi1", "irdma"]);
+    let bad = dm.control("{not json");
+    assert_eq!(bad["ok"], false);
+}
