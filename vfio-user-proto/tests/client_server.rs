@@ -237,3 +237,30 @@ fn a_request_to_a_dead_server_times_out_with_etimedout() {
     assert_eq!(c.device_info().unwrap_err().errno(), libc::ETIMEDOUT);
     t.join().unwrap();
 }
+
+#[test]
+fn an_unsealed_fd_map_is_served_by_messages_that_the_client_answers_through_the_fd() {
+    let srv = Running::start(ServerConfig::default());
+    let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
+    let ram = memfd("cs-unsealed", 0x10000, false);
+    ram.write_all_at(&pattern(0x1000), 0x3000).unwrap();
+    c.dma_map_fd(0x20_0000, 0x2000, ram.as_fd(), 0x3000, DmaProt::READ_WRITE).unwrap();
+    assert_eq!(run_job(&c, cmd::SUM, 0x20_0000, 0x1000), (status::DONE, pattern_sum(0x1000)));
+    w32(&c, regs::FILL_BYTE, 0x11);
+    assert_eq!(run_job(&c, cmd::FILL, 0x20_1000, 0x10).0, status::DONE);
+    let mut b = [0u8; 0x11];
+    ram.read_at(&mut b, 0x4000).unwrap();
+    assert_eq!(b[..0x10], [0x11; 0x10]);
+    assert_eq!(b[0x10], 0);
+}
+
+#[test]
+fn a_refused_duplicate_map_keeps_the_original_backing() {
+    let srv = Running::start(ServerConfig::default());
+    let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
+    let first = Arc::new(VecBacking(Mutex::new(vec![2; 0x1000])));
+    c.dma_map_backed(0x1000, 0x1000, first, DmaProt::READ).unwrap();
+    let dup = Arc::new(VecBacking(Mutex::new(vec![9; 0x1000])));
+    assert_eq!(c.dma_map_backed(0x1000, 0x1000, dup, DmaProt::READ).unwrap_err().errno(), libc::EEXIST);
+    assert_eq!(run_job(&c, cmd::SUM, 0x1000, 0x10), (status::DONE, 0x20));
+}
