@@ -160,3 +160,23 @@ fn a_client_that_never_answers_dma_read_fails_the_job_after_the_timeout_while_re
     write32(&r, regs::SCRATCH, 9);
     assert_eq!(read32(&r, regs::SCRATCH), 9);
 }
+
+#[test]
+fn region_info_asked_with_a_short_argsz_passes_qemus_cap_offset_check_and_the_full_ask_gets_caps_and_fd() {
+    use vfio_user_proto::device::region_flags::CAPS;
+    use vfio_user_proto::wire::RegionInfoWire;
+    let srv = Running::start(ServerConfig::default());
+    let r = Raw::connect(&srv);
+    r.version_with(QEMU_VERSION);
+    let ask = |argsz: u32| {
+        let m =
+            r.ok(c::DEVICE_GET_REGION_INFO, &RegionInfoWire { argsz, index: 2, ..Default::default() }.encode(), &[]);
+        (RegionInfoWire::decode_prefix(&m.payload).unwrap(), m)
+    };
+    let (short, m) = ask(32);
+    // hw/vfio-user/device.c: CAPS with cap_offset < 32 or > argsz is -EINVAL.
+    assert!(short.flags & CAPS == 0 || (32..=short.argsz).contains(&short.cap_offset));
+    assert_eq!((short.argsz, m.payload.len(), m.fds.len()), (32 + 16 + 16, 32, 0));
+    let (full, m) = ask(short.argsz);
+    assert_eq!((full.flags & CAPS, full.cap_offset, m.payload.len(), m.fds.len()), (CAPS, 32, 64, 1));
+}

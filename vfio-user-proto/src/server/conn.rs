@@ -234,9 +234,11 @@ impl Conn<'_> {
         let full = u32::try_from(REGION_INFO_SIZE + cap.len()).map_err(|_| libc::E2BIG)?;
         let complete = q.argsz >= full;
         if !cap.is_empty() {
-            out.flags |= region_flags::CAPS;
             out.argsz = full;
+            // QEMU's vfio-user client rejects CAPS with a cap_offset outside [32, argsz], so an
+            // incomplete reply carries no CAPS flag at all (Linux would set it with cap_offset 0).
             if complete {
+                out.flags |= region_flags::CAPS;
                 out.cap_offset = REGION_INFO_SIZE as u32;
             }
         }
