@@ -180,3 +180,18 @@ fn region_info_asked_with_a_short_argsz_passes_qemus_cap_offset_check_and_the_fu
     let (full, m) = ask(short.argsz);
     assert_eq!((full.flags & CAPS, full.cap_offset, m.payload.len(), m.fds.len()), (CAPS, 32, 64, 1));
 }
+
+#[test]
+fn advertised_limits_never_exceed_what_qemu_proposed() {
+    let srv = Running::start(ServerConfig { max_msg_fds: 64, max_data_xfer_size: 8 << 20, ..Default::default() });
+    let r = Raw::connect(&srv);
+    let v = r.version_with(QEMU_VERSION);
+    let text = &v.payload[4..v.payload.len() - 1];
+    let caps: serde_json::Value = serde_json::from_slice(text).unwrap();
+    let caps = &caps["capabilities"];
+    // QEMU's check_max_fds refuses > 16, check_max_dma > 65535; its proposal had 1 MiB transfers.
+    assert_eq!(caps["max_msg_fds"].as_u64(), Some(16));
+    assert_eq!(caps["max_dma_maps"].as_u64(), Some(65535));
+    assert_eq!(caps["max_data_xfer_size"].as_u64(), Some(1 << 20));
+    assert!(caps.get("migration").is_none() && caps.get("twin_socket").is_none());
+}
