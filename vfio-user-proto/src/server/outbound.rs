@@ -133,8 +133,10 @@ impl MessageDma for Outbound {
         for src in data.chunks(self.chunk()) {
             let req = DmaRw { address: addr, count: src.len() as u64 };
             let reply = self.request(command::DMA_WRITE, &[&req.encode(), src])?;
-            // The spec's table gives the reply's count 4 bytes, implementations send 8: accept both.
-            if reply.payload.len() < DMA_RW_SIZE - 4 || reply.payload.get(..8) != Some(&addr.to_ne_bytes()[..]) {
+            // QEMU replies with the bare header; the specification's table has address and count
+            // (its count 4 bytes, implementations 8). Accept all three; a given address must match.
+            let p = &reply.payload;
+            if !(p.is_empty() || (p.len() >= DMA_RW_SIZE - 4 && p.get(..8) == Some(&addr.to_ne_bytes()[..]))) {
                 return Err(bad_reply("DMA_WRITE"));
             }
             addr = addr.wrapping_add(src.len() as u64);
