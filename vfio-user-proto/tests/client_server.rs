@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use common::{cmd, memfd, regs, status, wait_for, Running, BAR2_SIZE};
 use rustix::event::{eventfd, EventfdFlags};
-use vfio_user_proto::device::{irq, region, region_flags, SparseArea};
+use vfio_user_proto::device::{
+    irq, region, region_flags, Device, DeviceContext, DeviceInfo, IrqInfo, RegionInfo, SparseArea,
+};
 use vfio_user_proto::dma::DmaError;
 use vfio_user_proto::wire::irq_set_flags as f;
 use vfio_user_proto::{Client, ClientConfig, ClientDmaBacking, DmaProt, ServerConfig};
@@ -263,4 +265,55 @@ fn a_refused_duplicate_map_keeps_the_original_backing() {
     let dup = Arc::new(VecBacking(Mutex::new(vec![9; 0x1000])));
     assert_eq!(c.dma_map_backed(0x1000, 0x1000, dup, DmaProt::READ).unwrap_err().errno(), libc::EEXIST);
     assert_eq!(run_job(&c, cmd::SUM, 0x1000, 0x10), (status::DONE, 0x20));
+}
+
+/// Delegates to the test device but panics on a read of BAR0's last register: a device bug.
+struct PanickyDevice(Arc<common::TestDevice>);
+
+impl Device for PanickyDevice {
+    fn device_info(&self) -> DeviceInfo {
+        self.0.device_info()
+    }
+    fn region_info(&self, index: u32) -> Option<RegionInfo> {
+        self.0.region_info(index)
+    }
+    fn irq_info(&self, index: u32) -> Option<IrqInfo> {
+        self.0.irq_info(index)
+    }
+    fn region_read(&self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), i32> {
+        assert!(offset != 0xffc, "device bug");
+        self.0.region_read(index, offset, data)
+    }
+    fn region_write(&self, index: u32, offset: u64, data: &[u8]) -> Result<(), i32> {
+        self.0.region_write(index, offset, data)
+    }
+    fn attach(&self, ctx: DeviceContext) {
+        self.0.attach(ctx)
+    }
+    fn detach(&self) {
+        self.0.detach()
+    }
+    fn reset(&self) {
+        self.0.reset()
+    }
+}
+
+#[test]
+fn a_panicking_device_costs_only_its_connection() {
+    let inner = common::TestDevice::new();
+    let server = vfio_user_proto::Server::new(Arc::new(PanickyDevice(inner.clone())), ServerConfig::default());
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || {
+        let c = Client::from_stream(a, ClientConfig::default()).unwrap();
+        c.region_read(region::BAR0, 0xffc, &mut [0; 4]).unwrap_err().errno()
+    });
+    let r = server.serve_connection(b);
+    assert!(matches!(r, Err(vfio_user_proto::ServerError::DevicePanic)));
+    assert_eq!(t.join().unwrap(), libc::EIO);
+    assert_eq!(inner.detaches.load(Ordering::Acquire), 1);
+    // The same server serves the next client.
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || Client::from_stream(a, ClientConfig::default()).unwrap().device_info().is_ok());
+    let _ = std::thread::spawn(move || server.serve_connection(b));
+    assert!(t.join().unwrap());
 }

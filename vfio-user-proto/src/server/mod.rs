@@ -10,8 +10,9 @@ mod conn;
 mod outbound;
 
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use thiserror::Error;
@@ -68,6 +69,9 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("another client is being served")]
     Busy,
+    /// A device method panicked; the connection was closed and the device detached.
+    #[error("device panicked while serving a request")]
+    DevicePanic,
 }
 
 /// Makes [`Server::serve`] (and a running connection) return promptly.
@@ -134,19 +138,31 @@ impl Server {
 
     /// Serves one connected client until it disconnects, then detaches (and so resets) the device.
     pub fn serve_connection(&self, stream: UnixStream) -> Result<(), ServerError> {
-        let _busy = self.busy.try_lock().map_err(|_| ServerError::Busy)?;
+        let _busy = match self.busy.try_lock() {
+            Ok(g) => g,
+            // A previous connection's device panic poisoned the lock; the device was detached since.
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Err(ServerError::Busy),
+        };
         stream.set_write_timeout(Some(self.config.dma_timeout))?;
         let out = Arc::new(Outbound::new(stream.try_clone()?, self.config.dma_timeout, self.config.max_data_xfer_size));
         let messages: Arc<dyn MessageDma> = out.clone();
         let dma = Arc::new(DmaSpace::new(self.config.max_dma_maps, Some(messages)));
         let irq = Arc::new(IrqState::new());
         self.device.attach(DeviceContext { dma: dma.clone(), irq: irq.clone() });
-        let result = self.read_loop(&stream, &out, &dma, &irq);
+        // A device bug must not take the whole server down: contain it to this connection.
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.read_loop(&stream, &out, &dma, &irq)))
+            .unwrap_or_else(|_| {
+                tracing::error!("device panicked; closing the connection");
+                Err(ServerError::DevicePanic)
+            });
         // Order matters: wake workers blocked on DMA first, so the device can stop its work in detach.
         out.close();
         dma.close();
         irq.clear();
-        self.device.detach();
+        if std::panic::catch_unwind(AssertUnwindSafe(|| self.device.detach())).is_err() {
+            tracing::error!("device panicked in detach");
+        }
         let _ = stream.shutdown(std::net::Shutdown::Both);
         result
     }
