@@ -36,20 +36,27 @@ fn unmap(r: &Raw, iova: u64, size: u64) -> u64 {
 fn write32(r: &Raw, off: u64, v: u32) {
     let mut p = RegionRw { offset: off, region: region::BAR0, count: 4 }.encode();
     p.extend(v.to_le_bytes());
-    r.ok(c::REGION_WRITE, &p, &[]);
+    r.send(c::REGION_WRITE, &p, &[]);
+    assert!(!reply_skipping_requests(r).header.is_error());
+}
+
+/// The next reply, skipping (and never answering) any request the server sends meanwhile.
+fn reply_skipping_requests(r: &Raw) -> Message {
+    loop {
+        let m = r.recv().unwrap();
+        if m.header.is_reply() {
+            return m;
+        }
+    }
 }
 
 /// Reads a register, skipping (and never answering) any request the server sends meanwhile.
 fn read32(r: &Raw, off: u64) -> u32 {
     r.send(c::REGION_READ, &RegionRw { offset: off, region: region::BAR0, count: 4 }.encode(), &[]);
-    loop {
-        let m: Message = r.recv().unwrap();
-        if m.header.is_reply() {
-            assert!(!m.header.is_error());
-            let (_, data) = RegionRw::decode(&m.payload).unwrap();
-            return u32::from_le_bytes(data.try_into().unwrap());
-        }
-    }
+    let m = reply_skipping_requests(r);
+    assert!(!m.header.is_error());
+    let (_, data) = RegionRw::decode(&m.payload).unwrap();
+    u32::from_le_bytes(data.try_into().unwrap())
 }
 
 fn run_job(r: &Raw, command: u32, addr: u64, len: u32) -> (u32, u32) {

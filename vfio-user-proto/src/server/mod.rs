@@ -18,7 +18,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::device::{Device, DeviceContext};
-use crate::dma_space::{DmaSpace, MessageDma};
+use crate::dma_space::{DmaSpace, MessageDma, MmapLimits};
 use crate::irq::IrqState;
 use crate::sock::{recv_message, wait_readable, FrameError, RecvLimits, SCM_MAX_FD};
 use crate::wire::{Header, HEADER_SIZE};
@@ -41,6 +41,9 @@ pub struct ServerConfig {
     pub dma_timeout: Duration,
     /// How long a client may stall in the middle of one message before it is disconnected.
     pub stall_timeout: Duration,
+    /// Most distinct files mmapped for one client, and their total size; beyond them sealed fd maps
+    /// are served by DMA_READ/DMA_WRITE (each mmap holds a descriptor and address space).
+    pub mmap_limits: MmapLimits,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +54,7 @@ impl Default for ServerConfig {
             max_dma_maps: 65535,
             dma_timeout: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(5),
+            mmap_limits: MmapLimits::default(),
         }
     }
 }
@@ -147,7 +151,8 @@ impl Server {
         stream.set_write_timeout(Some(self.config.dma_timeout))?;
         let out = Arc::new(Outbound::new(stream.try_clone()?, self.config.dma_timeout, self.config.max_data_xfer_size));
         let messages: Arc<dyn MessageDma> = out.clone();
-        let dma = Arc::new(DmaSpace::new(self.config.max_dma_maps, Some(messages)));
+        let dma =
+            Arc::new(DmaSpace::new(self.config.max_dma_maps, Some(messages)).with_mmap_limits(self.config.mmap_limits));
         let irq = Arc::new(IrqState::new());
         self.device.attach(DeviceContext { dma: dma.clone(), irq: irq.clone() });
         // A device bug must not take the whole server down: contain it to this connection.
