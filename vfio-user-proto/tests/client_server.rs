@@ -317,3 +317,43 @@ fn a_panicking_device_costs_only_its_connection() {
     let _ = std::thread::spawn(move || server.serve_connection(b));
     assert!(t.join().unwrap());
 }
+
+#[test]
+fn shutdown_makes_serve_return_promptly_even_with_an_idle_client_connected() {
+    let dir = common::TempDir::new();
+    let path = dir.0.join("sock");
+    let device = common::TestDevice::new();
+    let server = vfio_user_proto::Server::new(device.clone(), ServerConfig::default());
+    let stop = server.shutdown_handle();
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let t = std::thread::spawn(move || server.serve(listener));
+    let c = Client::connect(&path, ClientConfig::default()).unwrap();
+    c.device_info().unwrap();
+    let start = std::time::Instant::now();
+    stop.shutdown();
+    t.join().unwrap().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_eq!(device.detaches.load(Ordering::Acquire), 1);
+    assert_eq!(c.device_info().unwrap_err().errno(), libc::EIO);
+}
+
+#[test]
+fn one_client_shared_by_threads_gets_each_reply_routed_to_its_caller() {
+    let srv = Running::start(ServerConfig::default());
+    let c = Arc::new(Client::connect(&srv.path, ClientConfig::default()).unwrap());
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for i in 0..100u32 {
+                    let v = (t << 24) | i;
+                    c.region_write(region::CONFIG, u64::from(t) * 4, &v.to_le_bytes()).unwrap();
+                    let mut b = [0u8; 4];
+                    c.region_read(region::CONFIG, u64::from(t) * 4, &mut b).unwrap();
+                    assert_eq!(u32::from_le_bytes(b), v);
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+}
