@@ -15,9 +15,9 @@ use crate::server::outbound::Outbound;
 use crate::server::ServerConfig;
 use crate::sock::Message;
 use crate::wire::{
-    command as cmd, dma_unmap_flags, encode_sparse_cap, hdr_flags, put_u16, put_u64, DmaMap, DmaUnmap, FourU32, Reader,
-    RegionInfoWire, RegionRw, SetIrqs, DEVICE_INFO_SIZE, DMA_MAP_SIZE, DMA_UNMAP_SIZE, IRQ_INFO_SIZE, PAGE_SIZE,
-    REGION_INFO_SIZE, REGION_RW_SIZE, SET_IRQS_SIZE, VERSION_MAJOR, VERSION_MINOR, WRITE_MULTI_ENTRY_SIZE,
+    command as cmd, dma_unmap_flags, encode_sparse_cap, hdr_flags, put_u16, put_u64, DmaMap, DmaUnmap, FourU32, Header,
+    Reader, RegionInfoWire, RegionRw, SetIrqs, DEVICE_INFO_SIZE, DMA_MAP_SIZE, DMA_UNMAP_SIZE, IRQ_INFO_SIZE,
+    PAGE_SIZE, REGION_INFO_SIZE, REGION_RW_SIZE, SET_IRQS_SIZE, VERSION_MAJOR, VERSION_MINOR, WRITE_MULTI_ENTRY_SIZE,
     WRITE_MULTI_MAX_DATA, WRITE_MULTI_MAX_ENTRIES,
 };
 
@@ -76,11 +76,11 @@ impl Conn<'_> {
         match result {
             Ok(reply) => {
                 let fd: Vec<BorrowedFd> = reply.fd.as_ref().map(|f| f.as_fd()).into_iter().collect();
-                self.out.send(&crate::wire::Header::reply(&h, reply.payload.len()), &[&reply.payload], &fd)
+                self.out.send(&Header::reply(&h, reply.payload.len()), &[&reply.payload], &fd)
             }
             Err(e) => {
                 tracing::debug!(command = h.command, errno = e, "error reply");
-                self.out.send(&crate::wire::Header::error_reply(&h, sanitize(e)), &[], &[])
+                self.out.send(&Header::error_reply(&h, sanitize(e)), &[], &[])
             }
         }
     }
