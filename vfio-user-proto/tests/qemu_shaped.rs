@@ -267,3 +267,30 @@ fn dma_read_and_write_answered_the_way_qemu_answers_them_complete_the_job() {
     assert!(mem[0x100..0x1100].iter().all(|b| *b == 0xee));
     assert_eq!((mem[0xff], mem[0x1100]), ((0xff % 7) as u8, (0x1100 % 7) as u8));
 }
+
+#[test]
+fn a_client_that_stops_reading_replies_is_disconnected_after_the_send_timeout() {
+    use std::io::Write;
+    let srv = Running::start(ServerConfig { dma_timeout: Duration::from_millis(200), ..Default::default() });
+    let r = Raw::connect(&srv);
+    r.version();
+    r.s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let req = RegionRw { offset: 0, region: region::CONFIG, count: 256 }.encode();
+    let msg = [vfio_user_proto::wire::Header::command(1, c::REGION_READ, req.len()).encode().to_vec(), req].concat();
+    // Far more reply bytes than socket buffers hold; our own writes may fail once the server gives up.
+    for _ in 0..20_000 {
+        if (&r.s).write_all(&msg).is_err() {
+            break;
+        }
+    }
+    let end = Instant::now() + Duration::from_secs(5);
+    let closed = loop {
+        match r.recv() {
+            Ok(_) if Instant::now() < end => continue,
+            Ok(_) => break false,
+            Err(_) => break true,
+        }
+    };
+    assert!(closed, "server still talking after 5 s");
+    Raw::connect(&srv).good();
+}
