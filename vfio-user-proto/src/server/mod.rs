@@ -120,7 +120,10 @@ impl Server {
         while !self.stop.load(Ordering::Acquire) {
             match listener.accept() {
                 Ok((stream, _)) => {
-                    stream.set_nonblocking(false)?;
+                    if let Err(e) = stream.set_nonblocking(false) {
+                        tracing::warn!("cannot use accepted socket: {e}");
+                        continue;
+                    }
                     match self.serve_connection(stream) {
                         Ok(()) => tracing::info!("client disconnected"),
                         Err(e) => tracing::warn!("client dropped: {e}"),
@@ -154,13 +157,15 @@ impl Server {
         let dma =
             Arc::new(DmaSpace::new(self.config.max_dma_maps, Some(messages)).with_mmap_limits(self.config.mmap_limits));
         let irq = Arc::new(IrqState::new());
-        self.device.attach(DeviceContext { dma: dma.clone(), irq: irq.clone() });
         // A device bug must not take the whole server down: contain it to this connection.
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.read_loop(&stream, &out, &dma, &irq)))
-            .unwrap_or_else(|_| {
-                tracing::error!("device panicked; closing the connection");
-                Err(ServerError::DevicePanic)
-            });
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            self.device.attach(DeviceContext { dma: dma.clone(), irq: irq.clone() });
+            self.read_loop(&stream, &out, &dma, &irq)
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!("device panicked; closing the connection");
+            Err(ServerError::DevicePanic)
+        });
         // Order matters: wake workers blocked on DMA first, so the device can stop its work in detach.
         out.close();
         dma.close();
