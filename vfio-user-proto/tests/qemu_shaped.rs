@@ -54,7 +54,7 @@ fn reply_skipping_requests(r: &Raw) -> Message {
 fn read32(r: &Raw, off: u64) -> u32 {
     r.send(c::REGION_READ, &RegionRw { offset: off, region: region::BAR0, count: 4 }.encode(), &[]);
     let m = reply_skipping_requests(r);
-    assert!(!m.header.is_error());
+    assert!(!m.header.is_error() && m.header.command == c::REGION_READ, "{:?}", m.header);
     let (_, data) = RegionRw::decode(&m.payload).unwrap();
     u32::from_le_bytes(data.try_into().unwrap())
 }
@@ -293,4 +293,31 @@ fn a_client_that_stops_reading_replies_is_disconnected_after_the_send_timeout() 
     };
     assert!(closed, "server still talking after 5 s");
     Raw::connect(&srv).good();
+}
+
+#[test]
+fn posted_writes_and_write_multi_with_no_reply_take_effect_in_order_without_replies() {
+    use vfio_user_proto::wire::{hdr_flags, Header};
+    let srv = Running::start(ServerConfig::default());
+    let r = Raw::connect(&srv);
+    r.version_with(QEMU_VERSION);
+    // A posted REGION_WRITE, as QEMU sends when x-no-posted-writes is off.
+    let mut p = RegionRw { offset: regs::SCRATCH, region: region::BAR0, count: 4 }.encode();
+    p.extend(0x1111u32.to_le_bytes());
+    let posted = |cmd: u16, p: &[u8]| {
+        let mut h = Header::command(9, cmd, p.len());
+        h.flags |= hdr_flags::NO_REPLY;
+        r.send_hdr(h, p, &[]);
+    };
+    posted(c::REGION_WRITE, &p);
+    // A REGION_WRITE_MULTI as QEMU's vfio_user_create_multi builds it: NO_REPLY, 8-byte data slots.
+    let mut m = 2u64.to_ne_bytes().to_vec();
+    for (off, v) in [(regs::FILL_BYTE, 0x22u32), (regs::DMA_LEN, 0x33)] {
+        m.extend(RegionRw { offset: off, region: region::BAR0, count: 4 }.encode());
+        m.extend(u64::from(v).to_le_bytes());
+    }
+    posted(c::REGION_WRITE_MULTI, &m);
+    // The first message back is the reply to this read: the posted writes were applied, unanswered.
+    assert_eq!(read32(&r, regs::SCRATCH), 0x1111);
+    assert_eq!((read32(&r, regs::FILL_BYTE), read32(&r, regs::DMA_LEN)), (0x22, 0x33));
 }
