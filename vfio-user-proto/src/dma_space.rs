@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 
 use rustix::fs::{fcntl_get_seals, fcntl_getfl, fstat, FileType, OFlags, SealFlags};
@@ -63,6 +63,37 @@ struct FileMap {
     region: GuestRegionMmap<()>,
     size: u64,
     writable: bool,
+    budget: Arc<Budget>,
+}
+
+impl Drop for FileMap {
+    fn drop(&mut self) {
+        self.budget.files.fetch_sub(1, Ordering::AcqRel);
+        self.budget.bytes.fetch_sub(self.size, Ordering::AcqRel);
+    }
+}
+
+/// Live mmaps of one space. Each keeps its file open and address space in use, so a client must not
+/// be able to make us hold an unbounded number; beyond the limits maps fall back to messages.
+#[derive(Default)]
+struct Budget {
+    files: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// Limits on what one DMA space keeps mmapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmapLimits {
+    /// Distinct files mmapped at once (each holds one descriptor).
+    pub max_files: u32,
+    /// Total bytes mmapped at once (address space).
+    pub max_bytes: u64,
+}
+
+impl Default for MmapLimits {
+    fn default() -> Self {
+        MmapLimits { max_files: 64, max_bytes: 1 << 40 }
+    }
 }
 
 #[derive(Clone)]
@@ -83,6 +114,8 @@ struct Inner {
     /// Keyed by first IOVA; non-overlapping.
     maps: BTreeMap<u64, Mapping>,
     files: HashMap<(u64, u64), Weak<FileMap>>,
+    budget: Arc<Budget>,
+    limits: MmapLimits,
 }
 
 /// One piece of an access: `len` bytes at `iova`, all inside one mapping.
@@ -104,6 +137,12 @@ impl DmaSpace {
     /// `messages` serves fd-less mappings; `None` makes them fail with a transport error.
     pub fn new(max_maps: u32, messages: Option<Arc<dyn MessageDma>>) -> Self {
         DmaSpace { inner: RwLock::default(), closed: AtomicBool::new(false), messages, max_maps }
+    }
+
+    /// Replaces the default [`MmapLimits`].
+    pub fn with_mmap_limits(self, limits: MmapLimits) -> Self {
+        self.write_inner().limits = limits;
+        self
     }
 
     fn read_inner(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
@@ -140,10 +179,10 @@ impl DmaSpace {
             }
         }
         let backing = match backing_fd {
-            Some(info) if info.sealed => {
-                let map = inner.file_map(info)?;
-                Backing::File { map, offset }
-            }
+            Some(info) if info.sealed => match inner.file_map(info)? {
+                Some(map) => Backing::File { map, offset },
+                None => Backing::Message,
+            },
             // An unsealed file could shrink under an mmap and fault us: use messages (fd dropped).
             _ => Backing::Message,
         };
@@ -197,9 +236,10 @@ impl DmaSpace {
         self.read_inner().maps.len()
     }
 
-    /// How many distinct files are mmapped right now.
+    /// How many file mmaps are alive right now (one per distinct file, plus any older mmap of a file
+    /// that grew and is still used).
     pub fn mmap_count(&self) -> usize {
-        self.read_inner().files.values().filter(|w| w.strong_count() > 0).count()
+        self.read_inner().budget.files.load(Ordering::Acquire) as usize
     }
 
     /// Splits `[iova, iova+len)` into per-mapping pieces, checking coverage and permission first.
@@ -343,13 +383,19 @@ impl FdInfo {
 }
 
 impl Inner {
-    /// The shared mmap of this file, created (whole file) if none covers the need.
-    fn file_map(&mut self, info: FdInfo) -> Result<Arc<FileMap>, MapError> {
+    /// The shared mmap of this file, created (whole file) if none covers the need; `None` when a new
+    /// mmap would exceed the limits (the caller then serves the map by messages).
+    fn file_map(&mut self, info: FdInfo) -> Result<Option<Arc<FileMap>>, MapError> {
         if let Some(existing) = self.files.get(&info.key).and_then(Weak::upgrade) {
             // A sealed file never shrinks; it may have grown since, or this fd may allow writing.
             if existing.size >= info.end && (existing.writable || !info.need_write) {
-                return Ok(existing);
+                return Ok(Some(existing));
             }
+        }
+        let (files, bytes) = (self.budget.files.load(Ordering::Acquire), self.budget.bytes.load(Ordering::Acquire));
+        if files >= u64::from(self.limits.max_files) || bytes.saturating_add(info.file_size) > self.limits.max_bytes {
+            tracing::debug!(files, bytes, "mmap limits reached: DMA_MAP served by messages");
+            return Ok(None);
         }
         let len = usize::try_from(info.file_size).map_err(|_| MapError::Invalid("file too large"))?;
         let prot = if info.writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
@@ -357,8 +403,11 @@ impl Inner {
         let region = MmapRegion::<()>::build(Some(file), len, prot, libc::MAP_SHARED | libc::MAP_NORESERVE)
             .map_err(|e| MapError::Mmap(e.to_string()))?;
         let region = GuestRegionMmap::new(region, GuestAddress(0)).ok_or(MapError::Invalid("empty file"))?;
-        let map = Arc::new(FileMap { region, size: info.file_size, writable: info.writable });
+        self.budget.files.fetch_add(1, Ordering::AcqRel);
+        self.budget.bytes.fetch_add(info.file_size, Ordering::AcqRel);
+        let budget = self.budget.clone();
+        let map = Arc::new(FileMap { region, size: info.file_size, writable: info.writable, budget });
         self.files.insert(info.key, Arc::downgrade(&map));
-        Ok(map)
+        Ok(Some(map))
     }
 }

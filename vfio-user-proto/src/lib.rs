@@ -14,5 +14,5 @@ pub mod sock;
 pub mod wire;
 
 pub use client::{Client, ClientConfig, ClientDmaBacking, ClientError, DmaProt, ServerCaps};
-pub use dma_space::{DmaSpace, MapError, MessageDma};
+pub use dma_space::{DmaSpace, MapError, MessageDma, MmapLimits};
 pub use server::{Server, ServerConfig, ServerError, ShutdownHandle};

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use common::{cmd, memfd, regs, status, wait_for, Running, BAR2_SIZE};
 use rustix::event::{eventfd, EventfdFlags};
-use vfio_user_proto::device::{irq, region, region_flags, SparseArea};
+use vfio_user_proto::device::{
+    irq, region, region_flags, Device, DeviceContext, DeviceInfo, IrqInfo, RegionInfo, SparseArea,
+};
 use vfio_user_proto::dma::DmaError;
 use vfio_user_proto::wire::irq_set_flags as f;
 use vfio_user_proto::{Client, ClientConfig, ClientDmaBacking, DmaProt, ServerConfig};
@@ -236,4 +238,122 @@ fn a_request_to_a_dead_server_times_out_with_etimedout() {
     let c = Client::from_stream(a, ClientConfig { timeout: Duration::from_millis(200), ..Default::default() }).unwrap();
     assert_eq!(c.device_info().unwrap_err().errno(), libc::ETIMEDOUT);
     t.join().unwrap();
+}
+
+#[test]
+fn an_unsealed_fd_map_is_served_by_messages_that_the_client_answers_through_the_fd() {
+    let srv = Running::start(ServerConfig::default());
+    let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
+    let ram = memfd("cs-unsealed", 0x10000, false);
+    ram.write_all_at(&pattern(0x1000), 0x3000).unwrap();
+    c.dma_map_fd(0x20_0000, 0x2000, ram.as_fd(), 0x3000, DmaProt::READ_WRITE).unwrap();
+    assert_eq!(run_job(&c, cmd::SUM, 0x20_0000, 0x1000), (status::DONE, pattern_sum(0x1000)));
+    w32(&c, regs::FILL_BYTE, 0x11);
+    assert_eq!(run_job(&c, cmd::FILL, 0x20_1000, 0x10).0, status::DONE);
+    let mut b = [0u8; 0x11];
+    ram.read_at(&mut b, 0x4000).unwrap();
+    assert_eq!(b[..0x10], [0x11; 0x10]);
+    assert_eq!(b[0x10], 0);
+}
+
+#[test]
+fn a_refused_duplicate_map_keeps_the_original_backing() {
+    let srv = Running::start(ServerConfig::default());
+    let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
+    let first = Arc::new(VecBacking(Mutex::new(vec![2; 0x1000])));
+    c.dma_map_backed(0x1000, 0x1000, first, DmaProt::READ).unwrap();
+    let dup = Arc::new(VecBacking(Mutex::new(vec![9; 0x1000])));
+    assert_eq!(c.dma_map_backed(0x1000, 0x1000, dup, DmaProt::READ).unwrap_err().errno(), libc::EEXIST);
+    assert_eq!(run_job(&c, cmd::SUM, 0x1000, 0x10), (status::DONE, 0x20));
+}
+
+/// Delegates to the test device but panics on a read of BAR0's last register: a device bug.
+struct PanickyDevice(Arc<common::TestDevice>);
+
+impl Device for PanickyDevice {
+    fn device_info(&self) -> DeviceInfo {
+        self.0.device_info()
+    }
+    fn region_info(&self, index: u32) -> Option<RegionInfo> {
+        self.0.region_info(index)
+    }
+    fn irq_info(&self, index: u32) -> Option<IrqInfo> {
+        self.0.irq_info(index)
+    }
+    fn region_read(&self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), i32> {
+        assert!(offset != 0xffc, "device bug");
+        self.0.region_read(index, offset, data)
+    }
+    fn region_write(&self, index: u32, offset: u64, data: &[u8]) -> Result<(), i32> {
+        self.0.region_write(index, offset, data)
+    }
+    fn attach(&self, ctx: DeviceContext) {
+        self.0.attach(ctx)
+    }
+    fn detach(&self) {
+        self.0.detach()
+    }
+    fn reset(&self) {
+        self.0.reset()
+    }
+}
+
+#[test]
+fn a_panicking_device_costs_only_its_connection() {
+    let inner = common::TestDevice::new();
+    let server = vfio_user_proto::Server::new(Arc::new(PanickyDevice(inner.clone())), ServerConfig::default());
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || {
+        let c = Client::from_stream(a, ClientConfig::default()).unwrap();
+        c.region_read(region::BAR0, 0xffc, &mut [0; 4]).unwrap_err().errno()
+    });
+    let r = server.serve_connection(b);
+    assert!(matches!(r, Err(vfio_user_proto::ServerError::DevicePanic)));
+    assert_eq!(t.join().unwrap(), libc::EIO);
+    assert_eq!(inner.detaches.load(Ordering::Acquire), 1);
+    // The same server serves the next client.
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || Client::from_stream(a, ClientConfig::default()).unwrap().device_info().is_ok());
+    let _ = std::thread::spawn(move || server.serve_connection(b));
+    assert!(t.join().unwrap());
+}
+
+#[test]
+fn shutdown_makes_serve_return_promptly_even_with_an_idle_client_connected() {
+    let dir = common::TempDir::new();
+    let path = dir.0.join("sock");
+    let device = common::TestDevice::new();
+    let server = vfio_user_proto::Server::new(device.clone(), ServerConfig::default());
+    let stop = server.shutdown_handle();
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let t = std::thread::spawn(move || server.serve(listener));
+    let c = Client::connect(&path, ClientConfig::default()).unwrap();
+    c.device_info().unwrap();
+    let start = std::time::Instant::now();
+    stop.shutdown();
+    t.join().unwrap().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_eq!(device.detaches.load(Ordering::Acquire), 1);
+    assert_eq!(c.device_info().unwrap_err().errno(), libc::EIO);
+}
+
+#[test]
+fn one_client_shared_by_threads_gets_each_reply_routed_to_its_caller() {
+    let srv = Running::start(ServerConfig::default());
+    let c = Arc::new(Client::connect(&srv.path, ClientConfig::default()).unwrap());
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for i in 0..100u32 {
+                    let v = (t << 24) | i;
+                    c.region_write(region::CONFIG, u64::from(t) * 4, &v.to_le_bytes()).unwrap();
+                    let mut b = [0u8; 4];
+                    c.region_read(region::CONFIG, u64::from(t) * 4, &mut b).unwrap();
+                    assert_eq!(u32::from_le_bytes(b), v);
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
 }

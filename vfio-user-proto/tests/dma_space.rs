@@ -218,3 +218,27 @@ fn a_write_sealed_file_maps_read_only() {
     assert_eq!(s.mmap_count(), 1);
     assert!(fake.calls.lock().unwrap().is_empty());
 }
+
+#[test]
+fn beyond_the_mmap_limits_sealed_maps_fall_back_to_messages() {
+    let (fake, files) =
+        (Arc::new(FakeClient::default()), [0, 1, 2].map(|i| memfd(&format!("dmaspace-limit{i}"), 0x4000, true)));
+    let limits = vfio_user_proto::MmapLimits { max_files: 2, max_bytes: 1 << 30 };
+    let s = DmaSpace::new(100, Some(fake.clone() as Arc<dyn MessageDma>)).with_mmap_limits(limits);
+    for (i, f) in files.iter().enumerate() {
+        s.map(0x10000 * (i as u64 + 1), PAGE, 0, RW, fd(f)).unwrap();
+    }
+    assert_eq!(s.mmap_count(), 2);
+    s.read(0x30000, &mut [0; 4]).unwrap();
+    assert_eq!(*fake.calls.lock().unwrap(), vec![("read", 0x30000, 4)]);
+    // Unmapping frees the budget for the next file.
+    s.unmap(0x10000, PAGE).unwrap();
+    assert_eq!(s.mmap_count(), 1);
+    s.map(0x40000, PAGE, PAGE, RW, fd(&files[0])).unwrap();
+    assert_eq!(s.mmap_count(), 2);
+    // A byte budget smaller than the file sends it to messages too.
+    let tiny =
+        DmaSpace::new(100, None).with_mmap_limits(vfio_user_proto::MmapLimits { max_files: 8, max_bytes: 0x1000 });
+    tiny.map(0x1000, PAGE, 0, RW, fd(&files[1])).unwrap();
+    assert_eq!(tiny.mmap_count(), 0);
+}

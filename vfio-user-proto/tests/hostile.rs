@@ -320,6 +320,27 @@ fn cases() -> Vec<(&'static str, bool, Act, Expect)> {
             Expect::Errno(EINVAL),
         ),
         (
+            "SET_IRQS DATA_BOOL with a count of 4 billion",
+            true,
+            Box::new(|r| {
+                let mut p = set_irqs(f::DATA_BOOL | f::ACTION_TRIGGER, irq::MSIX, 0, u32::MAX);
+                p.extend([1; 4]);
+                r.send(c::DEVICE_SET_IRQS, &p, &[]);
+            }),
+            Expect::Errno(EINVAL),
+        ),
+        (
+            "WRITE_MULTI whose entries do not match its count",
+            true,
+            Box::new(|r| {
+                let mut p = 2u64.to_ne_bytes().to_vec();
+                p.extend(rw(region::BAR0, 0x18, 4));
+                p.extend([0; 8]);
+                r.send(c::REGION_WRITE_MULTI, &p, &[]);
+            }),
+            Expect::Errno(EINVAL),
+        ),
+        (
             "more fds than max_msg_fds",
             true,
             Box::new(|r| {

@@ -7,6 +7,7 @@
 mod reader;
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -27,7 +28,7 @@ use crate::wire::{
     PAGE_SIZE, REGION_INFO_SIZE, REGION_RW_SIZE, SET_IRQS_SIZE, VERSION_MAJOR, VERSION_MINOR, WRITE_MULTI_MAX_DATA,
     WRITE_MULTI_MAX_ENTRIES,
 };
-use reader::{Backed, Shared};
+use reader::{Backed, FdBacking, Shared};
 
 /// Client memory the server reaches through DMA_READ/DMA_WRITE; `offset` is relative to the mapping.
 pub trait ClientDmaBacking: Send + Sync {
@@ -355,7 +356,29 @@ impl Client {
         prot: DmaProt,
     ) -> Result<(), ClientError> {
         let q = DmaMap { argsz: DMA_MAP_SIZE as u32, flags: prot.bits(), offset: fd_offset, address: iova, size };
-        self.request(cmd::DMA_MAP, &[&q.encode()], &[fd]).map(drop)
+        // Kept so we can answer DMA_READ/WRITE if the server does not mmap the file (not sealed).
+        let st = rustix::fs::fstat(fd).map_err(std::io::Error::from)?;
+        let key = (st.st_dev, st.st_ino);
+        let shared =
+            self.backed().iter().find_map(|b| b.file.as_ref().filter(|(k, _)| *k == key).map(|(_, f)| f.clone()));
+        let file = match shared {
+            Some(f) => f,
+            None => Arc::new(File::from(fd.try_clone_to_owned()?)),
+        };
+        let backing = Arc::new(FdBacking { file: file.clone(), base: fd_offset });
+        self.register(Backed { iova, size, prot, backing, file: Some((key, file)) }, &q, &[fd])
+    }
+
+    /// Registers `b` (the server may DMA as soon as it has replied) and sends the map; undone on failure.
+    fn register(&self, b: Backed, q: &DmaMap, fds: &[BorrowedFd]) -> Result<(), ClientError> {
+        // Identity of this registration: an earlier one may have the same range (the map then fails).
+        let this = Arc::as_ptr(&b.backing).cast::<u8>();
+        self.backed_mut().push(b);
+        let r = self.request(cmd::DMA_MAP, &[&q.encode()], fds).map(drop);
+        if r.is_err() {
+            self.backed_mut().retain(|b| Arc::as_ptr(&b.backing).cast::<u8>() != this);
+        }
+        r
     }
 
     /// fd-less map: the client answers the server's DMA_READ/DMA_WRITE for this range from `backing`.
@@ -367,13 +390,11 @@ impl Client {
         prot: DmaProt,
     ) -> Result<(), ClientError> {
         let q = DmaMap { argsz: DMA_MAP_SIZE as u32, flags: prot.bits(), offset: 0, address: iova, size };
-        // Registered first: the server may DMA as soon as it has replied.
-        self.backed_mut().push(Backed { iova, size, prot, backing });
-        let r = self.request(cmd::DMA_MAP, &[&q.encode()], &[]).map(drop);
-        if r.is_err() {
-            self.backed_mut().retain(|b| !(b.iova == iova && b.size == size));
-        }
-        r
+        self.register(Backed { iova, size, prot, backing, file: None }, &q, &[])
+    }
+
+    fn backed(&self) -> std::sync::RwLockReadGuard<'_, Vec<Backed>> {
+        self.shared.backed.read().unwrap_or_else(|e| e.into_inner())
     }
 
     fn backed_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Backed>> {

@@ -2,6 +2,8 @@
 //! server's DMA_READ/DMA_WRITE from the memory registered with `dma_map_backed`.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -19,6 +21,26 @@ pub(crate) struct Backed {
     pub size: u64,
     pub prot: DmaProt,
     pub backing: Arc<dyn ClientDmaBacking>,
+    /// For fd maps: the file's (st_dev, st_ino) and the shared handle, so one file is held once.
+    pub file: Option<((u64, u64), Arc<File>)>,
+}
+
+/// Answers DMA_READ/WRITE for an fd map with pread/pwrite: used when the server did not mmap the
+/// file (it is not sealed against shrinking). A file that shrank gives EFAULT, never a fault.
+pub(crate) struct FdBacking {
+    pub file: Arc<File>,
+    pub base: u64,
+}
+
+impl ClientDmaBacking for FdBacking {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        let at = self.base.checked_add(offset).ok_or(libc::EFAULT)?;
+        self.file.read_exact_at(buf, at).map_err(|_| libc::EFAULT)
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        let at = self.base.checked_add(offset).ok_or(libc::EFAULT)?;
+        self.file.write_all_at(data, at).map_err(|_| libc::EFAULT)
+    }
 }
 
 pub(crate) struct Shared {

@@ -15,11 +15,14 @@ use crate::server::outbound::Outbound;
 use crate::server::ServerConfig;
 use crate::sock::Message;
 use crate::wire::{
-    command as cmd, dma_unmap_flags, encode_sparse_cap, hdr_flags, put_u16, put_u64, DmaMap, DmaUnmap, FourU32, Reader,
-    RegionInfoWire, RegionRw, SetIrqs, DEVICE_INFO_SIZE, DMA_MAP_SIZE, DMA_UNMAP_SIZE, IRQ_INFO_SIZE, PAGE_SIZE,
-    REGION_INFO_SIZE, REGION_RW_SIZE, SET_IRQS_SIZE, VERSION_MAJOR, VERSION_MINOR, WRITE_MULTI_ENTRY_SIZE,
+    command as cmd, dma_unmap_flags, encode_sparse_cap, hdr_flags, put_u16, put_u64, DmaMap, DmaUnmap, FourU32, Header,
+    Reader, RegionInfoWire, RegionRw, SetIrqs, DEVICE_INFO_SIZE, DMA_MAP_SIZE, DMA_UNMAP_SIZE, IRQ_INFO_SIZE,
+    PAGE_SIZE, REGION_INFO_SIZE, REGION_RW_SIZE, SET_IRQS_SIZE, VERSION_MAJOR, VERSION_MINOR, WRITE_MULTI_ENTRY_SIZE,
     WRITE_MULTI_MAX_DATA, WRITE_MULTI_MAX_ENTRIES,
 };
+
+/// The specification's `max_data_xfer_size` when a peer does not give one.
+const DEFAULT_MAX_XFER: u32 = 1 << 20;
 
 /// A successful reply: payload and the descriptors to pass with it.
 #[derive(Default)]
@@ -73,11 +76,11 @@ impl Conn<'_> {
         match result {
             Ok(reply) => {
                 let fd: Vec<BorrowedFd> = reply.fd.as_ref().map(|f| f.as_fd()).into_iter().collect();
-                self.out.send(&crate::wire::Header::reply(&h, reply.payload.len()), &[&reply.payload], &fd)
+                self.out.send(&Header::reply(&h, reply.payload.len()), &[&reply.payload], &fd)
             }
             Err(e) => {
                 tracing::debug!(command = h.command, errno = e, "error reply");
-                self.out.send(&crate::wire::Header::error_reply(&h, sanitize(e)), &[], &[])
+                self.out.send(&Header::error_reply(&h, sanitize(e)), &[], &[])
             }
         }
     }
@@ -132,16 +135,14 @@ impl Conn<'_> {
         }
         let caps = parse_client_caps(r.rest())?;
         let cap = |k: &str| caps.get(k);
-        let as_u32 = |v: Option<&Value>, default: u32| -> Result<u32, Errno> {
-            match v {
-                None => Ok(default),
-                Some(v) => v.as_u64().map(|n| u32::try_from(n).unwrap_or(u32::MAX)).ok_or(libc::EINVAL),
+        let as_u32 = |k: &str| -> Result<Option<u32>, Errno> {
+            match cap(k) {
+                None => Ok(None),
+                Some(v) => v.as_u64().map(|n| Some(u32::try_from(n).unwrap_or(u32::MAX))).ok_or(libc::EINVAL),
             }
         };
-        // Client's limits on what we send it (defaults from the specification).
-        let client_max_xfer = as_u32(cap("max_data_xfer_size"), 1 << 20)?;
-        as_u32(cap("max_msg_fds"), 1)?;
-        as_u32(cap("max_dma_maps"), 65535)?;
+        let (client_fds, client_xfer, client_maps) =
+            (as_u32("max_msg_fds")?, as_u32("max_data_xfer_size")?, as_u32("max_dma_maps")?);
         let pgsizes = cap("pgsizes").map(|v| v.as_u64().ok_or(libc::EINVAL)).transpose()?;
         if pgsizes.is_some_and(|p| p & PAGE_SIZE == 0) {
             return Err(libc::EINVAL);
@@ -150,11 +151,16 @@ impl Conn<'_> {
             None => false,
             Some(v) => v.as_bool().ok_or(libc::EINVAL)?,
         };
-        self.out.set_max_xfer(client_max_xfer.min(self.cfg.max_data_xfer_size));
+        // Our limits, never above the client's proposal: QEMU refuses a reply that raises them
+        // (max_msg_fds > 16, max_dma_maps > 65535). We still accept up to our configured limits.
+        let lower = |ours: u32, theirs: Option<u32>| theirs.map_or(ours, |t| ours.min(t).max(1));
+        let xfer = lower(self.cfg.max_data_xfer_size, client_xfer);
+        // What we send in one DMA_READ/WRITE: the specification's default when the client is silent.
+        self.out.set_max_xfer(client_xfer.unwrap_or(DEFAULT_MAX_XFER).min(self.cfg.max_data_xfer_size));
         let mut ours = Map::new();
-        ours.insert("max_msg_fds".into(), json!(self.cfg.max_msg_fds));
-        ours.insert("max_data_xfer_size".into(), json!(self.cfg.max_data_xfer_size));
-        ours.insert("max_dma_maps".into(), json!(self.cfg.max_dma_maps));
+        ours.insert("max_msg_fds".into(), json!(lower(self.cfg.max_msg_fds, client_fds)));
+        ours.insert("max_data_xfer_size".into(), json!(xfer));
+        ours.insert("max_dma_maps".into(), json!(lower(self.cfg.max_dma_maps, client_maps)));
         ours.insert("pgsizes".into(), json!(PAGE_SIZE));
         if write_multiple {
             ours.insert("write_multiple".into(), json!(true));
@@ -234,10 +240,13 @@ impl Conn<'_> {
         let full = u32::try_from(REGION_INFO_SIZE + cap.len()).map_err(|_| libc::E2BIG)?;
         let complete = q.argsz >= full;
         if !cap.is_empty() {
-            out.flags |= region_flags::CAPS;
             out.argsz = full;
-            // Even in the short answer: QEMU 10.2 rejects CAPS with a cap_offset outside [32, argsz].
-            out.cap_offset = REGION_INFO_SIZE as u32;
+            // QEMU's vfio-user client rejects CAPS with a cap_offset outside [32, argsz], so an
+            // incomplete reply carries no CAPS flag at all (Linux would set it with cap_offset 0).
+            if complete {
+                out.flags |= region_flags::CAPS;
+                out.cap_offset = REGION_INFO_SIZE as u32;
+            }
         }
         let mut payload = out.encode();
         if complete {

@@ -10,14 +10,15 @@ mod conn;
 mod outbound;
 
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use thiserror::Error;
 
 use crate::device::{Device, DeviceContext};
-use crate::dma_space::{DmaSpace, MessageDma};
+use crate::dma_space::{DmaSpace, MessageDma, MmapLimits};
 use crate::irq::IrqState;
 use crate::sock::{recv_message, wait_readable, FrameError, RecvLimits, SCM_MAX_FD};
 use crate::wire::{Header, HEADER_SIZE};
@@ -40,6 +41,9 @@ pub struct ServerConfig {
     pub dma_timeout: Duration,
     /// How long a client may stall in the middle of one message before it is disconnected.
     pub stall_timeout: Duration,
+    /// Most distinct files mmapped for one client, and their total size; beyond them sealed fd maps
+    /// are served by DMA_READ/DMA_WRITE (each mmap holds a descriptor and address space).
+    pub mmap_limits: MmapLimits,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +54,7 @@ impl Default for ServerConfig {
             max_dma_maps: 65535,
             dma_timeout: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(5),
+            mmap_limits: MmapLimits::default(),
         }
     }
 }
@@ -68,6 +73,9 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("another client is being served")]
     Busy,
+    /// A device method panicked; the connection was closed and the device detached.
+    #[error("device panicked while serving a request")]
+    DevicePanic,
 }
 
 /// Makes [`Server::serve`] (and a running connection) return promptly.
@@ -112,7 +120,10 @@ impl Server {
         while !self.stop.load(Ordering::Acquire) {
             match listener.accept() {
                 Ok((stream, _)) => {
-                    stream.set_nonblocking(false)?;
+                    if let Err(e) = stream.set_nonblocking(false) {
+                        tracing::warn!("cannot use accepted socket: {e}");
+                        continue;
+                    }
                     match self.serve_connection(stream) {
                         Ok(()) => tracing::info!("client disconnected"),
                         Err(e) => tracing::warn!("client dropped: {e}"),
@@ -134,19 +145,34 @@ impl Server {
 
     /// Serves one connected client until it disconnects, then detaches (and so resets) the device.
     pub fn serve_connection(&self, stream: UnixStream) -> Result<(), ServerError> {
-        let _busy = self.busy.try_lock().map_err(|_| ServerError::Busy)?;
+        let _busy = match self.busy.try_lock() {
+            Ok(g) => g,
+            // A previous connection's device panic poisoned the lock; the device was detached since.
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Err(ServerError::Busy),
+        };
         stream.set_write_timeout(Some(self.config.dma_timeout))?;
         let out = Arc::new(Outbound::new(stream.try_clone()?, self.config.dma_timeout, self.config.max_data_xfer_size));
         let messages: Arc<dyn MessageDma> = out.clone();
-        let dma = Arc::new(DmaSpace::new(self.config.max_dma_maps, Some(messages)));
+        let dma =
+            Arc::new(DmaSpace::new(self.config.max_dma_maps, Some(messages)).with_mmap_limits(self.config.mmap_limits));
         let irq = Arc::new(IrqState::new());
-        self.device.attach(DeviceContext { dma: dma.clone(), irq: irq.clone() });
-        let result = self.read_loop(&stream, &out, &dma, &irq);
+        // A device bug must not take the whole server down: contain it to this connection.
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            self.device.attach(DeviceContext { dma: dma.clone(), irq: irq.clone() });
+            self.read_loop(&stream, &out, &dma, &irq)
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!("device panicked; closing the connection");
+            Err(ServerError::DevicePanic)
+        });
         // Order matters: wake workers blocked on DMA first, so the device can stop its work in detach.
         out.close();
         dma.close();
         irq.clear();
-        self.device.detach();
+        if std::panic::catch_unwind(AssertUnwindSafe(|| self.device.detach())).is_err() {
+            tracing::error!("device panicked in detach");
+        }
         let _ = stream.shutdown(std::net::Shutdown::Both);
         result
     }

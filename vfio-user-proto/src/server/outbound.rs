@@ -16,9 +16,9 @@ use crate::sock::{send_message, Message};
 use crate::wire::{command, DmaRw, Header, DMA_RW_SIZE};
 
 pub(crate) struct Outbound {
-    stream: UnixStream,
-    /// Serialises whole messages on the socket.
-    write_lock: Mutex<()>,
+    /// Our handle on the socket; the lock serialises whole messages. Taken on close, so a device that
+    /// keeps its old DMA space past detach does not keep the socket open.
+    stream: Mutex<Option<UnixStream>>,
     pending: Mutex<HashMap<u16, Sender<Message>>>,
     next_id: AtomicU16,
     closed: AtomicBool,
@@ -30,8 +30,7 @@ pub(crate) struct Outbound {
 impl Outbound {
     pub(crate) fn new(stream: UnixStream, timeout: Duration, max_xfer: u32) -> Self {
         Outbound {
-            stream,
-            write_lock: Mutex::new(()),
+            stream: Mutex::new(Some(stream)),
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU16::new(0),
             closed: AtomicBool::new(false),
@@ -45,8 +44,9 @@ impl Outbound {
     }
 
     pub(crate) fn send(&self, header: &Header, parts: &[&[u8]], fds: &[BorrowedFd]) -> std::io::Result<()> {
-        let _g = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        send_message(&self.stream, header, parts, fds)
+        let stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let stream = stream.as_ref().ok_or(std::io::ErrorKind::NotConnected)?;
+        send_message(stream, header, parts, fds)
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Sender<Message>>> {
@@ -63,6 +63,7 @@ impl Outbound {
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.pending().clear();
+        self.stream.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     fn request(&self, cmd: u16, parts: &[&[u8]]) -> Result<Message, DmaError> {
@@ -133,8 +134,10 @@ impl MessageDma for Outbound {
         for src in data.chunks(self.chunk()) {
             let req = DmaRw { address: addr, count: src.len() as u64 };
             let reply = self.request(command::DMA_WRITE, &[&req.encode(), src])?;
-            // The spec's table gives the reply's count 4 bytes, implementations send 8: accept both.
-            if reply.payload.len() < DMA_RW_SIZE - 4 || reply.payload.get(..8) != Some(&addr.to_ne_bytes()[..]) {
+            // QEMU replies with the bare header; the specification's table has address and count
+            // (its count 4 bytes, implementations 8). Accept all three; a given address must match.
+            let p = &reply.payload;
+            if !(p.is_empty() || (p.len() >= DMA_RW_SIZE - 4 && p.get(..8) == Some(&addr.to_ne_bytes()[..]))) {
                 return Err(bad_reply("DMA_WRITE"));
             }
             addr = addr.wrapping_add(src.len() as u64);
