@@ -229,7 +229,8 @@ impl Conn<'_> {
         let info = self.region(q.index)?;
         let mut out = RegionInfoWire {
             argsz: REGION_INFO_SIZE as u32,
-            flags: info.flags,
+            // CAPS is ours to set: only an answer that carries the capability chain may have it.
+            flags: info.flags & !region_flags::CAPS,
             index: q.index,
             cap_offset: 0,
             size: info.size,

@@ -206,7 +206,7 @@ impl Device for TestDevice {
             region::BAR0 => Some(RegionInfo { size: regs::BAR0_SIZE, flags: rw, ..Default::default() }),
             2 => Some(RegionInfo {
                 size: BAR2_SIZE,
-                flags: rw | region_flags::MMAP,
+                flags: rw | region_flags::MMAP | region_flags::CAPS, // as the Device contract says
                 sparse_areas: vec![SparseArea { offset: 0x1000, size: 0x1000 }],
                 fd: Some(RegionFd { fd: self.bar2.clone(), fd_offset: 0 }),
             }),
