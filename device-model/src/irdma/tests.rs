@@ -592,6 +592,8 @@ fn a_full_ccq_is_never_overwritten_and_processing_resumes_once_consumed() {
 fn an_arm_gives_exactly_one_interrupt() {
     let mut rig = Rig::new();
     rig.create_cqp(16);
+    // icrdma_cfg_ceq(dev, 0, 0, true): CEQ 0 to MSI-X 0, ITR_INDX 3, CAUSE_ENA.
+    rig.w32(IRDMA_GLINT_CEQCTL, (1 << 30) | (3 << 11));
     rig.create_ccq(16);
     rig.post(nop());
     rig.ring();
@@ -633,6 +635,27 @@ fn arming_over_unconsumed_cqes_interrupts_at_once_on_the_routed_vector() {
     rig.w32(IRDMA_CQARM, 0);
     rig.idle();
     assert_eq!(rig.counter("arms_ignored"), 1);
+}
+
+#[test]
+fn a_ceq_whose_cause_is_not_enabled_raises_no_interrupt() {
+    let mut rig = Rig::new();
+    rig.create_cqp(16);
+    // Power-on GLINT_CEQCTL(0) = 0: MSIX_INDX 0 but CAUSE_ENA clear.
+    rig.create_ccq(16);
+    rig.poll();
+    rig.arm();
+    rig.post(nop());
+    rig.ring();
+    assert!(rig.poll().is_some(), "the CQE is written all the same");
+    assert!(rig.irqs.seen().is_empty());
+    assert_eq!((rig.counter("interrupts"), rig.counter("interrupts_dropped")), (0, 1));
+    // Enabling the cause routes the next one.
+    rig.w32(IRDMA_GLINT_CEQCTL, (1 << 30) | 2);
+    rig.arm();
+    rig.post(nop());
+    rig.ring();
+    assert_eq!(rig.irqs.seen(), [2]);
 }
 
 fn write_descriptor(rig: &Rig, seg: &Segment) {

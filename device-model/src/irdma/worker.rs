@@ -406,14 +406,16 @@ impl Worker {
     }
 }
 
-/// The MSI-X vector of a CQ on `ceq`: GLINT_CEQCTL(ceq).MSIX_INDX when CAUSE_ENA is set, else the CEQ
-/// number itself. None when the CQ has no CEQ or the vector does not exist.
+/// The MSI-X vector of a CQ on `ceq`: GLINT_CEQCTL(ceq).MSIX_INDX, as `icrdma_cfg_ceq` programs it. None
+/// (the interrupt is dropped) when the CQ has no CEQ, the CEQ's cause is not enabled (CAUSE_ENA clear, the
+/// power-on state) or the vector does not exist.
 fn msix_vector(st: &State, ceq: Option<u16>, vectors: u16) -> Option<u16> {
-    let ceq = ceq?;
-    let ctl = u64::from(*st.regs.ceqctl.get(usize::from(ceq))?);
-    let vector =
-        if IRDMA_GLINT_CEQCTL_CAUSE_ENA.is_set(ctl) { IRDMA_GLINT_CEQCTL_MSIX_INDX.get(ctl) as u16 } else { ceq };
-    (vector < vectors).then_some(vector)
+    let ctl = u64::from(*st.regs.ceqctl.get(usize::from(ceq?))?);
+    if !IRDMA_GLINT_CEQCTL_CAUSE_ENA.is_set(ctl) {
+        return None;
+    }
+    let vector = IRDMA_GLINT_CEQCTL_MSIX_INDX.get(ctl);
+    u16::try_from(vector).ok().filter(|v| *v < vectors)
 }
 
 /// Makes sure the next CQE has a free slot, re-reading the consumer index for up to `ccq_full_wait`.

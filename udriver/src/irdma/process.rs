@@ -231,7 +231,7 @@ mod tests {
     use crate::irdma::cqp::irdma_sc_cqp_nop;
     use crate::irdma::dev::IrdmaDevConfig;
     use crate::irdma::qhash::{IrdmaQuadEntryType, IrdmaQuadHashManageType, IrdmaVsiQos};
-    use crate::irdma::regs::IrdmaRegisters::IRDMA_CQARM;
+    use crate::irdma::regs::IrdmaRegisters::{IRDMA_CQARM, IRDMA_GLINT_CEQCTL};
     use crate::irdma::testdev::*;
     use std::sync::Arc;
     use std::time::Duration;
@@ -392,6 +392,8 @@ mod tests {
         assert!(dev.irqs_raised() >= 1);
         assert!(!dev.writes_to(IRDMA_CQARM).is_empty());
         assert_eq!(dev.writes_to(IRDMA_CQARM).iter().max(), Some(&0), "the CCQ is CQ 0");
+        // icrdma_cfg_ceq(dev, 0, 0, true): CAUSE_ENA 1<<30 | ITR_INDX 3<<11 | MSIX_INDX 0.
+        assert_eq!(dev.writes_to(IRDMA_GLINT_CEQCTL), [0x4000_1800]);
     }
 
     #[test]
