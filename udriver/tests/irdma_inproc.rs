@@ -375,3 +375,16 @@ fn segments_are_classified_through_the_loopback_registers_to_the_right_qps() {
     assert_eq!(counts.map(|v| v.as_u64().unwrap()), [2, 4, 5, 11]);
     dev.destroy().unwrap();
 }
+
+#[test]
+fn the_ccq_is_destroyed_cleanly_right_after_an_error_completion() {
+    let rig = Rig::new(IrdmaConfig::default());
+    let dev = rig.up(8, 8, IrdmaCqpWaitMode::Poll);
+    let missing = entry(DELETE, ESTABLISHED, true, (4791, 5000), None, 0);
+    let want = (-libc::EIO, IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY, MAJ_QHASH, MIN_MISSING);
+    assert_eq!(qhash_err(irdma_manage_qhash(&dev, &missing)), want);
+    // The error travelled in its CQE; CQPTAIL carries no stale CQP_OP_ERR for the register-polled destroy.
+    assert_eq!(rig.dump()["registers"]["CQPTAIL"], "0x00000002");
+    dev.destroy().unwrap();
+    assert_eq!(rig.dump()["ccq"], Value::Null);
+}

@@ -275,7 +275,7 @@ impl Worker {
     }
 
     /// Writes the CQE (if a CCQ exists), advances the tail, publishes CQPTAIL/CQPERRCODES and raises the
-    /// CCQ's vector if it is armed.
+    /// CCQ's vector if it is armed. CQP_OP_ERR is set only for an error no CQE reports.
     fn complete(&mut self, idx: u32, completion_context: u64, outcome: Outcome, dma: &dyn DmaAccess) -> bool {
         let c = &self.shared.counters;
         let mut status = outcome.err().map(|e| e.codes());
@@ -310,7 +310,9 @@ impl Worker {
         }
         let mut target = None;
         let published = self.publish(|st| {
-            let err = IRDMA_CQPTAIL_CQP_OP_ERR.put(u64::from(status.is_some()));
+            // An error delivered in a CQE is the driver's already; CQP_OP_ERR flags only errors the CQE
+            // could not carry, so irdma_cqp_poll_registers never sees a stale one (§3.9).
+            let err = IRDMA_CQPTAIL_CQP_OP_ERR.put(u64::from(status.is_some() && !wrote_cqe));
             st.regs.cqptail = (IRDMA_CQPTAIL_WQTAIL.put(u64::from(tail)) | err) as u32;
             if let Some((major, minor)) = status {
                 st.regs.cqperrcodes = errcodes(major, minor);
