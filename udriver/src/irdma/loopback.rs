@@ -128,8 +128,22 @@ impl IrdmaLoopback {
         Ok(self.dev.write32(IRDMA_BAR, offset, value)?)
     }
 
+    /// Waits until no request is queued (STATUS.BUSY clear); returns that STATUS.
+    fn wait_idle(&self, deadline: Instant) -> Result<u32> {
+        loop {
+            let status = self.rd32(IRDMA_EMU_LB_STATUS)?;
+            if IRDMA_EMU_LB_STATUS_BUSY.get32(status) == 0 {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                return Err(IrdmaError::Timeout("loopback classification (EMU_LB_STATUS.BUSY)"));
+            }
+            sleep(self.poll);
+        }
+    }
+
     /// Classifies `seg`: descriptor to DMA memory, its address to DESC_LOW/HIGH, DOORBELL, then wait for SEQ
-    /// to move and read STATUS and RESULT. -EIO for a device-reported error or a nonsensical result,
+    /// to move and BUSY to clear, and read STATUS and RESULT. -EIO for a device-reported error or a nonsensical result,
     /// -ETIMEDOUT if SEQ never moves.
     pub fn classify(&self, seg: &IrdmaTcpSegment) -> Result<IrdmaClassifyResult> {
         let desc = self.desc.lock().unwrap_or_else(|e| e.into_inner());
@@ -139,18 +153,20 @@ impl IrdmaLoopback {
             desc.write_u64(8 * i, u64::from_le_bytes(q))?;
         }
         desc.dma_wmb();
+        let deadline = Instant::now() + self.timeout;
+        // A request left over from a timed-out caller must finish first, or its SEQ step would pass for ours.
+        self.wait_idle(deadline)?;
         self.wr32(IRDMA_EMU_LB_DESC_LOW, self.desc_pa as u32)?;
         self.wr32(IRDMA_EMU_LB_DESC_HIGH, (self.desc_pa >> 32) as u32)?;
         let seq = self.rd32(IRDMA_EMU_LB_SEQ)?;
         self.wr32(IRDMA_EMU_LB_DOORBELL, 1)?;
-        let deadline = Instant::now() + self.timeout;
         while self.rd32(IRDMA_EMU_LB_SEQ)? == seq {
             if Instant::now() >= deadline {
                 return Err(IrdmaError::Timeout("loopback classification (EMU_LB_SEQ)"));
             }
             sleep(self.poll);
         }
-        let status = self.rd32(IRDMA_EMU_LB_STATUS)?;
+        let status = self.wait_idle(deadline)?;
         if IRDMA_EMU_LB_STATUS_ERR.get32(status) != 0 || IRDMA_EMU_LB_STATUS_DONE.get32(status) == 0 {
             return Err(IrdmaError::BadRegister { reg: "EMU_LB_STATUS", value: status });
         }
