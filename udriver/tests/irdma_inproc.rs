@@ -179,7 +179,17 @@ fn cqp_create_hands_the_host_context_over_ccqphigh_low_and_destroy_clears_cqp_an
     rig.up(16, 16, IrdmaCqpWaitMode::Poll).destroy().unwrap();
 }
 
-/// Adds, modifies and deletes `n` entries in batches that overfill the SQ (the backlog takes the rest),
+/// `enum irdma_quad_entry_type`, all six.
+const ALL_TYPES: [IrdmaQuadEntryType; 6] = [
+    ESTABLISHED,
+    SYN,
+    IrdmaQuadEntryType::IrdmaQhashTypeUdpUnicast,
+    IrdmaQuadEntryType::IrdmaQhashTypeUdpMcast,
+    IrdmaQuadEntryType::IrdmaQhashTypeRoceMcast,
+    IrdmaQuadEntryType::IrdmaQhashTypeRocev2Hw,
+];
+
+/// Adds, modifies and deletes `n` entries of all six types in batches that overfill the SQ (the backlog takes the rest),
 /// checking every completion's WQE index, op and status.
 fn run_batches(dev: &IrdmaDev, rig: &Rig, sq_size: u32, n: u16, rounds: u32) -> u32 {
     // CREATE_CQ took slot 0, so the k-th command after it sits in slot (k + 1) % sq_size.
@@ -188,7 +198,7 @@ fn run_batches(dev: &IrdmaDev, rig: &Rig, sq_size: u32, n: u16, rounds: u32) -> 
         for manage in [ADD, MODIFY, DELETE] {
             let infos: Vec<_> = (0..n)
                 .map(|i| {
-                    let ty = if i % 2 == 0 { SYN } else { ESTABLISHED };
+                    let ty = ALL_TYPES[usize::from(i) % ALL_TYPES.len()];
                     let vlan = (i % 3 == 0).then_some(100 + i);
                     let qpn = if manage == MODIFY { 1000 + u32::from(i) } else { 1 + u32::from(i) };
                     entry(manage, ty, i % 4 < 2, (4000 + i, 5000 + i), vlan, qpn)
@@ -210,6 +220,14 @@ fn run_batches(dev: &IrdmaDev, rig: &Rig, sq_size: u32, n: u16, rounds: u32) -> 
                 DELETE => assert_eq!(table["len"], 0),
                 _ => {
                     assert_eq!(table["len"], u64::from(n));
+                    let mut types: Vec<&str> = table["entries"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|e| e["entry_type"].as_str().unwrap())
+                        .collect();
+                    types.dedup();
+                    assert_eq!(types.len(), ALL_TYPES.len(), "entries are listed by type: {types:?}");
                     let want = if manage == MODIFY { 1000 } else { 1 };
                     let mut qpns: Vec<u64> =
                         table["entries"].as_array().unwrap().iter().map(|e| e["qpn"].as_u64().unwrap()).collect();
