@@ -184,6 +184,67 @@ impl IrdmaLoopback {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::irdma::testdev::FakeIrdma;
+
+    fn loopback(dev: &Arc<FakeIrdma>) -> IrdmaLoopback {
+        let pool = Arc::new(DmaPool::new(dev.clone(), false));
+        IrdmaLoopback::new(&pool, Duration::from_millis(20), Duration::from_micros(1)).unwrap()
+    }
+
+    fn listener_syn() -> IrdmaTcpSegment {
+        IrdmaTcpSegment {
+            ipv4: true,
+            src_ip: [0x0A00_0002, 0, 0, 0],
+            dst_ip: [0x0A00_0001, 0, 0, 0],
+            src_port: 5000,
+            dst_port: 4791,
+            syn: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_request_places_the_descriptor_in_dma_memory_and_decodes_the_result() {
+        let dev = FakeIrdma::scripted();
+        let lb = loopback(&dev);
+        // SEQ sampled 4, then moves to 5; RESULT = KIND 2 (listener) | QPN 7 << 8.
+        dev.script_offset(IRDMA_EMU_LB_SEQ, &[4, 5]);
+        dev.script_offset(IRDMA_EMU_LB_STATUS, &[0, 1]);
+        dev.script_offset(IRDMA_EMU_LB_RESULT, &[0x0702]);
+        assert_eq!(lb.classify(&listener_syn()).unwrap(), IrdmaClassifyResult::Listener { qpn: 7 });
+        let w = dev.writes();
+        let at = |o| w.iter().find(|(off, _)| *off == o).map(|(_, v)| *v).unwrap();
+        let iova = u64::from(at(IRDMA_EMU_LB_DESC_HIGH)) << 32 | u64::from(at(IRDMA_EMU_LB_DESC_LOW));
+        let d = listener_syn().descriptor();
+        for (i, chunk) in d.chunks_exact(8).enumerate() {
+            assert_eq!(dev.dma_read_u64(iova + 8 * i as u64).to_le_bytes(), chunk, "qword {i}");
+        }
+        assert_eq!(w.last(), Some(&(IRDMA_EMU_LB_DOORBELL, 1)), "the doorbell comes last");
+    }
+
+    #[test]
+    fn a_hostile_or_stuck_loopback_block_gives_errors_not_hangs() {
+        // (what, SEQ: first reads then steady value, STATUS likewise, RESULT, errno)
+        type Reg<'a> = (&'a [u32], u32);
+        let cases: [(&str, Reg, Reg, u32, i32); 5] = [
+            ("SEQ never moves", (&[], 3), (&[], 0), 0, -libc::ETIMEDOUT),
+            ("BUSY never clears", (&[3], 4), (&[0], 0x2), 0, -libc::ETIMEDOUT),
+            ("device-reported error", (&[3], 4), (&[0], 0x8000_0100), 0, -libc::EIO),
+            ("unknown result kind", (&[3], 4), (&[0], 1), 0x0705, -libc::EIO),
+            ("to host with a QPN", (&[3], 4), (&[0], 1), 0x0700, -libc::EIO),
+        ];
+        for (what, seq, status, result, errno) in cases {
+            let dev = FakeIrdma::scripted();
+            let lb = loopback(&dev);
+            for (offset, (first, steady)) in [(IRDMA_EMU_LB_SEQ, seq), (IRDMA_EMU_LB_STATUS, status)] {
+                dev.script_offset(offset, first);
+                dev.set_offset(offset, steady);
+            }
+            dev.set_offset(IRDMA_EMU_LB_RESULT, result);
+            let r = lb.classify(&listener_syn());
+            assert_eq!(r.err().map(|e| e.to_errno()), Some(errno), "{what}");
+        }
+    }
 
     #[test]
     fn an_ipv6_vlan_syn_descriptor_packs_ports_flags_and_words_in_order() {
