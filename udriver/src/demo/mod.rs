@@ -2,7 +2,6 @@
 //! device, each step checked, with a report both readable and machine-readable (`--json`).
 
 pub mod irdma;
-
 use serde::Serialize;
 use serde_json::Value;
 
