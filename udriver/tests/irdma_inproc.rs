@@ -43,7 +43,7 @@ struct Rig {
     engine: Arc<Irdma>,
     access: Arc<dyn DeviceAccess>,
     pool: Arc<DmaPool>,
-    _func: Arc<Function>,
+    func: Arc<Function>,
 }
 
 impl Rig {
@@ -53,7 +53,7 @@ impl Rig {
         let access: Arc<dyn DeviceAccess> = Arc::new(InProcess::new(func.clone()));
         access.pci_enable_device().unwrap();
         let pool = Arc::new(DmaPool::new(access.clone(), false));
-        Rig { engine, access, pool, _func: func }
+        Rig { engine, access, pool, func }
     }
 
     fn up(&self, sq_size: u32, ccq_size: u32, wait_mode: IrdmaCqpWaitMode) -> IrdmaDev {
@@ -405,4 +405,31 @@ fn the_ccq_is_destroyed_cleanly_right_after_an_error_completion() {
     assert_eq!(rig.dump()["registers"]["CQPTAIL"], "0x00000002");
     dev.destroy().unwrap();
     assert_eq!(rig.dump()["ccq"], Value::Null);
+}
+
+#[test]
+fn a_function_reset_under_the_driver_gives_errors_not_hangs_and_a_fresh_bring_up_works() {
+    let rig = Rig::new(IrdmaConfig::default());
+    let cfg = IrdmaDevConfig { cqp_timeout: Duration::from_millis(50), ..dev_config(16, 16, IrdmaCqpWaitMode::Poll) };
+    let dev = IrdmaDev::new(rig.pool.clone(), cfg).unwrap();
+    let scratches: Vec<u64> = (0..24)
+        .map(|i| {
+            let cmd = IrdmaCqpCmd::ManageQhashTableEntry(entry(ADD, SYN, true, (i, 0), None, 1));
+            irdma_post_cqp_op(&dev, cmd).unwrap()
+        })
+        .collect();
+    // FLR mid-batch: memory decoding goes off and the engine forgets the CQP.
+    rig.func.function_level_reset();
+    for s in scratches {
+        // Completed before the reset, or an error: never a hang.
+        if let Err(e) = irdma_wait_cqp_op(&dev, s) {
+            assert!([-libc::EIO, -libc::ETIMEDOUT].contains(&e.to_errno()), "{e}");
+        }
+    }
+    assert!(dev.destroy().is_err(), "BAR access is refused until the driver re-enables the device");
+    rig.access.pci_enable_device().unwrap();
+    let dev = rig.up(16, 16, IrdmaCqpWaitMode::Poll);
+    irdma_manage_qhash(&dev, &entry(ADD, SYN, true, (1, 0), None, 1)).unwrap();
+    assert_eq!(rig.dump()["qhash"]["len"], 1, "the reset emptied the table");
+    dev.destroy().unwrap();
 }
