@@ -538,7 +538,8 @@ fn unmapped_sq_gives_an_error_completion_and_the_device_keeps_working() {
         let cqe = rig.poll().unwrap();
         assert_eq!((cqe.idx(), cqe.error()), (i, Some((0x8004, 0x0001))));
     }
-    assert_eq!(rig.r32(IRDMA_CQPTAIL), 0x8000_0003);
+    assert_eq!(rig.r32(IRDMA_CQPTAIL), 3, "the errors travelled in CQEs, so CQP_OP_ERR stays clear");
+    assert_eq!(rig.r32(IRDMA_CQPERRCODES), 0x8004_0001);
     assert!(rig.mem.map(SQ_PA, 0x2_0000));
     rig.post(nop());
     rig.ring();
@@ -592,6 +593,8 @@ fn a_full_ccq_is_never_overwritten_and_processing_resumes_once_consumed() {
 fn an_arm_gives_exactly_one_interrupt() {
     let mut rig = Rig::new();
     rig.create_cqp(16);
+    // icrdma_cfg_ceq(dev, 0, 0, true): CEQ 0 to MSI-X 0, ITR_INDX 3, CAUSE_ENA.
+    rig.w32(IRDMA_GLINT_CEQCTL, (1 << 30) | (3 << 11));
     rig.create_ccq(16);
     rig.post(nop());
     rig.ring();
@@ -633,6 +636,27 @@ fn arming_over_unconsumed_cqes_interrupts_at_once_on_the_routed_vector() {
     rig.w32(IRDMA_CQARM, 0);
     rig.idle();
     assert_eq!(rig.counter("arms_ignored"), 1);
+}
+
+#[test]
+fn a_ceq_whose_cause_is_not_enabled_raises_no_interrupt() {
+    let mut rig = Rig::new();
+    rig.create_cqp(16);
+    // Power-on GLINT_CEQCTL(0) = 0: MSIX_INDX 0 but CAUSE_ENA clear.
+    rig.create_ccq(16);
+    rig.poll();
+    rig.arm();
+    rig.post(nop());
+    rig.ring();
+    assert!(rig.poll().is_some(), "the CQE is written all the same");
+    assert!(rig.irqs.seen().is_empty());
+    assert_eq!((rig.counter("interrupts"), rig.counter("interrupts_dropped")), (0, 1));
+    // Enabling the cause routes the next one.
+    rig.w32(IRDMA_GLINT_CEQCTL, (1 << 30) | 2);
+    rig.arm();
+    rig.post(nop());
+    rig.ring();
+    assert_eq!(rig.irqs.seen(), [2]);
 }
 
 fn write_descriptor(rig: &Rig, seg: &Segment) {

@@ -275,7 +275,7 @@ impl Worker {
     }
 
     /// Writes the CQE (if a CCQ exists), advances the tail, publishes CQPTAIL/CQPERRCODES and raises the
-    /// CCQ's vector if it is armed.
+    /// CCQ's vector if it is armed. CQP_OP_ERR is set only for an error no CQE reports.
     fn complete(&mut self, idx: u32, completion_context: u64, outcome: Outcome, dma: &dyn DmaAccess) -> bool {
         let c = &self.shared.counters;
         let mut status = outcome.err().map(|e| e.codes());
@@ -310,7 +310,9 @@ impl Worker {
         }
         let mut target = None;
         let published = self.publish(|st| {
-            let err = IRDMA_CQPTAIL_CQP_OP_ERR.put(u64::from(status.is_some()));
+            // An error delivered in a CQE is the driver's already; CQP_OP_ERR flags only errors the CQE
+            // could not carry, so irdma_cqp_poll_registers never sees a stale one (§3.9).
+            let err = IRDMA_CQPTAIL_CQP_OP_ERR.put(u64::from(status.is_some() && !wrote_cqe));
             st.regs.cqptail = (IRDMA_CQPTAIL_WQTAIL.put(u64::from(tail)) | err) as u32;
             if let Some((major, minor)) = status {
                 st.regs.cqperrcodes = errcodes(major, minor);
@@ -406,14 +408,16 @@ impl Worker {
     }
 }
 
-/// The MSI-X vector of a CQ on `ceq`: GLINT_CEQCTL(ceq).MSIX_INDX when CAUSE_ENA is set, else the CEQ
-/// number itself. None when the CQ has no CEQ or the vector does not exist.
+/// The MSI-X vector of a CQ on `ceq`: GLINT_CEQCTL(ceq).MSIX_INDX, as `icrdma_cfg_ceq` programs it. None
+/// (the interrupt is dropped) when the CQ has no CEQ, the CEQ's cause is not enabled (CAUSE_ENA clear, the
+/// power-on state) or the vector does not exist.
 fn msix_vector(st: &State, ceq: Option<u16>, vectors: u16) -> Option<u16> {
-    let ceq = ceq?;
-    let ctl = u64::from(*st.regs.ceqctl.get(usize::from(ceq))?);
-    let vector =
-        if IRDMA_GLINT_CEQCTL_CAUSE_ENA.is_set(ctl) { IRDMA_GLINT_CEQCTL_MSIX_INDX.get(ctl) as u16 } else { ceq };
-    (vector < vectors).then_some(vector)
+    let ctl = u64::from(*st.regs.ceqctl.get(usize::from(ceq?))?);
+    if !IRDMA_GLINT_CEQCTL_CAUSE_ENA.is_set(ctl) {
+        return None;
+    }
+    let vector = IRDMA_GLINT_CEQCTL_MSIX_INDX.get(ctl);
+    u16::try_from(vector).ok().filter(|v| *v < vectors)
 }
 
 /// Makes sure the next CQE has a free slot, re-reading the consumer index for up to `ccq_full_wait`.

@@ -156,8 +156,10 @@ pub fn irdma_sc_ccq_destroy(ccq: &mut IrdmaScCq, cqp: &mut IrdmaScCqp, scratch: 
         | IRDMA_CQPSQ_WQEVALID.prep(cqp.polarity.into());
     wqe.dma_wmb();
     wqe.set_64bit_val(IRDMA_BYTE_24, hdr)?;
-    let (val, tail, error) = irdma_get_cqp_reg_info(cqp)?;
-    if error || tail >= cqp.sq_size {
+    // §3.9: sample WQTAIL before posting. CQP_OP_ERR is not judged here but while polling, as the kernel
+    // does: it belongs to the command being polled.
+    let (val, tail, _) = irdma_get_cqp_reg_info(cqp)?;
+    if tail >= cqp.sq_size {
         return Err(IrdmaError::BadRegister { reg: "CQPTAIL", value: val });
     }
     if post_sq {

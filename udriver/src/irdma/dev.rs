@@ -66,6 +66,23 @@ pub fn irdma_wait_pe_ready(hw: &IrdmaHw, attrs: &IrdmaHwAttrs) -> Result<()> {
     Err(IrdmaError::PeNotReady(last))
 }
 
+/// GLINT_CEQCTL.ITR_INDX written by `icrdma_cfg_ceq`: index 3, no interrupt throttling.
+pub const IRDMA_GLINT_CEQCTL_ITR_INDX_NOITR: u32 = 3;
+
+/// `icrdma_cfg_ceq(dev, ceq_id, idx, enable)`: routes CEQ `ceq_id` (the CCQ's) to MSI-X vector `idx` through
+/// GLINT_CEQCTL(ceq_id) (+4 per CEQ), with the cause enabled or not. -EINVAL for a vector that does not fit
+/// MSIX_INDX.
+pub fn icrdma_cfg_ceq(hw: &IrdmaHw, ceq_id: u32, idx: u32, enable: bool) -> Result<()> {
+    if u64::from(idx) > IRDMA_GLINT_CEQCTL_MSIX_INDX.get(u64::MAX) {
+        return Err(IrdmaError::Inval(format!("MSI-X vector {idx} does not fit GLINT_CEQCTL.MSIX_INDX")));
+    }
+    let reg_val = IRDMA_GLINT_CEQCTL_CAUSE_ENA.prep_bool(enable)
+        | IRDMA_GLINT_CEQCTL_MSIX_INDX.prep(idx.into())
+        | IRDMA_GLINT_CEQCTL_ITR_INDX.prep(IRDMA_GLINT_CEQCTL_ITR_INDX_NOITR.into());
+    hw.wr32_idx(IRDMA_GLINT_CEQCTL, ceq_id, reg_val as u32)?;
+    Ok(())
+}
+
 /// How `IrdmaDev` brings up its control path. The defaults are what `irdma_create_cqp` / `irdma_create_ccq`
 /// use on GEN2.
 #[derive(Clone, Copy, Debug)]
@@ -187,6 +204,8 @@ impl IrdmaDev {
         let created = irdma_sc_ccq_create(&mut ccq, &mut cqp, 0, true, true).and_then(|()| {
             if let IrdmaCqpWaitMode::Event { vector } = config.wait_mode {
                 hw.device().enable_msix(vector.saturating_add(1))?;
+                // irdma_cfg_ceq_vector: without CAUSE_ENA the CCQ's CEQ raises nothing.
+                icrdma_cfg_ceq(&hw, ccq.ceq_id, vector, true)?;
                 irdma_sc_ccq_arm(&ccq)?;
             }
             Ok(())

@@ -8,6 +8,7 @@ pub mod ccq;
 pub mod cqp;
 pub mod defs;
 pub mod dev;
+pub mod loopback;
 pub mod process;
 pub mod qhash;
 pub mod regs;
@@ -23,6 +24,7 @@ use crate::dma::DmaMemError;
 pub use ccq::{IrdmaCcqCqeInfo, IrdmaCcqInitInfo, IrdmaScCq};
 pub use cqp::{IrdmaCqpInitInfo, IrdmaCqpWqe, IrdmaScCqp, QueueMemory};
 pub use dev::{IrdmaDev, IrdmaDevConfig, IrdmaHwAttrs};
+pub use loopback::{IrdmaClassifyResult, IrdmaLoopback, IrdmaTcpSegment};
 pub use process::{IrdmaCqpCmd, IrdmaCqpWaitMode};
 pub use qhash::{IrdmaQhashTableInfo, IrdmaQuadEntryType, IrdmaQuadHashManageType};
 

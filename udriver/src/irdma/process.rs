@@ -58,6 +58,8 @@ pub struct IrdmaCqpState {
     pub ccq: IrdmaScCq,
     /// `dev->cqp_cmd_head`: commands waiting for SQ space, oldest first.
     pub cqp_cmd_head: VecDeque<IrdmaCqpCmdInfo>,
+    /// Commands that had to wait in the backlog since bring-up.
+    pub backlogged_ops: u64,
     done: HashMap<u64, Done>,
     /// Commands whose waiter gave up; their late completions are dropped.
     abandoned: HashSet<u64>,
@@ -65,7 +67,14 @@ pub struct IrdmaCqpState {
 
 impl IrdmaCqpState {
     pub(crate) fn new(cqp: IrdmaScCqp, ccq: IrdmaScCq) -> Self {
-        Self { cqp, ccq, cqp_cmd_head: VecDeque::new(), done: HashMap::new(), abandoned: HashSet::new() }
+        Self {
+            cqp,
+            ccq,
+            cqp_cmd_head: VecDeque::new(),
+            backlogged_ops: 0,
+            done: HashMap::new(),
+            abandoned: HashSet::new(),
+        }
     }
 
     fn finish(&mut self, scratch: u64, done: Done) {
@@ -95,12 +104,12 @@ pub fn irdma_process_cqp_cmd(dev: &IrdmaDev, pcmdinfo: IrdmaCqpCmdInfo) -> Resul
 fn process_locked(st: &mut IrdmaCqpState, pcmdinfo: IrdmaCqpCmdInfo) -> Result<()> {
     if st.cqp_cmd_head.is_empty() && !st.cqp.sq_ring().is_full() {
         match irdma_exec_cqp_cmd(&mut st.cqp, &pcmdinfo) {
-            Err(IrdmaError::SqFull) => st.cqp_cmd_head.push_back(pcmdinfo),
+            Err(IrdmaError::SqFull) => {}
             other => return other,
         }
-    } else {
-        st.cqp_cmd_head.push_back(pcmdinfo);
     }
+    st.cqp_cmd_head.push_back(pcmdinfo);
+    st.backlogged_ops += 1;
     Ok(())
 }
 
@@ -231,7 +240,7 @@ mod tests {
     use crate::irdma::cqp::irdma_sc_cqp_nop;
     use crate::irdma::dev::IrdmaDevConfig;
     use crate::irdma::qhash::{IrdmaQuadEntryType, IrdmaQuadHashManageType, IrdmaVsiQos};
-    use crate::irdma::regs::IrdmaRegisters::IRDMA_CQARM;
+    use crate::irdma::regs::IrdmaRegisters::{IRDMA_CQARM, IRDMA_GLINT_CEQCTL};
     use crate::irdma::testdev::*;
     use std::sync::Arc;
     use std::time::Duration;
@@ -344,6 +353,7 @@ mod tests {
         {
             let mut st = irdma.lock();
             assert_eq!(st.cqp_cmd_head.len(), 2, "3 usable SQ slots, 2 commands wait");
+            assert_eq!(st.backlogged_ops, 2);
             assert!(st.cqp.sq_ring().is_full());
             assert_eq!(errno(irdma_sc_cqp_nop(&mut st.cqp, 0, false)), -libc::ENOMEM);
         }
@@ -392,6 +402,8 @@ mod tests {
         assert!(dev.irqs_raised() >= 1);
         assert!(!dev.writes_to(IRDMA_CQARM).is_empty());
         assert_eq!(dev.writes_to(IRDMA_CQARM).iter().max(), Some(&0), "the CCQ is CQ 0");
+        // icrdma_cfg_ceq(dev, 0, 0, true): CAUSE_ENA 1<<30 | ITR_INDX 3<<11 | MSIX_INDX 0.
+        assert_eq!(dev.writes_to(IRDMA_GLINT_CEQCTL), [0x4000_1800]);
     }
 
     #[test]

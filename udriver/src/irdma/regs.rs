@@ -182,6 +182,11 @@ impl IrdmaHw {
     pub fn wr32(&self, reg: IrdmaRegisters, value: u32) -> Result<(), AccessError> {
         self.dev.write32(IRDMA_BAR, Self::offset(reg), value)
     }
+    /// A write to instance `idx` of a per-vector/per-CEQ register array (`hw_regs[reg] + idx`, 4 bytes
+    /// apart).
+    pub fn wr32_idx(&self, reg: IrdmaRegisters, idx: u32, value: u32) -> Result<(), AccessError> {
+        self.dev.write32(IRDMA_BAR, Self::offset(reg) + 4 * u64::from(idx), value)
+    }
 }
 
 #[cfg(test)]

@@ -93,6 +93,14 @@ impl FakeIrdma {
     pub fn script(&self, reg: IrdmaRegisters, values: &[u32]) {
         self.lock().scripted.entry(off(reg)).or_default().extend(values);
     }
+    /// `set_reg` for a BAR0 offset outside the kernel register table.
+    pub fn set_offset(&self, offset: u64, v: u32) {
+        self.lock().regs.insert(offset, v);
+    }
+    /// `script` for a BAR0 offset outside the kernel register table (the emulation's own blocks).
+    pub fn script_offset(&self, offset: u64, values: &[u32]) {
+        self.lock().scripted.entry(offset).or_default().extend(values);
+    }
     pub fn writes(&self) -> Vec<(u64, u32)> {
         self.lock().writes.clone()
     }
