@@ -236,7 +236,7 @@ INPUTS=$({
     echo "busybox $(cat "$BBDIR/version")"
     echo "init $(sha256sum <"$INIT_SRC" | cut -c1-64)"
     echo "udriver $UDRIVER_SUM"
-    (cd "$KDIR/modules" && sha256sum $(cat "$KDIR/load-order"))
+    (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
 })
 INITRD="$OUT_DIR/initramfs.cpio.gz"
 VMLINUZ="$OUT_DIR/vmlinuz"

@@ -67,13 +67,13 @@ accel_for() {
     file="$CACHE_DIR/kvm-probe/$key"
     if [ -s "$file" ]; then cat "$file"; return 0; fi
     log "probing whether KVM works (cached afterwards)"
-    local out verdict=tcg pid i
+    local out verdict=tcg pid
     out=$(mktemp -d)
     timeout -k 2 30 "$qemu" -accel kvm -cpu host -machine q35 -m 256M -nodefaults -no-reboot -display none \
         -serial "file:$out/serial" -kernel "$kernel" -initrd "$initrd" \
         -append 'console=ttyS0 panic=-1 quiet rdma_emu.hfi1=none rdma_emu.irdma=none' </dev/null >/dev/null 2>"$out/err" &
     pid=$!
-    for i in $(seq 1 300); do
+    for _ in $(seq 1 300); do
         grep -q 'RDMA-EMU-INIT' "$out/serial" 2>/dev/null && { verdict=kvm; break; }
         grep -qE 'KVM internal error|emulation failure|failed to initialize kvm|Could not access KVM' "$out/err" && break
         kill -0 "$pid" 2>/dev/null || break

@@ -77,6 +77,13 @@ TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
 [ -n "$RESULT" ] || RESULT="$TARGET_DIR/rdma-emu/result-$MODE.json"
 mkdir -p "$(dirname "$RESULT")"
 RESULT=$(cd "$(dirname "$RESULT")" && pwd)/$(basename "$RESULT")
+rm -f "$RESULT"
+# A run that fails before the guest reports still leaves a result file, so nobody reads a stale one.
+fail() {
+    python3 -c 'import json, sys; json.dump({"ok": False, "problems": [sys.argv[2]], "mode": sys.argv[3], "guest": None},
+                open(sys.argv[1], "w"), indent=2)' "$RESULT" "$1" "$MODE" || true
+    die "$1"
+}
 
 T_START=$EPOCHREALTIME
 deadline_left() { # seconds left of --timeout
@@ -85,20 +92,21 @@ deadline_left() { # seconds left of --timeout
 
 # --- QEMU, guest, accelerator -----------------------------------------------------------------------------
 QEMU=${RDMA_EMU_QEMU:-}
-[ -n "$QEMU" ] || QEMU=$(bash "$REPO_ROOT/ci/get-qemu.sh") || die "ci/get-qemu.sh failed"
-[ -x "$QEMU" ] || die "QEMU $QEMU is not executable"
+[ -n "$QEMU" ] || QEMU=$(bash "$REPO_ROOT/ci/get-qemu.sh") || fail "ci/get-qemu.sh failed"
+[ -x "$QEMU" ] || fail "QEMU $QEMU is not executable"
 
 if [ -z "$KERNEL" ] || [ -z "$INITRD" ]; then
-    [ -z "$KERNEL$INITRD" ] || die "--kernel and --initrd go together"
+    [ -z "$KERNEL$INITRD" ] || fail "--kernel and --initrd go together"
     build_args=()
     [ -n "$UDRIVER" ] && build_args=(--udriver "$UDRIVER")
+    guest=$(bash "$REPO_ROOT/ci/build-guest.sh" "${build_args[@]}") || fail "ci/build-guest.sh failed"
     while IFS='=' read -r k v; do
         case "$k" in KERNEL) KERNEL=$v ;; INITRD) INITRD=$v ;; esac
-    done < <(bash "$REPO_ROOT/ci/build-guest.sh" "${build_args[@]}") || die "ci/build-guest.sh failed"
+    done <<<"$guest"
 elif [ -n "$UDRIVER" ]; then
     log "--udriver is ignored with --kernel/--initrd"
 fi
-[ -f "$KERNEL" ] && [ -f "$INITRD" ] || die "guest kernel/initrd missing ($KERNEL, $INITRD)"
+[ -f "$KERNEL" ] && [ -f "$INITRD" ] || fail "guest kernel/initrd missing ($KERNEL, $INITRD)"
 
 if [ "$ACCEL" = auto ]; then ACCEL=$(accel_for "$QEMU" "$KERNEL" "$INITRD"); fi
 log "mode $MODE, accel $ACCEL, QEMU $QEMU"
@@ -106,8 +114,8 @@ log "mode $MODE, accel $ACCEL, QEMU $QEMU"
 # --- log directory and cleanup ----------------------------------------------------------------------------
 if [ -n "$LOG_DIR" ]; then mkdir -p "$LOG_DIR"; else LOG_DIR=$(mktemp -d /tmp/rdma-emu-run.XXXXXX); fi
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
-[[ $LOG_DIR =~ ^[A-Za-z0-9._/+-]+$ ]] || die "log directory $LOG_DIR: use plain characters (it goes into QEMU's JSON)"
-[ ${#LOG_DIR} -le 80 ] || die "log directory $LOG_DIR is too long for UNIX socket paths"
+[[ $LOG_DIR =~ ^[A-Za-z0-9._/+-]+$ ]] || fail "log directory $LOG_DIR: use plain characters (it goes into QEMU's JSON)"
+[ ${#LOG_DIR} -le 80 ] || fail "log directory $LOG_DIR is too long for UNIX socket paths"
 rm -f "$LOG_DIR"/{serial.log,qemu.stderr,device-model.log,host-times,result.json}
 DM_PID=""
 DM_STATUS="not started"
@@ -116,8 +124,7 @@ stop_device_model() {
     if kill -0 "$DM_PID" 2>/dev/null; then
         DM_STATUS="running until stopped"
         kill -TERM "$DM_PID" 2>/dev/null || true
-        local i
-        for i in $(seq 1 50); do kill -0 "$DM_PID" 2>/dev/null || break; sleep 0.1; done
+        for _ in $(seq 1 50); do kill -0 "$DM_PID" 2>/dev/null || break; sleep 0.1; done
         if kill -0 "$DM_PID" 2>/dev/null; then
             DM_STATUS="running until stopped; ignored SIGTERM for 5 s, killed"
             kill -KILL "$DM_PID" 2>/dev/null || true
@@ -140,9 +147,9 @@ if [ "$DEVICES" = 1 ]; then
         for c in "$TARGET_DIR/release/device-model" "$TARGET_DIR/debug/device-model"; do
             [ -x "$c" ] && { DEVICE_MODEL=$c; break; }
         done
-        [ -n "$DEVICE_MODEL" ] || die "no device-model binary: build it (cargo build --release -p device-model) or pass --device-model"
+        [ -n "$DEVICE_MODEL" ] || fail "no device-model binary: build it (cargo build --release -p device-model) or pass --device-model"
     fi
-    [ -x "$DEVICE_MODEL" ] || die "device model $DEVICE_MODEL is not executable"
+    [ -x "$DEVICE_MODEL" ] || fail "device model $DEVICE_MODEL is not executable"
     rm -f "$HFI1_SOCK" "$IRDMA_SOCK" "$CONTROL_SOCK"
     log "starting $DEVICE_MODEL"
     T_DM=$EPOCHREALTIME
@@ -158,7 +165,7 @@ if [ "$DEVICES" = 1 ]; then
     if ! { [ -S "$HFI1_SOCK" ] && [ -S "$IRDMA_SOCK" ] && [ -S "$CONTROL_SOCK" ]; }; then
         stop_device_model
         tail -n 20 "$LOG_DIR/device-model.log" >&2 || true
-        die "the device model did not create its sockets within 20 s ($DM_STATUS); logs kept in $LOG_DIR"
+        fail "the device model did not create its sockets within 20 s ($DM_STATUS); logs kept in $LOG_DIR"
     fi
     DM_START_S=$(python3 -c "print(round($EPOCHREALTIME - $T_DM, 3))")
     log "device model ready in ${DM_START_S}s (pid $DM_PID, control socket $CONTROL_SOCK)"
@@ -179,13 +186,13 @@ fi
 
 QCMD=("$QEMU" -accel "$ACCEL")
 [ "$ACCEL" = kvm ] && QCMD+=(-cpu host)
-QCMD+=(-machine q35,memory-backend=mem -m "$MEM")
+QCMD+=(-machine "q35,memory-backend=mem" -m "$MEM")
 if [ "$SHARE" = 1 ]; then
     QCMD+=(-object "memory-backend-memfd,id=mem,size=$MEM,share=on")
 else
     QCMD+=(-object "memory-backend-ram,id=mem,size=$MEM,share=off")
 fi
-QCMD+=(-device intel-iommu,caching-mode=on
+QCMD+=(-device "intel-iommu,caching-mode=on"
     -kernel "$KERNEL" -initrd "$INITRD" -append "$APPEND"
     -nodefaults -no-reboot -display none -serial stdio)
 if [ "$DEVICES" = 1 ]; then
