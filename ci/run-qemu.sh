@@ -16,7 +16,8 @@
 #   --timeout SECS        the whole run (default 600)
 #   --demo-timeout SECS   each udriver demo inside the guest (default 120)
 #   --args "ARGS"         extra arguments for both udriver demos (guest parameter rdma_emu.args)
-#   --hfi1-id V:D, --irdma-id V:D   PCI IDs the guest looks for (default 1b36:1100, 1b36:1101)
+#   --hfi1-id V:D, --irdma-id V:D   PCI IDs of the functions (default 1b36:1100, 1b36:1101); non-default ones
+#                         are passed to the device model as --hfi1-ids/--irdma-ids
 #   --append "PARAMS"     extra guest kernel parameters
 #   --result FILE         result JSON (default $CARGO_TARGET_DIR or target/, then rdma-emu/result-<mode>.json)
 #   --logs DIR            log directory (default a new /tmp/rdma-emu-run.XXXXXX); kept on failure
@@ -27,7 +28,7 @@
 # Exit status 0 only if every step the guest ran is ok. Prints the result file's path on stdout.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,29s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,30s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 DEVICE_MODEL=${RDMA_EMU_DEVICE_MODEL:-}
 UDRIVER=${RDMA_EMU_UDRIVER:-}
@@ -151,6 +152,9 @@ if [ "$DEVICES" = 1 ]; then
     fi
     [ -x "$DEVICE_MODEL" ] || fail "device model $DEVICE_MODEL is not executable"
     rm -f "$HFI1_SOCK" "$IRDMA_SOCK" "$CONTROL_SOCK"
+    # Non-default IDs must be presented by the device model too (its defaults are 1b36:1100 and 1b36:1101).
+    [ "$HFI1_ID" = 1b36:1100 ] || [ "$HFI1_ID" = none ] || DM_ARGS+=(--hfi1-ids "$HFI1_ID")
+    [ "$IRDMA_ID" = 1b36:1101 ] || [ "$IRDMA_ID" = none ] || DM_ARGS+=(--irdma-ids "$IRDMA_ID")
     log "starting $DEVICE_MODEL"
     T_DM=$EPOCHREALTIME
     "$DEVICE_MODEL" --hfi1 "$HFI1_SOCK" --irdma "$IRDMA_SOCK" --control "$CONTROL_SOCK" "${DM_ARGS[@]}" \
