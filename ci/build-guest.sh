@@ -6,12 +6,14 @@
 #
 # Prints on stdout, one per line: KERNEL=<vmlinuz> INITRD=<initramfs.cpio.gz> KVER=<kernel release>.
 # The kernel and busybox are cached under $CACHE_DIR/guest; only the cpio is rebuilt when its inputs change.
+# Without --out, each distinct cpio lives in $CACHE_DIR/guest/out/<inputs hash>/ (the newest few are kept), so
+# concurrent runs with different udrivers never overwrite each other's initramfs.
 source "$(dirname "$0")/lib.sh"
 
 usage() { sed -n '2,9s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 UDRIVER=""
-OUT_DIR="$CACHE_DIR/guest/out"
+OUT_DIR=""
 REFRESH=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -27,8 +29,12 @@ done
 GUEST_MODULES=(irqbypass vfio vfio_iommu_type1 vfio-pci-core vfio-pci)
 GUEST_DIR="$CACHE_DIR/guest"
 INIT_SRC="$REPO_ROOT/ci/guest/init"
-mkdir -p "$GUEST_DIR" "$OUT_DIR"
-OUT_DIR=$(cd "$OUT_DIR" && pwd)
+mkdir -p "$GUEST_DIR"
+if [ -n "$OUT_DIR" ]; then mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd); fi
+
+# One build at a time per cache: parallel runs share the kernel download and the cpio.
+exec 9>"$GUEST_DIR/.lock"
+flock -w 1800 9 || die "another ci/build-guest.sh held $GUEST_DIR/.lock for 30 minutes"
 
 if [ -n "$UDRIVER" ]; then
     [ -f "$UDRIVER" ] && [ -x "$UDRIVER" ] || die "--udriver $UDRIVER is not an executable file"
@@ -238,8 +244,20 @@ INPUTS=$({
     echo "udriver $UDRIVER_SUM"
     (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
 })
+if [ -z "$OUT_DIR" ]; then
+    OUT_DIR="$GUEST_DIR/out/$(printf '%s\n' "$INPUTS" | sha256sum | cut -c1-16)"
+    mkdir -p "$OUT_DIR"
+    touch "$OUT_DIR"
+    # Keep the 4 most recently used initramfs variants.
+    ls -dt "$GUEST_DIR"/out/*/ 2>/dev/null | tail -n +5 | xargs -r rm -rf
+    VMLINUZ="$KDIR/vmlinuz"
+else
+    VMLINUZ="$OUT_DIR/vmlinuz"
+    if ! cmp -s "$KDIR/vmlinuz" "$VMLINUZ" 2>/dev/null; then
+        cp "$KDIR/vmlinuz" "$VMLINUZ.tmp" && mv "$VMLINUZ.tmp" "$VMLINUZ"
+    fi
+fi
 INITRD="$OUT_DIR/initramfs.cpio.gz"
-VMLINUZ="$OUT_DIR/vmlinuz"
 if [ -e "$INITRD" ] && [ -e "$OUT_DIR/inputs" ] && [ "$(cat "$OUT_DIR/inputs")" = "$INPUTS" ]; then
     log "guest up to date: $INITRD"
 else
@@ -266,10 +284,6 @@ EOF
     printf '%s\n' "$INPUTS" >"$OUT_DIR/inputs"
     log "wrote $INITRD ($(du -h "$INITRD" | cut -f1))"
 fi
-if ! cmp -s "$KDIR/vmlinuz" "$VMLINUZ" 2>/dev/null; then
-    cp "$KDIR/vmlinuz" "$VMLINUZ.tmp" && mv "$VMLINUZ.tmp" "$VMLINUZ"
-fi
-
 echo "KERNEL=$VMLINUZ"
 echo "INITRD=$INITRD"
 echo "KVER=$KVER"
