@@ -285,6 +285,10 @@ for s in steps:
     if s.get("name", "").startswith("demo-") and "stdout" in s:
         out, err = parse_output(s.get("stdout", ""))
         s["output"] = out
+        # udriver's report has its own verdict ({"demo", "ok", "steps": [{"name", "ok", ...}]}): honour it too.
+        if not err and isinstance(out, dict) and out.get("ok") is False:
+            failed = [st.get("name") for st in out.get("steps", []) if isinstance(st, dict) and not st.get("ok")]
+            err = "udriver reports failure" + (f" in {', '.join(map(str, failed))}" if failed else "")
         if err and s.get("ok"):
             s["ok"], s["error"] = False, err
 if guest is not None:
