@@ -117,7 +117,7 @@ if [ -n "$LOG_DIR" ]; then mkdir -p "$LOG_DIR"; else LOG_DIR=$(mktemp -d /tmp/rd
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
 [[ $LOG_DIR =~ ^[A-Za-z0-9._/+-]+$ ]] || fail "log directory $LOG_DIR: use plain characters (it goes into QEMU's JSON)"
 [ ${#LOG_DIR} -le 80 ] || fail "log directory $LOG_DIR is too long for UNIX socket paths"
-rm -f "$LOG_DIR"/{serial.log,qemu.stderr,device-model.log,host-times,result.json}
+rm -f "$LOG_DIR"/{serial.log,qemu.stderr,qemu.pid,qemu.rc,device-model.log,host-times,result.json}
 DM_PID=""
 DM_STATUS="not started"
 stop_device_model() {
@@ -138,8 +138,15 @@ stop_device_model() {
     fi
     DM_PID=""
 }
+# shellcheck disable=SC2317 # called from the INT/TERM trap
+stop_qemu() {
+    local pid
+    pid=$(cat "$LOG_DIR/qemu.pid" 2>/dev/null) || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+}
 trap 'stop_device_model' EXIT
-trap 'log "interrupted; logs in $LOG_DIR"; exit 130' INT TERM
+# QEMU runs in the background and is waited for, so a signal is handled at once, not after QEMU's timeout.
+trap 'log "interrupted; logs kept in $LOG_DIR"; stop_qemu; exit 130' INT TERM
 
 # --- device model -----------------------------------------------------------------------------------------
 HFI1_SOCK="$LOG_DIR/hfi1.sock" IRDMA_SOCK="$LOG_DIR/irdma.sock" CONTROL_SOCK="$LOG_DIR/control.sock"
@@ -224,8 +231,13 @@ serial_reader() {
 log "booting the guest (timeout ${QEMU_TIMEOUT}s; QEMU command in $LOG_DIR/qemu-command.txt)"
 T_QEMU=$EPOCHREALTIME
 set +e
-timeout -k 5 "$QEMU_TIMEOUT" "${QCMD[@]}" </dev/null 2>"$LOG_DIR/qemu.stderr" | serial_reader
-QEMU_RC=${PIPESTATUS[0]}
+(
+    timeout -k 5 "$QEMU_TIMEOUT" "${QCMD[@]}" -pidfile "$LOG_DIR/qemu.pid" </dev/null 2>"$LOG_DIR/qemu.stderr" \
+        | serial_reader
+    echo "${PIPESTATUS[0]}" >"$LOG_DIR/qemu.rc"
+) &
+wait $!
+QEMU_RC=$(cat "$LOG_DIR/qemu.rc" 2>/dev/null || echo 255)
 set -e
 T_QEMU_END=$EPOCHREALTIME
 [ "$QEMU_RC" = 124 ] && log "QEMU did not finish within ${QEMU_TIMEOUT}s"
