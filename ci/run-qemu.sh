@@ -323,7 +323,8 @@ if guest is not None:
 if qemu_rc == 124:
     problems.append("QEMU timed out")
 elif qemu_rc != 0:
-    problems.append(f"QEMU exited with status {qemu_rc}")
+    errs = [l for l in read("qemu.stderr").splitlines() if l.strip() and "warning:" not in l]
+    problems.append(f"QEMU exited with status {qemu_rc}" + (f": {' | '.join(errs[-3:])}" if errs else ""))
 if mode != "no-devices":
     if not dm_status.startswith("running until stopped"):
         problems.append(f"device model {dm_status}")
