@@ -74,8 +74,11 @@ case "$ACCEL" in auto|tcg|kvm) ;; *) die "--accel must be auto, tcg or kvm" ;; e
 command -v python3 >/dev/null || apt_install python3
 
 if [ "$DEVICES" = 0 ]; then MODE=no-devices; elif [ "$SHARE" = 1 ]; then MODE=share; else MODE=no-share; fi
+if [ "$SHARE" = 1 ]; then MEMORY=memfd-shared; else MEMORY=ram-private; fi
+SUFFIX=$MODE
+[ "$DEVICES" = 0 ] && [ "$SHARE" = 0 ] && SUFFIX=no-devices-no-share
 TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
-[ -n "$RESULT" ] || RESULT="$TARGET_DIR/rdma-emu/result-$MODE.json"
+[ -n "$RESULT" ] || RESULT="$TARGET_DIR/rdma-emu/result-$SUFFIX.json"
 mkdir -p "$(dirname "$RESULT")"
 RESULT=$(cd "$(dirname "$RESULT")" && pwd)/$(basename "$RESULT")
 rm -f "$RESULT"
@@ -246,11 +249,11 @@ trap - EXIT
 
 # --- result -----------------------------------------------------------------------------------------------
 set +e
-python3 - "$LOG_DIR" "$RESULT" "$MODE" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
+python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
     "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" <<'EOF'
 import json, os, sys
 
-(log_dir, result_path, mode, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
+(log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
  dm_start, timing_wanted, qemu, kernel, initrd) = sys.argv[1:]
 qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
 
@@ -354,6 +357,7 @@ result = {
     "ok": not problems,
     "problems": problems,
     "mode": mode,
+    "memory": memory,
     "accel": accel,
     "qemu": qemu,
     "kernel": kernel,
