@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the test guest: Debian's bookworm-backports kernel plus a busybox initramfs holding the vfio modules,
-# ci/guest/init and (optionally) a static udriver. Nothing is installed into the host system.
+# ci/guest/init and (optionally) a static udriver. The kernel is only unpacked, never installed on the host.
 #
 #   ci/build-guest.sh [--udriver PATH] [--out DIR] [--refresh]
 #
@@ -10,7 +10,7 @@
 # concurrent runs with different udrivers never overwrite each other's initramfs.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,9s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,12s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 UDRIVER=""
 OUT_DIR=""

@@ -6,8 +6,9 @@
 #
 #   --device-model PATH   device-model binary (env RDMA_EMU_DEVICE_MODEL; default target/{release,debug}/device-model)
 #   --dm-arg ARG          extra device-model argument (repeatable)
-#   --udriver PATH        static udriver put into the guest (env RDMA_EMU_UDRIVER; without it the guest reports
-#                         that udriver is missing)
+#   --udriver PATH        static udriver put into the guest (env RDMA_EMU_UDRIVER; default: the first static
+#                         target/x86_64-unknown-linux-{gnu,musl}/{release,debug}/udriver; without one the guest
+#                         reports that udriver is missing)
 #   --kernel K --initrd I boot this guest instead of the one ci/build-guest.sh builds
 #   --no-share            guest RAM in a non-shared memory-backend-ram: QEMU has no fd to send, so the device
 #                         model must use DMA_READ/DMA_WRITE messages
@@ -28,7 +29,7 @@
 # Exit status 0 only if every step the guest ran is ok. Prints the result file's path on stdout.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,30s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,31s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 DEVICE_MODEL=${RDMA_EMU_DEVICE_MODEL:-}
 UDRIVER=${RDMA_EMU_UDRIVER:-}
@@ -101,6 +102,15 @@ QEMU=${RDMA_EMU_QEMU:-}
 
 if [ -z "$KERNEL" ] || [ -z "$INITRD" ]; then
     [ -z "$KERNEL$INITRD" ] || fail "--kernel and --initrd go together"
+    if [ -z "$UDRIVER" ] && [ "$DEVICES" = 1 ]; then
+        # A static build for the explicit host target, as `cargo build --target x86_64-unknown-linux-gnu` with
+        # `-C target-feature=+crt-static` leaves it.
+        for c in "$TARGET_DIR"/x86_64-unknown-linux-{gnu,musl}/{release,debug}/udriver; do
+            if [ -x "$c" ] && ! readelf -lW "$c" 2>/dev/null | grep -q 'program interpreter'; then
+                UDRIVER=$c; log "using udriver $c"; break
+            fi
+        done
+    fi
     build_args=()
     [ -n "$UDRIVER" ] && build_args=(--udriver "$UDRIVER")
     guest=$(bash "$REPO_ROOT/ci/build-guest.sh" "${build_args[@]}") || fail "ci/build-guest.sh failed"
