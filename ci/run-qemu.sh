@@ -254,6 +254,28 @@ QEMU_RC=$(cat "$LOG_DIR/qemu.rc" 2>/dev/null || echo 255)
 set -e
 T_QEMU_END=$EPOCHREALTIME
 [ "$QEMU_RC" = 124 ] && log "QEMU did not finish within ${QEMU_TIMEOUT}s"
+# The device model's final state, for the logs: best effort, 10 s at most.
+if [ -n "$DM_PID" ] && [ -S "$CONTROL_SOCK" ]; then
+    timeout 10 python3 - "$CONTROL_SOCK" "$LOG_DIR/device-state.json" <<'PY' 2>>"$LOG_DIR/device-state.err" || true
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+def ask(req):
+    f.write(json.dumps(req) + "\n")
+    f.flush()
+    line = f.readline()
+    return json.loads(line) if line else {"ok": False, "error": "no reply"}
+state = {"list": ask({"cmd": "list"})}
+for dev in state["list"].get("result") or []:
+    name = dev.get("name") if isinstance(dev, dict) else None
+    if isinstance(name, str):
+        state[name] = {cmd: ask({"device": name, "cmd": cmd}) for cmd in ("pci", "dump")}
+with open(sys.argv[2], "w") as out:
+    json.dump(state, out, indent=2)
+PY
+fi
 stop_device_model
 trap - EXIT
 
