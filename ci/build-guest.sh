@@ -149,7 +149,7 @@ fetch_kernel() {
         depmod=$(PATH="$PATH:/usr/sbin:/sbin" command -v depmod || true)
         [ -n "$depmod" ] || { apt_install kmod; depmod=$(PATH="$PATH:/usr/sbin:/sbin" command -v depmod); }
         [ "${moddir#"$tmp/root/usr/"}" = "$moddir" ] || { mkdir -p "$tmp/root/lib"; ln -sfn ../usr/lib/modules "$tmp/root/lib/modules"; }
-        "$depmod" -b "$tmp/root" "$kver" || die "depmod failed for $kver"
+        "$depmod" -b "$tmp/root" "$kver" >&2 || die "depmod failed for $kver"
     fi
     [ -e "$moddir/modules.dep" ] || die "no modules.dep for $kver"
     local vmlinuz="$tmp/root/boot/vmlinuz-$kver"
