@@ -1,6 +1,8 @@
 //! The demos `udriver hfi1-demo` and `udriver irdma-demo` run: the driver doing its real work against a
 //! device, each step checked, with a report both readable and machine-readable (`--json`).
 
+pub mod hfi1;
+
 use serde::Serialize;
 use serde_json::Value;
 
