@@ -230,7 +230,7 @@ impl Chip {
             return Err(RxResult::TidInvalidEntry);
         };
         let offset = pkt.offset_bytes();
-        let end = offset.checked_add(len).unwrap_or(u64::MAX);
+        let end = offset.saturating_add(len);
         let first = entry.buf_size.bytes();
         if end <= first {
             return Ok(Placement::at(entry.iova() + offset));
