@@ -18,7 +18,8 @@ fn detail<'a>(rep: &'a DemoReport, name: &str) -> &'a Value {
 fn the_demo_moves_every_byte_of_both_requests_and_rejects_the_wrong_generation() {
     for backend in BACKENDS {
         for (pmtu, segments) in [(4096, 3), (8192, 2)] {
-            let d = Dev::new(Hfi1Config::default(), backend);
+            // The demo enables the device itself, as it must on a fresh function.
+            let d = Dev::unprepared(Hfi1Config::default(), backend);
             let opts = Hfi1DemoOptions { ctxt: 2, pmtu, segments, timeout: TIMEOUT };
             let rep = hfi1_demo(d.dev.clone(), &opts);
             assert!(rep.ok, "{backend:?} pmtu {pmtu}:\n{}", rep.render());
@@ -80,7 +81,7 @@ fn stress_duration() -> Duration {
 #[test]
 fn stress_drives_several_qps_on_one_context_and_leaks_nothing() {
     for backend in BACKENDS {
-        let d = Dev::new(Hfi1Config::default(), backend);
+        let d = Dev::unprepared(Hfi1Config::default(), backend);
         // The full run over the mapped RcvArray (what a vfio-user client uses), a shorter one trapped.
         let duration = if backend == Backend::Mapped { stress_duration() } else { stress_duration() / 5 };
         let rep = hfi1_stress(d.dev.clone(), duration, 4);

@@ -251,6 +251,9 @@ impl Hfi1Loopback {
         let mut rest = descs;
         while !rest.is_empty() {
             let n = self.write_chain(&ring, rest)?;
+            if n == 0 {
+                return Err(DmaMemError::OutOfBounds { offset: 0, len: LB_RING_BYTES + 1, size: ring.len() }.into());
+            }
             rest = rest.get(n..).unwrap_or(&[]);
             self.ring_and_wait(&ring, timeout)?;
             doorbells += 1;

@@ -118,6 +118,15 @@ pub struct Dev {
 
 impl Dev {
     pub fn new(config: Hfi1Config, backend: Backend) -> Self {
+        let d = Self::unprepared(config, backend);
+        // No kernel in between: enable memory space, bus mastering and MSI-X as a driver's probe does.
+        d.dev.pci_enable_device().expect("pci_enable_device");
+        d.dev.enable_msix(1).expect("enable_msix");
+        d
+    }
+
+    /// The device as a client first sees it: memory space, bus mastering and MSI-X off.
+    pub fn unprepared(config: Hfi1Config, backend: Backend) -> Self {
         let engine = Arc::new(Hfi1::new(config).expect("hfi1 engine"));
         let function = Function::try_new(engine, PciIds::hfi1_default()).expect("function");
         let dev: Arc<dyn DeviceAccess> = match backend {
@@ -125,9 +134,6 @@ impl Dev {
             Backend::Mapped => Arc::new(MappedInProcess::new(function.clone(), true)),
             Backend::MappedUntold => Arc::new(MappedInProcess::new(function.clone(), false)),
         };
-        // No kernel in between: enable memory space, bus mastering and MSI-X as a driver's probe does.
-        dev.pci_enable_device().expect("pci_enable_device");
-        dev.enable_msix(1).expect("enable_msix");
         Self { function, dev }
     }
 

@@ -134,6 +134,7 @@ pub fn hfi1_stress(dev: Arc<dyn DeviceAccess>, duration: Duration, threads: usiz
             return Err(format!("threads {threads} not in 1..={MAX_STRESS_THREADS}"));
         }
         // Partition for every context the chip has: context 0 then owns a small share.
+        dev.pci_enable_device().map_err(|e| format!("pci_enable_device: {e}"))?;
         let chip = Hfi1Devdata::probe(dev.clone(), Hfi1Params::default()).map_err(|e| format!("probe: {e}"))?;
         let (p, detail) = Port::bring_up(dev, 0, chip.chip_rcv_contexts)?;
         port = Some(p);
