@@ -303,3 +303,18 @@ fn with_the_rcv_array_mapped_a_neighbours_untaken_programming_survives_only_with
         assert!(bytes(&bb, 0, PG) == pb);
     }
 }
+
+#[test]
+fn every_finished_doorbell_raises_msix_vector_0() {
+    for backend in BACKENDS {
+        let d = Dev::new(Hfi1Config::default(), backend);
+        let drv = bring_up(&d.dev, 1, Hfi1Params::default());
+        // An idle flow is parked valid on the reserved generation (G4): the packet is refused, the doorbell
+        // still completes.
+        let desc = LbDescriptor { kdeth0: kdeth0(0, false, 0, 1), dest_qp: tid_flow_qp(0, 0, 0), psn: 0, payload: &[] };
+        let out = drv.lb.send(&[desc], TIMEOUT).unwrap();
+        assert_eq!((out.doorbells, out.last()), (1, Some(LbResult::GenMismatch)), "{backend:?}");
+        assert!(d.dev.wait_irq(0, TIMEOUT).unwrap(), "{backend:?}: vector 0 fired");
+        assert!(!d.dev.wait_irq(0, std::time::Duration::from_millis(20)).unwrap(), "{backend:?}: once");
+    }
+}

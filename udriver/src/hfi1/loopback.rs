@@ -371,6 +371,89 @@ mod tests {
         assert_eq!(tid_rdma_data_packets(&flow, 0, 0), Err(-libc::EINVAL));
     }
 
+    /// A device whose loopback block misbehaves: it may drop doorbells, never finish them, or report more
+    /// descriptors than were sent.
+    struct Hostile {
+        accepts: bool,
+        finishes: bool,
+        desc_done_per_doorbell: u64,
+        submitted: std::sync::atomic::AtomicU64,
+    }
+
+    impl DeviceAccess for Hostile {
+        fn identity(&self) -> crate::access::DeviceIdentity {
+            Default::default()
+        }
+        fn read32(&self, _: u32, _: u64) -> crate::access::Result<u32> {
+            Ok(u32::MAX)
+        }
+        fn write32(&self, _: u32, _: u64, _: u32) -> crate::access::Result<()> {
+            Ok(())
+        }
+        fn read64(&self, _: u32, offset: u64) -> crate::access::Result<u64> {
+            let n = self.submitted.load(std::sync::atomic::Ordering::Relaxed);
+            Ok(match offset {
+                LB_DB_SUBMITTED => n,
+                LB_DB_DONE if self.finishes => n,
+                LB_DESC_DONE => n * self.desc_done_per_doorbell,
+                _ => 0,
+            })
+        }
+        fn write64(&self, _: u32, offset: u64, _: u64) -> crate::access::Result<()> {
+            if offset == LB_DOORBELL && self.accepts {
+                self.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(())
+        }
+        fn dma_map(&self, _: &crate::dma::DmaMemory, _: u64, _: u64, _: u64) -> crate::access::Result<()> {
+            Ok(())
+        }
+        fn dma_unmap(&self, _: u64, _: u64) -> crate::access::Result<()> {
+            Ok(())
+        }
+        fn enable_msix(&self, _: u32) -> crate::access::Result<()> {
+            Ok(())
+        }
+        fn wait_irq(&self, _: u32, _: Duration) -> crate::access::Result<bool> {
+            Ok(false)
+        }
+    }
+
+    #[test]
+    fn a_misbehaving_loopback_block_gives_errors_never_a_hang() {
+        let payload = [7u8; 16];
+        let desc = LbDescriptor { kdeth0: 0, dest_qp: 0, psn: 0, payload: &payload };
+        // (accepts the doorbell, finishes it, descriptors it claims per doorbell, expected errno)
+        let cases =
+            [(false, true, 1, -libc::EBUSY), (true, false, 1, -libc::ETIMEDOUT), (true, true, 1000, -libc::EIO)];
+        for (accepts, finishes, per_db, errno) in cases {
+            let dev =
+                Arc::new(Hostile { accepts, finishes, desc_done_per_doorbell: per_db, submitted: Default::default() });
+            let pool = DmaPool::new(dev.clone(), false);
+            let lb = Hfi1Loopback::new(dev, &pool).unwrap();
+            let start = std::time::Instant::now();
+            let err = lb.send(&[desc], Duration::from_millis(50)).unwrap_err();
+            assert_eq!(err.to_errno(), errno, "{err}");
+            assert!(start.elapsed() < Duration::from_secs(2));
+        }
+    }
+
+    #[test]
+    fn an_oversized_payload_is_refused_before_touching_the_device() {
+        let big = vec![0u8; LB_MAX_PAYLOAD + 1];
+        let dev = Arc::new(Hostile {
+            accepts: true,
+            finishes: true,
+            desc_done_per_doorbell: 1,
+            submitted: Default::default(),
+        });
+        let pool = DmaPool::new(dev.clone(), false);
+        let lb = Hfi1Loopback::new(dev.clone(), &pool).unwrap();
+        let err = lb.send(&[LbDescriptor { kdeth0: 0, dest_qp: 0, psn: 0, payload: &big }], Duration::from_millis(50));
+        assert_eq!(err.unwrap_err().to_errno(), -libc::EMSGSIZE);
+        assert_eq!(dev.submitted.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn result_codes_decode_and_unknown_codes_do_not() {
         assert_eq!(LbResult::from_code(5), Some(LbResult::GenMismatch));
