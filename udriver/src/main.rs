@@ -149,7 +149,9 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             let report = match kind_of(dev.as_ref(), known) {
                 Some(Kind::Hfi1) => demo::hfi1::hfi1_stress(dev, duration, *threads),
                 Some(Kind::Irdma) => demo::irdma::irdma_stress(dev, duration, *threads),
-                None => return Err("stress: the device is neither the emulated hfi1 nor irdma (unknown PCI IDs)".into()),
+                None => {
+                    return Err("stress: the device is neither the emulated hfi1 nor irdma (unknown PCI IDs)".into())
+                }
             };
             Ok(print_report(cli, &report))
         }
@@ -160,7 +162,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();
