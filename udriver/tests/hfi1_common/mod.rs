@@ -121,7 +121,11 @@ pub struct ServedSocket {
 }
 
 impl ServedSocket {
-    fn new(function: Arc<Function>) -> Self {
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    pub fn new(function: Arc<Function>) -> Self {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("hfi1-it-{}-{n}.sock", std::process::id()));
