@@ -13,7 +13,7 @@ use udriver::access::DeviceAccess;
 use udriver::backend::inproc::InProcess;
 use udriver::backend::vfio_user::VfioUserBackend;
 
-#[allow(dead_code)] // the hfi1 rig in there is not used here, only its vfio-user server
+// Only its vfio-user server is used here; the module allows its own dead code.
 mod hfi1_common;
 use udriver::dma::DmaPool;
 use udriver::irdma::cqp::{irdma_sc_cqp_get_next_send_wqe_idx, irdma_sc_cqp_post_sq};
