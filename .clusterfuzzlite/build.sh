@@ -24,10 +24,11 @@ else
 -Cllvm-args=-sanitizer-coverage-trace-compares"
     export RUSTFLAGS="${RUSTFLAGS:-} $SANCOV"
     # libFuzzer's C++ is built by libfuzzer-sys with $CXX/$CXXFLAGS; a GCC toolchain cannot take clang's
-    # -fsanitize=fuzzer-no-link, which the engine's CXXFLAGS carry for C/C++ projects.
+    # -fsanitize=fuzzer-no-link or -stdlib=libc++, which the engine's flags carry for C/C++ projects.
     if ! "${CXX:-c++}" --version 2>/dev/null | grep -qi clang; then
-        export CXXFLAGS="$(echo "${CXXFLAGS:-}" | sed -E 's/-fsanitize=[^ ]*//g')"
-        export CFLAGS="$(echo "${CFLAGS:-}" | sed -E 's/-fsanitize=[^ ]*//g')"
+        strip_clang() { echo "${1:-}" | sed -E 's/-fsanitize[^ ]*//g; s/-stdlib=libc\+\+//g'; }
+        CFLAGS="$(strip_clang "${CFLAGS:-}")" CXXFLAGS="$(strip_clang "${CXXFLAGS:-}")"
+        export CFLAGS CXXFLAGS
     fi
     export CARGO_TARGET_DIR="${WORK:-$REPO/fuzz/target}/cargo-target"
     cargo build --release --target "$TRIPLE" --bins

@@ -157,7 +157,7 @@ fn shaped(
             put_u64(&mut p, values[1]);
             put_u64(&mut p, values[2]);
             if cap_offset.is_some() {
-                p.resize((caps_at as usize).max(32).min(4096), 0);
+                p.resize((caps_at as usize).clamp(32, 4096), 0);
                 put_u16(&mut p, cap_id);
                 put_u16(&mut p, 1);
                 put_u32(&mut p, v32(3));

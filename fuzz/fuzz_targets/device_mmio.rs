@@ -18,52 +18,8 @@ use libfuzzer_sys::fuzz_target;
 use device_model::engine::{Engine, Interrupt};
 use device_model::hfi1::{self, regs as hregs, Hfi1, Hfi1Config, Packet};
 use device_model::irdma::{self, regs as iregs, Irdma, IrdmaConfig};
-use rdma_emu_fuzz::dma_oracle::{GuardedMemory, ReadHook};
-
-/// DMA layout of each engine: two mapped windows with a hole between them.
-const WIN: [(u64, usize); 2] = [(0x10_0000, 0x1_0000), (0x30_0000, 0x1_0000)];
-const HOLE: u64 = 0x20_0000;
-/// Most operations one input runs: keeps a slow input from dominating.
-const MAX_OPS: usize = 64;
-/// Longest wait for an engine to finish queued work. Longer is a hang.
-const IDLE_DEADLINE: Duration = Duration::from_secs(5);
-
-/// An IOVA: inside a window (most of the time), in the hole, or anywhere.
-#[derive(Arbitrary, Debug, Clone, Copy)]
-enum Addr {
-    Win { w: bool, off: u16 },
-    Hole(u16),
-    Raw(u64),
-}
-
-impl Addr {
-    fn iova(self) -> u64 {
-        match self {
-            Addr::Win { w, off } => WIN[w as usize].0 + u64::from(off),
-            Addr::Hole(off) => HOLE + u64::from(off),
-            Addr::Raw(a) => a,
-        }
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-enum Width {
-    W1,
-    W2,
-    W4,
-    W8,
-}
-
-impl Width {
-    fn bytes(self) -> usize {
-        match self {
-            Width::W1 => 1,
-            Width::W2 => 2,
-            Width::W4 => 4,
-            Width::W8 => 8,
-        }
-    }
-}
+use rdma_emu_fuzz::dma_oracle::GuardedMemory;
+use rdma_emu_fuzz::mmio_input::{build_wqe, irdma_read_hook, Addr, Width, WqeCmd, IDLE_DEADLINE, MAX_OPS, WIN};
 
 #[derive(Arbitrary, Debug)]
 enum HfiReg {
@@ -136,35 +92,6 @@ enum IrdmaReg {
     Loopback(u8),
     DoorbellPage(u16),
     Raw(u32),
-}
-
-#[derive(Arbitrary, Debug)]
-enum WqeCmd {
-    Nop,
-    CreateCq {
-        size: u32,
-        ring: Addr,
-        shadow: Addr,
-        ceq: Option<u8>,
-        extended: bool,
-        extra_qw3: u64,
-    },
-    DestroyCq {
-        cq_id: u8,
-    },
-    Qhash {
-        manage: u8,
-        entry_type: u8,
-        ipv4: bool,
-        vlan: Option<u16>,
-        mac: u64,
-        ports: u32,
-        qpn: u32,
-        qs: u16,
-        src: [u32; 4],
-        dst: [u32; 4],
-    },
-    Raw([u64; 8]),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -256,20 +183,6 @@ struct Rig {
     doorbells: u64,
 }
 
-/// A CREATE_CQ the irdma device fetched names the ring it will write CQEs into.
-fn irdma_read_hook() -> ReadHook {
-    Box::new(|_iova, data| {
-        let Ok(bytes) = <&[u8; irdma::wqe::IRDMA_CQP_WQE_SIZE]>::try_from(data) else { return Vec::new() };
-        match irdma::wqe::Wqe::from_bytes(bytes).decode() {
-            Ok(irdma::wqe::Command::CreateCq(c)) => {
-                let cqe = if c.extended_cqe { irdma::ccq::IRDMA_EXTENDED_CQE_SIZE } else { irdma::ccq::IRDMA_CQE_SIZE };
-                vec![(c.ring_pa, c.cq_size.saturating_mul(cqe))]
-            }
-            _ => Vec::new(),
-        }
-    })
-}
-
 impl Rig {
     fn new() -> Option<Rig> {
         let engines = ENGINES.get_or_init(|| {
@@ -331,7 +244,7 @@ impl Rig {
         let Ok(b) = <[u8; 8]>::try_from(data) else { return };
         let value = u64::from_le_bytes(b);
         let count = hfi_config().rcv_array_count as u64;
-        if offset < hregs::RCV_ARRAY || offset >= hregs::RCV_ARRAY + count * 8 || offset % 8 != 0 {
+        if offset < hregs::RCV_ARRAY || offset >= hregs::RCV_ARRAY + count * 8 || !offset.is_multiple_of(8) {
             return;
         }
         let code = (value >> hregs::RCV_ARRAY_RT_BUF_SIZE_SHIFT) & hregs::RCV_ARRAY_RT_BUF_SIZE_MASK;
@@ -573,64 +486,6 @@ impl Rig {
             assert_eq!(mem.check_snapshot(), None, "{name}: memory changed outside allowed buffers");
         }
     }
-}
-
-fn build_wqe(cmd: WqeCmd, valid: bool) -> [u64; 8] {
-    use irdma::wqe::*;
-    let mut qw = [0u64; 8];
-    let op = match cmd {
-        WqeCmd::Nop => IRDMA_CQP_OP_NOP,
-        WqeCmd::CreateCq { size, ring, shadow, ceq, extended, extra_qw3 } => {
-            qw[0] = u64::from(size % 8192);
-            qw[4] = ring.iova() & !(IRDMA_CQ0_ALIGNMENT - 1);
-            qw[5] = shadow.iova() & !7;
-            qw[3] = extra_qw3
-                & (IRDMA_CQPSQ_CQ_LPBLSIZE.mask()
-                    | IRDMA_CQPSQ_CQ_CHKOVERFLOW.mask()
-                    | IRDMA_CQPSQ_CQ_ENCEQEMASK.mask());
-            if let Some(c) = ceq {
-                qw[3] |= IRDMA_CQPSQ_CQ_CEQID.put(u64::from(c % 8)) | IRDMA_CQPSQ_CQ_CEQIDVALID.put(1);
-            }
-            if extended {
-                qw[3] |= IRDMA_CQPSQ_CQ_AVOIDMEMCNFLCT.put(1);
-            }
-            IRDMA_CQP_OP_CREATE_CQ
-        }
-        WqeCmd::DestroyCq { cq_id } => {
-            qw[3] = IRDMA_CQPSQ_CQ_CQID.put(u64::from(cq_id % 2));
-            IRDMA_CQP_OP_DESTROY_CQ
-        }
-        WqeCmd::Qhash { manage, entry_type, ipv4, vlan, mac, ports, qpn, qs, src, dst } => {
-            qw[0] = IRDMA_CQPSQ_QHASH_MAC.put(mac);
-            qw[1] = IRDMA_CQPSQ_QHASH_DEST_PORT.put(u64::from(ports & 0xFFFF))
-                | if entry_type % 8 == 1 { IRDMA_CQPSQ_QHASH_SRC_PORT.put(u64::from(ports >> 16)) } else { 0 }
-                | IRDMA_CQPSQ_QHASH_QPN.put(u64::from(qpn));
-            qw[2] = IRDMA_CQPSQ_QHASH_QS_HANDLE.put(u64::from(qs))
-                | vlan.map_or(0, |v| IRDMA_CQPSQ_QHASH_VLANID.put(u64::from(v)));
-            qw[3] = IRDMA_CQPSQ_QHASH_ENTRYTYPE.put(u64::from(entry_type % 8))
-                | IRDMA_CQPSQ_QHASH_VLANVALID.put(u64::from(vlan.is_some()))
-                | IRDMA_CQPSQ_QHASH_IPV4VALID.put(u64::from(ipv4))
-                | IRDMA_CQPSQ_QHASH_MANAGE.put(u64::from(manage % 4));
-            let words = |w: [u32; 4]| -> (u64, u64) {
-                if ipv4 {
-                    (u64::from(w[0]), 0)
-                } else {
-                    ((u64::from(w[2]) << 32) | u64::from(w[3]), (u64::from(w[0]) << 32) | u64::from(w[1]))
-                }
-            };
-            (qw[4], qw[5]) = words(src);
-            (qw[6], qw[7]) = words(dst);
-            IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY
-        }
-        WqeCmd::Raw(raw) => {
-            qw = raw;
-            (IRDMA_CQPSQ_OPCODE.get(raw[3])) as u8
-        }
-    };
-    qw[3] = (qw[3] & !(IRDMA_CQPSQ_OPCODE.mask() | IRDMA_CQPSQ_WQEVALID.mask()))
-        | IRDMA_CQPSQ_OPCODE.put(u64::from(op))
-        | IRDMA_CQPSQ_WQEVALID.put(u64::from(valid));
-    qw
 }
 
 fuzz_target!(|ops: Vec<Op>| {

@@ -29,6 +29,7 @@ use udriver::hfi1::exp_rcv::*;
 use udriver::hfi1::flow::{hfi1_kern_clear_hw_flow, hfi1_kern_setup_hw_flow};
 use udriver::hfi1::qp::{Hfi1Qp, IbQpType, QpSendState};
 use udriver::hfi1::sge::{RvtSge, RvtSgeState};
+use udriver::hfi1::tid::ExpTidSet;
 use udriver::hfi1::wqe::{hfi1_setup_wqe, rvt_post_one_wr, Hfi1SwqePriv, IbWrOpcode, RvtAh, RvtSwqe};
 use udriver::irdma::process::{irdma_cqp_ce_handler, irdma_handle_cqp_op, irdma_post_cqp_op, irdma_wait_cqp_op};
 use udriver::irdma::qhash::{IrdmaQhashTableInfo, IrdmaQuadEntryType, IrdmaQuadHashManageType, IrdmaVsiQos};
@@ -115,10 +116,13 @@ fn bounded<T>(what: &str, f: impl FnOnce() -> T) -> T {
     r
 }
 
+/// Which (used, size) a group on a list may have.
+type UseRule = fn(u8, u8) -> bool;
+
 /// The three TID group sets agree with each group's use count and with their own counts.
 fn check_groups(rcd: &Hfi1Ctxtdata) -> u32 {
     let exp = rcd.lock_exp();
-    let sets: [(&str, &udriver::hfi1::tid::ExpTidSet, fn(u8, u8) -> bool); 3] = [
+    let sets: [(&str, &ExpTidSet, UseRule); 3] = [
         ("free", &exp.tid_group_list, |u, _| u == 0),
         ("used", &exp.tid_used_list, |u, s| u > 0 && u < s),
         ("full", &exp.tid_full_list, |u, s| u == s),

@@ -58,11 +58,19 @@ enum ReadAction {
     Slow,
 }
 
+/// One live DMA mapping as the backend saw it: length, an alias of the memory (so the device can still
+/// corrupt it), offset in that memory.
+struct Mapping {
+    len: u64,
+    mem: Arc<DmaMemory>,
+    offset: u64,
+}
+
 pub struct Hostile {
     inner: InProcess,
     script: Mutex<Script>,
-    /// The driver's live mappings as this backend saw them: iova -> (len, memory alias, offset).
-    maps: Mutex<BTreeMap<u64, (u64, Arc<DmaMemory>, u64)>>,
+    /// The driver's live mappings as this backend saw them, by IOVA.
+    maps: Mutex<BTreeMap<u64, Mapping>>,
     violations: Mutex<Vec<String>>,
 }
 
@@ -90,7 +98,7 @@ impl Hostile {
     }
 
     pub fn live_mappings(&self) -> Vec<(u64, u64)> {
-        self.maps.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(i, (l, _, _))| (*i, *l)).collect()
+        self.maps.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(i, m)| (*i, m.len)).collect()
     }
 
     fn read_action(&self) -> ReadAction {
@@ -118,10 +126,10 @@ impl Hostile {
         if maps.is_empty() || data.is_empty() {
             return;
         }
-        let Some((_, (len, mem, moff))) = maps.iter().nth(usize::from(map) % maps.len()) else { return };
-        let n = (data.len() as u64).min(*len);
-        let at = u64::from(off) % (len - n + 1);
-        let _ = mem.write((moff + at) as usize, &data[..n as usize]);
+        let Some((_, m)) = maps.iter().nth(usize::from(map) % maps.len()) else { return };
+        let n = (data.len() as u64).min(m.len);
+        let at = u64::from(off) % (m.len - n + 1);
+        let _ = m.mem.write((m.offset + at) as usize, &data[..n as usize]);
     }
 
     fn read(&self, width_bits: u32, real: impl FnOnce() -> Result<u64>) -> Result<u64> {
@@ -193,20 +201,20 @@ impl DeviceAccess for Hostile {
         let end = iova.saturating_add(len);
         {
             let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((b, (l, _, _))) = maps.range(..end).next_back().filter(|(b, (l, _, _))| **b + *l > iova) {
-                self.violation(format!("map {iova:#x}+{len:#x} overlaps live mapping {b:#x}+{l:#x}"));
+            if let Some((b, m)) = maps.range(..end).next_back().filter(|(b, m)| **b + m.len > iova) {
+                self.violation(format!("map {iova:#x}+{len:#x} overlaps live mapping {b:#x}+{:#x}", m.len));
             }
         }
         self.inner.dma_map(mem, offset, len, iova)?;
         let alias = DmaMemory::alias(mem).map_err(|e| AccessError::Other(e.to_string()))?;
-        self.maps.lock().unwrap_or_else(|e| e.into_inner()).insert(iova, (len, Arc::new(alias), offset));
+        self.maps.lock().unwrap_or_else(|e| e.into_inner()).insert(iova, Mapping { len, mem: Arc::new(alias), offset });
         Ok(())
     }
     fn dma_unmap(&self, iova: u64, len: u64) -> Result<()> {
         let removed = self.maps.lock().unwrap_or_else(|e| e.into_inner()).remove(&iova);
         match removed {
-            Some((l, _, _)) if l == len => {}
-            Some((l, _, _)) => self.violation(format!("unmap {iova:#x}+{len:#x} of a mapping of {l:#x}")),
+            Some(m) if m.len == len => {}
+            Some(m) => self.violation(format!("unmap {iova:#x}+{len:#x} of a mapping of {:#x}", m.len)),
             None => self.violation(format!("unmap {iova:#x}+{len:#x} of nothing mapped")),
         }
         self.inner.dma_unmap(iova, len)
