@@ -54,6 +54,9 @@ enum Command {
         /// VFIO device: PCI address (0000:00:03.0) or sysfs path.
         device: Option<String>,
     },
+    /// hfi1: reserve flows, set up TID RDMA receive over contiguous and fragmented buffers, send data through
+    /// the loopback path, verify it byte for byte, clear and free.
+    Hfi1Demo { device: Option<String> },
     /// irdma: create the CQP and CCQ, add/modify/delete quad-hash entries, classify segments, destroy.
     IrdmaDemo { device: Option<String> },
     /// Several threads hammer the device (hfi1: QPs on one context; irdma: qhash add/delete through one CQP),
@@ -132,6 +135,10 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Hfi1Demo { device } => {
+            let (dev, _) = open(cli, device.as_deref())?;
+            Ok(print_report(cli, &demo::hfi1::hfi1_demo(dev, &demo::hfi1::Hfi1DemoOptions::default())))
+        }
         Command::IrdmaDemo { device } => {
             let (dev, _) = open(cli, device.as_deref())?;
             Ok(print_report(cli, &demo::irdma::irdma_demo(dev, &demo::irdma::IrdmaDemoOptions::default())))
@@ -140,7 +147,7 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             let (dev, known) = open(cli, device.as_deref())?;
             let duration = Duration::from_secs(*seconds);
             let report = match kind_of(dev.as_ref(), known) {
-                Some(Kind::Hfi1) => return Err("stress: hfi1 stress lands with the hfi1 demo".into()),
+                Some(Kind::Hfi1) => demo::hfi1::hfi1_stress(dev, duration, *threads),
                 Some(Kind::Irdma) => demo::irdma::irdma_stress(dev, duration, *threads),
                 None => {
                     return Err("stress: the device is neither the emulated hfi1 nor irdma (unknown PCI IDs)".into())
