@@ -6,6 +6,7 @@
 # RUSTFLAGS/CFLAGS (its `cargo` wrapper adds coverage instrumentation for coverage builds). Elsewhere
 # (a local test of this script, see docs/fuzzing.md) the stable path of ci/fuzz.sh is used: rustc's own
 # sancov passes, appended to the engine's RUSTFLAGS.
+set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ -d "$REPO/fuzz" ] || REPO="$SRC/rdma-emu"
 cd "$REPO/fuzz"
@@ -24,9 +25,9 @@ else
 -Cllvm-args=-sanitizer-coverage-trace-compares"
     export RUSTFLAGS="${RUSTFLAGS:-} $SANCOV"
     # libFuzzer's C++ is built by libfuzzer-sys with $CXX/$CXXFLAGS; a GCC toolchain cannot take clang's
-    # -fsanitize=fuzzer-no-link or -stdlib=libc++, which the engine's flags carry for C/C++ projects.
+    # -fsanitize=fuzzer-no-link, -stdlib=libc++ or -gline-tables-only, which the engine's flags carry.
     if ! "${CXX:-c++}" --version 2>/dev/null | grep -qi clang; then
-        strip_clang() { echo "${1:-}" | sed -E 's/-fsanitize[^ ]*//g; s/-stdlib=libc\+\+//g'; }
+        strip_clang() { echo "${1:-}" | sed -E 's/-fsanitize[^ ]*//g; s/-stdlib=libc\+\+//g; s/-gline-tables-only/-g/g'; }
         CFLAGS="$(strip_clang "${CFLAGS:-}")" CXXFLAGS="$(strip_clang "${CXXFLAGS:-}")"
         export CFLAGS CXXFLAGS
     fi

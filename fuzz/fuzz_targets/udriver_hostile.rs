@@ -27,6 +27,7 @@ use udriver::dma::{DmaBuffer, DmaPool};
 use udriver::hfi1::ctxt::{Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params};
 use udriver::hfi1::exp_rcv::*;
 use udriver::hfi1::flow::{hfi1_kern_clear_hw_flow, hfi1_kern_setup_hw_flow};
+use udriver::hfi1::loopback::{tid_flow_qp, tid_rdma_data_packets, Hfi1Loopback};
 use udriver::hfi1::qp::{Hfi1Qp, IbQpType, QpSendState};
 use udriver::hfi1::sge::{RvtSge, RvtSgeState};
 use udriver::hfi1::tid::ExpTidSet;
@@ -42,15 +43,45 @@ const MAX_BUFFERS: usize = 4;
 
 #[derive(Arbitrary, Debug)]
 enum HfiOp {
-    SetupHwFlow { qp: u8 },
-    ClearHwFlow { qp: u8 },
-    Alloc { runs: Vec<u8> },
-    Free { buf: u8 },
-    Setup { qp: u8, buf: u8, seg_pages: u8, n_flows: u8 },
-    Clear { qp: u8 },
-    ClearAll { qp: u8 },
-    Wqe { qp: u8, opcode: u8, length: u32, buf: u8, offset: u16, ah: Option<(u8, u8)>, post: bool },
+    SetupHwFlow {
+        qp: u8,
+    },
+    ClearHwFlow {
+        qp: u8,
+    },
+    Alloc {
+        runs: Vec<u8>,
+    },
+    Free {
+        buf: u8,
+    },
+    Setup {
+        qp: u8,
+        buf: u8,
+        seg_pages: u8,
+        n_flows: u8,
+    },
+    Clear {
+        qp: u8,
+    },
+    ClearAll {
+        qp: u8,
+    },
+    Wqe {
+        qp: u8,
+        opcode: u8,
+        length: u32,
+        buf: u8,
+        offset: u16,
+        ah: Option<(u8, u8)>,
+        post: bool,
+    },
     RunWakeups,
+    /// Sends the data packets of `qp`'s oldest set-up flow through the loopback path (the responder side).
+    Loopback {
+        qp: u8,
+        fill: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -194,6 +225,7 @@ fn run_hfi1(dev: Arc<Hostile>, split: u8, pmtu_sel: u8, ops: Vec<HfiOp>) {
         })
         .collect();
     let mut bufs: Vec<Arc<DmaBuffer>> = Vec::new();
+    let lb = bounded("loopback", || Hfi1Loopback::new(pool.device().clone(), &pool)).ok();
     for op in ops.into_iter().take(MAX_OPS) {
         match op {
             HfiOp::SetupHwFlow { qp } => {
@@ -277,6 +309,15 @@ fn run_hfi1(dev: Arc<Hostile>, split: u8, pmtu_sel: u8, ops: Vec<HfiOp>) {
             HfiOp::RunWakeups => {
                 bounded("wakeups", || dd.wq.run_pending(16));
             }
+            HfiOp::Loopback { qp, fill } => {
+                let (Some(lb), s) = (&lb, &qps[usize::from(qp) % 4]) else { continue };
+                let Some(flow) = s.req.flow(s.req.clear_tail) else { continue };
+                let dest = tid_flow_qp(s.qp.qp_num, flow.idx, rcd.ctxt);
+                let Ok(packets) = tid_rdma_data_packets(flow, dest, pmtu) else { continue };
+                let segment = vec![fill; flow.length as usize];
+                let descs: Vec<_> = packets.iter().filter_map(|p| p.descriptor(&segment)).collect();
+                let _ = bounded("loopback send", || lb.send(&descs, Duration::from_millis(5)));
+            }
         }
         check_groups(&rcd);
     }
@@ -292,6 +333,9 @@ fn run_hfi1(dev: Arc<Hostile>, split: u8, pmtu_sel: u8, ops: Vec<HfiOp>) {
         let _ = hfi1_kern_exp_rcv_free_flows(&mut s.req);
     }
     drop(qps);
+    if let Some(lb) = lb {
+        lb.release(&pool);
+    }
     for b in bufs {
         match Arc::try_unwrap(b) {
             Ok(b) => b.release(&pool),
