@@ -17,7 +17,7 @@ fn a_signal_while_waiting_for_the_rest_of_a_message_does_not_drop_it() {
     // poll() sees EINTR; the sigaction struct is fully initialised (zeroed, then an empty mask).
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = ignore as usize;
+        sa.sa_sigaction = ignore as *const () as usize;
         libc::sigemptyset(&mut sa.sa_mask);
         assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
     }
