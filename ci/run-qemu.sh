@@ -351,6 +351,8 @@ if guest is not None:
         for dev in ("hfi1", "irdma"):
             if dev in guest.get("devices", {}):
                 expected.append(f"demo-{dev}")
+        if "irdma" in guest.get("devices", {}):
+            expected.append("demo-irdma-irq")
     for name in expected:
         if name not in names:
             problems.append(f"step {name} did not run")

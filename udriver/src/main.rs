@@ -47,6 +47,12 @@ enum Kind {
     Irdma,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Wait {
+    Poll,
+    Irq,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Identify the device: IDs, BARs, MSI-X vectors, which BARs are mapped.
@@ -58,7 +64,13 @@ enum Command {
     /// the loopback path, verify it byte for byte, clear and free.
     Hfi1Demo { device: Option<String> },
     /// irdma: create the CQP and CCQ, add/modify/delete quad-hash entries, classify segments, destroy.
-    IrdmaDemo { device: Option<String> },
+    IrdmaDemo {
+        device: Option<String>,
+        /// Wait for CQP completions by polling the CCQ, or by MSI-X interrupt (CCQ armed, CEQ 0 routed to
+        /// vector 0).
+        #[arg(long, value_enum, default_value_t = Wait::Poll)]
+        wait: Wait,
+    },
     /// Several threads hammer the device (hfi1: QPs on one context; irdma: qhash add/delete through one CQP),
     /// then check that nothing leaked.
     Stress {
@@ -139,9 +151,13 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             let (dev, _) = open(cli, device.as_deref())?;
             Ok(print_report(cli, &demo::hfi1::hfi1_demo(dev, &demo::hfi1::Hfi1DemoOptions::default())))
         }
-        Command::IrdmaDemo { device } => {
+        Command::IrdmaDemo { device, wait } => {
             let (dev, _) = open(cli, device.as_deref())?;
-            Ok(print_report(cli, &demo::irdma::irdma_demo(dev, &demo::irdma::IrdmaDemoOptions::default())))
+            let mut opts = demo::irdma::IrdmaDemoOptions::default();
+            if *wait == Wait::Irq {
+                opts.config.wait_mode = udriver::irdma::process::IrdmaCqpWaitMode::Event { vector: 0 };
+            }
+            Ok(print_report(cli, &demo::irdma::irdma_demo(dev, &opts)))
         }
         Command::Stress { device, seconds, threads } => {
             let (dev, known) = open(cli, device.as_deref())?;
