@@ -352,6 +352,18 @@ fn build(op: Op) -> Option<Outgoing> {
     })
 }
 
+/// Every thread's name and kernel wait channel, to tell a blocked lock from a blocked socket in a report.
+fn thread_states() -> String {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return String::new() };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default().trim().to_string();
+        out.push(format!("{}:{}:{}", read("comm"), read("wchan"), read("syscall").split(' ').next().unwrap_or("")));
+    }
+    out.join(" ")
+}
+
 fn run(input: Input) {
     let Some(servers) = servers() else { return };
     let served = &servers[input.irdma as usize];
@@ -406,12 +418,18 @@ fn run(input: Input) {
                 if h.no_reply() || h.is_reply() {
                     continue;
                 }
+                let sent_at = std::time::Instant::now();
                 match peer.await_reply(id, REPLY_DEADLINE, answer_dma) {
                     Some(Answer::Reply(m)) => {
                         assert_eq!(m.header.command, h.command, "reply to {id} names another command");
                     }
                     Some(Answer::Closed) => break,
-                    None => panic!("request {id} (command {}) unanswered after {REPLY_DEADLINE:?}", h.command),
+                    None => panic!(
+                        "request {id} (command {}) unanswered after {:?} (deadline {REPLY_DEADLINE:?}); threads: {}",
+                        h.command,
+                        sent_at.elapsed(),
+                        thread_states()
+                    ),
                 }
             }
         }
