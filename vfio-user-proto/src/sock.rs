@@ -105,8 +105,13 @@ fn recv_exact(
             }
         } else {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || !wait_readable(stream, left)? {
+            if left.is_zero() {
                 return Err(FrameError::Timeout);
+            }
+            // `false` is a timeout or a signal (EINTR): look at the deadline again rather than
+            // mistaking a signal for a stalled peer.
+            if !wait_readable(stream, left)? {
+                continue;
             }
         }
         let room = (limits.max_fds as usize).saturating_sub(fds.len());
