@@ -12,7 +12,10 @@ qemu_qualifies() { # binary
     [ -x "$bin" ] || return 1
     ver=$("$bin" --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9.]*\).*/\1/p')
     [ -n "$ver" ] && version_ge "$ver" "$MIN_VERSION" || return 1
-    "$bin" -nodefaults -machine none -device help 2>/dev/null | grep -q '"vfio-user-pci"'
+    # Captured first: with pipefail, `grep -q` closing the pipe early would fail the check on SIGPIPE.
+    local devices
+    devices=$("$bin" -nodefaults -machine none -device help 2>/dev/null) || return 1
+    grep -q '"vfio-user-pci"' <<<"$devices"
 }
 
 install_firmware() {
