@@ -112,7 +112,13 @@ pub fn rcvarray_programming(budget: Duration) -> Case {
             case.metric(&format!("{how}: ns per entry"), 1e9 / rate.max(1e-9), "ns");
             rates[i] = rate;
         }
-        case.target(Target::new("mmap / trapped speed-up", rates[0] / rates[1].max(1e-9), TARGET_SPEEDUP, "x", Better::Higher));
+        case.target(Target::new(
+            "mmap / trapped speed-up",
+            rates[0] / rates[1].max(1e-9),
+            TARGET_SPEEDUP,
+            "x",
+            Better::Higher,
+        ));
         case.note(format!(
             "batches of {MAPPED_BATCH} (mapped) / {TRAPPED_BATCH} (trapped) hfi1_put_tid calls; afterwards the \
              device's dump must hold every programmed entry as valid (the mapped stores were taken)"
@@ -160,10 +166,17 @@ fn setup_clear(rig: &Rig, buf: &Arc<crate::dma::DmaBuffer>, budget: Duration) ->
     seg.setup(&mut sge_state(buf)?)?;
     let (tidcnt, npkts) = seg.req.flow(0).map(|f| (f.tidcnt, f.npkts)).ok_or("no flow 0")?;
     seg.clear()?;
-    let s = sample_prepared(budget, 100, 100, usize::MAX, || sge_state(buf), |mut ss| {
-        seg.setup(&mut ss)?;
-        seg.clear()
-    })?;
+    let s = sample_prepared(
+        budget,
+        100,
+        100,
+        usize::MAX,
+        || sge_state(buf),
+        |mut ss| {
+            seg.setup(&mut ss)?;
+            seg.clear()
+        },
+    )?;
     Ok((s, tidcnt, npkts))
 }
 
@@ -174,8 +187,7 @@ pub fn exp_rcv_setup_clear(budget: Duration) -> Case {
             for mapped in [true, false] {
                 let rig = Rig::new(Hfi1Config::default(), mapped)?;
                 let contiguous = Arc::new(rig.pool.alloc_contiguous(SEGMENT).map_err(|e| e.to_string())?);
-                let fragmented =
-                    Arc::new(rig.pool.alloc_fragmented(&[1; SEGMENT_PAGES]).map_err(|e| e.to_string())?);
+                let fragmented = Arc::new(rig.pool.alloc_fragmented(&[1; SEGMENT_PAGES]).map_err(|e| e.to_string())?);
                 let how = if mapped { "mapped RcvArray" } else { "trapped RcvArray" };
                 for (layout, buf) in [("contiguous", &contiguous), ("fragmented (64 single pages)", &fragmented)] {
                     let (s, tidcnt, npkts) = setup_clear(&rig, buf, budget)?;

@@ -154,13 +154,7 @@ fn report(case: &mut Case, op: &str, v: &Variants) {
     case.metric(&format!("{op}: vfio-user trapped round trip, p99"), v.vfio_user.quantile(0.99), "ns");
     case.metric(&format!("{op}: vfio-user / reader-thread ping-pong"), vu / handoff.max(1.0), "x");
     case.metric(&format!("{op}: samples per variant"), v.raw.len().min(v.vfio_user.len()) as f64, "");
-    case.target(Target::new(
-        &format!("{op} / raw ping-pong"),
-        vu / raw.max(1.0),
-        TARGET_RATIO,
-        "x",
-        Better::Lower,
-    ));
+    case.target(Target::new(&format!("{op} / raw ping-pong"), vu / raw.max(1.0), TARGET_RATIO, "x", Better::Lower));
 }
 
 pub fn round_trip(budget: Duration) -> Case {
