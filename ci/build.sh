@@ -12,7 +12,7 @@ log "cargo build --release --target $TRIPLE (static udriver for the guest)"
 # --target keeps RUSTFLAGS away from build scripts and proc macros, and the host build's cache intact.
 RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -p udriver --target "$TRIPLE" >&2
 UDRIVER="$TARGET_DIR/$TRIPLE/release/udriver"
-file "$UDRIVER" 2>/dev/null | grep -q "statically linked" || ldd "$UDRIVER" 2>&1 | grep -q "not a dynamic" \
+ldd "$UDRIVER" 2>&1 | grep -qE "statically linked|not a dynamic executable" \
     || die "$UDRIVER is not statically linked"
 echo "$TARGET_DIR/release/device-model"
 echo "$UDRIVER"

@@ -54,3 +54,36 @@ apt_install() {
 
 # version_ge A B: true if version A >= B (dpkg ordering).
 version_ge() { dpkg --compare-versions "$1" ge "$2"; }
+
+# accel_for QEMU KERNEL INITRD: prints "kvm" if KVM really runs this guest, else "tcg". /dev/kvm can exist and
+# still fail (nested KVM stops with "KVM internal error" once the kernel enters long mode), so the probe boots
+# the guest itself without devices and waits for its init; the verdict is cached per host kernel, CPU and QEMU.
+accel_for() {
+    local qemu=$1 kernel=$2 initrd=$3
+    [ -r /dev/kvm ] && [ -w /dev/kvm ] || { echo tcg; return 0; }
+    local key file
+    key=$({ uname -r; grep -m1 '^model name' /proc/cpuinfo; "$qemu" --version | head -n1; sha256sum <"$kernel"; } \
+        | sha256sum | cut -c1-16)
+    file="$CACHE_DIR/kvm-probe/$key"
+    if [ -s "$file" ]; then cat "$file"; return 0; fi
+    log "probing whether KVM works (cached afterwards)"
+    local out verdict=tcg pid
+    out=$(mktemp -d)
+    timeout -k 2 30 "$qemu" -accel kvm -cpu host -machine q35 -m 256M -nodefaults -no-reboot -display none \
+        -serial "file:$out/serial" -kernel "$kernel" -initrd "$initrd" \
+        -append 'console=ttyS0 panic=-1 quiet rdma_emu.hfi1=none rdma_emu.irdma=none' </dev/null >/dev/null 2>"$out/err" &
+    pid=$!
+    for _ in $(seq 1 300); do
+        grep -q 'RDMA-EMU-INIT' "$out/serial" 2>/dev/null && { verdict=kvm; break; }
+        grep -qE 'KVM internal error|emulation failure|failed to initialize kvm|Could not access KVM' "$out/err" && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    rm -rf "$out"
+    mkdir -p "$CACHE_DIR/kvm-probe"
+    echo "$verdict" >"$file"
+    log "KVM probe: $verdict"
+    echo "$verdict"
+}

@@ -19,7 +19,7 @@ pub use loopback::{
     Descriptor, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR,
     LB_DESC_HDR_LEN, LB_DOORBELL, LB_LAST_RESULT, LB_MAX_CHAIN, LB_MAX_PAYLOAD, LB_MSIX_VECTOR, LB_SIZE,
 };
-pub use rcv::{full_flow_psn, Packet, RxResult, TIDCTRL_EVEN, TIDCTRL_ODD};
+pub use rcv::{full_flow_psn, Packet, RxResult, TIDCTRL_EVEN, TIDCTRL_ODD, TIDCTRL_PAIR};
 pub use rcvarray::{BufSize, RcvEntry};
 
 /// Receive contexts the chip has (RXE_NUM_CONTEXTS).

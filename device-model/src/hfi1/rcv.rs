@@ -27,6 +27,9 @@ pub const KDETH_OM_LARGE_SHIFT: u32 = 6;
 pub const TIDCTRL_EVEN: u32 = 1;
 /// TIDCTRL of a packet for the odd entry of its pair.
 pub const TIDCTRL_ODD: u32 = 2;
+/// TIDCTRL of a packet for both entries of its pair (a tidarray entry with CTRL 3): the offset runs through
+/// the even entry's buffer and continues in the odd one's.
+pub const TIDCTRL_PAIR: u32 = 3;
 
 // Destination QP of a TID RDMA packet (tid_flow_qp): context in bits 7:0, flow in bits 15:11.
 pub const TID_RDMA_DESTQP_CTXT_MASK: u32 = 0xFF;
@@ -141,6 +144,15 @@ impl RxResult {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
     pub iova: u64,
+    /// A TIDCTRL 3 packet crossing from the even buffer of its pair into the odd one: the bytes that go at
+    /// `iova`, and where the rest goes.
+    pub spill: Option<(u64, u64)>,
+}
+
+impl Placement {
+    fn at(iova: u64) -> Self {
+        Self { iova, spill: None }
+    }
 }
 
 fn count(c: &std::sync::atomic::AtomicU64) {
@@ -162,14 +174,11 @@ impl Chip {
             count(&counters.rx_context_disabled);
             return Err(RxResult::ContextDisabled);
         }
-        let odd = match pkt.tidctrl() {
-            TIDCTRL_EVEN => 0,
-            TIDCTRL_ODD => 1,
-            _ => {
-                count(&counters.rx_bad_tidctrl);
-                return Err(RxResult::BadTidCtrl);
-            }
-        };
+        let tidctrl = pkt.tidctrl();
+        if !matches!(tidctrl, TIDCTRL_EVEN | TIDCTRL_ODD | TIDCTRL_PAIR) {
+            count(&counters.rx_bad_tidctrl);
+            return Err(RxResult::BadTidCtrl);
+        }
         let flow_checked = ctrl & RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK != 0;
         if flow_checked {
             match self.flows.check(ctxt, pkt.flow(), pkt.generation(), pkt.sequence()) {
@@ -188,30 +197,62 @@ impl Chip {
                 }
             }
         }
+        let placement = self.tid_placement(ctxt, pkt, tidctrl, len, counters)?;
+        if flow_checked {
+            self.flows.accept(ctxt, pkt.flow());
+        }
+        Ok(placement)
+    }
+
+    /// The TID checks: the entry (or pair) in the context's range, valid, and holding the whole payload.
+    fn tid_placement(
+        &mut self,
+        ctxt: usize,
+        pkt: &Packet,
+        tidctrl: u32,
+        len: u64,
+        counters: &Counters,
+    ) -> Result<Placement, RxResult> {
         let (base, cnt) = self.tid_range(ctxt).unwrap_or((0, 0));
-        let rel = 2 * u64::from(pkt.tid()) + odd;
-        if rel >= cnt {
+        // A pair packet addresses the even entry first; its odd partner must exist as well.
+        let (rel, last_rel) = match tidctrl {
+            TIDCTRL_ODD => (2 * u64::from(pkt.tid()) + 1, 2 * u64::from(pkt.tid()) + 1),
+            TIDCTRL_PAIR => (2 * u64::from(pkt.tid()), 2 * u64::from(pkt.tid()) + 1),
+            _ => (2 * u64::from(pkt.tid()), 2 * u64::from(pkt.tid())),
+        };
+        if last_rel >= cnt || base + last_rel >= self.rcv_array.count() as u64 {
             count(&counters.rx_tid_out_of_range);
             return Err(RxResult::TidOutOfRange);
         }
         let index = base + rel;
-        if index >= self.rcv_array.count() as u64 {
-            count(&counters.rx_tid_out_of_range);
-            return Err(RxResult::TidOutOfRange);
-        }
         let Some(entry) = self.rcv_array.entry(index, counters) else {
             count(&counters.rx_tid_invalid_entry);
             return Err(RxResult::TidInvalidEntry);
         };
         let offset = pkt.offset_bytes();
-        if offset.checked_add(len).is_none_or(|end| end > entry.buf_size.bytes()) {
+        let end = offset.saturating_add(len);
+        let first = entry.buf_size.bytes();
+        if end <= first {
+            return Ok(Placement::at(entry.iova() + offset));
+        }
+        if tidctrl != TIDCTRL_PAIR {
             count(&counters.rx_buffer_overrun);
             return Err(RxResult::BufferOverrun);
         }
-        if flow_checked {
-            self.flows.accept(ctxt, pkt.flow());
+        // Beyond the even buffer: the odd entry takes the rest (a filler pair half is invalid).
+        let Some(odd) = self.rcv_array.entry(index + 1, counters) else {
+            count(&counters.rx_tid_invalid_entry);
+            return Err(RxResult::TidInvalidEntry);
+        };
+        if end - first > odd.buf_size.bytes() {
+            count(&counters.rx_buffer_overrun);
+            return Err(RxResult::BufferOverrun);
         }
-        Ok(Placement { iova: entry.iova() + offset })
+        Ok(if offset >= first {
+            Placement::at(odd.iova() + (offset - first))
+        } else {
+            Placement { iova: entry.iova() + offset, spill: Some((first - offset, odd.iova())) }
+        })
     }
 }
 
@@ -221,7 +262,14 @@ pub fn place(dma: &dyn DmaAccess, placement: &Placement, payload: &[u8], counter
         count(&counters.rx_placed);
         return RxResult::Placed;
     }
-    match dma.write(placement.iova, payload) {
+    let written = match placement.spill {
+        None => dma.write(placement.iova, payload),
+        Some((n, rest_iova)) => {
+            let (head, rest) = payload.split_at(usize::try_from(n).unwrap_or(usize::MAX).min(payload.len()));
+            dma.write(placement.iova, head).and_then(|()| dma.write(rest_iova, rest))
+        }
+    };
+    match written {
         Ok(()) => {
             count(&counters.rx_placed);
             RxResult::Placed
@@ -327,6 +375,35 @@ mod tests {
     }
 
     #[test]
+    fn pair_packets_run_from_the_even_buffer_into_the_odd_one() {
+        let mut r = rig();
+        // Crossing: the last 4 bytes of the 8 KiB even buffer, then the first 4 of the odd one.
+        assert_eq!(
+            r.send(&pkt((8192 - 4) / 4, false, 2, TIDCTRL_PAIR, 0), &[1, 2, 3, 4, 5, 6, 7, 8]),
+            RxResult::Placed
+        );
+        // Wholly in the odd buffer: pair offset 8192 + 64 is odd offset 64.
+        assert_eq!(r.send(&pkt((8192 + 64) / 64, true, 2, TIDCTRL_PAIR, 1), &[9; 3]), RxResult::Placed);
+        // Wholly in the even buffer.
+        assert_eq!(r.send(&pkt(1, false, 2, TIDCTRL_PAIR, 2), &[7; 2]), RxResult::Placed);
+        assert_eq!(r.bytes(EVEN_BUF + 8188, 4), [1, 2, 3, 4]);
+        assert_eq!(r.bytes(ODD_BUF, 5), [5, 6, 7, 8, 0]);
+        assert_eq!(r.bytes(ODD_BUF + 63, 5), [0, 9, 9, 9, 0]);
+        assert_eq!(r.bytes(EVEN_BUF + 3, 4), [0, 7, 7, 0]);
+        assert_eq!(FlowEntry::decode(r.flow()).sequence, 3);
+    }
+
+    #[test]
+    fn pair_packet_needing_an_invalid_odd_entry_is_rejected_but_the_even_part_alone_is_placed() {
+        let mut r = rig();
+        r.chip.write(RCV_ARRAY + 8 * 2053, RCV_ARRAY_RT_WRITE_ENABLE_SMASK, &r.counters);
+        assert_eq!(r.send(&pkt((8192 - 4) / 4, false, 2, TIDCTRL_PAIR, 0), &[1; 8]), RxResult::TidInvalidEntry);
+        assert_eq!(r.mem.write_count(), 0);
+        assert_eq!(r.send(&pkt(0, false, 2, TIDCTRL_PAIR, 0), &[2; 8192]), RxResult::Placed);
+        assert_eq!(r.bytes(EVEN_BUF + 8191, 1), [2]);
+    }
+
+    #[test]
     fn payload_filling_the_buffer_exactly_is_placed() {
         let mut r = rig();
         assert_eq!(r.send(&pkt(0, false, 2, TIDCTRL_ODD, 0), &[9; 4096]), RxResult::Placed);
@@ -362,9 +439,11 @@ mod tests {
 
     #[test]
     fn rejected_packets_write_nothing_and_count_their_error() {
-        let table: [(Packet, usize, RxResult); 8] = [
+        let table: [(Packet, usize, RxResult); 9] = [
             (pkt(0, false, 2, 0, 0), 8, RxResult::BadTidCtrl),
-            (pkt(0, false, 2, 3, 0), 8, RxResult::BadTidCtrl),
+            // A pair packet may run through both buffers (8 KiB + 4 KiB), not beyond.
+            (pkt((8192 + 4096 - 4) / 4, false, 2, TIDCTRL_PAIR, 0), 8, RxResult::BufferOverrun),
+            (pkt(0, false, 2, TIDCTRL_PAIR, 0), 8192 + 4097, RxResult::BufferOverrun),
             (pkt(0, false, 512, TIDCTRL_EVEN, 0), 8, RxResult::TidOutOfRange),
             (pkt(0, false, 3, TIDCTRL_EVEN, 0), 8, RxResult::TidInvalidEntry),
             (pkt(0, false, 2, TIDCTRL_ODD, 0), 4097, RxResult::BufferOverrun),

@@ -1,7 +1,9 @@
 //! The demos `udriver hfi1-demo` and `udriver irdma-demo` run: the driver doing its real work against a
 //! device, each step checked, with a report both readable and machine-readable (`--json`).
 
+pub mod hfi1;
 pub mod irdma;
+
 use serde::Serialize;
 use serde_json::Value;
 

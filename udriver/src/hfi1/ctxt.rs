@@ -97,6 +97,10 @@ pub struct Hfi1Devdata {
     pub num_rcv_contexts: u32,
     pub rcv_entries: RcvEntries,
     pub params: Hfi1Params,
+    /// Whether `rcv_array_wc_fill` stores its zeros (the kernel's `dd->rcvarray_wc` being set). False when
+    /// the backend maps BAR0 as shared memory: there a 0 would replace an entry of another flow that the
+    /// device has not taken yet (docs/hfi1-device.md, "Limit of the rule").
+    pub rcvarray_wc: bool,
     /// The port workqueue that runs TID wakeups (`ppd->hfi1_wq`).
     pub wq: TidWorkQueue,
     /// `n_tidwait`: QPs ever queued for TID resources.
@@ -133,8 +137,10 @@ impl Hfi1Devdata {
             rcv_entries.ngroups = 2 * MAX_EAGER_ENTRIES / RCV_INCREMENT;
             rcv_entries.nctxt_extra = 0;
         }
+        let rcvarray_wc = !dev.identity().mapped_bars.contains(&HFI1_BAR);
         Ok(Arc::new(Self {
             dev,
+            rcvarray_wc,
             chip_rcv_array_count,
             chip_rcv_contexts,
             num_rcv_contexts: n,

@@ -23,6 +23,8 @@ pub struct FakeHfi1 {
     log: Mutex<Vec<Op>>,
     /// Writes at or above this offset fail (to exercise device-error paths).
     fail_from: Mutex<Option<u64>>,
+    /// BARs reported as mapped memory in `identity()`.
+    mapped_bars: Mutex<Vec<u32>>,
 }
 
 impl FakeHfi1 {
@@ -54,6 +56,9 @@ impl FakeHfi1 {
     pub fn reg(&self, offset: u64) -> Option<u64> {
         self.regs.lock().unwrap().get(&offset).copied()
     }
+    pub fn set_mapped_bars(&self, bars: &[u32]) {
+        *self.mapped_bars.lock().unwrap() = bars.to_vec();
+    }
     pub fn fail_writes_from(&self, offset: Option<u64>) {
         *self.fail_from.lock().unwrap() = offset;
     }
@@ -61,7 +66,11 @@ impl FakeHfi1 {
 
 impl DeviceAccess for FakeHfi1 {
     fn identity(&self) -> DeviceIdentity {
-        DeviceIdentity { backend: "in-process", ..Default::default() }
+        DeviceIdentity {
+            backend: "in-process",
+            mapped_bars: self.mapped_bars.lock().unwrap().clone(),
+            ..Default::default()
+        }
     }
     fn read32(&self, _bar: u32, offset: u64) -> Result<u32> {
         Ok(self.reg(offset).unwrap_or(0) as u32)

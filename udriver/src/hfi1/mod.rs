@@ -5,6 +5,7 @@
 pub mod ctxt;
 pub mod exp_rcv;
 pub mod flow;
+pub mod loopback;
 pub mod pageset;
 pub mod qp;
 pub mod regs;

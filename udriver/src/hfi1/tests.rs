@@ -299,3 +299,35 @@ fn flows_run_out_with_eagain_and_the_waiter_gets_one_after_a_clear() {
     assert_eq!(g.s_flags & HFI1_S_WAIT_TID_SPACE, 0);
     assert!(r.rcd.lock_exp().flow_queue.queue_head.is_empty());
 }
+
+#[test]
+fn with_the_rcv_array_mapped_wc_fill_stores_nothing() {
+    // The G6 segment (pages 3 + 1) on a device whose BAR0 is mapped memory: entries 0-3 are programmed
+    // as in G6, and entries 4-7 of the group get no 0 stores that could erase another flow's programming.
+    let fake = FakeHfi1::new(16, 1);
+    fake.set_mapped_bars(&[HFI1_BAR]);
+    let dd = Hfi1Devdata::probe(fake.clone(), Hfi1Params { rcvarr_split: 0, ..Default::default() }).unwrap();
+    assert!(!dd.rcvarray_wc);
+    let rcd = Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 0).unwrap();
+    let pool = crate::dma::DmaPool::new(fake.clone(), false);
+    let buf = Arc::new(pool.alloc_fragmented(&[3, 1]).unwrap());
+    let qp = Hfi1Qp::new(1, rcd.clone(), QpSendState::new(IbQpType::Rc, 4096), Box::new(|_| {}));
+    let mut req = req_for(&qp, 4 * 4096, 4);
+    let mut ss = ss_over(&buf);
+    fake.clear_log();
+    setup_segment(&qp, &mut req, &mut ss).unwrap();
+    let rcv: Vec<u64> = fake
+        .writes()
+        .into_iter()
+        .filter(|(a, _)| (RCV_ARRAY..RCV_ARRAY + 0x10_0000).contains(a))
+        .map(|(a, _)| (a - RCV_ARRAY) / 8)
+        .collect();
+    assert_eq!(rcv, vec![0, 1, 2, 3]);
+    // Unprogramming invalidates the same four and again stores nothing else.
+    fake.clear_log();
+    hfi1_kern_exp_rcv_clear(&mut req, &mut qp.lock()).unwrap();
+    let rcv: Vec<(u64, u64)> =
+        fake.writes().into_iter().filter(|(a, _)| *a >= RCV_ARRAY && *a < RCV_ARRAY + 0x10_0000).collect();
+    assert_eq!(rcv.iter().map(|(a, _)| (a - RCV_ARRAY) / 8).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    assert!(rcv.iter().all(|(_, v)| *v == INVALID));
+}

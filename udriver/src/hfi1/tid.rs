@@ -158,9 +158,10 @@ pub fn hfi1_put_tid(dd: &Hfi1Devdata, index: u32, ty: PtType, pa: u64, order: u3
     Ok(())
 }
 
-/// `rcv_array_wc_fill(dd, index)`: writes 0 (no WE, ignored by hardware) to keep a WC block whole.
+/// `rcv_array_wc_fill(dd, index)`: writes 0 (no WE, ignored by hardware) to keep a WC block whole. Does
+/// nothing without a WC path (`dd.rcvarray_wc` clear), as the kernel does, which a mapped RcvArray needs.
 pub fn rcv_array_wc_fill(dd: &Hfi1Devdata, index: u32) -> Result<(), AccessError> {
-    if index >= dd.chip_rcv_array_count {
+    if !dd.rcvarray_wc || index >= dd.chip_rcv_array_count {
         return Ok(());
     }
     dd.csr().write_csr(rcv_array_offset(index), 0)?;

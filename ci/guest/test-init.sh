@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Checks the guest init's parsing and JSON helpers on the host, under the same busybox sh the guest runs.
+# The boot itself is covered by ci/run-qemu.sh; this covers what must hold whatever the guest is given.
+source "$(dirname "$0")/../lib.sh"
+
+BUSYBOX=$(ls -d "$CACHE_DIR"/guest/busybox-*/busybox 2>/dev/null | sort -rV | head -n1 || true)
+if [ -z "$BUSYBOX" ]; then
+    bash "$REPO_ROOT/ci/build-guest.sh" >/dev/null
+    BUSYBOX=$(ls -d "$CACHE_DIR"/guest/busybox-*/busybox | sort -rV | head -n1)
+fi
+INIT="$REPO_ROOT/ci/guest/init"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+FAILS=0
+check() { # name expected actual
+    if [ "$2" == "$3" ]; then
+        printf '  ok   %s\n' "$1"
+    else
+        printf '  FAIL %s\n       expected: %q\n       actual:   %q\n' "$1" "$2" "$3"
+        FAILS=$((FAILS + 1))
+    fi
+}
+
+# Runs a snippet under busybox sh with the init's functions loaded (snippets are single-quoted on purpose).
+# shellcheck disable=SC2016
+bb() { RDMA_EMU_INIT_FUNCTIONS_ONLY=1 CMDLINE="$TMP/cmdline" "$BUSYBOX" sh -c ". '$INIT'; $1"; }
+
+echo "json_str: any text becomes one valid JSON string"
+# input (printf format) | the string JSON must decode to (Python literal)
+while IFS='|' read -r input expected; do
+    # shellcheck disable=SC2059 # the case is a printf format on purpose
+    printf "$input" >"$TMP/in"
+    got=$(bb 'json_str "$(cat '"$TMP/in"')"' | python3 -c 'import json, sys; print(repr(json.loads(sys.stdin.read())))' 2>&1)
+    check "json_str $input" "$expected" "$got"
+done <<'CASES'
+plain text|'plain text'
+a "quoted" word|'a "quoted" word'
+back\\slash|'back\\slash'
+tab\there|'tab\there'
+two\nlines|'two\nlines'
+trailing newline\n|'trailing newline'
+ctl\001\033[0m chars|'ctl[0m chars'
+cr\r\n|'cr'
+utf8 \303\251|'utf8 é'
+|''
+CASES
+
+echo "read_params: rdma_emu.* parameters from the kernel command line"
+# command line | hfi1,irdma,args,timeout,watchdog as read
+while IFS='|' read -r cmdline expected; do
+    printf '%s\n' "$cmdline" >"$TMP/cmdline"
+    got=$(bb 'read_params; echo "$P_hfi1,$P_irdma,$P_args,$P_timeout,$P_watchdog"')
+    check "read_params $cmdline" "$expected" "$got"
+done <<'CASES'
+console=ttyS0 panic=-1 quiet|,,,,
+console=ttyS0 rdma_emu.hfi1=1b36:2222 quiet|1b36:2222,,,,
+rdma_emu.args="--flows 4 --verbose" rdma_emu.timeout=5|,,--flows 4 --verbose,5,
+rdma_emu.hfi1=none rdma_emu.irdma=1b36:1101 rdma_emu.hfi1=1b36:1100|1b36:1100,1b36:1101,,,
+xrdma_emu.hfi1=1 rdma_emu.unknown=3 rdma_emu.watchdog=30|,,,,30
+rdma_emu.irdma= rdma_emu.args=plain|,,plain,,
+CASES
+
+echo "is_uint and timeout_msg"
+while IFS='|' read -r snippet expected; do
+    check "$snippet" "$expected" "$(bb "$snippet")"
+done <<'CASES'
+is_uint 120; echo $?|0
+is_uint 12x; echo $?|1
+is_uint ''; echo $?|1
+is_uint -1; echo $?|1
+timeout_msg 143 30|timed out after 30 s
+timeout_msg 137 30|timed out after 30 s
+timeout_msg 3 30|exit status 3
+CASES
+
+if [ "$FAILS" -ne 0 ]; then die "$FAILS init helper check(s) failed"; fi
+log "all init helper checks passed"

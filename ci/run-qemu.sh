@@ -1,0 +1,430 @@
+#!/usr/bin/env bash
+# Boots the test guest in QEMU with the two emulated functions served by the device model over vfio-user, lets
+# the guest's init run udriver's demos through /dev/vfio, and turns its result block into a JSON file.
+#
+#   ci/run-qemu.sh [options] [-- extra QEMU arguments]
+#
+#   --device-model PATH   device-model binary (env RDMA_EMU_DEVICE_MODEL; default target/{release,debug}/device-model)
+#   --dm-arg ARG          extra device-model argument (repeatable)
+#   --udriver PATH        static udriver put into the guest (env RDMA_EMU_UDRIVER; default: the first static
+#                         target/x86_64-unknown-linux-{gnu,musl}/{release,debug}/udriver; without one the guest
+#                         reports that udriver is missing)
+#   --kernel K --initrd I boot this guest instead of the one ci/build-guest.sh builds
+#   --no-share            guest RAM in a non-shared memory-backend-ram: QEMU has no fd to send, so the device
+#                         model must use DMA_READ/DMA_WRITE messages
+#   --no-devices          boot the same guest without the device model and its devices
+#   --accel auto|tcg|kvm  (env RDMA_EMU_ACCEL, default auto: KVM only if a probe boot really works)
+#   --timeout SECS        the whole run (default 600)
+#   --demo-timeout SECS   each udriver demo inside the guest (default 120)
+#   --args "ARGS"         extra arguments for both udriver demos (guest parameter rdma_emu.args)
+#   --hfi1-id V:D, --irdma-id V:D   PCI IDs of the functions (default 1b36:1100, 1b36:1101); non-default ones
+#                         are passed to the device model as --hfi1-ids/--irdma-ids
+#   --append "PARAMS"     extra guest kernel parameters
+#   --result FILE         result JSON (default $CARGO_TARGET_DIR or target/, then rdma-emu/result-<mode>.json)
+#   --logs DIR            log directory (default a new /tmp/rdma-emu-run.XXXXXX); kept on failure
+#   --keep-logs           keep the log directory on success too
+#   --timing              print how long each phase took
+#   --quiet               do not stream the guest console to stderr
+#
+# Exit status 0 only if every step the guest ran is ok. Prints the result file's path on stdout.
+source "$(dirname "$0")/lib.sh"
+
+usage() { sed -n '2,31s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+
+DEVICE_MODEL=${RDMA_EMU_DEVICE_MODEL:-}
+UDRIVER=${RDMA_EMU_UDRIVER:-}
+ACCEL=${RDMA_EMU_ACCEL:-auto}
+KERNEL="" INITRD="" SHARE=1 DEVICES=1 TIMEOUT=600 DEMO_TIMEOUT=120 UARGS="" APPEND_EXTRA=""
+HFI1_ID=1b36:1100 IRDMA_ID=1b36:1101 RESULT="" LOG_DIR="" KEEP_LOGS=0 TIMING=0 QUIET=0
+DM_ARGS=() QEMU_EXTRA=()
+need() { [ "$1" -ge 2 ] || usage; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --device-model) need $#; DEVICE_MODEL=$2; shift 2 ;;
+        --dm-arg) need $#; DM_ARGS+=("$2"); shift 2 ;;
+        --udriver) need $#; UDRIVER=$2; shift 2 ;;
+        --kernel) need $#; KERNEL=$2; shift 2 ;;
+        --initrd) need $#; INITRD=$2; shift 2 ;;
+        --no-share) SHARE=0; shift ;;
+        --no-devices) DEVICES=0; shift ;;
+        --accel) need $#; ACCEL=$2; shift 2 ;;
+        --timeout) need $#; TIMEOUT=$2; shift 2 ;;
+        --demo-timeout) need $#; DEMO_TIMEOUT=$2; shift 2 ;;
+        --args) need $#; UARGS=$2; shift 2 ;;
+        --hfi1-id) need $#; HFI1_ID=$2; shift 2 ;;
+        --irdma-id) need $#; IRDMA_ID=$2; shift 2 ;;
+        --append) need $#; APPEND_EXTRA=$2; shift 2 ;;
+        --result) need $#; RESULT=$2; shift 2 ;;
+        --logs) need $#; LOG_DIR=$2; shift 2 ;;
+        --keep-logs) KEEP_LOGS=1; shift ;;
+        --timing) TIMING=1; shift ;;
+        --quiet) QUIET=1; shift ;;
+        --) shift; QEMU_EXTRA=("$@"); break ;;
+        -h|--help) usage 0 ;;
+        *) log "unknown argument: $1"; usage ;;
+    esac
+done
+
+is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+is_uint "$TIMEOUT" && [ "$TIMEOUT" -ge 10 ] || die "--timeout must be a number of seconds >= 10"
+is_uint "$DEMO_TIMEOUT" && [ "$DEMO_TIMEOUT" -ge 1 ] || die "--demo-timeout must be a number of seconds"
+[[ $HFI1_ID =~ ^([0-9a-fA-F]{4}:[0-9a-fA-F]{4}|none)$ ]] || die "--hfi1-id must be VVVV:DDDD or none"
+[[ $IRDMA_ID =~ ^([0-9a-fA-F]{4}:[0-9a-fA-F]{4}|none)$ ]] || die "--irdma-id must be VVVV:DDDD or none"
+[[ $UARGS != *'"'* ]] || die "--args cannot contain a double quote (it travels on the kernel command line)"
+case "$ACCEL" in auto|tcg|kvm) ;; *) die "--accel must be auto, tcg or kvm" ;; esac
+command -v python3 >/dev/null || apt_install python3
+
+if [ "$DEVICES" = 0 ]; then MODE=no-devices; elif [ "$SHARE" = 1 ]; then MODE=share; else MODE=no-share; fi
+if [ "$SHARE" = 1 ]; then MEMORY=memfd-shared; else MEMORY=ram-private; fi
+SUFFIX=$MODE
+[ "$DEVICES" = 0 ] && [ "$SHARE" = 0 ] && SUFFIX=no-devices-no-share
+TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
+[ -n "$RESULT" ] || RESULT="$TARGET_DIR/rdma-emu/result-$SUFFIX.json"
+mkdir -p "$(dirname "$RESULT")"
+RESULT=$(cd "$(dirname "$RESULT")" && pwd)/$(basename "$RESULT")
+rm -f "$RESULT"
+# A run that fails before the guest reports still leaves a result file, so nobody reads a stale one.
+fail() {
+    python3 -c 'import json, sys; json.dump({"ok": False, "problems": [sys.argv[2]], "mode": sys.argv[3], "guest": None},
+                open(sys.argv[1], "w"), indent=2)' "$RESULT" "$1" "$MODE" || true
+    die "$1"
+}
+
+T_START=$EPOCHREALTIME
+deadline_left() { # seconds left of --timeout
+    python3 -c "import sys; print(max(1, int($TIMEOUT - ($EPOCHREALTIME - $T_START))))"
+}
+
+# --- QEMU, guest, accelerator -----------------------------------------------------------------------------
+QEMU=${RDMA_EMU_QEMU:-}
+[ -n "$QEMU" ] || QEMU=$(bash "$REPO_ROOT/ci/get-qemu.sh") || fail "ci/get-qemu.sh failed"
+[ -x "$QEMU" ] || fail "QEMU $QEMU is not executable"
+
+if [ -z "$KERNEL" ] || [ -z "$INITRD" ]; then
+    [ -z "$KERNEL$INITRD" ] || fail "--kernel and --initrd go together"
+    if [ -z "$UDRIVER" ] && [ "$DEVICES" = 1 ]; then
+        # A static build for the explicit host target, as `cargo build --target x86_64-unknown-linux-gnu` with
+        # `-C target-feature=+crt-static` leaves it.
+        for c in "$TARGET_DIR"/x86_64-unknown-linux-{gnu,musl}/{release,debug}/udriver; do
+            if [ -x "$c" ] && ! readelf -lW "$c" 2>/dev/null | grep -q 'program interpreter'; then
+                UDRIVER=$c; log "using udriver $c"; break
+            fi
+        done
+    fi
+    build_args=()
+    [ -n "$UDRIVER" ] && build_args=(--udriver "$UDRIVER")
+    guest=$(bash "$REPO_ROOT/ci/build-guest.sh" "${build_args[@]}") || fail "ci/build-guest.sh failed"
+    while IFS='=' read -r k v; do
+        case "$k" in KERNEL) KERNEL=$v ;; INITRD) INITRD=$v ;; esac
+    done <<<"$guest"
+elif [ -n "$UDRIVER" ]; then
+    log "--udriver is ignored with --kernel/--initrd"
+fi
+[ -f "$KERNEL" ] && [ -f "$INITRD" ] || fail "guest kernel/initrd missing ($KERNEL, $INITRD)"
+
+if [ "$ACCEL" = auto ]; then ACCEL=$(accel_for "$QEMU" "$KERNEL" "$INITRD"); fi
+log "mode $MODE, accel $ACCEL, QEMU $QEMU"
+
+# --- log directory and cleanup ----------------------------------------------------------------------------
+if [ -n "$LOG_DIR" ]; then mkdir -p "$LOG_DIR"; else LOG_DIR=$(mktemp -d /tmp/rdma-emu-run.XXXXXX); fi
+LOG_DIR=$(cd "$LOG_DIR" && pwd)
+[[ $LOG_DIR =~ ^[A-Za-z0-9._/+-]+$ ]] || fail "log directory $LOG_DIR: use plain characters (it goes into QEMU's JSON)"
+[ ${#LOG_DIR} -le 80 ] || fail "log directory $LOG_DIR is too long for UNIX socket paths"
+rm -f "$LOG_DIR"/{serial.log,qemu.stderr,qemu.pid,qemu.rc,device-model.log,host-times,result.json}
+DM_PID=""
+DM_STATUS="not started"
+stop_device_model() {
+    [ -n "$DM_PID" ] || return 0
+    if kill -0 "$DM_PID" 2>/dev/null; then
+        DM_STATUS="running until stopped"
+        kill -TERM "$DM_PID" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$DM_PID" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$DM_PID" 2>/dev/null; then
+            DM_STATUS="running until stopped; ignored SIGTERM for 5 s, killed"
+            kill -KILL "$DM_PID" 2>/dev/null || true
+        fi
+        wait "$DM_PID" 2>/dev/null || true
+    else
+        local rc=0
+        wait "$DM_PID" 2>/dev/null || rc=$?
+        DM_STATUS="exited early with status $rc"
+    fi
+    DM_PID=""
+}
+# shellcheck disable=SC2317 # called from the INT/TERM trap
+stop_qemu() {
+    local pid
+    pid=$(cat "$LOG_DIR/qemu.pid" 2>/dev/null) || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+}
+trap 'stop_device_model' EXIT
+# QEMU runs in the background and is waited for, so a signal is handled at once, not after QEMU's timeout.
+trap 'log "interrupted; logs kept in $LOG_DIR"; stop_qemu; exit 130' INT TERM
+
+# --- device model -----------------------------------------------------------------------------------------
+HFI1_SOCK="$LOG_DIR/hfi1.sock" IRDMA_SOCK="$LOG_DIR/irdma.sock" CONTROL_SOCK="$LOG_DIR/control.sock"
+if [ "$DEVICES" = 1 ]; then
+    if [ -z "$DEVICE_MODEL" ]; then
+        for c in "$TARGET_DIR/release/device-model" "$TARGET_DIR/debug/device-model"; do
+            [ -x "$c" ] && { DEVICE_MODEL=$c; break; }
+        done
+        [ -n "$DEVICE_MODEL" ] || fail "no device-model binary: build it (cargo build --release -p device-model) or pass --device-model"
+    fi
+    [ -x "$DEVICE_MODEL" ] || fail "device model $DEVICE_MODEL is not executable"
+    rm -f "$HFI1_SOCK" "$IRDMA_SOCK" "$CONTROL_SOCK"
+    # Non-default IDs must be presented by the device model too (its defaults are 1b36:1100 and 1b36:1101).
+    [ "$HFI1_ID" = 1b36:1100 ] || [ "$HFI1_ID" = none ] || DM_ARGS+=(--hfi1-ids "$HFI1_ID")
+    [ "$IRDMA_ID" = 1b36:1101 ] || [ "$IRDMA_ID" = none ] || DM_ARGS+=(--irdma-ids "$IRDMA_ID")
+    log "starting $DEVICE_MODEL"
+    T_DM=$EPOCHREALTIME
+    "$DEVICE_MODEL" --hfi1 "$HFI1_SOCK" --irdma "$IRDMA_SOCK" --control "$CONTROL_SOCK" "${DM_ARGS[@]}" \
+        </dev/null >"$LOG_DIR/device-model.log" 2>&1 &
+    DM_PID=$!
+    DM_STATUS="started"
+    for _ in $(seq 1 200); do # 20 s
+        [ -S "$HFI1_SOCK" ] && [ -S "$IRDMA_SOCK" ] && [ -S "$CONTROL_SOCK" ] && break
+        kill -0 "$DM_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    if ! { [ -S "$HFI1_SOCK" ] && [ -S "$IRDMA_SOCK" ] && [ -S "$CONTROL_SOCK" ]; }; then
+        stop_device_model
+        tail -n 20 "$LOG_DIR/device-model.log" >&2 || true
+        fail "the device model did not create its sockets within 20 s ($DM_STATUS); logs kept in $LOG_DIR"
+    fi
+    DM_START_S=$(python3 -c "print(round($EPOCHREALTIME - $T_DM, 3))")
+    log "device model ready in ${DM_START_S}s (pid $DM_PID, control socket $CONTROL_SOCK)"
+fi
+
+# --- QEMU -------------------------------------------------------------------------------------------------
+MEM=512M
+APPEND="console=ttyS0 panic=-1 intel_iommu=on quiet rdma_emu.timeout=$DEMO_TIMEOUT"
+QEMU_TIMEOUT=$(deadline_left)
+APPEND="$APPEND rdma_emu.watchdog=$((QEMU_TIMEOUT > 40 ? QEMU_TIMEOUT - 20 : 20))"
+if [ "$DEVICES" = 1 ]; then
+    APPEND="$APPEND rdma_emu.hfi1=$HFI1_ID rdma_emu.irdma=$IRDMA_ID"
+else
+    APPEND="$APPEND rdma_emu.hfi1=none rdma_emu.irdma=none"
+fi
+[ -n "$UARGS" ] && APPEND="$APPEND rdma_emu.args=\"$UARGS\""
+[ -n "$APPEND_EXTRA" ] && APPEND="$APPEND $APPEND_EXTRA"
+
+QCMD=("$QEMU" -accel "$ACCEL")
+[ "$ACCEL" = kvm ] && QCMD+=(-cpu host)
+QCMD+=(-machine "q35,memory-backend=mem" -m "$MEM")
+if [ "$SHARE" = 1 ]; then
+    QCMD+=(-object "memory-backend-memfd,id=mem,size=$MEM,share=on")
+else
+    QCMD+=(-object "memory-backend-ram,id=mem,size=$MEM,share=off")
+fi
+QCMD+=(-device "intel-iommu,caching-mode=on"
+    -kernel "$KERNEL" -initrd "$INITRD" -append "$APPEND"
+    -nodefaults -no-reboot -display none -serial stdio)
+if [ "$DEVICES" = 1 ]; then
+    QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$HFI1_SOCK\",\"type\":\"unix\"}}"
+        -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$IRDMA_SOCK\",\"type\":\"unix\"}}")
+fi
+QCMD+=("${QEMU_EXTRA[@]}")
+printf '%q ' "${QCMD[@]}" >"$LOG_DIR/qemu-command.txt"
+echo >>"$LOG_DIR/qemu-command.txt"
+
+# Copies the console to serial.log (and stderr), noting when init starts and when the result block ends.
+serial_reader() {
+    local line
+    while IFS= read -r line || [ -n "$line" ]; do
+        line=${line%$'\r'}
+        case "$line" in
+            RDMA-EMU-INIT*) echo "init $EPOCHREALTIME" >>"$LOG_DIR/host-times" ;;
+            RDMA-EMU-RESULT-END*) echo "result_end $EPOCHREALTIME" >>"$LOG_DIR/host-times" ;;
+        esac
+        printf '%s\n' "$line" >>"$LOG_DIR/serial.log"
+        [ "$QUIET" = 1 ] || printf '  | %s\n' "$line" >&2
+    done
+}
+
+log "booting the guest (timeout ${QEMU_TIMEOUT}s; QEMU command in $LOG_DIR/qemu-command.txt)"
+T_QEMU=$EPOCHREALTIME
+set +e
+(
+    timeout -k 5 "$QEMU_TIMEOUT" "${QCMD[@]}" -pidfile "$LOG_DIR/qemu.pid" </dev/null 2>"$LOG_DIR/qemu.stderr" \
+        | serial_reader
+    echo "${PIPESTATUS[0]}" >"$LOG_DIR/qemu.rc"
+) &
+wait $!
+QEMU_RC=$(cat "$LOG_DIR/qemu.rc" 2>/dev/null || echo 255)
+set -e
+T_QEMU_END=$EPOCHREALTIME
+[ "$QEMU_RC" = 124 ] && log "QEMU did not finish within ${QEMU_TIMEOUT}s"
+# The device model's final state, for the logs: best effort, 10 s at most.
+if [ -n "$DM_PID" ] && [ -S "$CONTROL_SOCK" ]; then
+    timeout 10 python3 - "$CONTROL_SOCK" "$LOG_DIR/device-state.json" <<'PY' 2>>"$LOG_DIR/device-state.err" || true
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+def ask(req):
+    f.write(json.dumps(req) + "\n")
+    f.flush()
+    line = f.readline()
+    return json.loads(line) if line else {"ok": False, "error": "no reply"}
+state = {"list": ask({"cmd": "list"})}
+for dev in state["list"].get("result") or []:
+    name = dev.get("name") if isinstance(dev, dict) else None
+    if isinstance(name, str):
+        state[name] = {cmd: ask({"device": name, "cmd": cmd}) for cmd in ("pci", "dump")}
+with open(sys.argv[2], "w") as out:
+    json.dump(state, out, indent=2)
+PY
+fi
+stop_device_model
+trap - EXIT
+
+# --- result -----------------------------------------------------------------------------------------------
+set +e
+python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
+    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" <<'EOF'
+import json, os, sys
+
+(log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
+ dm_start, timing_wanted, qemu, kernel, initrd) = sys.argv[1:]
+qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
+
+def read(name):
+    try:
+        with open(os.path.join(log_dir, name), encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+problems = []
+lines = read("serial.log").splitlines()
+guest = None
+begins = [i for i, l in enumerate(lines) if l.strip() == "RDMA-EMU-RESULT-BEGIN"]
+if not begins:
+    problems.append("the guest printed no result block")
+else:
+    start = begins[-1] + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].strip() == "RDMA-EMU-RESULT-END"), None)
+    if end is None:
+        problems.append("the guest's result block is not terminated")
+    else:
+        try:
+            guest = json.loads("".join(lines[start:end]))
+        except ValueError as e:
+            problems.append(f"the guest's result block is not JSON: {e}")
+
+def parse_output(text):
+    """udriver --json prints one JSON document, or JSON lines."""
+    text = text.strip()
+    if not text:
+        return None, "udriver printed nothing on stdout"
+    try:
+        return json.loads(text), None
+    except ValueError:
+        pass
+    try:
+        return [json.loads(l) for l in text.splitlines() if l.strip()], None
+    except ValueError as e:
+        return None, f"udriver's stdout is not JSON: {e}"
+
+steps = guest.get("steps", []) if isinstance(guest, dict) else []
+for s in steps:
+    if s.get("name", "").startswith("demo-") and "stdout" in s:
+        out, err = parse_output(s.get("stdout", ""))
+        s["output"] = out
+        # udriver's report has its own verdict ({"demo", "ok", "steps": [{"name", "ok", ...}]}): honour it too.
+        if not err and isinstance(out, dict) and out.get("ok") is False:
+            failed = [st.get("name") for st in out.get("steps", []) if isinstance(st, dict) and not st.get("ok")]
+            err = "udriver reports failure" + (f" in {', '.join(map(str, failed))}" if failed else "")
+        if err and s.get("ok"):
+            s["ok"], s["error"] = False, err
+if guest is not None:
+    if guest.get("error"):
+        problems.append(f"guest: {guest['error']}")
+    if not steps:
+        problems.append("the guest ran no step")
+    names = {s.get("name") for s in steps}
+    expected = ["mount", "modules", "iommu"]
+    if mode != "no-devices":
+        for dev in ("hfi1", "irdma"):
+            if dev in guest.get("devices", {}):
+                expected.append(f"demo-{dev}")
+    for name in expected:
+        if name not in names:
+            problems.append(f"step {name} did not run")
+    for s in steps:
+        if not s.get("ok"):
+            problems.append(f"step {s.get('name')}: {s.get('error')}")
+if qemu_rc == 124:
+    problems.append("QEMU timed out")
+elif qemu_rc != 0:
+    errs = [l for l in read("qemu.stderr").splitlines() if l.strip() and "warning:" not in l]
+    problems.append(f"QEMU exited with status {qemu_rc}" + (f": {' | '.join(errs[-3:])}" if errs else ""))
+if mode != "no-devices":
+    if not dm_status.startswith("running until stopped"):
+        problems.append(f"device model {dm_status}")
+    if "panicked at" in read("device-model.log"):
+        problems.append("the device model panicked (see device-model.log)")
+
+# Host-side timestamps of the console markers, to split the wall time into phases.
+marks = {}
+for l in read("host-times").splitlines():
+    k, _, v = l.partition(" ")
+    marks.setdefault(k, float(v))
+timing = {"total_s": round(t_qemu_end - t_qemu, 3)}
+if dm_start != "null":
+    timing["device_model_start_s"] = float(dm_start)
+if guest is not None and "init" in marks:
+    init_up = float(guest.get("init_start", 0))
+    timing["qemu_start_s"] = round(marks["init"] - t_qemu - init_up, 3)
+    timing["kernel_boot_s"] = round(init_up, 3)
+    timing["init_s"] = round(float(guest.get("end", init_up)) - init_up, 3)
+    demos = {s["name"][5:]: round(float(s["end"]) - float(s["start"]), 3)
+             for s in steps if s.get("name", "").startswith("demo-") and "start" in s and "end" in s}
+    timing["demo_s"] = demos
+    if "result_end" in marks:
+        timing["poweroff_s"] = round(t_qemu_end - marks["result_end"], 3)
+
+result = {
+    "ok": not problems,
+    "problems": problems,
+    "mode": mode,
+    "memory": memory,
+    "accel": accel,
+    "qemu": qemu,
+    "kernel": kernel,
+    "initrd": initrd,
+    "qemu_exit_status": qemu_rc,
+    "device_model": dm_status if mode != "no-devices" else None,
+    "timing": timing,
+    "guest": guest,
+}
+tmp = result_path + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(result, f, indent=2)
+    f.write("\n")
+os.replace(tmp, result_path)
+with open(os.path.join(log_dir, "result.json"), "w") as f:
+    json.dump(result, f, indent=2)
+
+for s in steps:
+    mark = "ok " if s.get("ok") else "ERR"
+    dur = float(s.get("end", 0)) - float(s.get("start", 0))
+    msg = "" if s.get("ok") else f"  {s.get('error')}"
+    print(f"  {mark} {s.get('name', '?'):<12} {dur:6.2f}s{msg}", file=sys.stderr)
+for p in problems:
+    print(f"  problem: {p}", file=sys.stderr)
+if timing_wanted == "1":
+    print("timing (s): " + ", ".join(f"{k.removesuffix('_s')}={v}" for k, v in timing.items()), file=sys.stderr)
+sys.exit(0 if not problems else 1)
+EOF
+RC=$?
+set -e
+if [ "$RC" = 0 ]; then
+    log "PASS ($MODE): result in $RESULT"
+    [ "$KEEP_LOGS" = 1 ] && log "logs kept in $LOG_DIR" || rm -rf "$LOG_DIR"
+else
+    log "FAIL ($MODE): result in $RESULT; logs kept in $LOG_DIR (serial.log, qemu.stderr, device-model.log)"
+fi
+echo "$RESULT"
+exit "$RC"

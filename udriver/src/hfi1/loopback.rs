@@ -1,0 +1,463 @@
+//! The emulated device's loopback send path (project-specific, docs/hfi1-device.md "Loopback send path"):
+//! TID RDMA data packets built from a set-up flow the way the responder builds them
+//! (`hfi1_build_tid_rdma_read_resp`), written as descriptors into DMA memory and handed to the receive
+//! engine with one doorbell. Completion is polled with a timeout; every value the device reports is checked.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use thiserror::Error;
+
+use super::exp_rcv::TidRdmaFlow;
+use super::regs::*;
+use crate::access::{poll_until, AccessError, DeviceAccess};
+use crate::dma::{DmaBuffer, DmaMemError, DmaPool};
+
+// ---- Loopback block: TXE + 0x7F0000, all registers 64-bit ----
+pub const LB_BASE: u64 = TXE + 0x7F_0000;
+/// RW: IOVA of the first descriptor of the next chain.
+pub const LB_DESC_ADDR: u64 = LB_BASE;
+/// WO: any write queues the chain at LB_DESC_ADDR.
+pub const LB_DOORBELL: u64 = LB_BASE + 0x08;
+/// RO: doorbells whose chain is fully processed.
+pub const LB_DB_DONE: u64 = LB_BASE + 0x10;
+/// RO: doorbells accepted.
+pub const LB_DB_SUBMITTED: u64 = LB_BASE + 0x18;
+/// RO: descriptors processed.
+pub const LB_DESC_DONE: u64 = LB_BASE + 0x20;
+/// RO: descriptors whose result was not "placed".
+pub const LB_DESC_ERR: u64 = LB_BASE + 0x28;
+/// RO: bits 7:0 = result code of the last descriptor.
+pub const LB_LAST_RESULT: u64 = LB_BASE + 0x30;
+pub const LB_LAST_RESULT_CODE_MASK: u64 = 0xFF;
+/// RO: doorbells dropped because the device's queue was full.
+pub const LB_DB_DROPPED: u64 = LB_BASE + 0x38;
+
+/// Descriptor header: kdeth0 u32, dest_qp u32, psn u32, payload_len u32, next u64; the payload follows.
+pub const LB_DESC_HDR_LEN: usize = 24;
+/// Largest payload (the Omni-Path maximum MTU).
+pub const LB_MAX_PAYLOAD: usize = 10240;
+/// Descriptors per doorbell at most.
+pub const LB_MAX_CHAIN: usize = 4096;
+/// DMA memory the sender keeps for descriptors; a larger batch takes several doorbells.
+pub const LB_RING_BYTES: usize = 1 << 20;
+
+// ---- KDETH offset modes and the TID RDMA destination QP (§1.5, §1.10) ----
+pub const KDETH_OM_SMALL: u32 = 4;
+pub const KDETH_OM_LARGE: u32 = 64;
+/// An entry this long or longer is addressed in 64-byte units: 4-byte units reach only 0x7FFF · 4.
+pub const KDETH_OM_MAX_SIZE: u32 = (KDETH_OFFSET_MASK + 1) * KDETH_OM_SMALL;
+pub const TID_RDMA_DESTQP_FLOW_SHIFT: u32 = 11;
+pub const TID_RDMA_DESTQP_FLOW_MASK: u32 = 0x1F;
+
+/// `tid_flow_qp`: the destination QP a requester gives for flow `flow_idx` of receive context `ctxt`.
+/// `local_qp` is the local TID QP value (KDETH QP in bits 23:16).
+pub fn tid_flow_qp(local_qp: u32, flow_idx: u32, ctxt: u32) -> u32 {
+    local_qp | ((flow_idx & TID_RDMA_DESTQP_FLOW_MASK) << TID_RDMA_DESTQP_FLOW_SHIFT) | ctxt
+}
+
+/// KDETH word 0 of a data packet.
+pub fn kdeth0(offset: u32, om_large: bool, tid: u32, tidctrl: u32) -> u32 {
+    ((offset & KDETH_OFFSET_MASK) << KDETH_OFFSET_SHIFT)
+        | (u32::from(om_large) << KDETH_OM_SHIFT)
+        | ((tid & KDETH_TID_MASK) << KDETH_TID_SHIFT)
+        | ((tidctrl & KDETH_TIDCTRL_MASK) << KDETH_TIDCTRL_SHIFT)
+}
+
+/// One TID RDMA data packet: its header words and which bytes of the segment it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TidDataPacket {
+    pub kdeth0: u32,
+    pub dest_qp: u32,
+    pub psn: u32,
+    /// Byte offset of the payload in the segment.
+    pub seg_offset: u32,
+    pub len: u32,
+}
+
+/// The data packets of a set-up flow, in order, as the responder builds them: the tidarray one entry after
+/// the other, at most `pmtu` bytes per packet, KDETH TID/TIDCTRL from the entry, OFFSET inside the entry in
+/// the entry's offset mode, PSN = `full_flow_psn(generation, spsn + pkt)`. -EINVAL for `pmtu` 0 or a
+/// tidarray that does not cover the flow's length.
+pub fn tid_rdma_data_packets(flow: &TidRdmaFlow, dest_qp: u32, pmtu: u32) -> Result<Vec<TidDataPacket>, i32> {
+    if pmtu == 0 {
+        return Err(-libc::EINVAL);
+    }
+    let mut out = Vec::new();
+    let (mut sent, mut pkt) = (0u32, 0u32);
+    for &entry in &flow.tid_entry {
+        let tidlen = exp_tid_get_len(entry) << RT_ADDR_SHIFT;
+        let om = if tidlen >= KDETH_OM_MAX_SIZE { KDETH_OM_LARGE } else { KDETH_OM_SMALL };
+        let mut tid_offset = 0u32;
+        while tid_offset < tidlen && sent < flow.length {
+            let len = pmtu.min(tidlen - tid_offset).min(flow.length - sent);
+            let seq = flow.flow_state.spsn.wrapping_add(pkt);
+            out.push(TidDataPacket {
+                kdeth0: kdeth0(tid_offset / om, om == KDETH_OM_LARGE, exp_tid_get_idx(entry), exp_tid_get_ctrl(entry)),
+                dest_qp,
+                psn: full_flow_psn(flow.flow_state.generation, seq),
+                seg_offset: sent,
+                len,
+            });
+            pkt += 1;
+            sent += len;
+            tid_offset += len;
+        }
+    }
+    if sent < flow.length {
+        return Err(-libc::EINVAL);
+    }
+    Ok(out)
+}
+
+/// A descriptor to send: header words and the payload.
+#[derive(Debug, Clone, Copy)]
+pub struct LbDescriptor<'a> {
+    pub kdeth0: u32,
+    pub dest_qp: u32,
+    pub psn: u32,
+    pub payload: &'a [u8],
+}
+
+impl TidDataPacket {
+    /// This packet's descriptor, carrying its bytes of `segment` (the whole segment's payload).
+    pub fn descriptor<'a>(&self, segment: &'a [u8]) -> Option<LbDescriptor<'a>> {
+        let start = self.seg_offset as usize;
+        let payload = segment.get(start..start.checked_add(self.len as usize)?)?;
+        Some(LbDescriptor { kdeth0: self.kdeth0, dest_qp: self.dest_qp, psn: self.psn, payload })
+    }
+}
+
+/// What the receive engine reported for a descriptor (`LB_LAST_RESULT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum LbResult {
+    Placed = 0,
+    BadContext = 1,
+    ContextDisabled = 2,
+    BadTidCtrl = 3,
+    FlowInvalid = 4,
+    GenMismatch = 5,
+    SeqMismatch = 6,
+    TidOutOfRange = 7,
+    TidInvalidEntry = 8,
+    BufferOverrun = 9,
+    DmaError = 10,
+    BadDescriptor = 11,
+    Aborted = 12,
+}
+
+impl LbResult {
+    /// `None` for a code the device should never report.
+    pub fn from_code(code: u8) -> Option<Self> {
+        use LbResult::*;
+        [
+            Placed,
+            BadContext,
+            ContextDisabled,
+            BadTidCtrl,
+            FlowInvalid,
+            GenMismatch,
+            SeqMismatch,
+            TidOutOfRange,
+            TidInvalidEntry,
+            BufferOverrun,
+            DmaError,
+            BadDescriptor,
+            Aborted,
+        ]
+        .into_iter()
+        .find(|r| *r as u8 == code)
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum LbError {
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    #[error(transparent)]
+    Dma(#[from] DmaMemError),
+    #[error("payload of {0} bytes exceeds the loopback maximum of {LB_MAX_PAYLOAD}")]
+    PayloadTooLarge(usize),
+    #[error("the device dropped the doorbell (its queue was full)")]
+    DoorbellDropped,
+    #[error("device reports {what} = {value:#x}, which is impossible")]
+    BadDeviceValue { what: &'static str, value: u64 },
+}
+
+impl LbError {
+    pub fn to_errno(&self) -> i32 {
+        match self {
+            LbError::Access(e) => e.to_errno(),
+            LbError::Dma(e) => e.to_errno(),
+            LbError::PayloadTooLarge(_) => -libc::EMSGSIZE,
+            LbError::DoorbellDropped => -libc::EBUSY,
+            LbError::BadDeviceValue { .. } => -libc::EIO,
+        }
+    }
+}
+
+/// What one `send` did, from the device's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct LbOutcome {
+    pub doorbells: u64,
+    /// Descriptors the device processed for this send.
+    pub descriptors: u64,
+    /// Of which were not placed.
+    pub errors: u64,
+    /// Result code of the last descriptor.
+    pub last_result: u8,
+}
+
+impl LbOutcome {
+    pub fn last(&self) -> Option<LbResult> {
+        LbResult::from_code(self.last_result)
+    }
+}
+
+/// The loopback sender of one device: a descriptor area in DMA memory and the doorbell sequence, one
+/// sender at a time (LB_DESC_ADDR + LB_DOORBELL is a two-register sequence).
+pub struct Hfi1Loopback {
+    dev: Arc<dyn DeviceAccess>,
+    ring: Mutex<DmaBuffer>,
+}
+
+const POLL_INTERVAL: Duration = Duration::from_micros(20);
+
+impl Hfi1Loopback {
+    pub fn new(dev: Arc<dyn DeviceAccess>, pool: &DmaPool) -> Result<Self, LbError> {
+        Ok(Self { dev, ring: Mutex::new(pool.alloc_contiguous(LB_RING_BYTES)?) })
+    }
+
+    /// Gives the descriptor memory back to `pool`.
+    pub fn release(self, pool: &DmaPool) {
+        self.ring.into_inner().unwrap_or_else(|e| e.into_inner()).release(pool);
+    }
+
+    fn read(&self, offset: u64) -> Result<u64, AccessError> {
+        self.dev.read64(HFI1_BAR, offset)
+    }
+
+    /// Sends `descs` in order and waits (at most `timeout` per doorbell) until the device has processed
+    /// them. The outcome counts this send's descriptors and errors.
+    pub fn send(&self, descs: &[LbDescriptor<'_>], timeout: Duration) -> Result<LbOutcome, LbError> {
+        if let Some(d) = descs.iter().find(|d| d.payload.len() > LB_MAX_PAYLOAD) {
+            return Err(LbError::PayloadTooLarge(d.payload.len()));
+        }
+        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let done0 = self.read(LB_DESC_DONE)?;
+        let err0 = self.read(LB_DESC_ERR)?;
+        let mut doorbells = 0u64;
+        let mut rest = descs;
+        while !rest.is_empty() {
+            let n = self.write_chain(&ring, rest)?;
+            if n == 0 {
+                return Err(DmaMemError::OutOfBounds { offset: 0, len: LB_RING_BYTES + 1, size: ring.len() }.into());
+            }
+            rest = rest.get(n..).unwrap_or(&[]);
+            self.ring_and_wait(&ring, timeout)?;
+            doorbells += 1;
+        }
+        let descriptors = self.read(LB_DESC_DONE)?.wrapping_sub(done0);
+        let errors = self.read(LB_DESC_ERR)?.wrapping_sub(err0);
+        if descriptors != descs.len() as u64 || errors > descriptors {
+            return Err(LbError::BadDeviceValue { what: "LB_DESC_DONE/LB_DESC_ERR delta", value: descriptors });
+        }
+        let last_result = (self.read(LB_LAST_RESULT)? & LB_LAST_RESULT_CODE_MASK) as u8;
+        Ok(LbOutcome { doorbells, descriptors, errors, last_result })
+    }
+
+    /// Writes as many descriptors as fit (and the chain limit allows) as one chain; returns how many.
+    fn write_chain(&self, ring: &DmaBuffer, descs: &[LbDescriptor<'_>]) -> Result<usize, LbError> {
+        let mut at = 0usize;
+        let mut n = 0usize;
+        let mut prev: Option<usize> = None;
+        for d in descs.iter().take(LB_MAX_CHAIN) {
+            let size = (LB_DESC_HDR_LEN + d.payload.len()).next_multiple_of(8);
+            if at + size > ring.len() {
+                break;
+            }
+            if let Some(p) = prev {
+                // Link the previous descriptor to this one.
+                let iova = ring.iova(at).ok_or(DmaMemError::OutOfBounds { offset: at, len: size, size: ring.len() })?;
+                ring.write_u64(p + 16, iova)?;
+            }
+            let mut hdr = [0u8; LB_DESC_HDR_LEN];
+            hdr[0..4].copy_from_slice(&d.kdeth0.to_le_bytes());
+            hdr[4..8].copy_from_slice(&d.dest_qp.to_le_bytes());
+            hdr[8..12].copy_from_slice(&d.psn.to_le_bytes());
+            hdr[12..16].copy_from_slice(&(d.payload.len() as u32).to_le_bytes());
+            ring.write(at, &hdr)?;
+            ring.write(at + LB_DESC_HDR_LEN, d.payload)?;
+            prev = Some(at);
+            at += size;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn ring_and_wait(&self, ring: &DmaBuffer, timeout: Duration) -> Result<(), LbError> {
+        let head = ring.iova(0).ok_or(DmaMemError::OutOfBounds { offset: 0, len: 1, size: 0 })?;
+        let submitted0 = self.read(LB_DB_SUBMITTED)?;
+        self.dev.write64(HFI1_BAR, LB_DESC_ADDR, head)?;
+        self.dev.write64(HFI1_BAR, LB_DOORBELL, 1)?;
+        let target = self.read(LB_DB_SUBMITTED)?;
+        if target == submitted0 {
+            return Err(LbError::DoorbellDropped);
+        }
+        poll_until("hfi1 loopback doorbell", timeout, POLL_INTERVAL, || {
+            Ok((self.read(LB_DB_DONE)? >= target).then_some(()))
+        })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_block_sits_at_txe_plus_0x7f0000() {
+        assert_eq!(
+            (LB_DESC_ADDR, LB_DOORBELL, LB_DB_DONE, LB_DB_DROPPED),
+            (0x1FF_0000, 0x1FF_0008, 0x1FF_0010, 0x1FF_0038)
+        );
+    }
+
+    #[test]
+    fn dest_qp_carries_context_and_flow_index_in_bits_15_11() {
+        // §1.5: local KDETH qp | (flow & 0x1F) << 11 | ctxt.
+        assert_eq!(tid_flow_qp(0x80 << 16, 3, 2), 0x80_1802);
+        assert_eq!(tid_flow_qp(0, 0x25, 0), 5 << 11);
+    }
+
+    #[test]
+    fn packets_walk_the_tidarray_with_psns_offsets_and_offset_modes() {
+        // G6 tidarray: a pair of 3 pages (idx 0, ctrl 3) then a lone page (idx 1, ctrl 1), plus a 32-page
+        // entry that needs 64-byte offset units.
+        let mut flow = TidRdmaFlow {
+            tid_entry: vec![exp_tid_entry(0, 3, 3), exp_tid_entry(1, 1, 1), exp_tid_entry(2, 1, 32)],
+            length: 36 * 4096,
+            ..Default::default()
+        };
+        flow.flow_state.generation = 0x12345;
+        flow.flow_state.spsn = 2;
+        let p = tid_rdma_data_packets(&flow, 0x1802, 8192).unwrap();
+        let got: Vec<(u32, u32, u32, u32, u32)> = p
+            .iter()
+            .map(|p| {
+                (
+                    (p.kdeth0 >> KDETH_TID_SHIFT) & KDETH_TID_MASK,
+                    (p.kdeth0 >> KDETH_TIDCTRL_SHIFT) & KDETH_TIDCTRL_MASK,
+                    p.kdeth0 & (KDETH_OFFSET_MASK | (1 << KDETH_OM_SHIFT)),
+                    p.seg_offset,
+                    p.len,
+                )
+            })
+            .collect();
+        let om = 1 << KDETH_OM_SHIFT;
+        let mut want = vec![(0, 3, 0, 0, 8192), (0, 3, 8192 / 4, 8192, 4096), (1, 1, 0, 12288, 4096)];
+        want.extend((0..16).map(|k| (2, 1, om | (k * 8192 / 64), 16384 + k * 8192, 8192)));
+        assert_eq!(got, want);
+        // G4: generation 0x12345, sequence 3 is 0x091A2803; the second packet has sequence spsn + 1 = 3.
+        assert_eq!(p[1].psn, 0x091A_2803);
+        assert!(p.iter().all(|x| x.dest_qp == 0x1802));
+    }
+
+    #[test]
+    fn a_tidarray_short_of_the_flow_length_or_a_zero_pmtu_is_rejected() {
+        let flow = TidRdmaFlow { tid_entry: vec![exp_tid_entry(0, 1, 1)], length: 8192, ..Default::default() };
+        assert_eq!(tid_rdma_data_packets(&flow, 0, 4096), Err(-libc::EINVAL));
+        assert_eq!(tid_rdma_data_packets(&flow, 0, 0), Err(-libc::EINVAL));
+    }
+
+    /// A device whose loopback block misbehaves: it may drop doorbells, never finish them, or report more
+    /// descriptors than were sent.
+    struct Hostile {
+        accepts: bool,
+        finishes: bool,
+        desc_done_per_doorbell: u64,
+        submitted: std::sync::atomic::AtomicU64,
+    }
+
+    impl DeviceAccess for Hostile {
+        fn identity(&self) -> crate::access::DeviceIdentity {
+            Default::default()
+        }
+        fn read32(&self, _: u32, _: u64) -> crate::access::Result<u32> {
+            Ok(u32::MAX)
+        }
+        fn write32(&self, _: u32, _: u64, _: u32) -> crate::access::Result<()> {
+            Ok(())
+        }
+        fn read64(&self, _: u32, offset: u64) -> crate::access::Result<u64> {
+            let n = self.submitted.load(std::sync::atomic::Ordering::Relaxed);
+            Ok(match offset {
+                LB_DB_SUBMITTED => n,
+                LB_DB_DONE if self.finishes => n,
+                LB_DESC_DONE => n * self.desc_done_per_doorbell,
+                _ => 0,
+            })
+        }
+        fn write64(&self, _: u32, offset: u64, _: u64) -> crate::access::Result<()> {
+            if offset == LB_DOORBELL && self.accepts {
+                self.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(())
+        }
+        fn dma_map(&self, _: &crate::dma::DmaMemory, _: u64, _: u64, _: u64) -> crate::access::Result<()> {
+            Ok(())
+        }
+        fn dma_unmap(&self, _: u64, _: u64) -> crate::access::Result<()> {
+            Ok(())
+        }
+        fn enable_msix(&self, _: u32) -> crate::access::Result<()> {
+            Ok(())
+        }
+        fn wait_irq(&self, _: u32, _: Duration) -> crate::access::Result<bool> {
+            Ok(false)
+        }
+    }
+
+    #[test]
+    fn a_misbehaving_loopback_block_gives_errors_never_a_hang() {
+        let payload = [7u8; 16];
+        let desc = LbDescriptor { kdeth0: 0, dest_qp: 0, psn: 0, payload: &payload };
+        // (accepts the doorbell, finishes it, descriptors it claims per doorbell, expected errno)
+        let cases =
+            [(false, true, 1, -libc::EBUSY), (true, false, 1, -libc::ETIMEDOUT), (true, true, 1000, -libc::EIO)];
+        for (accepts, finishes, per_db, errno) in cases {
+            let dev =
+                Arc::new(Hostile { accepts, finishes, desc_done_per_doorbell: per_db, submitted: Default::default() });
+            let pool = DmaPool::new(dev.clone(), false);
+            let lb = Hfi1Loopback::new(dev, &pool).unwrap();
+            let start = std::time::Instant::now();
+            let err = lb.send(&[desc], Duration::from_millis(50)).unwrap_err();
+            assert_eq!(err.to_errno(), errno, "{err}");
+            assert!(start.elapsed() < Duration::from_secs(2));
+        }
+    }
+
+    #[test]
+    fn an_oversized_payload_is_refused_before_touching_the_device() {
+        let big = vec![0u8; LB_MAX_PAYLOAD + 1];
+        let dev = Arc::new(Hostile {
+            accepts: true,
+            finishes: true,
+            desc_done_per_doorbell: 1,
+            submitted: Default::default(),
+        });
+        let pool = DmaPool::new(dev.clone(), false);
+        let lb = Hfi1Loopback::new(dev.clone(), &pool).unwrap();
+        let err = lb.send(&[LbDescriptor { kdeth0: 0, dest_qp: 0, psn: 0, payload: &big }], Duration::from_millis(50));
+        assert_eq!(err.unwrap_err().to_errno(), -libc::EMSGSIZE);
+        assert_eq!(dev.submitted.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn result_codes_decode_and_unknown_codes_do_not() {
+        assert_eq!(LbResult::from_code(5), Some(LbResult::GenMismatch));
+        assert_eq!(LbResult::from_code(12), Some(LbResult::Aborted));
+        assert_eq!(LbResult::from_code(13), None);
+    }
+}
