@@ -67,16 +67,32 @@ mapfile -t CANDIDATES < <(apt-cache showsrc qemu 2>/dev/null | sed -n 's/^Versio
 VERSION=""
 for v in "${CANDIDATES[@]}"; do
     d=${v//:/_}  # meson refuses a source path with a colon (the epoch)
-    log "trying apt-get source qemu=$v"
-    if [ -d "$SRC_ROOT/$d/src" ] || (rm -rf "$SRC_ROOT/$d" && mkdir -p "$SRC_ROOT/$d" && cd "$SRC_ROOT/$d" \
-            && timeout 900 apt-get source -qq "qemu=$v" >&2 && mv "$(ls -d qemu-*/ | head -n1)" src); then
+    if compgen -G "$SRC_ROOT/$d/*.dsc" >/dev/null; then
         VERSION=$v; break
     fi
+    log "trying apt-get source --download-only qemu=$v"
+    rm -rf "$SRC_ROOT/$d" && mkdir -p "$SRC_ROOT/$d"
+    if (cd "$SRC_ROOT/$d" && timeout 900 apt-get source --download-only -qq "qemu=$v" >&2); then
+        VERSION=$v; break
+    fi
+    rm -rf "$SRC_ROOT/$d"
     log "qemu=$v did not download; trying an older one"
 done
 [ -n "$VERSION" ] || die "no qemu source >= $MIN_VERSION could be downloaded (tried: ${CANDIDATES[*]})"
 UPSTREAM=${VERSION#*:}; UPSTREAM=${UPSTREAM%%+*}; UPSTREAM=${UPSTREAM%%-*}
-SRC="$SRC_ROOT/${VERSION//:/_}/src"
+# One source tree per set of patches, unpacked from the downloaded package (Debian's own patches applied).
+SRC="$SRC_ROOT/${VERSION//:/_}/src-$PHASH"
+if [ ! -e "$SRC/.rdma-emu-patched" ]; then
+    rm -rf "$SRC"
+    log "unpacking qemu $VERSION"
+    (cd "$SRC_ROOT/${VERSION//:/_}" && dpkg-source -x --no-check ./*.dsc "$SRC" >&2)
+    for p in "$PATCH_DIR"/*.patch; do
+        [ -e "$p" ] || continue
+        log "applying $(basename "$p")"
+        patch -d "$SRC" -p1 --forward < "$p" >&2
+    done
+    touch "$SRC/.rdma-emu-patched"
+fi
 log "building QEMU $VERSION in $SRC"
 
 VENV="$CACHE_DIR/venv"
@@ -87,14 +103,6 @@ if ! "$VENV/bin/python3" -c 'import mesonbuild, sys; from mesonbuild import core
 fi
 
 cd "$SRC"
-if [ ! -e .rdma-emu-patched ]; then
-    for p in "$PATCH_DIR"/*.patch; do
-        [ -e "$p" ] || continue
-        log "applying $(basename "$p")"
-        patch -p1 --forward < "$p" >&2
-    done
-    touch .rdma-emu-patched
-fi
 mkdir -p build && cd build
 if [ ! -e build.ninja ]; then
     ../configure --python="$VENV/bin/python3" --target-list=x86_64-softmmu --without-default-features \

@@ -47,6 +47,12 @@ enum Kind {
     Irdma,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Wait {
+    Poll,
+    Irq,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Identify the device: IDs, BARs, MSI-X vectors, which BARs are mapped.
@@ -58,7 +64,13 @@ enum Command {
     /// the loopback path, verify it byte for byte, clear and free.
     Hfi1Demo { device: Option<String> },
     /// irdma: create the CQP and CCQ, add/modify/delete quad-hash entries, classify segments, destroy.
-    IrdmaDemo { device: Option<String> },
+    IrdmaDemo {
+        device: Option<String>,
+        /// Wait for CQP completions by polling the CCQ, or by MSI-X interrupt (CCQ armed, CEQ 0 routed to
+        /// vector 0).
+        #[arg(long, value_enum, default_value_t = Wait::Poll)]
+        wait: Wait,
+    },
     /// Several threads hammer the device (hfi1: QPs on one context; irdma: qhash add/delete through one CQP),
     /// then check that nothing leaked.
     Stress {
@@ -139,9 +151,13 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             let (dev, _) = open(cli, device.as_deref())?;
             Ok(print_report(cli, &demo::hfi1::hfi1_demo(dev, &demo::hfi1::Hfi1DemoOptions::default())))
         }
-        Command::IrdmaDemo { device } => {
+        Command::IrdmaDemo { device, wait } => {
             let (dev, _) = open(cli, device.as_deref())?;
-            Ok(print_report(cli, &demo::irdma::irdma_demo(dev, &demo::irdma::IrdmaDemoOptions::default())))
+            let mut opts = demo::irdma::IrdmaDemoOptions::default();
+            if *wait == Wait::Irq {
+                opts.config.wait_mode = udriver::irdma::process::IrdmaCqpWaitMode::Event { vector: 0 };
+            }
+            Ok(print_report(cli, &demo::irdma::irdma_demo(dev, &opts)))
         }
         Command::Stress { device, seconds, threads } => {
             let (dev, known) = open(cli, device.as_deref())?;
@@ -149,7 +165,9 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             let report = match kind_of(dev.as_ref(), known) {
                 Some(Kind::Hfi1) => demo::hfi1::hfi1_stress(dev, duration, *threads),
                 Some(Kind::Irdma) => demo::irdma::irdma_stress(dev, duration, *threads),
-                None => return Err("stress: the device is neither the emulated hfi1 nor irdma (unknown PCI IDs)".into()),
+                None => {
+                    return Err("stress: the device is neither the emulated hfi1 nor irdma (unknown PCI IDs)".into())
+                }
             };
             Ok(print_report(cli, &report))
         }
@@ -160,7 +178,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();

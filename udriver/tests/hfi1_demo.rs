@@ -90,7 +90,10 @@ fn stress_drives_several_qps_on_one_context_and_leaks_nothing() {
         eprintln!("{backend:?}: {run}");
         assert!(run["iterations"].as_u64().unwrap() > 0);
         assert_eq!(run["bytes_verified"].as_u64(), Some(run["segments"].as_u64().unwrap() * SEG_BYTES as u64));
-        assert!(run["eagain"].as_u64().unwrap() > 0, "{backend:?}: the QPs contended for TIDs");
+        // Whether the threads overlapped enough to hit -EAGAIN depends on scheduling (a loaded machine can
+        // serialise them), so it is reported, not asserted; -EAGAIN and the wake order are pinned
+        // deterministically by the unit tests in udriver/src/hfi1/tests_exp.rs.
+        eprintln!("{backend:?}: {} -EAGAIN waits", run["eagain"]);
         let leak = detail(&rep, "leak check");
         assert_eq!(leak["valid_rcv_entries_on_device"], json!(0));
         assert!(d.rcv_entries().is_empty(), "{backend:?}: the device agrees");
