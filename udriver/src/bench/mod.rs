@@ -115,7 +115,7 @@ impl Case {
         self.notes.push(n.into());
     }
 
-    /// Runs `f` on this case, recording an error instead of a panic-free early return being lost.
+    /// Runs `f` on this case: what it measured stays, and an error it returns is recorded.
     fn run(mut self, f: impl FnOnce(&mut Case) -> Result<(), String>) -> Self {
         if let Err(e) = f(&mut self) {
             self.error = Some(e);
