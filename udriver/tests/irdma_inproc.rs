@@ -11,6 +11,10 @@ use device_model::pci::{Function, PciIds};
 use serde_json::{json, Value};
 use udriver::access::DeviceAccess;
 use udriver::backend::inproc::InProcess;
+use udriver::backend::vfio_user::VfioUserBackend;
+
+// Only its vfio-user server is used here; the module allows its own dead code.
+mod hfi1_common;
 use udriver::dma::DmaPool;
 use udriver::irdma::cqp::{irdma_sc_cqp_get_next_send_wqe_idx, irdma_sc_cqp_post_sq};
 use udriver::irdma::defs::*;
@@ -44,16 +48,26 @@ struct Rig {
     access: Arc<dyn DeviceAccess>,
     pool: Arc<DmaPool>,
     func: Arc<Function>,
+    /// Declared last: the client (in `access` and `pool`) goes before the server stops.
+    _served: Option<hfi1_common::ServedSocket>,
 }
 
 impl Rig {
+    /// In-process by default; `UDRIVER_IT_BACKEND=vfio-user` runs every test over a real vfio-user socket
+    /// (ci/test.sh runs both).
     fn new(cfg: IrdmaConfig) -> Rig {
         let engine = Arc::new(Irdma::new(cfg));
         let func = Function::new(engine.clone(), PciIds::irdma_default());
-        let access: Arc<dyn DeviceAccess> = Arc::new(InProcess::new(func.clone()));
+        let (access, served): (Arc<dyn DeviceAccess>, _) =
+            if std::env::var("UDRIVER_IT_BACKEND").as_deref() == Ok("vfio-user") {
+                let s = hfi1_common::ServedSocket::new(func.clone());
+                (Arc::new(VfioUserBackend::connect(s.path(), true).unwrap()), Some(s))
+            } else {
+                (Arc::new(InProcess::new(func.clone())), None)
+            };
         access.pci_enable_device().unwrap();
         let pool = Arc::new(DmaPool::new(access.clone(), false));
-        Rig { engine, access, pool, func }
+        Rig { engine, access, pool, func, _served: served }
     }
 
     fn up(&self, sq_size: u32, ccq_size: u32, wait_mode: IrdmaCqpWaitMode) -> IrdmaDev {

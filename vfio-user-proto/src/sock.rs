@@ -119,9 +119,12 @@ fn recv_exact(
             Err(rustix::io::Errno::INTR) => continue,
             Err(rustix::io::Errno::AGAIN) if flags.contains(RecvFlags::DONTWAIT) => {
                 let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() || !wait_readable(stream, left)? {
+                if left.is_zero() {
                     return Err(FrameError::Timeout);
                 }
+                // `false` is a timeout or a signal (EINTR): either way the next pass looks at the deadline
+                // again rather than mistaking a signal for a stalled peer.
+                wait_readable(stream, left)?;
                 continue;
             }
             // Only a receive timeout (SO_RCVTIMEO) yields EAGAIN on our blocking sockets.

@@ -106,14 +106,56 @@ pub enum Backend {
     /// Mapped, but `identity()` does not say so: the driver keeps `rcv_array_wc_fill` (for the test that
     /// shows why it must not).
     MappedUntold,
+    /// A real vfio-user socket: the device model's server on its own thread, udriver's vfio-user backend
+    /// (RcvArray mmapped from the sparse area, the rest trapped as REGION_READ/WRITE, DMA through memfds).
+    VfioUser,
 }
 
-pub const BACKENDS: [Backend; 2] = [Backend::Trapped, Backend::Mapped];
+pub const BACKENDS: [Backend; 3] = [Backend::Trapped, Backend::Mapped, Backend::VfioUser];
+
+/// The device model's vfio-user server on a thread, stopped when dropped.
+pub struct ServedSocket {
+    path: std::path::PathBuf,
+    stop: vfio_user_proto::ShutdownHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServedSocket {
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    pub fn new(function: Arc<Function>) -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("hfi1-it-{}-{n}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let server = vfio_user_proto::Server::new(function, vfio_user_proto::ServerConfig::default());
+        let stop = server.shutdown_handle();
+        let thread = std::thread::spawn(move || {
+            let _ = server.serve(listener);
+        });
+        Self { path, stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for ServedSocket {
+    fn drop(&mut self) {
+        self.stop.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
 
 /// The device: its engine (for control commands) and the driver's view of it.
 pub struct Dev {
     pub function: Arc<Function>,
     pub dev: Arc<dyn DeviceAccess>,
+    /// Declared after `dev`, so the client is gone before the server stops.
+    _served: Option<ServedSocket>,
 }
 
 impl Dev {
@@ -129,12 +171,19 @@ impl Dev {
     pub fn unprepared(config: Hfi1Config, backend: Backend) -> Self {
         let engine = Arc::new(Hfi1::new(config).expect("hfi1 engine"));
         let function = Function::try_new(engine, PciIds::hfi1_default()).expect("function");
+        let mut served = None;
         let dev: Arc<dyn DeviceAccess> = match backend {
             Backend::Trapped => Arc::new(InProcess::new(function.clone())),
             Backend::Mapped => Arc::new(MappedInProcess::new(function.clone(), true)),
             Backend::MappedUntold => Arc::new(MappedInProcess::new(function.clone(), false)),
+            Backend::VfioUser => {
+                let s = ServedSocket::new(function.clone());
+                let dev = udriver::backend::vfio_user::VfioUserBackend::connect(&s.path, true).expect("connect");
+                served = Some(s);
+                Arc::new(dev)
+            }
         };
-        Self { function, dev }
+        Self { function, dev, _served: served }
     }
 
     /// The device's own view (control socket `dump`).

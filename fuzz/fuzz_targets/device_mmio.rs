@@ -1,0 +1,533 @@
+//! Device MMIO and DMA, in process, against both engines at once.
+//!
+//! The input is a sequence of register reads and writes and of stores into the DMA memory the engines
+//! see: RcvArray and flow programming, loopback descriptors and injected packets for hfi1; host
+//! contexts, CQP WQEs, shadow areas and loopback segments for irdma. Oracles: no panic, no hang (every
+//! wait is bounded and a missed deadline is a crash), register invariants, and no device write outside
+//! the buffers the driver allowed (RcvArray buffers for hfi1, CCQ rings named by a fetched CREATE_CQ for
+//! irdma), checked at each write and again by comparing memory with the harness's copy at the end.
+#![no_main]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+
+use device_model::engine::{Engine, Interrupt};
+use device_model::hfi1::{self, regs as hregs, Hfi1, Hfi1Config, Packet};
+use device_model::irdma::{self, regs as iregs, Irdma, IrdmaConfig};
+use rdma_emu_fuzz::dma_oracle::GuardedMemory;
+use rdma_emu_fuzz::mmio_input::{build_wqe, irdma_read_hook, Addr, Width, WqeCmd, IDLE_DEADLINE, MAX_OPS, WIN};
+
+#[derive(Arbitrary, Debug)]
+enum HfiReg {
+    Global(u8),
+    Ctxt { ctxt: u8, reg: u8 },
+    Uctxt { ctxt: u8, reg: u8 },
+    RcvArray(u16),
+    Flow { ctxt: u8, flow: u8 },
+    Loopback(u8),
+    Raw(u32),
+}
+
+#[derive(Arbitrary, Debug)]
+struct HfiPacket {
+    kdeth0: u32,
+    dest_qp: u32,
+    psn: u32,
+}
+
+#[derive(Arbitrary, Debug)]
+enum HfiOp {
+    Write {
+        reg: HfiReg,
+        width: Width,
+        value: u64,
+    },
+    Read {
+        reg: HfiReg,
+        width: Width,
+    },
+    /// RcvArray entry with WRITE_ENABLE: a buffer the device may then fill.
+    Program {
+        index: u16,
+        buf: Addr,
+        code: u8,
+    },
+    Context {
+        ctxt: u8,
+        ctrl: u8,
+        tid_base: u16,
+        tid_pairs: u16,
+    },
+    Flow {
+        ctxt: u8,
+        flow: u8,
+        generation: u32,
+        sequence: u16,
+        ctrl: u8,
+    },
+    Descriptor {
+        at: Addr,
+        packet: HfiPacket,
+        payload: Vec<u8>,
+        len_delta: i16,
+        next: Option<Addr>,
+    },
+    Doorbell {
+        desc: Addr,
+    },
+    Inject {
+        packet: HfiPacket,
+        payload: Vec<u8>,
+    },
+}
+
+#[derive(Arbitrary, Debug)]
+enum IrdmaReg {
+    Named(u8),
+    CeqCtl(u8),
+    Loopback(u8),
+    DoorbellPage(u16),
+    Raw(u32),
+}
+
+#[derive(Arbitrary, Debug)]
+enum IrdmaOp {
+    Write {
+        reg: IrdmaReg,
+        width: Width,
+        value: u32,
+    },
+    Read {
+        reg: IrdmaReg,
+        width: Width,
+    },
+    /// Host context at `at`, then CCQPHIGH/CCQPLOW (the create trigger).
+    HostContext {
+        at: Addr,
+        sq: Addr,
+        sq_size_code: u8,
+        protocol: u8,
+        hmc_profile: u8,
+        maj: u16,
+        qw3: u64,
+    },
+    Destroy,
+    Wqe {
+        slot: u16,
+        cmd: WqeCmd,
+        valid: bool,
+    },
+    Doorbell {
+        head: u16,
+    },
+    Shadow {
+        at: Addr,
+        consumer: u32,
+        arm: bool,
+        seq: u8,
+    },
+    Arm,
+    Segment {
+        at: Addr,
+        qw0: u64,
+        src: [u32; 4],
+        dst: [u32; 4],
+    },
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Hfi1(HfiOp),
+    Irdma(IrdmaOp),
+    Poke { irdma: bool, at: Addr, bytes: Vec<u8> },
+    Wait,
+    Reset { irdma: bool },
+    Reattach { irdma: bool },
+    Control { irdma: bool, which: u8 },
+}
+
+#[derive(Default)]
+struct Irqs(AtomicU64);
+impl Interrupt for Irqs {
+    fn raise(&self, _vector: u16) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn hfi_config() -> Hfi1Config {
+    Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8 }
+}
+
+/// The engines live across inputs (starting their workers per input would dominate the run time); each
+/// input starts with a detach, which resets them to power-on, and an attach of fresh memory.
+struct Engines {
+    hfi: Hfi1,
+    ird: Irdma,
+}
+
+static ENGINES: std::sync::OnceLock<Option<Engines>> = std::sync::OnceLock::new();
+
+struct Rig {
+    hfi: &'static Hfi1,
+    hmem: Arc<GuardedMemory>,
+    ird: &'static Irdma,
+    imem: Arc<GuardedMemory>,
+    irq: Arc<Irqs>,
+    /// SQ base and size of the last host context written (for WQE slots).
+    sq: (u64, u64),
+    /// Where the harness keeps the CCQ shadow area (for the arm).
+    doorbells: u64,
+}
+
+impl Rig {
+    fn new() -> Option<Rig> {
+        let engines = ENGINES.get_or_init(|| {
+            let hfi = Hfi1::new(hfi_config()).ok()?;
+            let ird = Irdma::new(IrdmaConfig {
+                qhash_capacity: 16,
+                msix_vectors: 4,
+                ccq_full_wait: Duration::from_millis(1),
+                max_ccq_size: 4096,
+                ..Default::default()
+            });
+            Some(Engines { hfi, ird })
+        });
+        let Engines { hfi, ird } = engines.as_ref()?;
+        hfi.detach();
+        ird.detach();
+        let hmem = Arc::new(GuardedMemory::new(&WIN, None));
+        let imem = Arc::new(GuardedMemory::new(&WIN, Some(irdma_read_hook())));
+        let irq = Arc::new(Irqs::default());
+        hfi.attach(hmem.clone(), irq.clone());
+        ird.attach(imem.clone(), irq.clone());
+        Some(Rig { hfi, hmem, ird, imem, irq, sq: (WIN[0].0, 4), doorbells: 0 })
+    }
+
+    fn hfi_offset(reg: &HfiReg) -> u64 {
+        let ctxts = hfi_config().rcv_contexts as u64 + 1;
+        match *reg {
+            HfiReg::Global(i) => [
+                hregs::RCV_CTRL,
+                hregs::RCV_STATUS,
+                hregs::RCV_CONTEXTS,
+                hregs::RCV_ARRAY_CNT,
+                hregs::RCV_BTH_QP,
+                hregs::RCV_VL15,
+            ][usize::from(i) % 6],
+            HfiReg::Ctxt { ctxt, reg } => {
+                hregs::RXE_KCTXT_BASE + (u64::from(ctxt) % ctxts) * hregs::KCTXT_STRIDE + u64::from(reg % 12) * 8
+            }
+            HfiReg::Uctxt { ctxt, reg } => {
+                let r = [hregs::RCV_HDR_TAIL, hregs::RCV_HDR_HEAD, hregs::RCV_EGR_INDEX_HEAD][usize::from(reg) % 3];
+                r + (u64::from(ctxt) % ctxts) * hregs::UCTXT_STRIDE
+            }
+            HfiReg::RcvArray(i) => hregs::RCV_ARRAY + u64::from(i % 1024) * hregs::RCV_ARRAY_ENTRY_SIZE,
+            HfiReg::Flow { ctxt, flow } => {
+                hregs::RCV_TID_FLOW_TABLE + (u64::from(ctxt) % ctxts) * hregs::UCTXT_STRIDE + u64::from(flow % 33) * 8
+            }
+            HfiReg::Loopback(i) => hfi1::LB_BASE + u64::from(i % 9) * 8,
+            HfiReg::Raw(o) => u64::from(o),
+        }
+    }
+
+    /// The engine contract: the PCI layer has already checked the range against the BAR.
+    fn in_bar(offset: u64, width: usize, size: u64) -> u64 {
+        (offset % size).min(size - width as u64)
+    }
+
+    /// Records the buffer a 64-bit RcvArray store enables, as the oracle's allowed set.
+    fn note_hfi_write(&self, offset: u64, data: &[u8]) {
+        let Ok(b) = <[u8; 8]>::try_from(data) else { return };
+        let value = u64::from_le_bytes(b);
+        let count = hfi_config().rcv_array_count as u64;
+        if offset < hregs::RCV_ARRAY || offset >= hregs::RCV_ARRAY + count * 8 || !offset.is_multiple_of(8) {
+            return;
+        }
+        let code = (value >> hregs::RCV_ARRAY_RT_BUF_SIZE_SHIFT) & hregs::RCV_ARRAY_RT_BUF_SIZE_MASK;
+        if value & hregs::RCV_ARRAY_RT_WRITE_ENABLE_SMASK != 0 && (1..=0xA).contains(&code) {
+            let addr = (value & hregs::RCV_ARRAY_RT_ADDR_MASK) << hregs::RT_ADDR_SHIFT;
+            self.hmem.allow(addr, 4096u64 << (code - 1));
+        }
+    }
+
+    fn hfi_write(&self, offset: u64, data: &[u8]) {
+        let offset = Self::in_bar(offset, data.len(), hfi1::HFI1_BAR0_SIZE);
+        self.note_hfi_write(offset, data);
+        self.hfi.mmio_write(hfi1::HFI1_BAR, offset, data);
+    }
+
+    fn hfi_write64(&self, offset: u64, value: u64) {
+        self.hfi_write(offset, &value.to_le_bytes());
+    }
+
+    fn hfi_read64(&self, offset: u64) -> u64 {
+        let mut b = [0u8; 8];
+        self.hfi.mmio_read(hfi1::HFI1_BAR, offset, &mut b);
+        u64::from_le_bytes(b)
+    }
+
+    fn hfi_op(&mut self, op: HfiOp) {
+        match op {
+            HfiOp::Write { reg, width, value } => {
+                let w = width.bytes();
+                self.hfi_write(Self::hfi_offset(&reg), &value.to_le_bytes()[..w]);
+            }
+            HfiOp::Read { reg, width } => {
+                let mut b = vec![0u8; width.bytes()];
+                let off = Self::in_bar(Self::hfi_offset(&reg), b.len(), hfi1::HFI1_BAR0_SIZE);
+                self.hfi.mmio_read(hfi1::HFI1_BAR, off, &mut b);
+            }
+            HfiOp::Program { index, buf, code } => {
+                let addr = (buf.iova() >> hregs::RT_ADDR_SHIFT) & hregs::RCV_ARRAY_RT_ADDR_MASK;
+                let value = hregs::RCV_ARRAY_RT_WRITE_ENABLE_SMASK
+                    | (u64::from(code & 0xF) << hregs::RCV_ARRAY_RT_BUF_SIZE_SHIFT)
+                    | addr;
+                self.hfi_write64(hregs::RCV_ARRAY + u64::from(index % 640) * 8, value);
+            }
+            HfiOp::Context { ctxt, ctrl, tid_base, tid_pairs } => {
+                let c = u64::from(ctxt % 5);
+                self.hfi_write64(
+                    hregs::RCV_TID_CTRL + c * hregs::KCTXT_STRIDE,
+                    (u64::from(tid_pairs) << 32) | u64::from(tid_base),
+                );
+                self.hfi_write64(hregs::RCV_CTXT_CTRL + c * hregs::KCTXT_STRIDE, u64::from(ctrl));
+            }
+            HfiOp::Flow { ctxt, flow, generation, sequence, ctrl } => {
+                let value = u64::from(sequence & 0x7FF)
+                    | (u64::from(generation & 0xF_FFFF) << hregs::RCV_TID_FLOW_TABLE_GEN_SHIFT)
+                    | (u64::from(ctrl) << 32);
+                let off =
+                    hregs::RCV_TID_FLOW_TABLE + u64::from(ctxt % 5) * hregs::UCTXT_STRIDE + u64::from(flow % 32) * 8;
+                self.hfi_write64(off, value);
+            }
+            HfiOp::Descriptor { at, packet, payload, len_delta, next } => {
+                let mut d = Vec::with_capacity(24 + payload.len());
+                d.extend_from_slice(&packet.kdeth0.to_le_bytes());
+                d.extend_from_slice(&packet.dest_qp.to_le_bytes());
+                d.extend_from_slice(&packet.psn.to_le_bytes());
+                let len = (payload.len() as i64 + i64::from(len_delta)).clamp(0, u32::MAX as i64) as u32;
+                d.extend_from_slice(&len.to_le_bytes());
+                d.extend_from_slice(&next.map_or(0, Addr::iova).to_le_bytes());
+                d.extend_from_slice(&payload);
+                self.hmem.host_write(at.iova(), &d);
+            }
+            HfiOp::Doorbell { desc } => {
+                self.hfi_write64(hfi1::LB_DESC_ADDR, desc.iova());
+                self.hfi_write64(hfi1::LB_DOORBELL, 1);
+            }
+            HfiOp::Inject { packet, payload } => {
+                let p = Packet { kdeth0: packet.kdeth0, dest_qp: packet.dest_qp, psn: packet.psn };
+                // An error here is the engine declining (stopped worker, full queue): fine, just not a panic.
+                let _ = self.hfi.inject(p, payload);
+            }
+        }
+    }
+
+    fn irdma_offset(reg: &IrdmaReg) -> u64 {
+        match *reg {
+            IrdmaReg::Named(i) => [
+                iregs::IRDMA_CQPTAIL,
+                iregs::IRDMA_CQPDB,
+                iregs::IRDMA_CCQPSTATUS,
+                iregs::IRDMA_CCQPHIGH,
+                iregs::IRDMA_CCQPLOW,
+                iregs::IRDMA_CQARM,
+                iregs::IRDMA_CQACK,
+                iregs::IRDMA_AEQALLOC,
+                iregs::IRDMA_CQPERRCODES,
+                iregs::IRDMA_WQEALLOC,
+                iregs::IRDMA_GLPCI_LBARCTRL,
+                iregs::IRDMA_GLPE_CPUSTATUS0,
+                iregs::IRDMA_GLPE_CPUSTATUS1,
+                iregs::IRDMA_GLPE_CPUSTATUS2,
+            ][usize::from(i) % 14],
+            IrdmaReg::CeqCtl(i) => iregs::IRDMA_GLINT_CEQCTL + u64::from(i % 6) * 4,
+            IrdmaReg::Loopback(i) => iregs::IRDMA_EMU_LB_BASE + u64::from(i % 7) * 4,
+            IrdmaReg::DoorbellPage(o) => iregs::IRDMA_DB_ADDR_OFFSET + u64::from(o),
+            IrdmaReg::Raw(o) => u64::from(o),
+        }
+    }
+
+    fn ird_write(&self, offset: u64, data: &[u8]) {
+        let offset = Self::in_bar(offset, data.len(), iregs::IRDMA_BAR0_SIZE);
+        self.ird.mmio_write(0, offset, data);
+    }
+
+    fn ird_write32(&self, offset: u64, value: u32) {
+        self.ird_write(offset, &value.to_le_bytes());
+    }
+
+    fn ird_read32(&self, offset: u64) -> u32 {
+        let mut b = [0u8; 4];
+        self.ird.mmio_read(0, offset, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn irdma_op(&mut self, op: IrdmaOp) {
+        match op {
+            IrdmaOp::Write { reg, width, value } => {
+                let w = width.bytes().min(4);
+                self.ird_write(Self::irdma_offset(&reg), &value.to_le_bytes()[..w]);
+            }
+            IrdmaOp::Read { reg, width } => {
+                let mut b = vec![0u8; width.bytes()];
+                let off = Self::in_bar(Self::irdma_offset(&reg), b.len(), iregs::IRDMA_BAR0_SIZE);
+                self.ird.mmio_read(0, off, &mut b);
+            }
+            IrdmaOp::HostContext { at, sq, sq_size_code, protocol, hmc_profile, maj, qw3 } => {
+                let code = u64::from(sq_size_code % 12);
+                let sq_base = sq.iova() & !(irdma::cqp::IRDMA_CQP_ALIGNMENT - 1);
+                let mut qw = [0u64; 8];
+                qw[0] = irdma::cqp::IRDMA_CQPHC_SQSIZE.put(code)
+                    | irdma::cqp::IRDMA_CQPHC_PROTOCOL_USED.put(u64::from(protocol % 4));
+                qw[1] = sq_base;
+                qw[2] = irdma::cqp::IRDMA_CQPHC_HMC_PROFILE.put(u64::from(hmc_profile % 4));
+                qw[3] = qw3;
+                qw[4] = irdma::cqp::IRDMA_CQPHC_HW_MAJVER.put(u64::from(maj % 3));
+                let bytes: Vec<u8> = qw.iter().flat_map(|q| q.to_le_bytes()).collect();
+                let ctx = at.iova() & !0x3F;
+                self.imem.host_write(ctx, &bytes);
+                // SQ of 2^(code + 1) entries (4 .. 2048).
+                self.sq = (sq_base, 1u64 << (code + 1).min(11));
+                self.ird_write32(iregs::IRDMA_CCQPHIGH, (ctx >> 32) as u32);
+                self.ird_write32(iregs::IRDMA_CCQPLOW, ctx as u32);
+            }
+            IrdmaOp::Destroy => {
+                self.ird_write32(iregs::IRDMA_CCQPHIGH, 0);
+                self.ird_write32(iregs::IRDMA_CCQPLOW, 0);
+            }
+            IrdmaOp::Wqe { slot, cmd, valid } => {
+                let qw = build_wqe(cmd, valid);
+                let bytes: Vec<u8> = qw.iter().flat_map(|q| q.to_le_bytes()).collect();
+                let at = self.sq.0.wrapping_add((u64::from(slot) % self.sq.1) * irdma::wqe::IRDMA_CQP_WQE_SIZE as u64);
+                self.imem.host_write(at, &bytes);
+            }
+            IrdmaOp::Doorbell { head } => {
+                self.doorbells += 1;
+                self.ird_write32(iregs::IRDMA_CQPDB, u32::from(head) % (self.sq.1 as u32 + 1));
+            }
+            IrdmaOp::Shadow { at, consumer, arm, seq } => {
+                let qw0 = u64::from(consumer & 0xF_FFFF);
+                let qw4 = if arm { irdma::ccq::IRDMA_CQ_DBSA_ARM_NEXT.put(1) } else { 0 }
+                    | irdma::ccq::IRDMA_CQ_DBSA_ARM_SEQ_NUM.put(u64::from(seq & 3));
+                let base = at.iova() & !7;
+                self.imem.host_write(base, &qw0.to_le_bytes());
+                self.imem.host_write(base.wrapping_add(32), &qw4.to_le_bytes());
+            }
+            IrdmaOp::Arm => self.ird_write32(iregs::IRDMA_CQARM, 0),
+            IrdmaOp::Segment { at, qw0, src, dst } => {
+                let mut d = qw0.to_le_bytes().to_vec();
+                d.extend(src.iter().chain(dst.iter()).flat_map(|w| w.to_le_bytes()));
+                let iova = at.iova();
+                self.imem.host_write(iova, &d);
+                self.ird_write32(iregs::IRDMA_EMU_LB_DESC_HIGH, (iova >> 32) as u32);
+                self.ird_write32(iregs::IRDMA_EMU_LB_DESC_LOW, iova as u32);
+                self.ird_write32(iregs::IRDMA_EMU_LB_DOORBELL, 1);
+            }
+        }
+    }
+
+    /// Waits for both engines to go idle, then checks register invariants. A missed deadline is a hang.
+    fn wait_and_check(&self) {
+        let start = Instant::now();
+        loop {
+            let done = self.hfi_read64(hfi1::LB_DB_DONE);
+            let submitted = self.hfi_read64(hfi1::LB_DB_SUBMITTED);
+            assert!(done <= submitted, "hfi1: LB_DB_DONE {done} > LB_DB_SUBMITTED {submitted}");
+            if done == submitted {
+                break;
+            }
+            assert!(start.elapsed() < IDLE_DEADLINE, "hfi1: loopback doorbells not finished after {IDLE_DEADLINE:?}");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let (descs, errs) = (self.hfi_read64(hfi1::LB_DESC_DONE), self.hfi_read64(hfi1::LB_DESC_ERR));
+        assert!(errs <= descs, "hfi1: LB_DESC_ERR {errs} > LB_DESC_DONE {descs}");
+        let cfg = hfi_config();
+        assert_eq!(self.hfi_read64(hregs::RCV_CONTEXTS), cfg.rcv_contexts as u64);
+        assert_eq!(self.hfi_read64(hregs::RCV_ARRAY_CNT), cfg.rcv_array_count as u64);
+        // Flow entries: reserved bits 31, 36 and 63:39 read 0 whatever was written or advanced.
+        let reserved = (1u64 << 31) | (1 << 36) | !((1u64 << 39) - 1);
+        for c in 0..cfg.rcv_contexts as u64 {
+            for f in 0..hfi1::RXE_NUM_TID_FLOWS as u64 {
+                let v = self.hfi_read64(hregs::RCV_TID_FLOW_TABLE + c * hregs::UCTXT_STRIDE + f * 8);
+                assert_eq!(v & reserved, 0, "hfi1: flow {c}/{f} = {v:#x} has reserved bits");
+            }
+        }
+
+        assert!(self.ird.wait_idle(IDLE_DEADLINE), "irdma: worker not idle after {IDLE_DEADLINE:?}");
+        let tail = u64::from(self.ird_read32(iregs::IRDMA_CQPTAIL));
+        let status = self.ird_read32(iregs::IRDMA_CCQPSTATUS);
+        if status == 1 {
+            // A live CQP: its tail is a slot of its ring.
+            let ring = self.ird.control(&serde_json::json!({"cmd": "dump"})).ok();
+            if let Some(size) = ring.as_ref().and_then(|d| d["cqp"]["sq_size"].as_u64()) {
+                assert!(
+                    iregs::IRDMA_CQPTAIL_WQTAIL.get(tail) < size.max(1),
+                    "irdma: CQPTAIL {tail:#x} outside SQ of {size}"
+                );
+            }
+        }
+        if let Ok(d) = self.ird.control(&serde_json::json!({"cmd": "dump"})) {
+            let (len, cap) = (d["qhash"]["len"].as_u64(), d["qhash"]["capacity"].as_u64());
+            if let (Some(len), Some(cap)) = (len, cap) {
+                assert!(len <= cap, "irdma: qhash holds {len} > capacity {cap}");
+            }
+        }
+    }
+
+    fn check_memory(&self) {
+        for (name, mem) in [("hfi1", &self.hmem), ("irdma", &self.imem)] {
+            let v = mem.violations();
+            assert!(v.is_empty(), "{name}: device wrote outside allowed buffers: {v:?}");
+            assert_eq!(mem.check_snapshot(), None, "{name}: memory changed outside allowed buffers");
+        }
+    }
+}
+
+fuzz_target!(|ops: Vec<Op>| {
+    let Some(mut rig) = Rig::new() else { return };
+    for op in ops.into_iter().take(MAX_OPS) {
+        match op {
+            Op::Hfi1(o) => rig.hfi_op(o),
+            Op::Irdma(o) => rig.irdma_op(o),
+            Op::Poke { irdma, at, bytes } => {
+                let m = if irdma { &rig.imem } else { &rig.hmem };
+                m.host_write(at.iova(), &bytes);
+            }
+            Op::Wait => rig.wait_and_check(),
+            Op::Reset { irdma } => {
+                if irdma {
+                    rig.ird.reset();
+                } else {
+                    rig.hfi.reset();
+                }
+            }
+            Op::Reattach { irdma } => {
+                if irdma {
+                    rig.ird.detach();
+                    rig.ird.attach(rig.imem.clone(), rig.irq.clone());
+                } else {
+                    rig.hfi.detach();
+                    rig.hfi.attach(rig.hmem.clone(), rig.irq.clone());
+                }
+            }
+            Op::Control { irdma, which } => {
+                let req = match which % 3 {
+                    0 => serde_json::json!({"cmd": "dump"}),
+                    1 => serde_json::json!({"cmd": "counters"}),
+                    _ => serde_json::json!({"cmd": "reset"}),
+                };
+                let engine: &dyn Engine = if irdma { rig.ird } else { rig.hfi };
+                let _ = engine.control(&req);
+            }
+        }
+    }
+    rig.wait_and_check();
+    rig.check_memory();
+    rig.hfi.detach();
+    rig.ird.detach();
+});

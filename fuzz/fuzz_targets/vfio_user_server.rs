@@ -1,0 +1,457 @@
+//! The vfio-user server, from a hostile client's side.
+//!
+//! A real `Server::serve_connection` runs on a thread over one end of a socketpair, serving a real PCI
+//! function (hfi1 or irdma engine). The input is a sequence of whole client messages: VERSION, DMA maps
+//! with and without fds (memfds, and fds that are not memory), unmaps, info queries, IRQ setup with
+//! eventfds, region reads and writes, resets, raw commands and stray replies, and disconnects (clean, or
+//! in the middle of a message). The server's own DMA_READ/DMA_WRITE requests are answered.
+//! Oracles: no panic; every request answered (or the connection closed) within a deadline; the serving
+//! thread returns after the client is gone; no descriptor left open afterwards.
+#![no_main]
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+
+use device_model::hfi1::{Hfi1, Hfi1Config};
+use device_model::irdma::{Irdma, IrdmaConfig};
+use device_model::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER, PCI_COMMAND_MEMORY};
+use device_model::pci::{Function, PciIds};
+use rdma_emu_fuzz::fds::{leaked_since, open_fds};
+use rdma_emu_fuzz::wire_client::{Answer, Peer};
+use vfio_user_proto::device::region;
+use vfio_user_proto::sock::Message;
+use vfio_user_proto::wire::{command as cmd, hdr_flags, put_u16, put_u32, put_u64, Header};
+use vfio_user_proto::{Server, ServerConfig};
+
+/// How long a request may go unanswered before it counts as a hang.
+const REPLY_DEADLINE: Duration = Duration::from_secs(3);
+/// How long the serving thread may take to return after the client closed.
+const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
+const MAX_OPS: usize = 48;
+const MAX_XFER: u32 = 1 << 16;
+
+#[derive(Arbitrary, Debug)]
+enum FdKind {
+    /// A memfd of this many pages (0..=15), the normal DMA backing.
+    Memfd(u8),
+    /// The same, sealed against shrinking (what the server mmaps rather than serving by messages).
+    SealedMemfd(u8),
+    /// Not mappable memory: an eventfd.
+    Eventfd,
+    /// A pipe end.
+    Pipe,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Caps {
+    None,
+    Good { max_fds: u8, xfer: u32, pgsize: u64, maps: u16, multi: bool },
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Version {
+        major: u16,
+        minor: u16,
+        caps: Caps,
+        nul: bool,
+    },
+    DmaMap {
+        flags: u8,
+        offset: u16,
+        iova_page: u32,
+        pages: u8,
+        fds: Vec<FdKind>,
+        argsz_delta: i8,
+    },
+    DmaUnmap {
+        flags: u8,
+        iova_page: u32,
+        pages: u8,
+        argsz_delta: i8,
+    },
+    DeviceInfo {
+        argsz: u8,
+    },
+    RegionInfo {
+        index: u8,
+        argsz: u16,
+    },
+    IrqInfo {
+        index: u8,
+        argsz: u8,
+    },
+    SetIrqs {
+        flags: u8,
+        index: u8,
+        start: u16,
+        count: u16,
+        eventfds: u8,
+        data: Vec<u8>,
+    },
+    RegionRead {
+        region: u8,
+        offset: u32,
+        count: u16,
+    },
+    RegionWrite {
+        region: u8,
+        offset: u32,
+        data: Vec<u8>,
+    },
+    WriteMulti {
+        entries: Vec<(u8, u32, u8, u64)>,
+        count_delta: i8,
+    },
+    Reset {
+        payload: Vec<u8>,
+    },
+    /// PCI_COMMAND memory decoding and bus mastering on (`pci_enable_device` + `pci_set_master`), without
+    /// which BAR accesses fail: a short cut to the device's registers.
+    Enable,
+    Raw {
+        command: u16,
+        flags: u8,
+        payload: Vec<u8>,
+        memfds: u8,
+    },
+    /// A reply the server did not ask for (or a DMA reply with a made-up id).
+    StrayReply {
+        command: u16,
+        id: u16,
+        payload: Vec<u8>,
+    },
+    /// A header whose size does not match what follows, then the connection ends.
+    Truncated {
+        command: u16,
+        claimed: u32,
+        sent: Vec<u8>,
+    },
+    Disconnect,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    irdma: bool,
+    /// Start with a well-formed VERSION (most inputs want to get past negotiation).
+    negotiate: bool,
+    ops: Vec<Op>,
+}
+
+struct Served {
+    server: Server,
+}
+
+fn servers() -> &'static Option<[Served; 2]> {
+    static S: OnceLock<Option<[Served; 2]>> = OnceLock::new();
+    S.get_or_init(|| {
+        let config = ServerConfig {
+            max_msg_fds: 8,
+            max_data_xfer_size: MAX_XFER,
+            max_dma_maps: 16,
+            dma_timeout: Duration::from_millis(200),
+            stall_timeout: Duration::from_millis(200),
+            ..Default::default()
+        };
+        let hfi = Hfi1::new(Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8 }).ok()?;
+        let ird = Irdma::new(IrdmaConfig {
+            qhash_capacity: 16,
+            msix_vectors: 4,
+            ccq_full_wait: Duration::from_millis(1),
+            max_ccq_size: 4096,
+            ..Default::default()
+        });
+        let f_hfi = Function::try_new(Arc::new(hfi), PciIds::hfi1_default()).ok()?;
+        let f_ird = Function::try_new(Arc::new(ird), PciIds::irdma_default()).ok()?;
+        Some([Served { server: Server::new(f_hfi, config.clone()) }, Served { server: Server::new(f_ird, config) }])
+    })
+}
+
+fn memfd(pages: u8, sealed: bool) -> Option<OwnedFd> {
+    use rustix::fs::{memfd_create, MemfdFlags, SealFlags};
+    let fd = memfd_create("fuzz-dma", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).ok()?;
+    rustix::fs::ftruncate(&fd, u64::from(pages % 16) * 4096).ok()?;
+    if sealed {
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK).ok()?;
+    }
+    Some(fd)
+}
+
+fn make_fd(kind: &FdKind) -> Option<OwnedFd> {
+    match kind {
+        FdKind::Memfd(p) => memfd(*p, false),
+        FdKind::SealedMemfd(p) => memfd(*p, true),
+        FdKind::Eventfd => rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).ok(),
+        FdKind::Pipe => rustix::pipe::pipe().ok().map(|(r, _w)| r),
+    }
+}
+
+/// Answers the server's DMA_READ (with zeros) and DMA_WRITE (accepted), as a client without fd-backed
+/// memory would.
+fn answer_dma(peer: &Peer, m: Message) {
+    let h = m.header;
+    if h.no_reply() {
+        return;
+    }
+    let reply = match h.command {
+        cmd::DMA_READ if m.payload.len() >= 16 => {
+            let count = u64::from_le_bytes(m.payload[8..16].try_into().unwrap_or([0; 8]));
+            if count <= u64::from(MAX_XFER) {
+                let mut p = m.payload[..16].to_vec();
+                p.resize(16 + count as usize, 0);
+                Some(p)
+            } else {
+                None
+            }
+        }
+        cmd::DMA_WRITE if m.payload.len() >= 16 => Some(m.payload[..16].to_vec()),
+        _ => None,
+    };
+    match reply {
+        Some(p) => peer.send(&Header::reply(&h, p.len()), &p, &[]),
+        None => peer.send(&Header::error_reply(&h, libc::EINVAL), &[], &[]),
+    };
+}
+
+fn version_payload(major: u16, minor: u16, caps: &Caps, nul: bool) -> Vec<u8> {
+    let mut p = Vec::new();
+    put_u16(&mut p, major);
+    put_u16(&mut p, minor);
+    match caps {
+        Caps::None => {}
+        Caps::Good { max_fds, xfer, pgsize, maps, multi } => {
+            let j = serde_json::json!({"capabilities": {
+                "max_msg_fds": max_fds, "max_data_xfer_size": xfer,
+                "migration": {"pgsize": pgsize}, "pgsizes": pgsize, "max_dma_maps": maps, "write_multiple": multi,
+            }});
+            p.extend_from_slice(j.to_string().as_bytes());
+        }
+        Caps::Text(t) => p.extend_from_slice(t.as_bytes()),
+        Caps::Bytes(b) => p.extend_from_slice(b),
+    }
+    if nul {
+        p.push(0);
+    }
+    p
+}
+
+/// One message to send: header command and flags, payload, fds.
+struct Outgoing {
+    command: u16,
+    flags: u32,
+    payload: Vec<u8>,
+    fds: Vec<OwnedFd>,
+}
+
+fn build(op: Op) -> Option<Outgoing> {
+    let msg = |command: u16, payload: Vec<u8>| Outgoing { command, flags: 0, payload, fds: Vec::new() };
+    Some(match op {
+        Op::Version { major, minor, caps, nul } => msg(cmd::VERSION, version_payload(major, minor, &caps, nul)),
+        Op::DmaMap { flags, offset, iova_page, pages, fds, argsz_delta } => {
+            let mut p = Vec::new();
+            put_u32(&mut p, (32i32 + i32::from(argsz_delta)) as u32);
+            put_u32(&mut p, u32::from(flags));
+            put_u64(&mut p, u64::from(offset) * 512);
+            put_u64(&mut p, u64::from(iova_page) << 12);
+            put_u64(&mut p, u64::from(pages) << 12);
+            Outgoing { fds: fds.iter().take(10).filter_map(make_fd).collect(), ..msg(cmd::DMA_MAP, p) }
+        }
+        Op::DmaUnmap { flags, iova_page, pages, argsz_delta } => {
+            let mut p = Vec::new();
+            put_u32(&mut p, (24i32 + i32::from(argsz_delta)) as u32);
+            put_u32(&mut p, u32::from(flags));
+            put_u64(&mut p, u64::from(iova_page) << 12);
+            put_u64(&mut p, u64::from(pages) << 12);
+            msg(cmd::DMA_UNMAP, p)
+        }
+        Op::DeviceInfo { argsz } => {
+            let mut p = Vec::new();
+            for v in [u32::from(argsz), 0, 0, 0] {
+                put_u32(&mut p, v);
+            }
+            msg(cmd::DEVICE_GET_INFO, p)
+        }
+        Op::RegionInfo { index, argsz } => {
+            let mut p = Vec::new();
+            put_u32(&mut p, u32::from(argsz));
+            put_u32(&mut p, 0);
+            put_u32(&mut p, u32::from(index % 12));
+            put_u32(&mut p, 0);
+            put_u64(&mut p, 0);
+            put_u64(&mut p, 0);
+            msg(cmd::DEVICE_GET_REGION_INFO, p)
+        }
+        Op::IrqInfo { index, argsz } => {
+            let mut p = Vec::new();
+            for v in [u32::from(argsz), 0, u32::from(index % 8), 0] {
+                put_u32(&mut p, v);
+            }
+            msg(cmd::DEVICE_GET_IRQ_INFO, p)
+        }
+        Op::SetIrqs { flags, index, start, count, eventfds, data } => {
+            let mut p = Vec::new();
+            put_u32(&mut p, 20 + data.len() as u32);
+            put_u32(&mut p, u32::from(flags) & 0x3f);
+            put_u32(&mut p, u32::from(index % 6));
+            put_u32(&mut p, u32::from(start));
+            put_u32(&mut p, u32::from(count));
+            p.extend_from_slice(&data);
+            let fds = (0..eventfds % 10)
+                .filter_map(|_| rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).ok())
+                .collect();
+            Outgoing { fds, ..msg(cmd::DEVICE_SET_IRQS, p) }
+        }
+        Op::RegionRead { region, offset, count } => {
+            let mut p = Vec::new();
+            put_u64(&mut p, u64::from(offset));
+            put_u32(&mut p, u32::from(region % 10));
+            put_u32(&mut p, u32::from(count));
+            msg(cmd::REGION_READ, p)
+        }
+        Op::RegionWrite { region, offset, data } => {
+            let mut p = Vec::new();
+            put_u64(&mut p, u64::from(offset));
+            put_u32(&mut p, u32::from(region % 10));
+            put_u32(&mut p, data.len() as u32);
+            p.extend_from_slice(&data);
+            msg(cmd::REGION_WRITE, p)
+        }
+        Op::WriteMulti { entries, count_delta } => {
+            let mut p = Vec::new();
+            put_u64(&mut p, (entries.len() as i64 + i64::from(count_delta)).max(0) as u64);
+            for (region, offset, count, data) in entries.iter().take(210) {
+                put_u64(&mut p, u64::from(*offset));
+                put_u32(&mut p, u32::from(region % 10));
+                put_u32(&mut p, u32::from(count % 10));
+                put_u64(&mut p, *data);
+            }
+            msg(cmd::REGION_WRITE_MULTI, p)
+        }
+        Op::Reset { payload } => msg(cmd::DEVICE_RESET, payload),
+        Op::Enable => {
+            let mut p = Vec::new();
+            put_u64(&mut p, PCI_COMMAND as u64);
+            put_u32(&mut p, region::CONFIG);
+            put_u32(&mut p, 2);
+            p.extend_from_slice(&(PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER).to_le_bytes());
+            msg(cmd::REGION_WRITE, p)
+        }
+        Op::Raw { command, flags, payload, memfds } => Outgoing {
+            flags: u32::from(flags),
+            fds: (0..memfds % 4).filter_map(|_| memfd(1, false)).collect(),
+            ..msg(command % 20, payload)
+        },
+        Op::StrayReply { .. } | Op::Truncated { .. } | Op::Disconnect => return None,
+    })
+}
+
+/// Every thread's name and kernel wait channel, to tell a blocked lock from a blocked socket in a report.
+fn thread_states() -> String {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return String::new() };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default().trim().to_string();
+        out.push(format!("{}:{}:{}", read("comm"), read("wchan"), read("syscall").split(' ').next().unwrap_or("")));
+    }
+    out.join(" ")
+}
+
+fn run(input: Input) {
+    let Some(servers) = servers() else { return };
+    let served = &servers[input.irdma as usize];
+    let fds_before = open_fds();
+    let Ok((client, server_end)) = UnixStream::pair() else { return };
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let server: &'static Server = &served.server;
+    let serving = std::thread::spawn(move || {
+        let r = server.serve_connection(server_end);
+        let _ = done_tx.send(());
+        r
+    });
+    let peer = Peer::new(client, MAX_XFER + 8192);
+    let mut ops = input.ops;
+    if input.negotiate {
+        ops.insert(0, Op::Version { major: 0, minor: 1, caps: Caps::None, nul: true });
+    }
+    let mut next_id: u16 = 1;
+    for op in ops.into_iter().take(MAX_OPS) {
+        let id = next_id;
+        next_id = next_id.wrapping_add(1);
+        match op {
+            Op::Disconnect => break,
+            Op::StrayReply { command, id, payload } => {
+                let h = Header {
+                    msg_id: id,
+                    command: command % 20,
+                    msg_size: 16 + payload.len() as u32,
+                    flags: hdr_flags::TYPE_REPLY,
+                    error: 0,
+                };
+                if !peer.send(&h, &payload, &[]) {
+                    break;
+                }
+                continue;
+            }
+            Op::Truncated { command, claimed, sent } => {
+                let h = Header { msg_id: id, command: command % 20, msg_size: claimed, flags: 0, error: 0 };
+                let _ = peer.send(&h, &sent, &[]);
+                break;
+            }
+            op => {
+                let Some(out) = build(op) else { continue };
+                let mut h = Header::command(id, out.command, out.payload.len());
+                h.flags |= out.flags & (hdr_flags::KNOWN | 0x40);
+                let fds: Vec<BorrowedFd> = out.fds.iter().map(|f| f.as_fd()).collect();
+                if !peer.send(&h, &out.payload, &fds) {
+                    break;
+                }
+                drop(fds);
+                drop(out.fds);
+                if h.no_reply() || h.is_reply() {
+                    continue;
+                }
+                let sent_at = std::time::Instant::now();
+                match peer.await_reply(id, REPLY_DEADLINE, answer_dma) {
+                    Some(Answer::Reply(m)) => {
+                        assert_eq!(m.header.command, h.command, "reply to {id} names another command");
+                    }
+                    Some(Answer::Closed) => break,
+                    None => panic!(
+                        "request {id} (command {}) unanswered after {:?} (deadline {REPLY_DEADLINE:?}); threads: {}",
+                        h.command,
+                        sent_at.elapsed(),
+                        thread_states()
+                    ),
+                }
+            }
+        }
+    }
+    // Disconnect, keep answering DMA until the server notices, then require it to be done.
+    let _ = peer.stream.shutdown(std::net::Shutdown::Write);
+    let deadline = std::time::Instant::now() + CLOSE_DEADLINE;
+    while done_rx.try_recv().is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve_connection still running {CLOSE_DEADLINE:?} after disconnect"
+        );
+        if let Ok(Some(m)) = peer.recv(Duration::from_millis(5)) {
+            if m.header.is_command() {
+                answer_dma(&peer, m);
+            }
+        }
+    }
+    drop(peer);
+    let _ = serving.join();
+    let leaked = leaked_since(&fds_before, Duration::from_secs(2));
+    assert!(leaked.is_empty(), "descriptors left open after the connection: {leaked:?}");
+}
+
+fuzz_target!(|input: Input| run(input));
