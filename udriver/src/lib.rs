@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod backend;
+pub mod bench;
 pub mod demo;
 pub mod dma;
 pub mod hfi1;

@@ -130,9 +130,10 @@ impl Hfi1 {
         });
         let (jobs, rx) = crossbeam_channel::bounded(config.doorbell_queue);
         let worker_shared = Arc::clone(&shared);
+        let spin = config.worker_spin;
         let worker = std::thread::Builder::new()
             .name("hfi1-worker".into())
-            .spawn(move || worker(&worker_shared, &rx))
+            .spawn(move || worker(&worker_shared, &rx, spin))
             .map_err(|e| Hfi1Error::Worker(e.to_string()))?;
         Ok(Self { config, shared, region_fd, jobs, worker: Some(worker) })
     }
@@ -221,9 +222,24 @@ pub(super) fn counters_json(c: &Counters) -> serde_json::Value {
     c.snapshot().into_iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect()
 }
 
-fn worker(shared: &Shared, jobs: &Receiver<Job>) {
+/// The next job: polled (yielding) for up to `spin` first, then waited for.
+fn next_job(jobs: &Receiver<Job>, spin: Duration) -> Option<Job> {
+    if !spin.is_zero() {
+        let start = std::time::Instant::now();
+        while start.elapsed() < spin {
+            match jobs.try_recv() {
+                Ok(job) => return Some(job),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+                Err(crossbeam_channel::TryRecvError::Empty) => std::thread::yield_now(),
+            }
+        }
+    }
+    jobs.recv().ok()
+}
+
+fn worker(shared: &Shared, jobs: &Receiver<Job>, spin: Duration) {
     let mut buf = Vec::with_capacity(LB_MAX_PAYLOAD);
-    while let Ok(job) = jobs.recv() {
+    while let Some(job) = next_job(jobs, spin) {
         match job {
             Job::Stop => break,
             Job::Doorbell { desc, epoch } => {

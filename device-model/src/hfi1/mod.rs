@@ -52,13 +52,19 @@ pub struct Hfi1Config {
     pub rcv_array_count: usize,
     /// Loopback doorbells that may wait for the worker; more are counted and dropped. Default 64.
     pub doorbell_queue: usize,
+    /// How long the idle worker polls its queue (yielding) before it sleeps; zero sleeps at once.
+    /// Default zero: measured by `udriver bench` (docs/bench.md), spinning did not win here.
+    pub worker_spin: std::time::Duration,
 }
 
 impl Default for Hfi1Config {
     fn default() -> Self {
-        Self { rcv_contexts: 8, rcv_array_count: 4096, doorbell_queue: 64 }
+        Self { rcv_contexts: 8, rcv_array_count: 4096, doorbell_queue: 64, worker_spin: std::time::Duration::ZERO }
     }
 }
+
+/// Longest idle spin of the worker: beyond this a sleeping thread is cheaper than the CPU time burnt.
+pub const MAX_WORKER_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Entries per page of the shared RcvArray mapping.
 const ENTRIES_PER_PAGE: usize = 4096 / regs::RCV_ARRAY_ENTRY_SIZE as usize;
@@ -73,6 +79,9 @@ impl Hfi1Config {
             return Err(Hfi1Error::Config(format!(
                 "rcv_array_count {n} must be a non-zero multiple of {ENTRIES_PER_PAGE} up to {MAX_RCV_ARRAY_COUNT}"
             )));
+        }
+        if self.worker_spin > MAX_WORKER_SPIN {
+            return Err(Hfi1Error::Config(format!("worker_spin {:?} above {MAX_WORKER_SPIN:?}", self.worker_spin)));
         }
         if !(1..=4096).contains(&self.doorbell_queue) {
             return Err(Hfi1Error::Config(format!("doorbell_queue {} not in 1..=4096", self.doorbell_queue)));
@@ -125,6 +134,7 @@ mod tests {
             Hfi1Config { rcv_array_count: 1000, ..Default::default() },
             Hfi1Config { rcv_array_count: MAX_RCV_ARRAY_COUNT + 512, ..Default::default() },
             Hfi1Config { doorbell_queue: 0, ..Default::default() },
+            Hfi1Config { worker_spin: MAX_WORKER_SPIN * 2, ..Default::default() },
         ];
         for c in bad {
             let err = c.validate().err();
