@@ -73,6 +73,16 @@ enum Command {
     },
     /// Several threads hammer the device (hfi1: QPs on one context; irdma: qhash add/delete through one CQP),
     /// then check that nothing leaked.
+    /// Benchmarks (a)-(e) of docs/bench.md, each against its own device-model server thread over a real
+    /// vfio-user socket; prints ratios measured in this one run (ci/bench.sh adds the QEMU case and the plot).
+    Bench {
+        /// Wall time spent measuring each variant of a case.
+        #[arg(long, default_value_t = 1500)]
+        budget_ms: u64,
+        /// Run only these cases (repeatable): a, b, c, d, e, spin.
+        #[arg(long = "case", value_name = "ID")]
+        cases: Vec<String>,
+    },
     Stress {
         device: Option<String>,
         #[arg(long, default_value_t = 10)]
@@ -158,6 +168,17 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
                 opts.config.wait_mode = udriver::irdma::process::IrdmaCqpWaitMode::Event { vector: 0 };
             }
             Ok(print_report(cli, &demo::irdma::irdma_demo(dev, &opts)))
+        }
+        Command::Bench { budget_ms, cases } => {
+            let opts = udriver::bench::BenchOptions { budget: Duration::from_millis(*budget_ms), cases: cases.clone() };
+            let report = udriver::bench::run(&opts);
+            if cli.json {
+                println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", report.render());
+            }
+            // A missed target is a measurement; a case that could not run or failed its own checks is an error.
+            Ok(if report.cases.iter().any(|c| c.error.is_some()) { ExitCode::from(1) } else { ExitCode::SUCCESS })
         }
         Command::Stress { device, seconds, threads } => {
             let (dev, known) = open(cli, device.as_deref())?;
