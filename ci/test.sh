@@ -37,3 +37,6 @@ if [ "$FUZZ" = 1 ] && [ -d fuzz ]; then
     bash ci/fuzz.sh --seconds "${FUZZ_SMOKE_SECONDS:-30}"
 fi
 log "all tests passed"
+# One plain closing line over every cargo test binary of the main run.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "%d passed, %d failed\n", p, f }' /tmp/rdma-emu-cargo-test.log
