@@ -174,18 +174,50 @@ fn the_control_socket_lists_both_devices_and_rejects_garbage() {
 }
 
 /// The real driver over the process's socket: the hfi1 demo programs the RcvArray and flows, sends TID RDMA
-/// data through the loopback path and checks every byte in its buffers; a wrong generation places nothing.
+/// data through the loopback path and checks every byte in its buffers; a wrong generation or sequence sets
+/// its status bit and places nothing.
 #[test]
 fn the_driver_places_and_verifies_tid_rdma_data_through_the_separate_process() {
+    use udriver::access::DeviceAccess;
     use udriver::demo::hfi1::{hfi1_demo, Hfi1DemoOptions};
     let dm = DeviceModel::start("hfi1-demo");
     for map_bars in [true, false] {
-        let dev = udriver::backend::vfio_user::VfioUserBackend::connect(&dm.sock("hfi1.sock"), map_bars).unwrap();
-        let rep = hfi1_demo(std::sync::Arc::new(dev), &Hfi1DemoOptions::default());
+        let dev: std::sync::Arc<dyn DeviceAccess> = std::sync::Arc::new(
+            udriver::backend::vfio_user::VfioUserBackend::connect(&dm.sock("hfi1.sock"), map_bars).unwrap(),
+        );
+        let rep = hfi1_demo(dev.clone(), &Hfi1DemoOptions::default());
         assert!(rep.ok, "map_bars={map_bars}\n{}", rep.render());
+        // Still connected (a disconnect resets the device): the device's own view agrees.
+        let dump = dm.control(r#"{"device":"hfi1","cmd":"dump"}"#);
+        let counters = &dump["result"]["counters"];
+        let mismatches = (counters["rx_gen_mismatch"].as_u64(), counters["rx_seq_mismatch"].as_u64());
+        assert_eq!(mismatches, (Some(1), Some(1)), "map_bars={map_bars}");
+        assert!(dump["result"]["rcv_array"].as_array().is_none_or(|a| a.is_empty()), "nothing left programmed");
+        drop(dev);
     }
-    let dump = dm.control(r#"{"device":"hfi1","cmd":"dump"}"#);
+}
+
+/// Several threads share one CQP with a 16-entry SQ (so the backlog is used) through the process: both rings
+/// wrap many times, every completion is seen, and the quad-hash table ends empty.
+#[test]
+fn qhash_batches_wrap_both_rings_through_the_separate_process() {
+    let dm = DeviceModel::start("irdma-stress");
+    let dev: std::sync::Arc<dyn udriver::access::DeviceAccess> = std::sync::Arc::new(
+        udriver::backend::vfio_user::VfioUserBackend::connect(&dm.sock("irdma.sock"), true).unwrap(),
+    );
+    let rep = udriver::demo::irdma::irdma_stress(dev.clone(), Duration::from_secs(2), 3);
+    assert!(rep.ok, "{}", rep.render());
+    let step = |name: &str| rep.steps.iter().find(|s| s.name == name).map(|s| s.detail.clone()).unwrap();
+    let rings = step("create CQP and CCQ (CREATE_CQ)");
+    let completions = step("every completion seen")["completions"].as_u64().unwrap();
+    let ccq_size = rings["ccq_size"].as_u64().unwrap();
+    assert!(ccq_size >= rings["sq_size"].as_u64().unwrap());
+    assert!(completions > 4 * ccq_size, "{completions} completions through a {ccq_size}-entry CCQ: both rings wrapped");
+    // Torn down by the stress itself, still connected: the device holds no CQP and no quad-hash entry.
+    let dump = dm.control(r#"{"device":"irdma","cmd":"dump"}"#);
     assert_eq!(dump["ok"], true);
+    assert!(dump["result"]["qhash"]["entries"].as_array().is_some_and(|e| e.is_empty()), "{}", dump["result"]["qhash"]);
+    drop(dev);
 }
 
 /// The real driver creates the CQP and CCQ, posts qhash add/modify/delete and has segments classified.

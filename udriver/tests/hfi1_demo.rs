@@ -46,14 +46,18 @@ fn the_demo_moves_every_byte_of_both_requests_and_rejects_the_wrong_generation()
                 let sent = detail(&rep, &format!("send through loopback and verify ({kind})"));
                 assert_eq!(sent["bytes_verified"], json!(segments as usize * SEG_BYTES));
             }
-            let gm = detail(&rep, "a packet of the wrong generation");
-            assert_eq!((gm["result"].clone(), gm["bytes_placed"].clone()), (json!("gen_mismatch"), json!(0)));
+            for (step, result) in [("generation", "GenMismatch"), ("sequence", "SeqMismatch")] {
+                let m = detail(&rep, &format!("a packet of the wrong {step}"));
+                assert_eq!((m["result"].clone(), m["bytes_placed"].clone()), (json!(result), json!(0)), "{step}");
+                assert_eq!((m["status_bit_set"].clone(), m["flow_still_valid"].clone()), (json!(true), json!(true)));
+            }
             let fin = detail(&rep, "clear and free");
             assert_eq!(fin["valid_rcv_entries_on_device"], json!(0));
             assert_eq!((fin["used_groups"].clone(), fin["flow_mask"].clone()), (json!(0), json!(0)));
             // The device agrees: nothing programmed, the rejected packet counted.
             assert!(d.rcv_entries().is_empty());
             assert_eq!(d.dump()["counters"]["rx_gen_mismatch"], json!(1));
+            assert_eq!(d.dump()["counters"]["rx_seq_mismatch"], json!(1));
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `udriver hfi1-demo`: the hfi1 TID RDMA receive side doing its real work on a device. Flows are reserved,
 //! a multi-segment request is set up over contiguous and over fragmented memory, data is sent through the
-//! device's loopback path and verified byte for byte, a packet of a wrong generation is shown rejected,
+//! device's loopback path and verified byte for byte, packets of a wrong generation and a wrong sequence are
+//! shown rejected,
 //! and everything is cleared and freed. `hfi1_stress` drives several QPs on one context, then checks that
 //! nothing leaked. Only `DeviceAccess` is used, so the demo runs the same over VFIO, vfio-user and
 //! in-process.
@@ -241,14 +242,23 @@ fn segment_detail(t: &Transfer, slot: u16) -> Value {
 }
 
 /// The flow-table entry of `flow` as the device holds it: (generation, FLOW_VALID, GEN_MISMATCH).
-fn device_flow(port: &Port, flow: u32) -> Result<(u32, bool, bool), String> {
+/// A flow-table entry as the device reports it.
+struct DeviceFlow {
+    generation: u32,
+    valid: bool,
+    gen_mismatch: bool,
+    seq_mismatch: bool,
+}
+
+fn device_flow(port: &Port, flow: u32) -> Result<DeviceFlow, String> {
     let off = RCV_TID_FLOW_TABLE + 8 * u64::from(flow % RXE_NUM_TID_FLOWS);
     let v = port.dd.csr().read_uctxt_csr(port.rcd.ctxt, off).map_err(|e| e.to_string())?;
-    Ok((
-        ((v >> HFI1_KDETH_BTH_SEQ_SHIFT) as u32) & GENERATION_MASK,
-        v & RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK != 0,
-        v & RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK != 0,
-    ))
+    Ok(DeviceFlow {
+        generation: ((v >> HFI1_KDETH_BTH_SEQ_SHIFT) as u32) & GENERATION_MASK,
+        valid: v & RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK != 0,
+        gen_mismatch: v & RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK != 0,
+        seq_mismatch: v & RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK != 0,
+    })
 }
 
 fn check_options(opts: &Hfi1DemoOptions) -> Result<(), String> {
@@ -288,7 +298,7 @@ pub fn hfi1_demo(dev: Arc<dyn DeviceAccess>, opts: &Hfi1DemoOptions) -> DemoRepo
             hfi1_kern_setup_hw_flow(&port.rcd, &mut g).map_err(errno)?;
             let (idx, gen) = (g.flow_state.index, g.flow_state.generation);
             drop(g);
-            let (dev_gen, valid, _) = device_flow(&port, idx)?;
+            let DeviceFlow { generation: dev_gen, valid, .. } = device_flow(&port, idx)?;
             if dev_gen != gen || !valid {
                 return Err(format!("flow {idx}: device holds generation {dev_gen:#x} valid {valid}, set {gen:#x}"));
             }
@@ -315,9 +325,11 @@ pub fn hfi1_demo(dev: Arc<dyn DeviceAccess>, opts: &Hfi1DemoOptions) -> DemoRepo
             return finish(rep, port, xfers, opts.timeout);
         }
     }
-    let ok = rep.step("a packet of the wrong generation is rejected", || gen_mismatch(&port, &xfers[1], opts.timeout));
-    if !ok {
-        return finish(rep, port, xfers, opts.timeout);
+    for wrong in [Mismatch::Generation, Mismatch::Sequence] {
+        let name = format!("a packet of the wrong {} is rejected", wrong.name());
+        if !rep.step(&name, || psn_mismatch(&port, &xfers[1], wrong, opts.timeout)) {
+            return finish(rep, port, xfers, opts.timeout);
+        }
     }
     for (n, t) in xfers.iter().enumerate() {
         let name = format!("send through loopback and verify ({})", t.kind);
@@ -337,31 +349,62 @@ pub fn hfi1_demo(dev: Arc<dyn DeviceAccess>, opts: &Hfi1DemoOptions) -> DemoRepo
     finish(rep, port, xfers, opts.timeout)
 }
 
-/// The first packet of `t`'s first segment with the generation after the flow's: the device must refuse
-/// it, flag GEN_MISMATCH and write nothing.
-fn gen_mismatch(port: &Port, t: &Transfer, timeout: Duration) -> Result<Value, String> {
+#[derive(Clone, Copy)]
+enum Mismatch {
+    Generation,
+    Sequence,
+}
+
+impl Mismatch {
+    fn name(self) -> &'static str {
+        match self {
+            Mismatch::Generation => "generation",
+            Mismatch::Sequence => "sequence",
+        }
+    }
+}
+
+/// The first packet of `t`'s first segment, sent with the generation after the flow's, or with the sequence
+/// after the one the flow expects: the device must refuse it, set GEN_MISMATCH or SEQ_MISMATCH, keep the flow
+/// valid (KEEP_ON_GEN_ERR / KEEP_AFTER_SEQ_ERR are set) and write nothing.
+fn psn_mismatch(port: &Port, t: &Transfer, wrong: Mismatch, timeout: Duration) -> Result<Value, String> {
     let flow = t.req.flow(0).ok_or("no flow")?;
     let pmtu = t.qp.lock().pmtu;
     let packets = tid_rdma_data_packets(flow, tid_flow_qp(0, flow.idx, port.rcd.ctxt), pmtu).map_err(errno)?;
     let first = packets.first().ok_or("segment has no packets")?;
-    let wrong = (flow.flow_state.generation + 1) & GENERATION_MASK;
+    let (gen, spsn) = (flow.flow_state.generation, flow.flow_state.spsn);
+    let (sent_gen, sent_seq, want) = match wrong {
+        Mismatch::Generation => ((gen + 1) & GENERATION_MASK, spsn, LbResult::GenMismatch),
+        Mismatch::Sequence => (gen, (spsn + 1) & HFI1_KDETH_BTH_SEQ_MASK, LbResult::SeqMismatch),
+    };
     let payload = vec![0xA5u8; first.len as usize];
-    let psn = full_flow_psn(wrong, flow.flow_state.spsn);
-    let bad = LbDescriptor { kdeth0: first.kdeth0, dest_qp: first.dest_qp, psn, payload: &payload };
+    let bad = LbDescriptor {
+        kdeth0: first.kdeth0,
+        dest_qp: first.dest_qp,
+        psn: full_flow_psn(sent_gen, sent_seq),
+        payload: &payload,
+    };
     let out = port.lb.send(&[bad], timeout).map_err(|e| e.to_string())?;
-    let (_, valid, gen_status) = device_flow(port, flow.idx)?;
+    let f = device_flow(port, flow.idx)?;
+    let status = match wrong {
+        Mismatch::Generation => f.gen_mismatch,
+        Mismatch::Sequence => f.seq_mismatch,
+    };
     let mut seg = vec![0u8; SEG_BYTES];
     t.buf.read(0, &mut seg).map_err(|e| e.to_string())?;
     let placed = seg.iter().filter(|b| **b != 0).count();
-    if out.last() != Some(LbResult::GenMismatch) || !gen_status || placed != 0 || !valid {
+    if out.last() != Some(want) || !status || placed != 0 || !f.valid {
         return Err(format!(
-            "result {:?}, GEN_MISMATCH {gen_status}, FLOW_VALID {valid}, {placed} bytes placed",
-            out.last()
+            "result {:?}, {} status {status}, FLOW_VALID {}, {placed} bytes placed",
+            out.last(),
+            wrong.name(),
+            f.valid
         ));
     }
-    Ok(json!({"flow_idx": flow.idx, "expected_generation": format!("{:#x}", flow.flow_state.generation),
-              "sent_generation": format!("{wrong:#x}"), "result": "gen_mismatch", "gen_mismatch_status": gen_status,
-              "flow_still_valid": valid, "bytes_placed": placed}))
+    Ok(json!({"flow_idx": flow.idx, "expected": {"generation": format!("{gen:#x}"), "sequence": spsn},
+              "sent": {"generation": format!("{sent_gen:#x}"), "sequence": sent_seq},
+              "result": format!("{want:?}"), "status_bit_set": status, "flow_still_valid": f.valid,
+              "bytes_placed": placed}))
 }
 
 /// Last step, also after a failure: clear and free everything, then check nothing is left.
