@@ -15,7 +15,7 @@ fn detail<'a>(rep: &'a DemoReport, name: &str) -> &'a Value {
 }
 
 #[test]
-fn the_demo_moves_every_byte_of_both_requests_and_rejects_the_wrong_generation() {
+fn the_demo_moves_every_byte_of_both_requests_and_rejects_the_wrong_generation_and_sequence() {
     for backend in BACKENDS {
         for (pmtu, segments) in [(4096, 3), (8192, 2)] {
             // The demo enables the device itself, as it must on a fresh function.
@@ -24,7 +24,7 @@ fn the_demo_moves_every_byte_of_both_requests_and_rejects_the_wrong_generation()
             let rep = hfi1_demo(d.dev.clone(), &opts);
             assert!(rep.ok, "{backend:?} pmtu {pmtu}:\n{}", rep.render());
             let names: Vec<&str> = rep.steps.iter().map(|s| s.name.as_str()).collect();
-            assert_eq!(names.len(), 8, "{names:?}");
+            assert_eq!(names.len(), 9, "{names:?}");
             // The flows the demo reports are the ones the device holds.
             for f in detail(&rep, "reserve flows")["flows"].as_array().unwrap() {
                 assert_eq!(f["generation"], f["device_generation"]);
