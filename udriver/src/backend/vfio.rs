@@ -238,9 +238,14 @@ impl DeviceAccess for VfioBackend {
     }
 
     fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {
-        let fds = self.msix.lock().unwrap_or_else(|e| e.into_inner());
-        let fd = fds.get(vector as usize).ok_or(AccessError::Other(format!("MSI-X vector {vector} is not enabled")))?;
-        // SAFETY: the eventfd lives in `fds`, which is borrowed for the whole wait.
+        // A duplicate, so a waiter on one vector never holds up another vector's waiter or a re-enable.
+        let fd = {
+            let fds = self.msix.lock().unwrap_or_else(|e| e.into_inner());
+            let fd =
+                fds.get(vector as usize).ok_or(AccessError::Other(format!("MSI-X vector {vector} is not enabled")))?;
+            fd.try_clone().map_err(|e| AccessError::Io { op: "dup eventfd", source: e })?
+        };
+        // SAFETY: `fd` is our own duplicate and outlives the wait.
         let bfd = unsafe { BorrowedFd::borrow_raw(fd.as_raw_fd()) };
         wait_eventfd(bfd, timeout)
     }

@@ -172,8 +172,13 @@ impl DeviceAccess for VfioUserBackend {
     }
 
     fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {
-        let fds = self.msix.lock().unwrap_or_else(|e| e.into_inner());
-        let fd = fds.get(vector as usize).ok_or(AccessError::Other(format!("MSI-X vector {vector} is not enabled")))?;
+        // A duplicate, so a waiter on one vector never holds up another vector's waiter or a re-enable.
+        let fd = {
+            let fds = self.msix.lock().unwrap_or_else(|e| e.into_inner());
+            let fd =
+                fds.get(vector as usize).ok_or(AccessError::Other(format!("MSI-X vector {vector} is not enabled")))?;
+            fd.try_clone().map_err(|e| AccessError::Io { op: "dup eventfd", source: e })?
+        };
         wait_eventfd(fd.as_fd(), timeout)
     }
 }
