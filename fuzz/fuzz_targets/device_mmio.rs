@@ -159,7 +159,7 @@ impl Interrupt for Irqs {
 }
 
 fn hfi_config() -> Hfi1Config {
-    Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8 }
+    Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8, ..Default::default() }
 }
 
 /// The engines live across inputs (starting their workers per input would dominate the run time); each

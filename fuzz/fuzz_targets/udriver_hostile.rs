@@ -124,7 +124,9 @@ struct Devices {
 fn devices() -> Option<&'static Devices> {
     static D: OnceLock<Option<Devices>> = OnceLock::new();
     D.get_or_init(|| {
-        let hfi = Hfi1::new(Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8 }).ok()?;
+        let hfi =
+            Hfi1::new(Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8, ..Default::default() })
+                .ok()?;
         let ird = Irdma::new(IrdmaConfig {
             qhash_capacity: 8,
             msix_vectors: 4,

@@ -160,7 +160,9 @@ fn servers() -> &'static Option<[Served; 2]> {
             stall_timeout: Duration::from_millis(200),
             ..Default::default()
         };
-        let hfi = Hfi1::new(Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8 }).ok()?;
+        let hfi =
+            Hfi1::new(Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8, ..Default::default() })
+                .ok()?;
         let ird = Irdma::new(IrdmaConfig {
             qhash_capacity: 16,
             msix_vectors: 4,
