@@ -19,7 +19,8 @@ for step in r["guest"]["steps"]:
     out = step.get("output")
     if not isinstance(out, dict) or "steps" not in out:
         continue
-    print(f"\n{out['demo']} demo over VFIO in the guest: {'OK' if out['ok'] else 'FAILED'}")
+    label = step["name"].removeprefix("demo-").replace("-irq", " (CQP completions by MSI-X)")
+    print(f"\n{label} demo over VFIO in the guest: {'OK' if out['ok'] else 'FAILED'}")
     for s in out["steps"]:
         d = s["detail"]
         d = d if isinstance(d, str) else json.dumps(d)
