@@ -8,6 +8,7 @@ pub mod client;
 pub mod device;
 pub mod dma;
 pub mod dma_space;
+pub mod frame_reader;
 pub mod irq;
 pub mod server;
 pub mod sock;

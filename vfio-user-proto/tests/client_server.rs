@@ -357,3 +357,46 @@ fn one_client_shared_by_threads_gets_each_reply_routed_to_its_caller() {
         .collect();
     threads.into_iter().for_each(|t| t.join().unwrap());
 }
+
+#[test]
+fn dma_requests_that_arrive_while_no_call_waits_are_answered_by_the_idle_reader() {
+    let srv = Running::start(ServerConfig { max_data_xfer_size: 0x1000, ..Default::default() });
+    let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
+    let mem = Arc::new(VecBacking(Mutex::new(vec![0u8; 0x4000])));
+    c.dma_map_backed(0x4000_0000, 0x4000, mem.clone(), DmaProt::READ_WRITE).unwrap();
+    w32(&c, regs::FILL_BYTE, 0xc3);
+    w32(&c, regs::DMA_ADDR_LO, 0x4000_0000);
+    w32(&c, regs::DMA_ADDR_HI, 0);
+    w32(&c, regs::DMA_LEN, 0x4000);
+    w32(&c, regs::DMA_CMD, cmd::FILL);
+    // No request from here on until the memory shows the job done: only the idle reader can answer the
+    // four DMA_WRITE messages the fill takes.
+    assert!(wait_for(Duration::from_secs(10), || mem.0.lock().unwrap().iter().all(|b| *b == 0xc3)));
+    assert!(wait_for(Duration::from_secs(10), || r32(&c, regs::DMA_STATUS) == status::DONE));
+}
+
+#[test]
+fn callers_on_several_threads_and_the_servers_dma_requests_share_the_socket() {
+    let srv = Running::start(ServerConfig { max_data_xfer_size: 0x1000, ..Default::default() });
+    let c = Arc::new(Client::connect(&srv.path, ClientConfig::default()).unwrap());
+    let mem = Arc::new(VecBacking(Mutex::new(pattern(0x10000))));
+    c.dma_map_backed(0x4000_0000, 0x10000, mem.clone(), DmaProt::READ_WRITE).unwrap();
+    let busy: Vec<_> = (0..3u32)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for i in 0..200u32 {
+                    let v = (t << 24) | i;
+                    c.region_write(region::CONFIG, u64::from(t) * 4, &v.to_le_bytes()).unwrap();
+                    let mut b = [0u8; 4];
+                    c.region_read(region::CONFIG, u64::from(t) * 4, &mut b).unwrap();
+                    assert_eq!(u32::from_le_bytes(b), v);
+                }
+            })
+        })
+        .collect();
+    for _ in 0..5 {
+        assert_eq!(run_job(&c, cmd::SUM, 0x4000_0000, 0x10000), (status::DONE, pattern_sum(0x10000)));
+    }
+    busy.into_iter().for_each(|t| t.join().unwrap());
+}

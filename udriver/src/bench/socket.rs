@@ -1,7 +1,6 @@
 //! (a) A trapped REGION_READ / REGION_WRITE round trip against the floor: a raw UNIX-socket ping-pong of the
-//! same message sizes with a tiny echo thread. A third variant, the raw ping-pong with replies handed from a
-//! reader thread to the caller (the vfio-user client's structure), splits the gap into "architecture" and
-//! "protocol".
+//! same message sizes with a tiny echo thread. Both sides make the same system calls per round trip (one send
+//! and one receive each), so the ratio is what framing, decoding and dispatch cost on top of the socket.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -73,57 +72,9 @@ impl Drop for PingPong {
     }
 }
 
-/// The raw ping-pong with the reply read by a reader thread and handed over a channel, as the
-/// vfio-user client does so that several callers and the server's DMA requests can share one socket.
-struct Handoff {
-    client: UnixStream,
-    req: Vec<u8>,
-    replies: crossbeam_channel::Receiver<()>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Handoff {
-    fn new(req: usize, rep: usize) -> Result<Self, String> {
-        let (client, server) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
-        let mut reader = client.try_clone().map_err(|e| e.to_string())?;
-        let (tx, replies) = crossbeam_channel::bounded(1);
-        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new().name(name.into()).spawn(f).map_err(|e| format!("{name}: {e}"))
-        };
-        let echo_t = spawn("bench-echo", Box::new(move || echo(server, req, rep)))?;
-        let reader_t = spawn(
-            "bench-reader",
-            Box::new(move || {
-                let mut buf = vec![0u8; rep];
-                while reader.read_exact(&mut buf).is_ok() {
-                    if tx.send(()).is_err() {
-                        break;
-                    }
-                }
-            }),
-        )?;
-        Ok(Self { client, req: vec![0u8; req], replies, threads: vec![echo_t, reader_t] })
-    }
-
-    fn once(&mut self) -> Result<(), String> {
-        self.client.write_all(&self.req).map_err(|e| e.to_string())?;
-        self.replies.recv_timeout(Duration::from_secs(5)).map_err(|e| e.to_string())
-    }
-}
-
-impl Drop for Handoff {
-    fn drop(&mut self) {
-        let _ = self.client.shutdown(std::net::Shutdown::Both);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
 #[derive(Default)]
 struct Variants {
     raw: Samples,
-    handoff: Samples,
     vfio_user: Samples,
 }
 
@@ -137,22 +88,18 @@ fn measure(
     let slice = budget / ROUNDS;
     let mut v = Variants::default();
     let mut raw = PingPong::new(req, rep)?;
-    let mut handoff = Handoff::new(req, rep)?;
     for _ in 0..ROUNDS {
         v.raw.extend(sample(slice, 1000, 100, usize::MAX, || raw.once()).map_err(|e| e.to_string())?);
-        v.handoff.extend(sample(slice, 1000, 100, usize::MAX, || handoff.once())?);
         v.vfio_user.extend(sample(slice, 1000, 100, usize::MAX, || access(client))?);
     }
     Ok(v)
 }
 
 fn report(case: &mut Case, op: &str, v: &Variants) {
-    let (raw, handoff, vu) = (v.raw.median(), v.handoff.median(), v.vfio_user.median());
+    let (raw, vu) = (v.raw.median(), v.vfio_user.median());
     case.metric(&format!("{op}: raw socket ping-pong, median"), raw, "ns");
-    case.metric(&format!("{op}: raw ping-pong via a reader thread, median"), handoff, "ns");
     case.metric(&format!("{op}: vfio-user trapped round trip, median"), vu, "ns");
     case.metric(&format!("{op}: vfio-user trapped round trip, p99"), v.vfio_user.quantile(0.99), "ns");
-    case.metric(&format!("{op}: vfio-user / reader-thread ping-pong"), vu / handoff.max(1.0), "x");
     case.metric(&format!("{op}: samples per variant"), v.raw.len().min(v.vfio_user.len()) as f64, "");
     case.target(Target::new(&format!("{op} / raw ping-pong"), vu / raw.max(1.0), TARGET_RATIO, "x", Better::Lower));
 }

@@ -1,26 +1,27 @@
 //! A synchronous vfio-user client with timeouts.
 //!
-//! Requests may be issued from several threads; a reading thread routes replies by message id and
-//! answers the server's DMA_READ/DMA_WRITE from the memory registered with [`Client::dma_map_backed`].
+//! Requests may be issued from several threads. A caller reads the socket itself while it waits (no
+//! hand-off between threads on the fast path), routing other callers' replies by message id and
+//! answering the server's DMA_READ/DMA_WRITE from the memory registered with
+//! [`Client::dma_map_backed`]; an idle reader thread does that while nobody waits (see `reader`).
 //! Everything the server sends is checked like client input is on the server side.
 
 mod reader;
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::AtomicU16;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, RecvTimeoutError};
 use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::device::{DeviceInfo, Errno, IrqInfo, RegionFd, RegionInfo, SparseArea};
+use crate::frame_reader::{FrameLimits, FrameReader};
 use crate::sock::{recv_message, FrameError, Message, RecvLimits, SCM_MAX_FD};
 use crate::wire::{
     command as cmd, dma_map_flags, parse_sparse_caps, put_u16, put_u32, put_u64, DmaMap, DmaUnmap, FourU32, Header,
@@ -118,7 +119,7 @@ pub struct ServerCaps {
 
 pub struct Client {
     shared: Arc<Shared>,
-    reader: Option<JoinHandle<()>>,
+    idle: Option<JoinHandle<()>>,
     next_id: AtomicU16,
     config: ClientConfig,
     caps: ServerCaps,
@@ -144,18 +145,15 @@ impl Client {
         let max_msg_size = config.max_data_xfer_size.saturating_add(MSG_OVERHEAD);
         stream.set_write_timeout(Some(config.timeout))?;
         let caps = Self::negotiate(&stream, &config, max_msg_size)?;
-        let shared = Arc::new(Shared {
-            stream: stream.try_clone()?,
-            write_lock: Mutex::new(()),
-            pending: Mutex::new(HashMap::new()),
-            backed: RwLock::new(Vec::new()),
-            closed: AtomicBool::new(false),
-        });
-        let (s, fds, xfer, stall) = (shared.clone(), config.max_msg_fds, config.max_data_xfer_size, config.timeout);
-        let reader = std::thread::Builder::new()
-            .name("vfio-user-client".into())
-            .spawn(move || reader::run(s, max_msg_size, fds, xfer, stall))?;
-        Ok(Client { shared, reader: Some(reader), next_id: AtomicU16::new(1), config, caps, max_msg_size })
+        // The caller holding the reader role blocks in recvmsg at most this long before it looks at its
+        // deadline again.
+        stream.set_read_timeout(Some(config.timeout.min(reader::READ_SLICE)))?;
+        let frames =
+            FrameReader::new(FrameLimits { max_msg_size, max_fds: config.max_msg_fds, stall_timeout: config.timeout });
+        let shared = Arc::new(Shared::new(stream, frames, config.max_data_xfer_size)?);
+        let s = shared.clone();
+        let idle = std::thread::Builder::new().name("vfio-user-client".into()).spawn(move || s.idle_reader())?;
+        Ok(Client { shared, idle: Some(idle), next_id: AtomicU16::new(1), config, caps, max_msg_size })
     }
 
     fn negotiate(stream: &UnixStream, config: &ClientConfig, max_msg_size: u32) -> Result<ServerCaps, ClientError> {
@@ -208,40 +206,14 @@ impl Client {
     }
 
     fn request(&self, command: u16, parts: &[&[u8]], fds: &[BorrowedFd]) -> Result<Message, ClientError> {
-        if self.shared.closed.load(Ordering::Acquire) {
-            return Err(ClientError::Disconnected);
+        let m = self.shared.round_trip(&self.next_id, command, parts, fds, self.config.timeout)?;
+        if m.header.is_error() {
+            return Err(ClientError::Remote { command, errno: errno_of(&m.header) });
         }
-        let (tx, rx) = bounded(1);
-        let id = {
-            let mut pending = self.shared.pending();
-            let mut id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            while pending.contains_key(&id) {
-                id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            }
-            pending.insert(id, tx);
-            id
-        };
-        // Checked after registering: the reader sets the flag before it clears the table, so either we
-        // see the flag here or our sender is dropped by the clear.
-        if self.shared.closed.load(Ordering::Acquire) {
-            self.shared.pending().remove(&id);
-            return Err(ClientError::Disconnected);
+        if m.header.command != command {
+            return Err(protocol("reply to another command"));
         }
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        if let Err(e) = self.shared.send(&Header::command(id, command, len), parts, fds) {
-            self.shared.pending().remove(&id);
-            return Err(e.into());
-        }
-        match rx.recv_timeout(self.config.timeout) {
-            Ok(m) if m.header.is_error() => Err(ClientError::Remote { command, errno: errno_of(&m.header) }),
-            Ok(m) if m.header.command != command => Err(protocol("reply to another command")),
-            Ok(m) => Ok(m),
-            Err(RecvTimeoutError::Timeout) => {
-                self.shared.pending().remove(&id);
-                Err(ClientError::Timeout(command))
-            }
-            Err(RecvTimeoutError::Disconnected) => Err(ClientError::Disconnected),
-        }
+        Ok(m)
     }
 
     pub fn device_info(&self) -> Result<DeviceInfo, ClientError> {
@@ -439,8 +411,8 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        let _ = self.shared.stream.shutdown(std::net::Shutdown::Both);
-        if let Some(r) = self.reader.take() {
+        self.shared.close();
+        if let Some(r) = self.idle.take() {
             let _ = r.join();
         }
     }

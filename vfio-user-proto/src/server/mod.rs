@@ -19,8 +19,9 @@ use thiserror::Error;
 
 use crate::device::{Device, DeviceContext};
 use crate::dma_space::{DmaSpace, MessageDma, MmapLimits};
+use crate::frame_reader::{FrameLimits, FrameReader, Wait};
 use crate::irq::IrqState;
-use crate::sock::{recv_message, wait_readable, FrameError, RecvLimits, SCM_MAX_FD};
+use crate::sock::{wait_readable, FrameError, SCM_MAX_FD};
 use crate::wire::{Header, HEADER_SIZE};
 
 use conn::Conn;
@@ -98,6 +99,8 @@ pub struct Server {
 
 /// How long `serve` waits for a connection between looks at the shutdown flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
+/// The socket's receive timeout while serving: how often an idle connection looks at the shutdown flag.
+const STOP_POLL: Duration = Duration::from_millis(50);
 const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 
 impl Server {
@@ -184,12 +187,13 @@ impl Server {
         dma: &DmaSpace,
         irq: &IrqState,
     ) -> Result<(), ServerError> {
-        let limits = RecvLimits {
+        // A blocking read per message (no poll first) that still sees the shutdown flag in time.
+        stream.set_read_timeout(Some(STOP_POLL))?;
+        let mut reader = FrameReader::new(FrameLimits {
             max_msg_size: self.config.max_msg_size(),
             max_fds: self.config.max_msg_fds,
             stall_timeout: self.config.stall_timeout,
-            stop: Some(&self.stop),
-        };
+        });
         let mut conn = Conn {
             device: &*self.device,
             cfg: &self.config,
@@ -200,8 +204,12 @@ impl Server {
             negotiated: false,
         };
         loop {
-            match recv_message(stream, &limits) {
-                Ok(msg) => conn.handle(msg)?,
+            if self.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            match reader.next(stream, Wait::Block) {
+                Ok(Some(msg)) => conn.handle(msg)?,
+                Ok(None) => {}
                 Err(FrameError::Closed) | Err(FrameError::Stopped) => return Ok(()),
                 Err(FrameError::BadSize { header, size, max }) => {
                     // The body length is unknown, so the stream cannot be resynchronised: answer and close.
