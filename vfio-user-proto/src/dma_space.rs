@@ -127,6 +127,36 @@ struct Piece {
     backing: Backing,
 }
 
+/// The pieces of one access. Almost every access lies inside one DMA_MAP: that piece is kept inline, so the
+/// per-packet accesses of a device allocate nothing.
+enum Pieces {
+    One(Piece),
+    Many(Vec<Piece>),
+}
+
+impl Pieces {
+    fn push(self, p: Piece) -> Self {
+        match self {
+            Pieces::Many(v) if v.is_empty() => Pieces::One(p),
+            Pieces::One(first) => Pieces::Many(vec![first, p]),
+            Pieces::Many(mut v) => {
+                v.push(p);
+                Pieces::Many(v)
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Pieces {
+    type Target = [Piece];
+    fn deref(&self) -> &[Piece] {
+        match self {
+            Pieces::One(p) => std::slice::from_ref(p),
+            Pieces::Many(v) => v,
+        }
+    }
+}
+
 /// A connection's DMA space. Given to the device as its `DmaAccess`; after `close` every access fails.
 pub struct DmaSpace {
     inner: RwLock<Inner>,
@@ -245,15 +275,15 @@ impl DmaSpace {
     }
 
     /// Splits `[iova, iova+len)` into per-mapping pieces, checking coverage and permission first.
-    fn plan(&self, inner: &Inner, iova: u64, len: usize, write: bool) -> Result<Vec<Piece>, DmaError> {
+    fn plan(&self, inner: &Inner, iova: u64, len: usize, write: bool) -> Result<Pieces, DmaError> {
         let len64 = len as u64;
         let unmapped = DmaError::Unmapped { iova, len: len64 };
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok(Pieces::Many(Vec::new()));
         }
         let last = iova.checked_add(len64 - 1).ok_or(DmaError::Overflow { iova, len: len64 })?;
         let (need, dir) = if write { (dma_map_flags::WRITE, "write") } else { (dma_map_flags::READ, "read") };
-        let mut pieces = Vec::new();
+        let mut pieces = Pieces::Many(Vec::new());
         let mut cur = iova;
         loop {
             let (&start, m) = inner.maps.range(..=cur).next_back().ok_or(unmapped.clone())?;
@@ -269,7 +299,7 @@ impl DmaSpace {
                 Backing::File { map, offset } => Backing::File { map: map.clone(), offset: offset + (cur - start) },
                 Backing::Message => Backing::Message,
             };
-            pieces.push(Piece { iova: cur, len: n, backing });
+            pieces = pieces.push(Piece { iova: cur, len: n, backing });
             if piece_last == last {
                 return Ok(pieces);
             }
@@ -300,7 +330,7 @@ impl DmaSpace {
             None
         };
         let mut done = 0;
-        for p in &pieces {
+        for p in pieces.iter() {
             op(p, done)?;
             done += p.len;
         }
@@ -309,14 +339,14 @@ impl DmaSpace {
 
     /// A copy's source and destination, both checked (coverage, direction, a writable mmap for every
     /// mmapped destination byte) before anything moves.
-    fn plan_copy(&self, inner: &Inner, src: u64, dst: u64, len: u64) -> Result<(Vec<Piece>, Vec<Piece>), DmaError> {
+    fn plan_copy(&self, inner: &Inner, src: u64, dst: u64, len: u64) -> Result<(Pieces, Pieces), DmaError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(DmaError::Transport("client disconnected".into()));
         }
         let n = usize::try_from(len).map_err(|_| DmaError::Overflow { iova: src, len })?;
         let from = self.plan(inner, src, n, false)?;
         let to = self.plan(inner, dst, n, true)?;
-        for p in &to {
+        for p in to.iter() {
             if let Backing::File { map, .. } = &p.backing {
                 if !map.writable {
                     return Err(DmaError::Permission { iova: p.iova, dir: "write" });
