@@ -44,7 +44,8 @@ const ROUNDS: u32 = 4;
 struct Loopback {
     rig: Rig,
     dst: DmaBuffer,
-    chain: DmaBuffer,
+    /// Read by the device at every doorbell: kept mapped as long as the rig.
+    _chain: DmaBuffer,
     rung: u64,
 }
 
@@ -93,31 +94,34 @@ impl Loopback {
             chain.write(at, &d.to_bytes()).map_err(|e| e.to_string())?;
             chain.memory().fill(at + LB_DESC_HDR_LEN, packet, k as u8 ^ 0x5A).map_err(|e| e.to_string())?;
         }
-        Ok(Self { rig, dst, chain, rung: 0 })
+        // Every doorbell replays the same chain, and LB_DESC_ADDR keeps its value: written once.
+        let head = chain.iova(0).ok_or("empty chain")?;
+        rig.dev.write64(HFI1_BAR, LB_BASE + LB_DESC_ADDR, head).map_err(|e| e.to_string())?;
+        Ok(Self { rig, dst, _chain: chain, rung: 0 })
     }
 
     fn reg(&self, rel: u64) -> u64 {
         LB_BASE + rel
     }
 
-    /// One doorbell: the whole chain placed, waited for by interrupt.
+    /// One doorbell: the whole chain placed, waited for by interrupt. A driver's minimum per doorbell: one
+    /// trapped write, the MSI-X wake-up (an eventfd, so an interrupt raised before the wait is not lost), and one
+    /// trapped read to confirm which doorbell finished.
     fn ring(&mut self) -> Result<(), String> {
         let dev = &self.rig.dev;
-        let head = self.chain.iova(0).ok_or("empty chain")?;
-        dev.write64(HFI1_BAR, self.reg(LB_DESC_ADDR), head).map_err(|e| e.to_string())?;
         dev.write64(HFI1_BAR, self.reg(LB_DOORBELL), 1).map_err(|e| e.to_string())?;
         self.rung += 1;
         let deadline = Instant::now() + WAIT;
         loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            dev.wait_irq(u32::from(LB_MSIX_VECTOR), left).map_err(|e| e.to_string())?;
             let done = dev.read64(HFI1_BAR, self.reg(LB_DB_DONE)).map_err(|e| e.to_string())?;
             if done >= self.rung {
                 return Ok(());
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if Instant::now() >= deadline {
                 return Err(format!("doorbell {} not done within {WAIT:?} (done {done})", self.rung));
             }
-            dev.wait_irq(u32::from(LB_MSIX_VECTOR), left).map_err(|e| e.to_string())?;
         }
     }
 
