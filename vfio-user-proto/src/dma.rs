@@ -54,14 +54,14 @@ pub trait DmaAccess: Send + Sync {
     }
 
     /// Copies `[src, src + len)` to `[dst, dst + len)` as if read into a buffer and then written, so
-    /// overlapping ranges behave like `memmove`. Errors are those of that read and write: the source is
-    /// checked first, and a failed check of either range writes nothing.
+    /// overlapping ranges behave like `memmove`, and fails as that read and write would (the source first).
     ///
     /// The provided version bounces through a buffer of at most [`DMA_BOUNCE_CHUNK`] bytes: a copy that fits
-    /// one chunk is exactly one `read` and one `write`. A longer one checks the whole source first, then goes
-    /// chunk by chunk (back to front when the destination overlaps the source from above), so a destination
-    /// error found in a later chunk leaves the earlier chunks written. Backends that reach both ranges
-    /// directly (the server's `DmaSpace`) override it with one checked copy.
+    /// one chunk is exactly one `read` and one `write`, so a failure writes nothing. A longer one checks the
+    /// whole source and the destination's address range first, then goes chunk by chunk (back to front when
+    /// the destination overlaps the source from above), so a destination fault found in a later chunk leaves
+    /// the earlier chunks written. The server's `DmaSpace` overrides it: both ranges checked before any byte
+    /// moves, then one direct copy between its mmaps.
     fn copy(&self, src: u64, dst: u64, len: u64) -> Result<(), DmaError> {
         bounce_copy(self, src, dst, len)
     }
