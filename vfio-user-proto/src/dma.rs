@@ -45,6 +45,91 @@ pub trait DmaAccess: Send + Sync {
     fn write_u64(&self, iova: u64, value: u64) -> Result<(), DmaError> {
         self.write(iova, &value.to_le_bytes())
     }
+
+    /// Whether `read` of `[iova, iova + len)` would succeed now, with the error it would return; the bytes
+    /// are not kept. Lets a device refuse a request whose source it cannot read before it changes any state.
+    /// The provided version reads through a bounded buffer; backends that can look the range up override it.
+    fn check_read(&self, iova: u64, len: u64) -> Result<(), DmaError> {
+        bounce_check_read(self, iova, len)
+    }
+
+    /// Copies `[src, src + len)` to `[dst, dst + len)` as if read into a buffer and then written, so
+    /// overlapping ranges behave like `memmove`, and fails as that read and write would (the source first).
+    ///
+    /// The provided version bounces through a buffer of at most [`DMA_BOUNCE_CHUNK`] bytes: a copy that fits
+    /// one chunk is exactly one `read` and one `write`, so a failure writes nothing. A longer one checks the
+    /// whole source and the destination's address range first, then goes chunk by chunk (back to front when
+    /// the destination overlaps the source from above), so a destination fault found in a later chunk leaves
+    /// the earlier chunks written. The server's `DmaSpace` overrides it: both ranges checked before any byte
+    /// moves, then one direct copy between its mmaps.
+    fn copy(&self, src: u64, dst: u64, len: u64) -> Result<(), DmaError> {
+        bounce_copy(self, src, dst, len)
+    }
+}
+
+/// Largest buffer the provided [`DmaAccess::copy`] and [`DmaAccess::check_read`] bounce through: above the
+/// largest loopback payload, so a packet's copy is one read and one write.
+pub const DMA_BOUNCE_CHUNK: usize = 16 * 1024;
+
+/// An error of a chunk's access, restated for the whole access where it names the chunk's own range (as
+/// `Unmapped` and `Overflow` name the requested range).
+fn widen(e: DmaError, chunk_iova: u64, chunk_len: u64, iova: u64, len: u64) -> DmaError {
+    match e {
+        DmaError::Unmapped { iova: i, len: l } if (i, l) == (chunk_iova, chunk_len) => DmaError::Unmapped { iova, len },
+        DmaError::Overflow { iova: i, len: l } if (i, l) == (chunk_iova, chunk_len) => DmaError::Overflow { iova, len },
+        other => other,
+    }
+}
+
+/// `iova + len` without leaving the address space (a range may end exactly at 2^64).
+fn check_range(iova: u64, len: u64) -> Result<(), DmaError> {
+    if len > 0 && iova.checked_add(len - 1).is_none() {
+        return Err(DmaError::Overflow { iova, len });
+    }
+    Ok(())
+}
+
+/// The chunks of a `len`-byte access: (offset, length), front to back.
+fn chunks(len: u64) -> impl DoubleEndedIterator<Item = (u64, usize)> {
+    let chunk = DMA_BOUNCE_CHUNK as u64;
+    (0..len.div_ceil(chunk)).map(move |k| (k * chunk, (len - k * chunk).min(chunk) as usize))
+}
+
+/// [`DmaAccess::check_read`] for any backend: reads the range through a bounded buffer.
+pub fn bounce_check_read<D: DmaAccess + ?Sized>(dma: &D, iova: u64, len: u64) -> Result<(), DmaError> {
+    check_range(iova, len)?;
+    let mut buf = vec![0u8; len.min(DMA_BOUNCE_CHUNK as u64) as usize];
+    for (off, n) in chunks(len) {
+        let at = iova + off;
+        let part = buf.get_mut(..n).ok_or(DmaError::Overflow { iova, len })?;
+        dma.read(at, part).map_err(|e| widen(e, at, n as u64, iova, len))?;
+    }
+    Ok(())
+}
+
+/// [`DmaAccess::copy`] for any backend: `read` then `write` through a bounded buffer (see there).
+pub fn bounce_copy<D: DmaAccess + ?Sized>(dma: &D, src: u64, dst: u64, len: u64) -> Result<(), DmaError> {
+    if len <= DMA_BOUNCE_CHUNK as u64 {
+        let mut buf = vec![0u8; len as usize];
+        dma.read(src, &mut buf)?;
+        return dma.write(dst, &buf);
+    }
+    dma.check_read(src, len)?;
+    check_range(dst, len)?;
+    let mut buf = vec![0u8; DMA_BOUNCE_CHUNK];
+    // Back to front when the destination overlaps the source from above, so no chunk of the source is
+    // overwritten before it is read.
+    let backward = dst > src && dst - src < len;
+    let mut step = |(off, n): (u64, usize)| -> Result<(), DmaError> {
+        let part = buf.get_mut(..n).ok_or(DmaError::Overflow { iova: src, len })?;
+        dma.read(src + off, part).map_err(|e| widen(e, src + off, n as u64, src, len))?;
+        dma.write(dst + off, part).map_err(|e| widen(e, dst + off, n as u64, dst, len))
+    };
+    if backward {
+        chunks(len).rev().try_for_each(&mut step)
+    } else {
+        chunks(len).try_for_each(&mut step)
+    }
 }
 
 /// No memory at all: what a device sees while no client is connected.
@@ -175,6 +260,68 @@ mod tests {
         assert_eq!(m.write(0x1ffc, &[0xff; 8]), Err(DmaError::Unmapped { iova: 0x1ffc, len: 8 }));
         assert_eq!(m.read_u32(0x1ffc).unwrap(), 0);
         assert_eq!(m.write_count(), 0);
+    }
+
+    /// A memory of `0x10000` bytes at 0x10000 holding `i % 251`, and a separate page at 0x30000.
+    fn patterned() -> HeapMemory {
+        let m = HeapMemory::new();
+        assert!(m.map(0x10000, 0x10000) && m.map(0x30000, 0x1000));
+        let bytes: Vec<u8> = (0..0x10000).map(|i| (i % 251) as u8).collect();
+        m.write(0x10000, &bytes).unwrap();
+        m
+    }
+
+    #[test]
+    fn provided_copy_moves_bytes_like_memmove_at_any_length_and_direction() {
+        let long = DMA_BOUNCE_CHUNK as u64 * 2 + 0x123;
+        // (src, dst, len): offsets into the 0x10000-byte range.
+        let table: [(u64, u64, u64); 6] = [
+            (0, 0x8000, 0x100),
+            (0, 0x10, 0x400),
+            (0x10, 0, 0x400),
+            (0, 0x100, long),
+            (0x100, 0, long),
+            (0x40, 0x40, 64),
+        ];
+        for (src, dst, len) in table {
+            let m = patterned();
+            let mut expect = vec![0u8; 0x10000];
+            m.read(0x10000, &mut expect).unwrap();
+            expect.copy_within(src as usize..(src + len) as usize, dst as usize);
+            m.copy(0x10000 + src, 0x10000 + dst, len).unwrap();
+            let mut got = vec![0u8; 0x10000];
+            m.read(0x10000, &mut got).unwrap();
+            assert!(got == expect, "{src:#x} -> {dst:#x} + {len:#x}");
+        }
+    }
+
+    #[test]
+    fn provided_copy_reports_the_whole_range_and_writes_nothing_when_a_range_check_fails() {
+        let long = DMA_BOUNCE_CHUNK as u64 + 1;
+        let table: [(u64, u64, u64, DmaError); 5] = [
+            (0x1fff0, 0x10000, 0x20, DmaError::Unmapped { iova: 0x1fff0, len: 0x20 }),
+            (0x10000, 0x1fff0, 0x20, DmaError::Unmapped { iova: 0x1fff0, len: 0x20 }),
+            // Longer than a chunk: the hole is in the second chunk of the source, found before any write.
+            (0x1c000, 0x30000, long, DmaError::Unmapped { iova: 0x1c000, len: long }),
+            (u64::MAX - 1, 0x10000, 4, DmaError::Overflow { iova: u64::MAX - 1, len: 4 }),
+            (0x10000, u64::MAX - 1, long, DmaError::Overflow { iova: u64::MAX - 1, len: long }),
+        ];
+        for (src, dst, len, want) in table {
+            let m = patterned();
+            let writes = m.write_count();
+            assert_eq!(m.copy(src, dst, len), Err(want.clone()));
+            assert_eq!(m.write_count(), writes, "{want:?}");
+        }
+    }
+
+    #[test]
+    fn provided_check_read_fails_as_read_would() {
+        let m = patterned();
+        assert_eq!(m.check_read(0x10000, 0x10000), Ok(()));
+        assert_eq!(m.check_read(0x1fff0, 0x20), Err(DmaError::Unmapped { iova: 0x1fff0, len: 0x20 }));
+        let long = DMA_BOUNCE_CHUNK as u64 * 3;
+        assert_eq!(m.check_read(0x18000, long), Err(DmaError::Unmapped { iova: 0x18000, len: long }));
+        assert_eq!(NoDma.check_read(0x1000, 1), Err(DmaError::Unmapped { iova: 0x1000, len: 1 }));
     }
 
     #[test]

@@ -16,9 +16,9 @@ use std::sync::{Arc, RwLock, Weak};
 
 use rustix::fs::{fcntl_get_seals, fcntl_getfl, fstat, FileType, OFlags, SealFlags};
 use thiserror::Error;
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestRegionMmap, MemoryRegionAddress, MmapRegion};
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress, MmapRegion};
 
-use crate::dma::{DmaAccess, DmaError};
+use crate::dma::{bounce_copy, DmaAccess, DmaError};
 use crate::wire::{dma_map_flags, PAGE_SIZE};
 
 /// The message path for mappings that are not mmapped (DMA_READ/DMA_WRITE to the client).
@@ -61,6 +61,8 @@ impl MapError {
 /// One mmap of a whole file, shared by every mapping of that file.
 struct FileMap {
     region: GuestRegionMmap<()>,
+    /// (st_dev, st_ino): two maps of one file (an older one of a file that grew) alias the same bytes.
+    key: (u64, u64),
     size: u64,
     writable: bool,
     budget: Arc<Budget>,
@@ -123,6 +125,36 @@ struct Piece {
     iova: u64,
     len: usize,
     backing: Backing,
+}
+
+/// The pieces of one access. Almost every access lies inside one DMA_MAP: that piece is kept inline, so the
+/// per-packet accesses of a device allocate nothing.
+enum Pieces {
+    One(Piece),
+    Many(Vec<Piece>),
+}
+
+impl Pieces {
+    fn push(self, p: Piece) -> Self {
+        match self {
+            Pieces::Many(v) if v.is_empty() => Pieces::One(p),
+            Pieces::One(first) => Pieces::Many(vec![first, p]),
+            Pieces::Many(mut v) => {
+                v.push(p);
+                Pieces::Many(v)
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Pieces {
+    type Target = [Piece];
+    fn deref(&self) -> &[Piece] {
+        match self {
+            Pieces::One(p) => std::slice::from_ref(p),
+            Pieces::Many(v) => v,
+        }
+    }
 }
 
 /// A connection's DMA space. Given to the device as its `DmaAccess`; after `close` every access fails.
@@ -243,15 +275,15 @@ impl DmaSpace {
     }
 
     /// Splits `[iova, iova+len)` into per-mapping pieces, checking coverage and permission first.
-    fn plan(&self, inner: &Inner, iova: u64, len: usize, write: bool) -> Result<Vec<Piece>, DmaError> {
+    fn plan(&self, inner: &Inner, iova: u64, len: usize, write: bool) -> Result<Pieces, DmaError> {
         let len64 = len as u64;
         let unmapped = DmaError::Unmapped { iova, len: len64 };
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok(Pieces::Many(Vec::new()));
         }
         let last = iova.checked_add(len64 - 1).ok_or(DmaError::Overflow { iova, len: len64 })?;
         let (need, dir) = if write { (dma_map_flags::WRITE, "write") } else { (dma_map_flags::READ, "read") };
-        let mut pieces = Vec::new();
+        let mut pieces = Pieces::Many(Vec::new());
         let mut cur = iova;
         loop {
             let (&start, m) = inner.maps.range(..=cur).next_back().ok_or(unmapped.clone())?;
@@ -267,7 +299,7 @@ impl DmaSpace {
                 Backing::File { map, offset } => Backing::File { map: map.clone(), offset: offset + (cur - start) },
                 Backing::Message => Backing::Message,
             };
-            pieces.push(Piece { iova: cur, len: n, backing });
+            pieces = pieces.push(Piece { iova: cur, len: n, backing });
             if piece_last == last {
                 return Ok(pieces);
             }
@@ -298,11 +330,30 @@ impl DmaSpace {
             None
         };
         let mut done = 0;
-        for p in &pieces {
+        for p in pieces.iter() {
             op(p, done)?;
             done += p.len;
         }
         Ok(())
+    }
+
+    /// A copy's source and destination, both checked (coverage, direction, a writable mmap for every
+    /// mmapped destination byte) before anything moves.
+    fn plan_copy(&self, inner: &Inner, src: u64, dst: u64, len: u64) -> Result<(Pieces, Pieces), DmaError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(DmaError::Transport("client disconnected".into()));
+        }
+        let n = usize::try_from(len).map_err(|_| DmaError::Overflow { iova: src, len })?;
+        let from = self.plan(inner, src, n, false)?;
+        let to = self.plan(inner, dst, n, true)?;
+        for p in to.iter() {
+            if let Backing::File { map, .. } = &p.backing {
+                if !map.writable {
+                    return Err(DmaError::Permission { iova: p.iova, dir: "write" });
+                }
+            }
+        }
+        Ok((from, to))
     }
 
     fn no_messages() -> DmaError {
@@ -342,6 +393,101 @@ impl DmaAccess for DmaSpace {
             }
         })
     }
+
+    fn check_read(&self, iova: u64, len: u64) -> Result<(), DmaError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(DmaError::Transport("client disconnected".into()));
+        }
+        let n = usize::try_from(len).map_err(|_| DmaError::Overflow { iova, len })?;
+        self.plan(&self.read_inner(), iova, n, false).map(drop)
+    }
+
+    /// One direct copy between the mmaps when every byte of both ranges is mmapped; otherwise (message
+    /// pieces, or ranges sharing backing bytes through several pieces or two maps of one file) the bounce
+    /// copy, which keeps `memmove` semantics. Both ranges are checked before anything is written.
+    fn copy(&self, src: u64, dst: u64, len: u64) -> Result<(), DmaError> {
+        let inner = self.read_inner();
+        let (from, to) = self.plan_copy(&inner, src, dst, len)?;
+        if direct(&from, &to) {
+            // Under the read lock, like a mapped read or write: an unmap waits for the copy.
+            return copy_mapped(&from, &to);
+        }
+        // The bounce copy re-enters read/write, which take the lock themselves (message pieces must not hold it).
+        drop(inner);
+        bounce_copy(self, src, dst, len)
+    }
+}
+
+/// Whether a copy can go straight between the mmaps: every piece mmapped, and either one piece each way in
+/// the same map (a single `memmove` handles any overlap) or no byte of backing memory shared by both sides.
+fn direct(from: &[Piece], to: &[Piece]) -> bool {
+    // (map, file, first offset, end offset) of an mmapped piece.
+    let file = |p: &Piece| match &p.backing {
+        Backing::File { map, offset } => Some((Arc::as_ptr(map), map.key, *offset, *offset + p.len as u64)),
+        Backing::Message => None,
+    };
+    // The common case (each side inside one DMA_MAP) without allocating.
+    if let ([s], [d]) = (from, to) {
+        return match (file(s), file(d)) {
+            (Some(s), Some(d)) => s.0 == d.0 || s.1 != d.1 || s.3 <= d.2 || d.3 <= s.2,
+            _ => false,
+        };
+    }
+    let (Some(srcs), Some(dsts)) =
+        (from.iter().map(file).collect::<Option<Vec<_>>>(), to.iter().map(file).collect::<Option<Vec<_>>>())
+    else {
+        return false;
+    };
+    // Destination extents sorted by (file, start), each with the furthest end so far in its file, so a
+    // source extent is checked against all of them by one binary search.
+    let mut ext: Vec<((u64, u64), u64, u64)> = dsts.iter().map(|d| (d.1, d.2, d.3)).collect();
+    ext.sort_unstable();
+    let mut reach: Vec<u64> = Vec::with_capacity(ext.len());
+    for (i, e) in ext.iter().enumerate() {
+        let prev = match i.checked_sub(1).and_then(|j| ext.get(j).zip(reach.get(j))) {
+            Some((p, r)) if p.0 == e.0 => *r,
+            _ => 0,
+        };
+        reach.push(e.2.max(prev));
+    }
+    srcs.iter().all(|&(_, key, start, end)| {
+        // Destination extents of this file starting before the source extent ends.
+        let below = ext.partition_point(|e| (e.0, e.1) < (key, end));
+        match below.checked_sub(1).and_then(|j| ext.get(j).zip(reach.get(j))) {
+            Some((e, r)) if e.0 == key => *r <= start,
+            _ => true,
+        }
+    })
+}
+
+/// Copies piece by piece between mmaps; `direct` said the order does not matter.
+fn copy_mapped(from: &[Piece], to: &[Piece]) -> Result<(), DmaError> {
+    fn region(p: &Piece, at: usize, n: usize) -> Result<vm_memory::VolatileSlice<'_, ()>, DmaError> {
+        match &p.backing {
+            Backing::File { map, offset } => map
+                .region
+                .get_slice(MemoryRegionAddress(offset + at as u64), n)
+                .map_err(|e| DmaError::Transport(e.to_string())),
+            Backing::Message => Err(DmaError::Transport("message piece in a mapped copy".into())),
+        }
+    }
+    let (mut srcs, mut dsts) = (from.iter(), to.iter());
+    let (mut s, mut d) = (srcs.next(), dsts.next());
+    let (mut s_at, mut d_at) = (0usize, 0usize);
+    while let (Some(sp), Some(dp)) = (s, d) {
+        let n = (sp.len - s_at).min(dp.len - d_at);
+        // vm-memory's volatile slice copy is `ptr::copy`, i.e. memmove, bounds-checked by get_slice.
+        region(sp, s_at, n)?.copy_to_volatile_slice(region(dp, d_at, n)?);
+        s_at += n;
+        d_at += n;
+        if s_at == sp.len {
+            (s, s_at) = (srcs.next(), 0);
+        }
+        if d_at == dp.len {
+            (d, d_at) = (dsts.next(), 0);
+        }
+    }
+    Ok(())
 }
 
 /// What DMA_MAP learned about a passed fd.
@@ -406,7 +552,7 @@ impl Inner {
         self.budget.files.fetch_add(1, Ordering::AcqRel);
         self.budget.bytes.fetch_add(info.file_size, Ordering::AcqRel);
         let budget = self.budget.clone();
-        let map = Arc::new(FileMap { region, size: info.file_size, writable: info.writable, budget });
+        let map = Arc::new(FileMap { region, key: info.key, size: info.file_size, writable: info.writable, budget });
         self.files.insert(info.key, Arc::downgrade(&map));
         Ok(Some(map))
     }

@@ -238,14 +238,13 @@ fn next_job(jobs: &Receiver<Job>, spin: Duration) -> Option<Job> {
 }
 
 fn worker(shared: &Shared, jobs: &Receiver<Job>, spin: Duration) {
-    let mut buf = Vec::with_capacity(LB_MAX_PAYLOAD);
     while let Some(job) = next_job(jobs, spin) {
         match job {
             Job::Stop => break,
             Job::Doorbell { desc, epoch } => {
                 shared.set_busy(Some(epoch));
                 if shared.current(epoch) {
-                    loopback::run_doorbell(shared, shared.dma().as_ref(), desc, epoch, &mut buf);
+                    loopback::run_doorbell(shared, shared.dma().as_ref(), desc, epoch);
                 }
                 shared.set_busy(None);
             }

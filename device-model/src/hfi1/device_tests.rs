@@ -221,6 +221,27 @@ fn unreadable_descriptor_is_an_error_and_the_device_keeps_working() {
 }
 
 #[test]
+fn descriptor_whose_payload_cannot_be_read_is_bad_and_changes_no_flow() {
+    let mem = heap();
+    let (dev, _) = programmed(mem.clone());
+    // The header is the last 24 bytes of the descriptor memory: the payload lies beyond it, unmapped.
+    let at = DESC + 0x10000 - LB_DESC_HDR_LEN as u64;
+    put_desc(&mem, at, Packet::kdeth0(0, false, 2, TIDCTRL_EVEN), 0, &[], 0);
+    let d = Descriptor {
+        packet: Packet { kdeth0: Packet::kdeth0(0, false, 2, TIDCTRL_EVEN), dest_qp: Packet::dest_qp(2, 3), psn: 0 },
+        payload_len: 8,
+        next: 0,
+    };
+    mem.write(at, &d.to_bytes()).unwrap();
+    ring(&dev, at, 1);
+    assert_eq!(r(&dev, LB_BASE + LB_LAST_RESULT), RxResult::BadDescriptor.code() as u64);
+    assert_eq!(counter(&dev, "lb_bad_descriptors"), 1);
+    assert_eq!(counter(&dev, "rx_packets"), 0, "never judged");
+    assert_eq!(r(&dev, tid_flow_csr(2, 3)) & 0x7FF, 0, "the flow's sequence did not advance");
+    assert_eq!(bytes(&mem, EVEN_BUF, 8), [0; 8]);
+}
+
+#[test]
 fn cyclic_chain_is_cut_at_the_chain_limit() {
     let mem = heap();
     let (dev, _) = programmed(mem.clone());

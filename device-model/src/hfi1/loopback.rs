@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use vfio_user_proto::dma::DmaAccess;
 
 use super::device::Shared;
-use super::rcv::{place, Packet, RxResult};
+use super::rcv::{place, place_from, Packet, Placement, RxResult};
 use super::regs::TXE;
 
 /// Base of the loopback block: TXE + 0x7F0000, a page the real TXE CSR map leaves unused.
@@ -117,14 +117,14 @@ impl LbRegs {
 }
 
 /// Processes one doorbell: the chain at `desc`, submitted in reset epoch `epoch`. Returns false if reset or
-/// detach stopped it (nothing more is published then). `buf` is the worker's reusable payload buffer.
-pub(super) fn run_doorbell(shared: &Shared, dma: &dyn DmaAccess, desc: u64, epoch: u64, buf: &mut Vec<u8>) -> bool {
+/// detach stopped it (nothing more is published then).
+pub(super) fn run_doorbell(shared: &Shared, dma: &dyn DmaAccess, desc: u64, epoch: u64) -> bool {
     let mut next = desc;
     for _ in 0..LB_MAX_CHAIN {
         if !shared.current(epoch) {
             return false;
         }
-        let (result, following) = run_descriptor(shared, dma, next, epoch, buf);
+        let (result, following) = run_descriptor(shared, dma, next, epoch);
         if !shared.publish(epoch, |lb| {
             lb.last_result.store(u64::from(result.code()), Ordering::Release);
             if result != RxResult::Placed {
@@ -156,42 +156,44 @@ fn finish(shared: &Shared, epoch: u64) -> bool {
 }
 
 /// One descriptor: its result and the next descriptor's IOVA (`None` if the header could not be read).
-fn run_descriptor(
-    shared: &Shared,
-    dma: &dyn DmaAccess,
-    iova: u64,
-    epoch: u64,
-    buf: &mut Vec<u8>,
-) -> (RxResult, Option<u64>) {
+///
+/// The payload is checked readable before the packet is judged (a descriptor whose payload cannot be read
+/// changes no flow), then copied by DMA straight from the descriptor into the RcvArray buffer.
+fn run_descriptor(shared: &Shared, dma: &dyn DmaAccess, iova: u64, epoch: u64) -> (RxResult, Option<u64>) {
     let mut hdr = [0u8; LB_DESC_HDR_LEN];
     if dma.read(iova, &mut hdr).is_err() {
         shared.counters.lb_bad_descriptors.fetch_add(1, Ordering::Relaxed);
         return (RxResult::BadDescriptor, None);
     }
     let d = Descriptor::parse(&hdr);
-    let len = d.payload_len as usize;
-    let payload_iova = iova.checked_add(LB_DESC_HDR_LEN as u64);
-    buf.clear();
-    buf.resize(len.min(LB_MAX_PAYLOAD), 0);
-    let read_ok = len <= LB_MAX_PAYLOAD && payload_iova.is_some_and(|p| len == 0 || dma.read(p, buf).is_ok());
-    if !read_ok {
+    let len = u64::from(d.payload_len);
+    let payload = iova
+        .checked_add(LB_DESC_HDR_LEN as u64)
+        .filter(|&p| len <= LB_MAX_PAYLOAD as u64 && (len == 0 || dma.check_read(p, len).is_ok()));
+    let Some(payload) = payload else {
         shared.counters.lb_bad_descriptors.fetch_add(1, Ordering::Relaxed);
         return (RxResult::BadDescriptor, Some(d.next));
-    }
-    (receive(shared, dma, &d.packet, buf, epoch), Some(d.next))
+    };
+    let result = judge(shared, &d.packet, len, epoch, |p| place_from(dma, p, payload, len, &shared.counters));
+    (result, Some(d.next))
 }
 
-/// Receives one packet: judge under the chip lock, then place with the lock dropped.
+/// Receives one packet whose payload the caller holds.
 pub(super) fn receive(shared: &Shared, dma: &dyn DmaAccess, pkt: &Packet, payload: &[u8], epoch: u64) -> RxResult {
+    judge(shared, pkt, payload.len() as u64, epoch, |p| place(dma, p, payload, &shared.counters))
+}
+
+/// Judges a packet of `len` payload bytes under the chip lock, then places it with the lock dropped.
+fn judge(shared: &Shared, pkt: &Packet, len: u64, epoch: u64, place: impl FnOnce(&Placement) -> RxResult) -> RxResult {
     let plan = {
         let mut chip = shared.lock_chip();
         if !shared.current(epoch) {
             return RxResult::Aborted;
         }
-        chip.receive(pkt, payload.len() as u64, &shared.counters)
+        chip.receive(pkt, len, &shared.counters)
     };
     match plan {
-        Ok(p) if shared.current(epoch) => place(dma, &p, payload, &shared.counters),
+        Ok(p) if shared.current(epoch) => place(&p),
         Ok(_) => RxResult::Aborted,
         Err(r) => r,
     }

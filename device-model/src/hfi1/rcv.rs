@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use vfio_user_proto::dma::DmaAccess;
+use vfio_user_proto::dma::{DmaAccess, DmaError};
 
 use super::chip::Chip;
 use super::counters::Counters;
@@ -258,15 +258,43 @@ impl Chip {
 
 /// DMAs an accepted payload. Call without holding the chip lock.
 pub fn place(dma: &dyn DmaAccess, placement: &Placement, payload: &[u8], counters: &Counters) -> RxResult {
-    if payload.is_empty() {
+    let len = payload.len() as u64;
+    put(placement, len, counters, |from, at, n| {
+        let part = usize::try_from(from)
+            .ok()
+            .zip(usize::try_from(from + n).ok())
+            .and_then(|(a, b)| payload.get(a..b))
+            .ok_or(DmaError::Overflow { iova: at, len: n })?;
+        dma.write(at, part)
+    })
+}
+
+/// Places an accepted payload of `len` bytes that sits in DMA memory at `src` with one DMA copy, without
+/// bringing it into the device. Call without holding the chip lock.
+pub fn place_from(dma: &dyn DmaAccess, placement: &Placement, src: u64, len: u64, counters: &Counters) -> RxResult {
+    put(placement, len, counters, |from, at, n| {
+        let src = src.checked_add(from).ok_or(DmaError::Overflow { iova: src, len })?;
+        dma.copy(src, at, n)
+    })
+}
+
+/// Stores `len` payload bytes where `placement` says through `store(payload offset, iova, length)`, and counts
+/// the outcome.
+fn put(
+    placement: &Placement,
+    len: u64,
+    counters: &Counters,
+    mut store: impl FnMut(u64, u64, u64) -> Result<(), DmaError>,
+) -> RxResult {
+    if len == 0 {
         count(&counters.rx_placed);
         return RxResult::Placed;
     }
     let written = match placement.spill {
-        None => dma.write(placement.iova, payload),
+        None => store(0, placement.iova, len),
         Some((n, rest_iova)) => {
-            let (head, rest) = payload.split_at(usize::try_from(n).unwrap_or(usize::MAX).min(payload.len()));
-            dma.write(placement.iova, head).and_then(|()| dma.write(rest_iova, rest))
+            let head = n.min(len);
+            store(0, placement.iova, head).and_then(|()| store(head, rest_iova, len - head))
         }
     };
     match written {
@@ -401,6 +429,56 @@ mod tests {
         assert_eq!(r.mem.write_count(), 0);
         assert_eq!(r.send(&pkt(0, false, 2, TIDCTRL_PAIR, 0), &[2; 8192]), RxResult::Placed);
         assert_eq!(r.bytes(EVEN_BUF + 8191, 1), [2]);
+    }
+
+    /// Where `place_from` takes payloads from: DMA memory apart from both buffers.
+    const PAYLOAD: u64 = 0x4000_0000;
+
+    #[test]
+    fn payload_copied_from_dma_memory_lands_where_the_slice_path_puts_it() {
+        // (packet, payload length, [(buffer iova, offset, length taken from the payload's start + skip)])
+        type Case = (Packet, usize, &'static [(u64, u64, usize, usize)]);
+        let table: [Case; 4] = [
+            (pkt(16, false, 2, TIDCTRL_EVEN, 0), 8192 - 64, &[(EVEN_BUF, 64, 8192 - 64, 0)]),
+            (pkt(3, true, 2, TIDCTRL_ODD, 0), 100, &[(ODD_BUF, 192, 100, 0)]),
+            // Pair crossing: 4 bytes at the end of the even buffer, the rest at the start of the odd one.
+            (
+                pkt((8192 - 4) / 4, false, 2, TIDCTRL_PAIR, 0),
+                4096 + 4,
+                &[(EVEN_BUF, 8188, 4, 0), (ODD_BUF, 0, 4096, 4)],
+            ),
+            (pkt(0, false, 2, TIDCTRL_EVEN, 0), 0, &[]),
+        ];
+        for (p, len, lands) in table {
+            let mut r = rig();
+            assert!(r.mem.map(PAYLOAD, 0x4000));
+            let payload: Vec<u8> = (0..len).map(|i| (i % 249) as u8 + 1).collect();
+            r.mem.write(PAYLOAD, &payload).unwrap();
+            let placement = r.chip.receive(&p, len as u64, &r.counters).unwrap();
+            assert_eq!(place_from(&r.mem, &placement, PAYLOAD, len as u64, &r.counters), RxResult::Placed);
+            for &(buf, off, n, skip) in lands {
+                assert_eq!(r.bytes(buf + off, n), payload[skip..skip + n], "{p:?}");
+            }
+            assert_eq!(r.counters.rx_placed.load(Ordering::Relaxed), 1);
+            assert_eq!(FlowEntry::decode(r.flow()).sequence, 1);
+        }
+    }
+
+    #[test]
+    fn payload_copy_that_cannot_be_done_is_a_dma_error() {
+        // (why, payload source, placement)
+        let table: [(&str, u64, Placement); 3] = [
+            ("source unmapped", 0x7000_0000, Placement::at(EVEN_BUF)),
+            ("destination unmapped", PAYLOAD, Placement::at(0x7000_0000)),
+            ("second part unmapped", PAYLOAD, Placement { iova: EVEN_BUF, spill: Some((4, 0x7000_0000)) }),
+        ];
+        for (why, src, placement) in table {
+            let r = rig();
+            assert!(r.mem.map(PAYLOAD, 0x4000));
+            assert_eq!(place_from(&r.mem, &placement, src, 8, &r.counters), RxResult::DmaError, "{why}");
+            assert_eq!(r.counters.rx_dma_errors.load(Ordering::Relaxed), 1, "{why}");
+            assert_eq!(r.counters.rx_placed.load(Ordering::Relaxed), 0, "{why}");
+        }
     }
 
     #[test]

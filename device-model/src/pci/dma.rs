@@ -53,6 +53,28 @@ impl DmaAccess for BusMasterDma {
         self.allowed(iova, "write (Bus Master Enable clear)")?;
         self.inner.write(iova, buf)
     }
+    fn check_read(&self, iova: u64, len: u64) -> Result<(), DmaError> {
+        self.allowed(iova, "read (Bus Master Enable clear)")?;
+        let result = self.inner.check_read(iova, len);
+        if matches!(result, Err(DmaError::Unmapped { .. } | DmaError::Permission { .. })) {
+            self.status_events.fetch_or(PCI_STATUS_REC_MASTER_ABORT, Ordering::AcqRel);
+        }
+        result
+    }
+    /// Forwarded whole, so the backend's direct copy is kept; a failure on the source side is a read's.
+    fn copy(&self, src: u64, dst: u64, len: u64) -> Result<(), DmaError> {
+        self.allowed(src, "read (Bus Master Enable clear)")?;
+        let result = self.inner.copy(src, dst, len);
+        let read_failed = match &result {
+            Err(DmaError::Unmapped { iova, .. }) => *iova == src,
+            Err(DmaError::Permission { dir, .. }) => dir.starts_with("read"),
+            _ => false,
+        };
+        if read_failed {
+            self.status_events.fetch_or(PCI_STATUS_REC_MASTER_ABORT, Ordering::AcqRel);
+        }
+        result
+    }
 }
 
 #[cfg(test)]
@@ -79,5 +101,27 @@ mod tests {
         assert_eq!(events.load(Ordering::Relaxed), 0, "refused before reaching memory: nothing aborted");
         assert_eq!(dma.read_u32(0x5000), Err(DmaError::Unmapped { iova: 0x5000, len: 4 }));
         assert_eq!(events.load(Ordering::Relaxed), PCI_STATUS_REC_MASTER_ABORT, "a failed read is a master abort");
+    }
+
+    #[test]
+    fn copy_and_check_read_pass_only_while_bus_master_is_enabled_and_a_failed_source_is_a_master_abort() {
+        let mem = Arc::new(HeapMemory::new());
+        assert!(mem.map(0x1000, 0x1000));
+        mem.write_u32(0x1000, 0xfeed).unwrap();
+        let command = Arc::new(AtomicU16::new(0));
+        let events = Arc::new(AtomicU16::new(0));
+        let dma = BusMasterDma::new(mem.clone(), command.clone(), Arc::new(AtomicU64::new(0)), events.clone());
+        assert!(matches!(dma.copy(0x1000, 0x1800, 4), Err(DmaError::Permission { iova: 0x1000, .. })));
+        assert!(matches!(dma.check_read(0x1000, 4), Err(DmaError::Permission { iova: 0x1000, .. })));
+        command.store(PCI_COMMAND_MASTER, Ordering::Release);
+        dma.copy(0x1000, 0x1800, 4).unwrap();
+        assert_eq!(dma.read_u32(0x1800), Ok(0xfeed));
+        assert_eq!(dma.copy(0x1000, 0x5000, 4), Err(DmaError::Unmapped { iova: 0x5000, len: 4 }));
+        assert_eq!(events.load(Ordering::Relaxed), 0, "a failed destination is a posted write: no abort");
+        assert_eq!(dma.copy(0x5000, 0x1000, 4), Err(DmaError::Unmapped { iova: 0x5000, len: 4 }));
+        assert_eq!(events.load(Ordering::Relaxed), PCI_STATUS_REC_MASTER_ABORT);
+        events.store(0, Ordering::Relaxed);
+        assert_eq!(dma.check_read(0x1ffe, 4), Err(DmaError::Unmapped { iova: 0x1ffe, len: 4 }));
+        assert_eq!(events.load(Ordering::Relaxed), PCI_STATUS_REC_MASTER_ABORT);
     }
 }
