@@ -110,7 +110,9 @@ pub struct DeviceContext {
 /// and must not block on device work (DMA in particular): long work goes to the device's own threads.
 pub trait Device: Send + Sync + 'static {
     fn device_info(&self) -> DeviceInfo;
-    /// `None` for an index the device does not have (the server replies EINVAL).
+    /// `None` for an index the device does not have (the server replies EINVAL). A region's size and
+    /// flags must not change while a client is attached: the server looks them up once per connection to
+    /// check every access.
     fn region_info(&self, index: u32) -> Option<RegionInfo>;
     fn irq_info(&self, index: u32) -> Option<IrqInfo>;
     /// `offset + data.len()` is already checked against the region size by the server.

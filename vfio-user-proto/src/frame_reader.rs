@@ -69,8 +69,9 @@ pub struct FrameReader {
     fds: VecDeque<(u64, Option<OwnedFd>)>,
     body: Option<Body>,
     control: Vec<MaybeUninit<u8>>,
-    /// When the message in progress last received bytes.
-    progress: Instant,
+    /// Since when the message in progress has been waiting for more bytes (the stall clock), set when a read
+    /// first finds nothing and cleared by every read that brings bytes: no clock read on the fast path.
+    stalled_since: Option<Instant>,
 }
 
 enum Filled {
@@ -91,7 +92,7 @@ impl FrameReader {
             fds: VecDeque::new(),
             body: None,
             control: vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds))],
-            progress: Instant::now(),
+            stalled_since: None,
         }
     }
 
@@ -113,8 +114,11 @@ impl FrameReader {
                 Filled::Eof if self.in_message() => return Err(FrameError::Truncated),
                 Filled::Eof => return Err(FrameError::Closed),
                 Filled::Nothing => {
-                    if self.in_message() && self.progress.elapsed() >= self.limits.stall_timeout {
-                        return Err(FrameError::Timeout);
+                    if self.in_message() {
+                        let since = *self.stalled_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= self.limits.stall_timeout {
+                            return Err(FrameError::Timeout);
+                        }
                     }
                     return Ok(None);
                 }
@@ -214,7 +218,7 @@ impl FrameReader {
             return Ok(Filled::Eof); // descriptors without data cannot belong to a message: closed
         }
         self.received += msg.bytes as u64;
-        self.progress = Instant::now();
+        self.stalled_since = None;
         match &mut self.body {
             Some(b) => {
                 b.filled += msg.bytes;
@@ -229,8 +233,10 @@ impl FrameReader {
                 self.end += msg.bytes;
                 // Bounded: a read happens only while fewer than a header's bytes are buffered, and each read
                 // brings at least one byte, so at most HEADER_SIZE reads' descriptors wait here.
-                let at = self.received - 1;
-                self.fds.extend(got.into_iter().map(|fd| (at, fd)));
+                if !got.is_empty() {
+                    let at = self.received - 1;
+                    self.fds.extend(got.into_iter().map(|fd| (at, fd)));
+                }
             }
         }
         Ok(Filled::Bytes)
@@ -351,6 +357,17 @@ mod tests {
         // max_fds 2: the control buffer holds two, the kernel cuts the third (MSG_CTRUNC).
         assert!(m.fds_truncated);
         assert!(m.fds.len() <= 2);
+    }
+
+    #[test]
+    fn a_message_sent_from_more_parts_than_the_inline_iovec_arrives_intact() {
+        let (tx, rx) = pair();
+        let parts: Vec<Vec<u8>> = (0..12u8).map(|k| vec![k; usize::from(k) + 1]).collect();
+        let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        let len = parts.iter().map(|p| p.len()).sum();
+        send_message(&tx, &Header::command(8, command::REGION_WRITE, len), &refs, &[]).expect("send");
+        let m = next_blocking(&mut FrameReader::new(limits()), &rx).expect("message");
+        assert_eq!((m.header.msg_id, m.payload), (8, parts.concat()));
     }
 
     #[test]

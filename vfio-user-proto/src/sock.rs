@@ -181,40 +181,80 @@ pub fn recv_message(stream: &UnixStream, limits: &RecvLimits) -> Result<Message,
 /// Sends `header` + `parts` as one message, with `fds` attached to its first bytes.
 pub fn send_message(stream: &UnixStream, header: &Header, parts: &[&[u8]], fds: &[BorrowedFd]) -> std::io::Result<()> {
     let hb = header.encode();
-    let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
-    all.push(&hb);
-    all.extend(parts.iter().copied().filter(|p| !p.is_empty()));
-    let total: usize = all.iter().map(|p| p.len()).sum();
+    let total = HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
+    if fds.is_empty() && total <= SMALL_MESSAGE {
+        return send_small(stream, &hb, parts, total);
+    }
+    // Room for the iovec on the stack: a register round trip sends two or three parts, and this runs per message.
+    const INLINE: usize = 8;
+    let mut inline = [IoSlice::new(&[]); INLINE];
+    let mut spilled = Vec::new();
     let mut sent = 0usize;
     let mut first = true;
     while sent < total {
-        // Rebuild the iovec from the first unsent byte.
+        // The iovec from the first unsent byte on.
         let mut skip = sent;
-        let mut iov = Vec::with_capacity(all.len());
-        for p in &all {
+        let mut n_iov = 0;
+        for p in std::iter::once(&hb[..]).chain(parts.iter().copied()) {
             if skip >= p.len() {
                 skip -= p.len();
                 continue;
             }
-            iov.push(IoSlice::new(p.get(skip..).unwrap_or_default()));
+            let rest = IoSlice::new(p.get(skip..).unwrap_or_default());
             skip = 0;
+            match inline.get_mut(n_iov) {
+                Some(slot) if spilled.is_empty() => *slot = rest,
+                _ => {
+                    if spilled.is_empty() {
+                        spilled.extend_from_slice(&inline[..n_iov]);
+                    }
+                    spilled.push(rest);
+                }
+            }
+            n_iov += 1;
         }
+        let iov: &[IoSlice] = if spilled.is_empty() { inline.get(..n_iov).unwrap_or_default() } else { &spilled };
         let n = if first && !fds.is_empty() {
             let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
             let mut control = SendAncillaryBuffer::new(&mut space);
             if !control.push(SendAncillaryMessage::ScmRights(fds)) {
                 return Err(std::io::Error::other("control buffer too small"));
             }
-            sendmsg(stream, &iov, &mut control, SendFlags::NOSIGNAL)
+            sendmsg(stream, iov, &mut control, SendFlags::NOSIGNAL)
         } else {
-            sendmsg(stream, &iov, &mut SendAncillaryBuffer::default(), SendFlags::NOSIGNAL)
+            sendmsg(stream, iov, &mut SendAncillaryBuffer::default(), SendFlags::NOSIGNAL)
         };
+        spilled.clear();
         match n {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
             Ok(n) => {
                 sent += n;
                 first = false;
             }
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Messages up to this size without descriptors are gathered on the stack and sent with plain `send`: the
+/// register round trips, whose cost is mostly system calls, skip the iovec and msghdr handling of `sendmsg`.
+const SMALL_MESSAGE: usize = 256;
+
+fn send_small(stream: &UnixStream, hb: &[u8; HEADER_SIZE], parts: &[&[u8]], total: usize) -> std::io::Result<()> {
+    let mut buf = [0u8; SMALL_MESSAGE];
+    let mut at = 0;
+    for p in std::iter::once(&hb[..]).chain(parts.iter().copied()) {
+        let dst = buf.get_mut(at..at + p.len()).ok_or(std::io::ErrorKind::InvalidInput)?;
+        dst.copy_from_slice(p);
+        at += p.len();
+    }
+    let mut rest = buf.get(..total).unwrap_or_default();
+    while !rest.is_empty() {
+        match rustix::net::send(stream, rest, SendFlags::NOSIGNAL) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => rest = rest.get(n..).unwrap_or_default(),
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }

@@ -374,11 +374,15 @@ impl RegionRw {
         Ok((s, r.rest()))
     }
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Vec::with_capacity(REGION_RW_SIZE);
-        put_u64(&mut w, self.offset);
-        put_u32(&mut w, self.region);
-        put_u32(&mut w, self.count);
-        w
+        self.to_bytes().to_vec()
+    }
+    /// The fixed part without allocating: every register access sends one.
+    pub fn to_bytes(&self) -> [u8; REGION_RW_SIZE] {
+        let mut b = [0u8; REGION_RW_SIZE];
+        b[..8].copy_from_slice(&self.offset.to_le_bytes());
+        b[8..12].copy_from_slice(&self.region.to_le_bytes());
+        b[12..].copy_from_slice(&self.count.to_le_bytes());
+        b
     }
 }
 

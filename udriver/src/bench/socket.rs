@@ -25,7 +25,7 @@ const DATA: usize = 8;
 const SMALL: usize = HEADER_SIZE + REGION_RW_SIZE;
 const LARGE: usize = SMALL + DATA;
 /// Rounds alternating the variants, so a burst of load from elsewhere hits all of them alike.
-const ROUNDS: u32 = 4;
+const ROUNDS: u32 = 16;
 const TARGET_RATIO: f64 = 1.3;
 
 /// Echo peer: reads `req` bytes, answers `rep` bytes, until the socket closes.

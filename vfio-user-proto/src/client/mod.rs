@@ -268,7 +268,7 @@ impl Client {
         let mut off = offset;
         for dst in buf.chunks_mut(self.chunk()) {
             let q = RegionRw { offset: off, region: index, count: dst.len() as u32 };
-            let m = self.request(cmd::REGION_READ, &[&q.encode()], &[])?;
+            let m = self.request(cmd::REGION_READ, &[&q.to_bytes()], &[])?;
             let (got, data) = RegionRw::decode(&m.payload).map_err(|_| protocol("REGION_READ"))?;
             if got != q || data.len() != dst.len() {
                 return Err(protocol("REGION_READ reply does not match the request"));
@@ -283,7 +283,7 @@ impl Client {
         let mut off = offset;
         for src in data.chunks(self.chunk()) {
             let q = RegionRw { offset: off, region: index, count: src.len() as u32 };
-            let m = self.request(cmd::REGION_WRITE, &[&q.encode(), src], &[])?;
+            let m = self.request(cmd::REGION_WRITE, &[&q.to_bytes(), src], &[])?;
             if m.payload.len() < REGION_RW_SIZE {
                 return Err(protocol("short REGION_WRITE reply"));
             }

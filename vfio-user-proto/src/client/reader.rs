@@ -13,7 +13,6 @@
 //! keep coming it only wakes every [`QUIET`] to look, so it adds no wake-up to a round trip; a DMA
 //! request that arrives between two calls of a busy caller waits at most about 2 x [`QUIET`].
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
@@ -67,12 +66,24 @@ impl ClientDmaBacking for FdBacking {
     }
 }
 
-/// Reply slots: `None` until the reply arrives. A slot missing while its caller waits means closed.
+/// Reply slots by message id: `None` until the reply arrives. A slot missing while its caller waits means
+/// closed. A list, not a map: it holds one slot per waiting caller, and hashing cost more than the scan.
 #[derive(Default)]
 struct Waiters {
-    replies: HashMap<u16, Option<Message>>,
+    replies: Vec<(u16, Option<Message>)>,
     /// Callers sleeping on `wake`.
     sleepers: usize,
+}
+
+impl Waiters {
+    fn slot(&mut self, id: u16) -> Option<&mut Option<Message>> {
+        self.replies.iter_mut().find(|(i, _)| *i == id).map(|(_, m)| m)
+    }
+    fn remove(&mut self, id: u16) {
+        if let Some(k) = self.replies.iter().position(|(i, _)| *i == id) {
+            self.replies.swap_remove(k);
+        }
+    }
 }
 
 /// Why no reply came.
@@ -168,15 +179,15 @@ impl Shared {
             }
             // Ids wrap at 2^16; skip any still in flight.
             let mut id = ids.fetch_add(1, Ordering::Relaxed);
-            while w.replies.contains_key(&id) {
+            while w.slot(id).is_some() {
                 id = ids.fetch_add(1, Ordering::Relaxed);
             }
-            w.replies.insert(id, None);
+            w.replies.push((id, None));
             id
         };
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if let Err(e) = self.send(&Header::command(id, cmd, len), parts, fds) {
-            self.waiters().replies.remove(&id);
+            self.waiters().remove(id);
             return Err(e.into());
         }
         match self.await_reply(id, Instant::now() + timeout) {
@@ -187,22 +198,24 @@ impl Shared {
     }
 
     fn await_reply(&self, id: u16, deadline: Instant) -> Result<Message, NoReply> {
+        let mut first = true;
         loop {
             let mut w = self.waiters();
-            match w.replies.get_mut(&id) {
+            match w.slot(id) {
                 None => return Err(NoReply::Closed),
                 Some(slot) => {
                     if let Some(m) = slot.take() {
-                        w.replies.remove(&id);
+                        w.remove(id);
                         return Ok(m);
                     }
                 }
             }
-            let now = Instant::now();
-            if now >= deadline {
-                w.replies.remove(&id);
+            // The first pass skips the clock: the deadline was just set.
+            if !first && Instant::now() >= deadline {
+                w.remove(id);
                 return Err(NoReply::Timeout);
             }
+            first = false;
             // try_lock never blocks, so holding `waiters` here cannot deadlock with a reader routing a reply.
             let role = match self.reader.try_lock() {
                 Ok(r) => Some(r),
@@ -221,7 +234,7 @@ impl Shared {
                         self.kick_idle();
                     }
                     w.sleepers += 1;
-                    let slice = deadline.saturating_duration_since(now).min(FOLLOWER_SLICE);
+                    let slice = deadline.saturating_duration_since(Instant::now()).min(FOLLOWER_SLICE);
                     let (mut w, _) = self.wake.wait_timeout(w, slice).unwrap_or_else(|e| e.into_inner());
                     w.sleepers -= 1;
                 }
@@ -235,7 +248,7 @@ impl Shared {
             match r.next(&self.stream, Wait::Block) {
                 Ok(Some(m)) if m.header.is_reply() && m.header.msg_id == id => {
                     self.release(r);
-                    self.waiters().replies.remove(&id);
+                    self.waiters().remove(id);
                     return Ok(Some(m));
                 }
                 Ok(Some(m)) => {
@@ -275,7 +288,7 @@ impl Shared {
         if h.is_reply() {
             let mut w = self.waiters();
             // A reply nobody waits for (timed out) is dropped, with any descriptors it carried.
-            if let Some(slot) = w.replies.get_mut(&h.msg_id) {
+            if let Some(slot) = w.slot(h.msg_id) {
                 *slot = Some(msg);
                 if w.sleepers > 0 {
                     self.wake.notify_all();

@@ -45,7 +45,12 @@ pub(crate) struct Conn<'a> {
     pub dma: &'a DmaSpace,
     pub irq: &'a IrqState,
     pub negotiated: bool,
+    /// (size, flags) of the regions below `ACCESS_CACHE`, looked up once: every register access checks them.
+    access: Vec<Option<(u64, u32)>>,
 }
+
+/// Regions whose access limits are cached; a device with more (none of ours) has the rest looked up per access.
+const ACCESS_CACHE: u32 = 16;
 
 /// Keeps a device's errno inside the range a reply can meaningfully carry.
 fn sanitize(e: Errno) -> Errno {
@@ -56,7 +61,20 @@ fn sanitize(e: Errno) -> Errno {
     }
 }
 
-impl Conn<'_> {
+impl<'a> Conn<'a> {
+    pub(crate) fn new(
+        device: &'a dyn Device,
+        cfg: &'a ServerConfig,
+        out: &'a Outbound,
+        dma: &'a DmaSpace,
+        irq: &'a IrqState,
+    ) -> Self {
+        let info = device.device_info();
+        let access =
+            (0..info.num_regions.min(ACCESS_CACHE)).map(|i| device.region_info(i).map(|r| (r.size, r.flags))).collect();
+        Conn { device, cfg, info, out, dma, irq, negotiated: false, access }
+    }
+
     /// Handles one complete command and sends its reply. `Err` means the socket failed.
     pub(crate) fn handle(&mut self, msg: Message) -> std::io::Result<()> {
         let h = msg.header;
@@ -282,9 +300,12 @@ impl Conn<'_> {
         if count == 0 || count > u64::from(self.cfg.max_data_xfer_size) {
             return Err(libc::EINVAL);
         }
-        let info = self.region(index)?;
+        let (size, flags) = match self.access.get(index as usize) {
+            Some(cached) => cached.ok_or(libc::EINVAL)?,
+            None => self.region(index).map(|r| (r.size, r.flags))?,
+        };
         let end = offset.checked_add(count).ok_or(libc::EINVAL)?;
-        if end > info.size || info.flags & need == 0 {
+        if end > size || flags & need == 0 {
             return Err(libc::EINVAL);
         }
         Ok(())
@@ -296,7 +317,8 @@ impl Conn<'_> {
             return Err(libc::EINVAL);
         }
         self.check_access(rw.region, rw.offset, rw.count.into(), region_flags::READ)?;
-        let mut payload = rw.encode();
+        let mut payload = Vec::with_capacity(REGION_RW_SIZE + rw.count as usize);
+        payload.extend_from_slice(&rw.to_bytes());
         payload.resize(REGION_RW_SIZE + rw.count as usize, 0);
         let data = payload.get_mut(REGION_RW_SIZE..).ok_or(libc::EINVAL)?;
         self.device.region_read(rw.region, rw.offset, data).map_err(sanitize)?;

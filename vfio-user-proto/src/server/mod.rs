@@ -194,15 +194,7 @@ impl Server {
             max_fds: self.config.max_msg_fds,
             stall_timeout: self.config.stall_timeout,
         });
-        let mut conn = Conn {
-            device: &*self.device,
-            cfg: &self.config,
-            info: self.device.device_info(),
-            out,
-            dma,
-            irq,
-            negotiated: false,
-        };
+        let mut conn = Conn::new(&*self.device, &self.config, out, dma, irq);
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());
