@@ -23,7 +23,18 @@ run_mode() { # name, run-qemu options...
     local name=$1; shift
     log "end-to-end run: $name"
     if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --timing "$@" "${EXTRA[@]}"); then
-        log "$name: PASS ($out)"
+        # A demo that passes but logs errors (e.g. a teardown the kernel refused) is a failure too.
+        if errors=$(python3 -c '
+import json, sys
+steps = json.load(open(sys.argv[1])).get("guest", {}).get("steps", [])
+bad = [s["name"] + ": " + line for s in steps for line in (s.get("stderr") or "").splitlines() if "ERROR" in line]
+print(chr(10).join(bad))
+sys.exit(1 if bad else 0)' "$out"); then
+            log "$name: PASS ($out)"
+        else
+            log "$name: FAIL: the driver logged errors:"; echo "$errors" >&2
+            rc=1
+        fi
     else
         log "$name: FAIL (result: $out)"
         rc=1

@@ -25,11 +25,13 @@ struct Bar {
     maps: Vec<MappedBar>,
 }
 
+/// Fields drop in declaration order, and the order matters: the BAR mmaps hold the device file open, and
+/// while it is open the kernel refuses VFIO_GROUP_UNSET_CONTAINER (EBUSY), which `VfioDevice`'s drop does.
 pub struct VfioBackend {
-    container: Arc<VfioContainer>,
-    device: VfioDevice,
     bars: Vec<Option<Bar>>,
     msix: std::sync::Mutex<Vec<EventFd>>,
+    device: VfioDevice,
+    container: Arc<VfioContainer>,
     sysfs: PathBuf,
 }
 
