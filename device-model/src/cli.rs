@@ -17,6 +17,8 @@ pub const RCV_ARRAY_GRANULE: u32 = 512;
 pub const MAX_RCV_ARRAY_ENTRIES: u32 = crate::hfi1::MAX_RCV_ARRAY_COUNT as u32;
 /// Largest qhash table the emulation offers.
 pub const MAX_QHASH_CAPACITY: u32 = 65536;
+/// Largest `--worker-spin-us`: the hfi1 engine's limit ([`crate::hfi1::MAX_WORKER_SPIN`]).
+pub const MAX_WORKER_SPIN_US: u64 = crate::hfi1::MAX_WORKER_SPIN.as_micros() as u64;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -168,6 +170,11 @@ pub struct Args {
     /// Capacity of the irdma quad-hash table, 1..=65536 entries [default: the engine's].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_QHASH_CAPACITY)))]
     pub irdma_qhash_capacity: Option<u32>,
+
+    /// How long an idle device worker polls for the next doorbell before it sleeps, in microseconds, 0..=1000
+    /// (both engines) [default: 50]. 0 suits a host with fewer free cores than busy device workers.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=MAX_WORKER_SPIN_US))]
+    pub worker_spin_us: Option<u64>,
 
     /// Serve one client per socket, then exit once every socket has had its client.
     #[arg(long)]

@@ -171,6 +171,7 @@ fn long_help_documents_every_option_and_examples() {
         "--hfi1-contexts <N>",
         "--hfi1-rcvarray-entries <N>",
         "--irdma-qhash-capacity <N>",
+        "--worker-spin-us <US>",
         "--once",
         "--log-level <LEVEL>",
         "Examples:",
@@ -179,4 +180,15 @@ fn long_help_documents_every_option_and_examples() {
     ] {
         assert!(help.contains(needle), "--help lacks {needle}");
     }
+}
+
+#[test]
+fn worker_spin_is_microseconds_from_zero_to_the_engine_limit() {
+    let table: [(&str, Option<u64>); 5] =
+        [("0", Some(0)), ("50", Some(50)), ("1000", Some(1000)), ("1001", None), ("-1", None)];
+    for (given, want) in table {
+        let got = parse(&["--hfi1", "/tmp/h", "--worker-spin-us", given]).ok().map(|a| a.worker_spin_us);
+        assert_eq!(got, want.map(Some), "--worker-spin-us {given}");
+    }
+    assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().worker_spin_us, None);
 }

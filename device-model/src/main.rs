@@ -6,6 +6,7 @@ use std::os::unix::net::UnixListener;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use device_model::cli::{Args, DeviceKind, Listen, Served};
@@ -40,12 +41,18 @@ fn engine_for(args: &Args, kind: DeviceKind) -> Result<Arc<dyn Engine>, String> 
             if let Some(n) = args.hfi1_rcvarray_entries {
                 config.rcv_array_count = n as usize;
             }
+            if let Some(us) = args.worker_spin_us {
+                config.worker_spin = Duration::from_micros(us);
+            }
             Arc::new(Hfi1::new(config).map_err(|e| format!("hfi1: {e}"))?)
         }
         DeviceKind::Irdma => {
             let mut config = IrdmaConfig::default();
             if let Some(n) = args.irdma_qhash_capacity {
                 config.qhash_capacity = n as usize;
+            }
+            if let Some(us) = args.worker_spin_us {
+                config.worker_spin = Duration::from_micros(us);
             }
             Arc::new(Irdma::new(config))
         }
