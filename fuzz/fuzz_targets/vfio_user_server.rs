@@ -33,6 +33,12 @@ const REPLY_DEADLINE: Duration = Duration::from_secs(3);
 /// How long the serving thread may take to return after the client closed.
 const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
 const MAX_OPS: usize = 48;
+/// Stray replies to anything but DMA_READ/WRITE carry ids with this bit set; the harness's own requests count up
+/// from 1 and never reach it. The server answers such a reply with an EINVAL error reply under the same id
+/// (docs/vfio-user.md), which must not be mistaken for the answer to a later request of ours. Stray DMA
+/// replies keep their fuzzed id: the server routes or drops them and never answers.
+const STRAY_ID_BIT: u16 = 0x8000;
+const _: () = assert!(MAX_OPS < STRAY_ID_BIT as usize);
 const MAX_XFER: u32 = 1 << 16;
 
 #[derive(Arbitrary, Debug)]
@@ -390,9 +396,11 @@ fn run(input: Input) {
         match op {
             Op::Disconnect => break,
             Op::StrayReply { command, id, payload } => {
+                let command = command % 20;
+                let dma = command == cmd::DMA_READ || command == cmd::DMA_WRITE;
                 let h = Header {
-                    msg_id: id,
-                    command: command % 20,
+                    msg_id: if dma { id } else { id | STRAY_ID_BIT },
+                    command,
                     msg_size: 16 + payload.len() as u32,
                     flags: hdr_flags::TYPE_REPLY,
                     error: 0,
