@@ -259,11 +259,17 @@ impl Shared {
                         return Err(NoReply::Closed);
                     }
                 }
-                Ok(None) if Instant::now() >= deadline => {
-                    self.release(r);
-                    return Ok(None);
+                Ok(None) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    // The receive timeout is a slice, not the deadline: when less than a slice is left, wait for
+                    // exactly the rest, so a call that times out takes its timeout, not up to a slice more.
+                    let more = !left.is_zero()
+                        && (left >= READ_SLICE || crate::sock::wait_readable(&self.stream, left).unwrap_or(false));
+                    if !more && Instant::now() >= deadline {
+                        self.release(r);
+                        return Ok(None);
+                    }
                 }
-                Ok(None) => {}
                 Err(e) => {
                     tracing::debug!("client connection ends: {e}");
                     self.fail();
