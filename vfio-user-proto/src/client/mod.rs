@@ -145,12 +145,9 @@ impl Client {
         let max_msg_size = config.max_data_xfer_size.saturating_add(MSG_OVERHEAD);
         stream.set_write_timeout(Some(config.timeout))?;
         let caps = Self::negotiate(&stream, &config, max_msg_size)?;
-        // The caller holding the reader role blocks in recvmsg at most this long before it looks at its
-        // deadline again.
-        stream.set_read_timeout(Some(config.timeout.min(reader::READ_SLICE)))?;
         let frames =
             FrameReader::new(FrameLimits { max_msg_size, max_fds: config.max_msg_fds, stall_timeout: config.timeout });
-        let shared = Arc::new(Shared::new(stream, frames, config.max_data_xfer_size)?);
+        let shared = Arc::new(Shared::new(stream, frames, config.max_data_xfer_size, config.timeout)?);
         let s = shared.clone();
         let idle = std::thread::Builder::new().name("vfio-user-client".into()).spawn(move || s.idle_reader())?;
         Ok(Client { shared, idle: Some(idle), next_id: AtomicU16::new(1), config, caps, max_msg_size })

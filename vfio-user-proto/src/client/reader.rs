@@ -35,7 +35,7 @@ pub(crate) const QUIET: Duration = Duration::from_micros(500);
 const IDLE_POLL: Duration = Duration::from_millis(50);
 /// Longest a caller sleeps before it looks at the reader role again (notifications normally wake it).
 const FOLLOWER_SLICE: Duration = Duration::from_millis(20);
-/// The socket's receive timeout: how long the reading caller blocks before it looks at its deadline.
+/// Longest receive timeout of the socket: how long the reading caller blocks before it looks at its deadline.
 pub(crate) const READ_SLICE: Duration = Duration::from_millis(50);
 
 /// A fd-less mapping the client serves itself.
@@ -106,6 +106,10 @@ pub(crate) struct Shared {
     /// The idle reader holds the role (and sits in poll): a caller kicks it through `kick`.
     idle_holds: AtomicBool,
     kick: OwnedFd,
+    /// The socket's receive timeout, and whether it is the whole request timeout (so even the first read of a
+    /// call could block past the deadline).
+    slice: Duration,
+    slice_is_timeout: bool,
     pub backed: RwLock<Vec<Backed>>,
     pub closed: AtomicBool,
     max_xfer: u32,
@@ -133,8 +137,16 @@ fn to_timespec(d: Duration) -> Timespec {
 }
 
 impl Shared {
-    pub(crate) fn new(stream: UnixStream, reader: FrameReader, max_xfer: u32) -> std::io::Result<Self> {
+    /// Takes over `stream` and sets its receive timeout: a slice of `timeout`, at most [`READ_SLICE`].
+    pub(crate) fn new(
+        stream: UnixStream,
+        reader: FrameReader,
+        max_xfer: u32,
+        timeout: Duration,
+    ) -> std::io::Result<Self> {
         let kick = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let slice = timeout.min(READ_SLICE);
+        stream.set_read_timeout(Some(slice))?;
         Ok(Shared {
             stream,
             write_lock: Mutex::new(()),
@@ -145,6 +157,8 @@ impl Shared {
             calls: AtomicU64::new(0),
             idle_holds: AtomicBool::new(false),
             kick,
+            slice,
+            slice_is_timeout: slice == timeout,
             backed: RwLock::new(Vec::new()),
             closed: AtomicBool::new(false),
             max_xfer,
@@ -243,8 +257,27 @@ impl Shared {
     }
 
     /// Reads as the role holder until our reply (`Some`), the deadline (`None`) or the end.
+    ///
+    /// A read blocks for at most the socket's receive timeout (`slice`), which the kernel rounds up to its tick;
+    /// when the deadline is nearer than a slice, the rest is waited for exactly (poll) before reading, so a call
+    /// that times out takes its timeout. With the default timeout (longer than a slice) a reply that comes in
+    /// time costs no clock read and no poll.
     fn lead(&self, mut r: MutexGuard<'_, FrameReader>, id: u16, deadline: Instant) -> Result<Option<Message>, NoReply> {
+        let mut near = self.slice_is_timeout;
         loop {
+            if near {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left < self.slice {
+                    let ready = !left.is_zero() && crate::sock::wait_readable(&self.stream, left).unwrap_or(false);
+                    if !ready {
+                        if Instant::now() >= deadline {
+                            self.release(r);
+                            return Ok(None);
+                        }
+                        continue; // a signal cut the wait short
+                    }
+                }
+            }
             match r.next(&self.stream, Wait::Block) {
                 Ok(Some(m)) if m.header.is_reply() && m.header.msg_id == id => {
                     self.release(r);
@@ -258,18 +291,9 @@ impl Shared {
                         self.release(r);
                         return Err(NoReply::Closed);
                     }
+                    near = true;
                 }
-                Ok(None) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    // The receive timeout is a slice, not the deadline: when less than a slice is left, wait for
-                    // exactly the rest, so a call that times out takes its timeout, not up to a slice more.
-                    let more = !left.is_zero()
-                        && (left >= READ_SLICE || crate::sock::wait_readable(&self.stream, left).unwrap_or(false));
-                    if !more && Instant::now() >= deadline {
-                        self.release(r);
-                        return Ok(None);
-                    }
-                }
+                Ok(None) => near = true,
                 Err(e) => {
                     tracing::debug!("client connection ends: {e}");
                     self.fail();
