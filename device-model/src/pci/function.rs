@@ -64,6 +64,8 @@ pub struct Function {
     dma_refused: Arc<AtomicU64>,
     /// Status bits the DMA path raised, folded into config space under its lock.
     status_events: Arc<AtomicU16>,
+    /// The attached client's DMA space, for `dma_maps`.
+    dma: Mutex<Option<Arc<BusMasterDma>>>,
 }
 
 /// Checks an engine's MSI-X placement and capability layout against its BARs.
@@ -249,6 +251,7 @@ impl Function {
             mmio_refused: AtomicU64::new(0),
             dma_refused: Arc::new(AtomicU64::new(0)),
             status_events: Arc::new(AtomicU16::new(0)),
+            dma: Mutex::new(None),
         })
     }
 
@@ -370,6 +373,27 @@ impl Function {
             return Err(libc::EINVAL);
         }
         Ok(())
+    }
+
+    /// The client's current DMA mappings, for the control socket's `{"cmd":"dma_maps"}`: what a guest kernel
+    /// mapped for the device (one 4 KiB page per map under a vIOMMU), to check programmed addresses against.
+    pub fn dma_maps(&self) -> serde_json::Value {
+        let dma = self.dma.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let regions = dma.and_then(|d| vfio_user_proto::dma::DmaAccess::regions(d.as_ref()));
+        let maps: Vec<serde_json::Value> = regions
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| {
+                serde_json::json!({
+                    "iova": format!("{:#x}", r.iova),
+                    "size": format!("{:#x}", r.size),
+                    "flags": r.flags,
+                    "fd": r.fd_offset.is_some(),
+                    "offset": format!("{:#x}", r.fd_offset.unwrap_or(0)),
+                })
+            })
+            .collect();
+        serde_json::json!({ "maps": maps })
     }
 
     /// A dump for the control socket's `{"cmd":"pci"}`.
@@ -505,12 +529,14 @@ impl Device for Function {
             self.dma_refused.clone(),
             self.status_events.clone(),
         ));
+        *self.dma.lock().unwrap_or_else(|e| e.into_inner()) = Some(dma.clone());
         self.engine.attach(dma, irq);
     }
 
     fn detach(&self) {
         // Stop bus mastering first so any work still running fails its DMA, then let the engine wind down.
         self.power_on_reset();
+        *self.dma.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.engine.detach();
         if let Some(m) = &self.msix {
             m.detach();
