@@ -304,10 +304,12 @@ print(json.dumps(json.loads(f.readline()).get("result"), indent=2))
 PY
 }
 
-# "reads writes" of the chip personality so far in this session ("- -" if the device model does not answer).
+# "reads writes unnamed" of the chip personality so far in this session ("- - -" if the device model does not
+# answer).
 dm_access_totals() {
-    dm_query hfi1-wfr accesses 2>/dev/null | python3 -c 'import json, sys; a = json.load(sys.stdin); print(a["reads"], a["writes"])' \
-        2>/dev/null || echo "- -"
+    dm_query hfi1-wfr accesses 2>/dev/null \
+        | python3 -c 'import json, sys; a = json.load(sys.stdin); print(a["reads"], a["writes"], a["unnamed"])' \
+        2>/dev/null || echo "- - -"
 }
 
 rm -f "$LOG_DIR/deadline" "$LOG_DIR/stalled" "$LOG_DIR/step-accesses"
@@ -452,17 +454,23 @@ def step_accesses():
     marks, out = {}, {}
     for line in read("step-accesses").splitlines():
         parts = line.split()
-        if len(parts) != 4 or not parts[2].isdigit() or not parts[3].isdigit():
+        if len(parts) != 5 or not all(p.isdigit() for p in parts[2:]):
             continue
-        name, edge, r, w = parts[0], parts[1], int(parts[2]), int(parts[3])
+        name, edge, counts = parts[0], parts[1], [int(p) for p in parts[2:]]
         if edge == "start":
-            marks[name] = (r, w)
+            marks[name] = counts
         elif name in marks:
-            r0, w0 = marks.pop(name)
-            out[name] = {"reads": r - r0, "writes": w - w0}
+            r0, w0, u0 = marks.pop(name)
+            out[name] = {"reads": counts[0] - r0, "writes": counts[1] - w0, "unnamed": counts[2] - u0}
     return out
 
 stalled = read("stalled").strip()
+if hfi1_wfr == "1":
+    # Every offset the stock driver touches must be a register of the chip: one that is not means the model
+    # (or the driver's reading of it) has a gap.
+    for name, a in step_accesses().items():
+        if a["unnamed"]:
+            problems.append(f"{name}: {a['unnamed']} accesses to offsets the chip's register list does not name")
 accesses = None
 if stalled:
     accesses = load_json("stall-accesses.json")

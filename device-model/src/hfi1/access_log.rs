@@ -21,6 +21,8 @@ struct Entry {
 pub struct AccessLog {
     reads: u64,
     writes: u64,
+    /// Accesses to offsets the kernel's register list does not name: gaps in what the model knows.
+    unnamed: u64,
     recent: VecDeque<Entry>,
 }
 
@@ -31,6 +33,9 @@ impl AccessLog {
             self.writes += 1;
         } else {
             self.reads += 1;
+        }
+        if !names::is_named(offset) {
+            self.unnamed += 1;
         }
         if self.recent.len() == RECENT {
             self.recent.pop_front();
@@ -53,7 +58,7 @@ impl AccessLog {
                 })
             })
             .collect();
-        serde_json::json!({"reads": self.reads, "writes": self.writes, "recent": recent})
+        serde_json::json!({"reads": self.reads, "writes": self.writes, "unnamed": self.unnamed, "recent": recent})
     }
 }
 
@@ -73,5 +78,8 @@ mod tests {
         assert_eq!(recent.len(), RECENT);
         assert_eq!(recent[0]["seq"], 10);
         assert_eq!(recent[RECENT - 1]["csr"], "SEND_CTRL");
+        assert_eq!(d["unnamed"], 0);
+        log.record(false, 0x70_0000, 0);
+        assert_eq!(log.dump()["unnamed"], 1);
     }
 }

@@ -190,6 +190,7 @@ impl Wfr {
     fn note_unnamed(&mut self, offset: u64) {
         if !names::is_named(offset) {
             self.unnamed += 1;
+            tracing::debug!("hfi1-wfr: access to {offset:#x}, which the chip's register list does not name");
         }
     }
 

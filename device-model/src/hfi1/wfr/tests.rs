@@ -383,6 +383,7 @@ fn names_follow_the_kernel() {
         (0x2030000, "PIO_SEND[ctxt 3]"),
         (0x3030000, "PIO_SEND_SOP[ctxt 3]"),
         (0x100010, "CCE_MSIX_TABLE_LOWER[1]"),
+        (0x6001f0, "DCC_PRF_PORT_VL_RCV_DATA_CNT[8]"),
     ];
     for (offset, name) in table {
         assert_eq!(names::name(offset).as_deref(), Some(name), "{offset:#x}");
