@@ -1,0 +1,1 @@
+//! Differential testing: kernel vs udriver.
