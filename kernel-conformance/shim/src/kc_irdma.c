@@ -96,12 +96,12 @@ int kc_irdma_dev_init(struct kc_irdma *k, u32 max_pe_ready_count, u32 max_done_c
 
 	/*
 	 * What irdma_sc_init_iw_hmc would have read from the firmware's FPM values: the device model has no
-	 * HMC, so only the limits irdma_sc_cq_create and irdma_sc_ccq_init check are set (one CQ, the CCQ;
-	 * one CEQ).
+	 * HMC, so only the limits irdma_sc_cq_create and irdma_sc_ccq_init check are set: one CQ (the CCQ),
+	 * and every CEQ id the CQ context can name (IRDMA_CEQ_MAX_COUNT).
 	 */
 	k->hmc_info.hmc_obj[IRDMA_HMC_IW_CQ].max_cnt = 1;
 	k->hmc_info.hmc_obj[IRDMA_HMC_IW_CQ].cnt = 1;
-	k->dev.hmc_fpm_misc.max_ceqs = 1;
+	k->dev.hmc_fpm_misc.max_ceqs = IRDMA_CEQ_MAX_COUNT;
 
 	/* The default VSI as irdma_rt_init_hw makes it; qs_handle comes per command (ice's register_qset). */
 	l2p.mtu = 1500;
