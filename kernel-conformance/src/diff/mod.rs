@@ -25,7 +25,7 @@ use thiserror::Error;
 
 pub use case::{Case, Consume, Step};
 use fake::{Event, CQPDB, CQPERRCODES};
-use sides::{KernelSide, Region, Side, UdriverSide, POISON};
+use sides::{KernelSide, Region, Side, UdriverSide};
 
 /// defs.h: an opcode none of the cases posts, for polls that wait for the wrong one.
 const IRDMA_CQP_OP_NOP: u8 = 0x24;
@@ -108,7 +108,8 @@ fn qword(b: &[u8], i: usize) -> u64 {
 
 /// The rule every CQP WQE builder follows (ctrl.c: IRDMA_CQP_INIT_WQE, the body, `dma_wmb()`, then
 /// `set_64bit_val(wqe, 24, hdr)`), as the device sees it: at the barrier the slot holds the final body and
-/// a zero header; the final header carries the valid bit; no poison is left; a doorbell sees the whole WQE.
+/// a zero header; the final header carries the valid bit; a doorbell sees the whole WQE. (A qword left
+/// unzeroed shows as the two sides' different poison patterns in the WQE comparison.)
 fn check_publication(events: &[Event], slot_watch: usize, final_slot: &[u8], polarity: u8) -> Result<(), String> {
     let wmbs: Vec<&Vec<Vec<u8>>> =
         events.iter().filter_map(|e| if let Event::Wmb { mem } = e { Some(mem) } else { None }).collect();
@@ -116,9 +117,6 @@ fn check_publication(events: &[Event], slot_watch: usize, final_slot: &[u8], pol
     let at_barrier = at_barrier.get(slot_watch).ok_or("slot not watched")?;
     for i in 0..8 {
         let (b, f) = (qword(at_barrier, i), qword(final_slot, i));
-        if f == POISON {
-            return Err(format!("qword {i} was never zeroed"));
-        }
         if i == 3 && b != 0 {
             return Err(format!("header {b:#x} stored before the barrier"));
         }
@@ -188,12 +186,21 @@ impl Run {
     /// Builds one WQE on both sides and checks it.
     fn wqe_step(&mut self, what: String, f: impl Fn(&mut dyn Side) -> i32) -> Result<i32, DiffError> {
         let head = self.k.rings().sq_head;
+        let before = self.k.read_region(Region::SqSlot(head));
         self.k.poison_slot(head);
         self.u.poison_slot(head);
         let regions = self.regions();
         self.begin(what, &regions);
         let (rk, ru) = (f(&mut self.k), f(&mut self.u));
         self.same("return", rk, ru)?;
+        if rk != 0 {
+            // The builder did not take the slot: give it back its contents (the same on both sides).
+            if let Some(b) = &before {
+                let qw: [u64; 8] = std::array::from_fn(|i| qword(b, i));
+                self.k.fill_slot(head, &qw);
+                self.u.fill_slot(head, &qw);
+            }
+        }
         let ke = self.end(false)?;
         if rk == -libc::ENOMEM {
             self.cov.sq_full += 1;

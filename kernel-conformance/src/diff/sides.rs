@@ -88,15 +88,24 @@ pub trait Side {
     fn watch(&self, r: Region) -> Watch;
     /// The device writes CCQ slot `slot` (qw0..qw3, qw3 last).
     fn write_cqe(&self, slot: u32, qw: [u64; 4]);
-    /// The harness fills an SQ slot the driver is about to build, so zeroing is observable.
-    fn poison_slot(&self, idx: u32);
+    /// The harness fills an SQ slot the driver is about to build with this side's own pattern: a qword the
+    /// builder neither zeroes nor writes then differs between the sides.
+    fn poison_slot(&self, idx: u32) {
+        self.fill_slot(idx, &[self.poison(); 8]);
+    }
+    fn poison(&self) -> u64;
+    /// Writes an SQ slot's eight qwords as the harness (poison, or restoring what a refused builder left).
+    fn fill_slot(&self, idx: u32, qw: &[u64; 8]);
     /// Bugs the shim or the kernel code reported (kernel side only).
     fn take_bugs(&self) -> Vec<String> {
         Vec::new()
     }
 }
 
-pub const POISON: u64 = 0xA5A5_A5A5_A5A5_A5A5;
+/// Distinct per side: any 64-bit value is a legal qword (IPv6 address halves), so no single pattern can
+/// be told from data; two different ones can.
+pub const POISON_KERNEL: u64 = 0xA5A5_A5A5_A5A5_A5A5;
+pub const POISON_UDRIVER: u64 = 0x5A5A_5A5A_5A5A_5A5A;
 const WQE: usize = 64;
 const CQE: usize = 32;
 
@@ -292,10 +301,13 @@ impl Side for KernelSide {
             self.k.env().write_u64(base + 8 * i as u64, *q);
         }
     }
-    fn poison_slot(&self, idx: u32) {
+    fn poison(&self) -> u64 {
+        POISON_KERNEL
+    }
+    fn fill_slot(&self, idx: u32, qw: &[u64; 8]) {
         if let Some((va, _)) = self.region(Region::SqSlot(idx)) {
-            for i in 0..8 {
-                self.k.env().write_u64(va + 8 * i, POISON);
+            for (i, q) in qw.iter().enumerate() {
+                self.k.env().write_u64(va + 8 * i as u64, *q);
             }
         }
     }
@@ -619,10 +631,13 @@ impl Side for UdriverSide {
             }
         }
     }
-    fn poison_slot(&self, idx: u32) {
+    fn poison(&self) -> u64 {
+        POISON_UDRIVER
+    }
+    fn fill_slot(&self, idx: u32, qw: &[u64; 8]) {
         if let Some((b, off, _)) = self.region(Region::SqSlot(idx)) {
-            for i in 0..8 {
-                let _ = b.write_u64(off + 8 * i, POISON);
+            for (i, q) in qw.iter().enumerate() {
+                let _ = b.write_u64(off + 8 * i, *q);
             }
         }
     }
