@@ -222,3 +222,40 @@ impl Drop for ShimEnv {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diff::fake::{CreateResponse, FakeIrdma, Trace};
+
+    fn env() -> Arc<ShimEnv> {
+        let fake = FakeIrdma::new(Trace::default(), CreateResponse::Done);
+        ShimEnv::new(Arc::new(DmaPool::new(fake, false)), Delays::Yield).unwrap()
+    }
+
+    #[test]
+    fn a_register_access_outside_bar0_reads_all_ones_and_is_reported() {
+        let e = env();
+        assert_eq!(e.mmio_read32(e.bar_base() + IRDMA_BAR0_SIZE), u32::MAX);
+        e.mmio_write32(e.bar_base().wrapping_sub(4), 1);
+        assert_eq!(e.take_bugs().len(), 2);
+        // GLPCI_LBARCTRL through the window: the fake's PE_DB_SIZE 2.
+        assert_eq!(e.mmio_read32(e.bar_base() + 0x9DE74), 0x20);
+        assert!(e.take_bugs().is_empty());
+    }
+
+    #[test]
+    fn coherent_memory_is_freed_only_with_its_own_address_pair() {
+        let e = env();
+        let (va, pa) = e.dma_alloc(100).unwrap();
+        assert!(e.write_u64(va as u64 + 8, 0x1234));
+        assert_eq!(e.read_u64(va as u64 + 8), Some(0x1234));
+        assert_eq!(e.read_u64(va as u64 + 4096), None, "past the buffer");
+        e.dma_free(va, 100, pa + 0x1000);
+        assert_eq!((e.take_bugs().len(), e.dma_allocations()), (1, 1), "a wrong IOVA keeps the buffer");
+        e.dma_free(va, 100, pa);
+        assert_eq!((e.take_bugs().len(), e.dma_allocations()), (0, 0));
+        e.dma_free(va, 100, pa);
+        assert_eq!(e.take_bugs().len(), 1, "a double free is reported");
+    }
+}

@@ -474,3 +474,34 @@ extern "C" fn shim_free(p: *mut c_void) {
     // SAFETY: `p` came from shim_zalloc (calloc) or is NULL, as kfree's contract requires.
     unsafe { libc::free(p) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rust_mirrors_have_the_c_structs_sizes() {
+        assert!(abi_matches());
+    }
+
+    #[test]
+    fn the_bar_window_names_only_offsets_inside_it() {
+        let w = BarWindow::new(0x1000).unwrap();
+        let b = w.base();
+        let cases = [
+            (b, 4, Some(0)),
+            (b + 0xFFC, 4, Some(0xFFC)),
+            (b + 0xFFD, 4, None),
+            (b - 4, 4, None),
+            (usize::MAX, 4, None),
+        ];
+        for (addr, width, want) in cases {
+            assert_eq!(w.offset_of(addr, width), want, "{addr:#x}+{width}");
+        }
+    }
+
+    #[test]
+    fn a_callback_outside_any_call_gets_the_fallback() {
+        assert_eq!(shim_mmio_read32(std::ptr::null()), u32::MAX);
+    }
+}

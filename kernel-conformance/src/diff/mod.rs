@@ -355,3 +355,47 @@ pub fn run_case(case: &Case) -> Result<Coverage, DiffError> {
     r.simple("irdma_sc_cqp_destroy".into(), |d| d.cqp_destroy())?;
     Ok(r.cov)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(q: [u64; 8]) -> Vec<u8> {
+        q.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+    fn wmb(q: [u64; 8]) -> Event {
+        Event::Wmb { mem: vec![vec![], slot(q)] }
+    }
+    fn db(q: [u64; 8]) -> Event {
+        Event::Write { off: CQPDB, val: 1, mem: vec![vec![], slot(q)] }
+    }
+
+    #[test]
+    fn only_a_barrier_that_changes_nothing_before_a_register_write_is_dropped() {
+        let a = [1, 0, 0, 0, 0, 0, 0, 0];
+        let b = [1, 0, 0, 9, 0, 0, 0, 0];
+        let kept = vec![wmb(a), db(b)];
+        assert_eq!(normalize(kept.clone(), false), kept, "a store between them");
+        assert_eq!(normalize(vec![wmb(b), db(b)], false), vec![db(b)]);
+        let errread = Event::Read { off: CQPERRCODES, val: 5 };
+        assert_eq!(normalize(vec![errread.clone(), Event::Rmb], true), vec![Event::Rmb]);
+        assert_eq!(normalize(vec![errread.clone()], false), vec![errread], "only CQE steps ignore it");
+    }
+
+    #[test]
+    fn the_publication_rule_needs_body_then_barrier_then_valid_header_then_doorbell() {
+        let body = [7, 8, 9, 0, 1, 2, 3, 4];
+        let full = [7, 8, 9, 1 << 63, 1, 2, 3, 4];
+        let cases: [(&str, Vec<Event>, u8, bool); 6] = [
+            ("in order", vec![wmb(body), db(full)], 1, true),
+            ("no barrier", vec![db(full)], 1, false),
+            ("header before the barrier", vec![wmb(full), db(full)], 1, false),
+            ("body after the barrier", vec![wmb([7, 0, 9, 0, 1, 2, 3, 4]), db(full)], 1, false),
+            ("doorbell before the header", vec![wmb(body), db(body)], 1, false),
+            ("wrong valid bit", vec![wmb(body), db(full)], 0, false),
+        ];
+        for (what, events, polarity, ok) in cases {
+            assert_eq!(check_publication(&events, 1, &slot(full), polarity).is_ok(), ok, "{what}");
+        }
+    }
+}
