@@ -43,7 +43,8 @@ proptest! {
                 t.0 += 1;
                 t.1.add(&c);
                 if t.0 == u64::from(cases()) {
-                    eprintln!("{} differential cases, no difference: {:?}", t.0, t.1);
+                    let k = kernel_conformance::KERNEL_SOURCE_VERSION;
+                    eprintln!("{} differential cases against {k}, no difference: {:?}", t.0, t.1);
                 }
             }
             Err(e) => prop_assert!(false, "{e}\ncase: {case:#?}"),
