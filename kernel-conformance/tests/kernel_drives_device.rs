@@ -213,7 +213,9 @@ fn the_kernel_backlog_and_both_rings_wrap_against_the_device() {
             }
             assert_eq!(rig.k.state().backlog_len, 2, "{t:?} round {round}: SQ full, two wait");
             let mut done = Vec::new();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
             while done.len() < 5 {
+                assert!(std::time::Instant::now() < deadline, "{t:?} round {round}: only {done:?} completed");
                 let mut info = KcCqeInfo::default();
                 if rig.k.irdma_sc_ccq_get_cqe_info(&mut info).is_ok() {
                     assert_eq!(info.error, 0, "{t:?} round {round}");
