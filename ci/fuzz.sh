@@ -40,9 +40,9 @@ RDMA_EMU_KERNEL_SRC=$(bash "$REPO_ROOT/ci/kernel-source.sh")
 export RDMA_EMU_KERNEL_SRC
 
 log "fuzz: build ${ALL_TARGETS[*]} (stable, sancov)"
-cargo build --release --target "$TRIPLE" --bins
+cargo build --release --target "$TRIPLE" --bins --features kernel
 log "fuzz: oracle unit tests"
-cargo test --release --target "$TRIPLE" --lib
+cargo test --release --target "$TRIPLE" --lib --features kernel
 
 # Every crash ever found stays fixed: its input is replayed (libFuzzer runs given files once).
 for t in "${TARGETS[@]}"; do
