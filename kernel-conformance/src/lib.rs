@@ -8,6 +8,7 @@ pub mod diff;
 pub mod env;
 mod ffi;
 pub mod kernel;
+pub mod session;
 
 pub use env::{BarrierObserver, Delays, EnvError, ShimEnv};
 pub use kernel::{KernelError, KernelHwAttrs, KernelIrdma};

@@ -284,3 +284,17 @@ fn the_harness_reports_the_kernel_source_it_was_built_from() {
         kernel_conformance::KERNEL_SOURCE_VERSION
     );
 }
+
+#[test]
+fn the_kernel_irdma_session_passes_every_step_on_both_transports() {
+    use kernel_conformance::session::{run_session, SessionOptions};
+    for t in TRANSPORTS {
+        let model = IrdmaModel::new(IrdmaConfig::default(), t).unwrap();
+        let steps = run_session(model.pool.clone(), &SessionOptions { sq_size: 16, ..Default::default() }).unwrap();
+        let failed: Vec<_> = steps.iter().filter(|s| !s.ok).collect();
+        assert!(failed.is_empty(), "{t:?}: {failed:?}");
+        // Bring-up (4), 4 adds, 1 modify, 4 deletes, CCQ and CQP destroy, teardown.
+        assert_eq!(steps.len(), 16, "{t:?}");
+        assert_eq!(model.engine.control(&json!({"cmd": "dump"})).unwrap()["qhash"]["len"], 0);
+    }
+}
