@@ -95,6 +95,12 @@ pub enum Step {
     PollEmpty,
     Arm,
     PostSq,
+    /// `irdma_cfg_ceq` (icrdma_cfg_ceq): GLINT_CEQCTL routing of a CEQ to an MSI-X vector.
+    CfgCeq {
+        ceq_id: u32,
+        idx: u32,
+        enable: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,7 +148,7 @@ impl<'a> Arbitrary<'a> for QhashCfg {
 
 impl<'a> Arbitrary<'a> for Step {
     fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
-        Ok(match u.int_in_range(0..=11u8)? {
+        Ok(match u.int_in_range(0..=12u8)? {
             0..=4 => Step::Qhash { q: u.arbitrary()?, post_sq: u.ratio(7, 8)? },
             5..=8 => Step::Complete {
                 error: u.ratio(1, 4)?,
@@ -157,7 +163,13 @@ impl<'a> Arbitrary<'a> for Step {
             },
             9 => Step::PollEmpty,
             10 => Step::Arm,
-            _ => Step::PostSq,
+            11 => Step::PostSq,
+            // CEQ ids the CQ context can name; vectors that fit MSIX_INDX (10:0).
+            _ => Step::CfgCeq {
+                ceq_id: u.int_in_range(0..=1023)?,
+                idx: u.int_in_range(0..=2047)?,
+                enable: u.arbitrary()?,
+            },
         })
     }
 }

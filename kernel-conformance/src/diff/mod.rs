@@ -296,6 +296,9 @@ impl Run {
                     0
                 })?;
             }
+            Step::CfgCeq { ceq_id, idx, enable } => {
+                self.simple(format!("irdma_cfg_ceq({ceq_id}, {idx}, {enable})"), |d| d.cfg_ceq(ceq_id, idx, enable))?;
+            }
             Step::PostSq => {
                 self.simple("irdma_sc_cqp_post_sq".into(), |d| {
                     d.post_sq();

@@ -14,7 +14,7 @@ use udriver::irdma::cqp::{
     irdma_sc_cqp_create, irdma_sc_cqp_destroy, irdma_sc_cqp_init, irdma_sc_cqp_post_sq, IrdmaDcqcnParams,
     IrdmaProtocolUsed,
 };
-use udriver::irdma::dev::{irdma_sc_dev_init, irdma_wait_pe_ready};
+use udriver::irdma::dev::{icrdma_cfg_ceq, irdma_sc_dev_init, irdma_wait_pe_ready};
 use udriver::irdma::qhash::{irdma_sc_manage_qhash_table_entry, IrdmaVsiQos};
 use udriver::irdma::regs::IrdmaHw;
 use udriver::irdma::{
@@ -80,6 +80,7 @@ pub trait Side {
     fn get_cqe_info(&mut self) -> (i32, CqeObs);
     fn poll_for_cqp_op_done(&mut self, op_code: u8) -> (i32, CqeObs);
     fn ccq_arm(&mut self);
+    fn cfg_ceq(&mut self, ceq_id: u32, idx: u32, enable: bool) -> i32;
     fn ccq_destroy(&mut self, scratch: u64) -> i32;
     fn cqp_destroy(&mut self) -> i32;
     fn rings(&self) -> RingObs;
@@ -256,6 +257,10 @@ impl Side for KernelSide {
     }
     fn ccq_arm(&mut self) {
         self.k.irdma_sc_ccq_arm()
+    }
+    fn cfg_ceq(&mut self, ceq_id: u32, idx: u32, enable: bool) -> i32 {
+        self.k.irdma_cfg_ceq(ceq_id, idx, enable);
+        0
     }
     fn ccq_destroy(&mut self, scratch: u64) -> i32 {
         errno(self.k.irdma_sc_ccq_destroy(scratch, true))
@@ -587,6 +592,9 @@ impl Side for UdriverSide {
         if let Some(ccq) = self.ccq.as_ref() {
             let _ = irdma_sc_ccq_arm(ccq);
         }
+    }
+    fn cfg_ceq(&mut self, ceq_id: u32, idx: u32, enable: bool) -> i32 {
+        uerr(icrdma_cfg_ceq(&self.hw, ceq_id, idx, enable))
     }
     fn ccq_destroy(&mut self, scratch: u64) -> i32 {
         let (Some(ccq), Some(cqp)) = (self.ccq.as_mut(), self.cqp.as_mut()) else { return -libc::EINVAL };
