@@ -51,27 +51,6 @@ if [ -n "$HFI1_USER" ]; then
 fi
 [ -f "$INIT_SRC" ] || die "missing $INIT_SRC"
 
-# apt-get download as root into a directory the _apt user cannot enter warns; downloading as root is what we want.
-APT_DL_OPTS=()
-[ "$(id -u)" = 0 ] && APT_DL_OPTS=(-o APT::Sandbox::User=root)
-
-ensure_backports() {
-    if ! grep -rqsE '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-        log "adding bookworm-backports ($(debian_mirror))"
-        apt_add_source rdma-emu-backports.list "deb $(debian_mirror) bookworm-backports main"
-    fi
-    apt_update_once
-}
-
-# Downloads one package (exact version when given) into $2 and prints the .deb path.
-apt_fetch() { # pkg[=version] dir
-    local dir=$2
-    mkdir -p "$dir"
-    rm -f "$dir"/*.deb
-    (cd "$dir" && timeout 1800 apt-get download -q "${APT_DL_OPTS[@]}" "$1" >&2) || die "apt-get download $1 failed"
-    ls "$dir"/*.deb
-}
-
 # --- kernel -----------------------------------------------------------------------------------------------
 # $GUEST_DIR/kernel-<package version>/: vmlinuz, release, modules/ (decompressed .ko), load-order,
 # kdriver/<relative path> (decompressed .ko of $KDRIVER_MODULES and their dependencies), kdriver.rel, .complete
@@ -130,22 +109,15 @@ decompress_ko() { # src dst
 }
 
 fetch_kernel() {
-    ensure_backports
-    local meta_ver dep pkg pkg_ver dir
-    meta_ver=$(apt-cache madison linux-image-amd64 | awk -F'|' '$3 ~ /bookworm-backports/ {gsub(/ /, "", $2); print $2}' \
-        | sort -rV | head -n1)
-    [ -n "$meta_ver" ] || die "bookworm-backports offers no linux-image-amd64 (apt-cache madison linux-image-amd64)"
-    # The metapackage depends on exactly one real image package, e.g. linux-image-6.12.95+deb12-amd64 (= VER).
-    dep=$(apt-cache show "linux-image-amd64=$meta_ver" | sed -n 's/^Depends: //p' | head -n1 | tr ',' '\n' \
-        | sed -n 's/^ *\(linux-image-[0-9][^ ]*\) *(= *\([^)]*\)).*/\1=\2/p' | head -n1)
-    [ -n "$dep" ] || die "cannot resolve linux-image-amd64=$meta_ver to a kernel package"
+    local dep pkg pkg_ver dir
+    dep=$(guest_kernel_package)
     pkg=${dep%%=*}; pkg_ver=${dep#*=}
     dir="$GUEST_DIR/kernel-$pkg_ver"
     if [ -e "$dir/.complete" ] && [ -s "$dir/kdriver.rel" ] && [ -e "$dir/kdriver/modules.builtin" ]; then
         echo "$dir"; return 0
     fi
 
-    log "linux-image-amd64 $meta_ver -> $pkg $pkg_ver: downloading (about 100 MB)"
+    log "guest kernel $pkg $pkg_ver: downloading (about 100 MB)"
     local tmp="$GUEST_DIR/tmp-kernel"
     rm -rf "$tmp" "$dir"
     local deb
