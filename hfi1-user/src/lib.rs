@@ -2,6 +2,12 @@
 //!
 //! - `abi`: the hfi1 user ABI as the guest kernel defines it (ioctls, structs, tidinfo, mmap tokens, the
 //!   TID flow entry of the UREGS page).
+//! - `proto`: the host <-> guest messages, one JSON object per line; `channel` carries them with deadlines.
+//! - `plan` and `pattern`: which packets go where, and the data both sides compute.
 
 pub mod abi;
+pub mod channel;
 pub mod errno;
+pub mod pattern;
+pub mod plan;
+pub mod proto;
