@@ -4,13 +4,14 @@
 //!   TID flow entry of the UREGS page).
 //! - `proto`: the host <-> guest messages, one JSON object per line; `channel` carries them with deadlines.
 //! - `plan` and `pattern`: which packets go where, and the data both sides compute.
-//! - `guest`: the program inside the guest (`hfi1-user`).
+//! - `guest`: the program inside the guest (`hfi1-user`); `host`: the checker/injector (`hfi1-user-host`).
 //! - `sys`: the only `unsafe` (ioctls, mmap, volatile access).
 
 pub mod abi;
 pub mod channel;
 pub mod errno;
 pub mod guest;
+pub mod host;
 pub mod pattern;
 pub mod plan;
 pub mod proto;
