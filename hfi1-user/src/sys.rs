@@ -232,11 +232,14 @@ impl Mapping {
         for p in 0..pages {
             pool.write(p * PAGE, &[0])?;
         }
-        for (slot, src) in interleaved(pages).into_iter().enumerate() {
+        // From here the pool's range empties page by page, and a freed page may be handed to another mapping:
+        // the pool must never be unmapped as a whole again, only what is still its own.
+        let pool = std::mem::ManuallyDrop::new(pool);
+        let order = interleaved(pages);
+        for (slot, &src) in order.iter().enumerate() {
             // SAFETY: both ranges are whole pages inside mappings this function owns (pool page `src` is
-            // moved exactly once, to slot `slot` of `target`, replacing an untouched page there); `pool`
-            // is only unmapped afterwards and never read again.
-            unsafe {
+            // moved exactly once, to slot `slot` of `target`, replacing an untouched page there).
+            let moved = unsafe {
                 mremap_fixed(
                     pool.base.as_ptr().add(src * PAGE).cast(),
                     PAGE,
@@ -244,8 +247,15 @@ impl Mapping {
                     MremapFlags::MAYMOVE,
                     target.base.as_ptr().add(slot * PAGE).cast(),
                 )
+            };
+            if let Err(e) = moved {
+                for &left in &order[slot..] {
+                    // SAFETY: pool pages not moved yet (this one failed, the rest were not tried) are still
+                    // mapped and still ours.
+                    let _ = unsafe { munmap(pool.base.as_ptr().add(left * PAGE).cast(), PAGE) };
+                }
+                return Err(mm_err("mremap a page into the scattered buffer", e));
             }
-            .map_err(|e| mm_err("mremap a page into the scattered buffer", e))?;
         }
         Ok(target)
     }

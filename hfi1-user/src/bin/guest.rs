@@ -122,6 +122,8 @@ fn open_port(path: &Path) -> Result<Port, String> {
     // Raw: no echo, no line editing, no CR/LF translation, bytes as they come.
     let mut t = tcgetattr(&tty).map_err(|e| format!("tcgetattr {shown}: {}", io_error_name(&e.into())))?;
     t.make_raw();
+    // The fastest rate a standard 8250 divisor gives, in case the serial model paces output by it.
+    t.set_speed(115_200).map_err(|e| format!("cfsetspeed {shown}: {}", io_error_name(&e.into())))?;
     tcsetattr(&tty, OptionalActions::Now, &t)
         .map_err(|e| format!("tcsetattr {shown}: {}", io_error_name(&e.into())))?;
     let _ = tcflush(&tty, QueueSelector::IFlush);

@@ -161,41 +161,48 @@ fn run(cfg: &HostConfig, rep: &mut HostReport) -> Result<(), HostError> {
     out
 }
 
-/// The overall verdict: collects every failure into `errors`.
-fn judge(rep: &mut HostReport) {
-    let mut errors = std::mem::take(&mut rep.errors);
-    errors.extend(rep.pre_checks.iter().map(|e| format!("before TID_UPDATE: {e}")));
-    for r in &rep.rounds {
-        if !r.ok {
-            errors.push(format!("round {} failed (see rounds[{}])", r.round, r.round.saturating_sub(1)));
-        }
+/// Every reason the run failed, besides the fatal error that may have stopped it.
+fn verdict_errors(rep: &HostReport) -> Vec<String> {
+    let mut errors: Vec<String> = rep.pre_checks.iter().map(|e| format!("before TID_UPDATE: {e}")).collect();
+    for r in rep.rounds.iter().filter(|r| !r.ok) {
+        errors.push(format!("round {} failed (see rounds[{}])", r.round, r.round.saturating_sub(1)));
     }
-    if let Some(h) = &rep.hello {
-        if rep.rounds.len() != h.rounds as usize {
-            errors.push(format!("{} of the guest's {} rounds ran", rep.rounds.len(), h.rounds));
-        }
-        let sent =
-            |kinds: &[&str]| rep.rounds.iter().flat_map(|r| &r.negatives).any(|n| kinds.contains(&n.kind.as_str()));
-        for (what, kinds) in [
-            ("wrong generation", &["wrong_generation"][..]),
-            ("wrong context", &["wrong_context_absent", "wrong_context_disabled"][..]),
-            ("wrong TID", &["wrong_tid_invalid_entry", "wrong_tid_out_of_range"][..]),
-        ] {
-            if !rep.rounds.is_empty() && !sent(kinds) {
-                errors.push(format!("no {what} packet could be sent in any round"));
-            }
-        }
-    } else if errors.is_empty() {
+    let Some(h) = &rep.hello else {
         errors.push("the guest never said hello".into());
+        return errors;
+    };
+    if rep.rounds.len() != h.rounds as usize {
+        errors.push(format!("{} of the guest's {} rounds ran", rep.rounds.len(), h.rounds));
+    }
+    let sent = |kinds: &[&str]| rep.rounds.iter().flat_map(|r| &r.negatives).any(|n| kinds.contains(&n.kind.as_str()));
+    for (what, kinds) in [
+        ("wrong generation", &["wrong_generation"][..]),
+        ("wrong context", &["wrong_context_absent", "wrong_context_disabled"][..]),
+        ("wrong TID", &["wrong_tid_invalid_entry", "wrong_tid_out_of_range"][..]),
+    ] {
+        if !rep.rounds.is_empty() && !sent(kinds) {
+            errors.push(format!("no {what} packet could be sent in any round"));
+        }
     }
     match &rep.guest_done {
         Some(d) if !d.ok => errors
             .push(format!("the guest reports failure{}", d.error.as_ref().map_or(String::new(), |e| format!(": {e}")))),
-        None if errors.is_empty() => errors.push("the guest did not finish".into()),
+        None => errors.push("the guest did not finish".into()),
         _ => {}
     }
-    rep.ok = errors.is_empty();
-    rep.errors = errors;
+    errors
+}
+
+/// The overall verdict: the fatal error (if any) first, then every other failure.
+fn judge(rep: &mut HostReport) {
+    let fatal = !rep.errors.is_empty();
+    let mut more = verdict_errors(rep);
+    // A stopped run did not finish or said no hello because of the fatal error: say it once.
+    if fatal {
+        more.retain(|e| e != "the guest did not finish" && e != "the guest never said hello");
+    }
+    rep.errors.extend(more);
+    rep.ok = rep.errors.is_empty();
 }
 
 fn session(
@@ -234,9 +241,8 @@ fn session(
             }
             GuestMsg::Done { ok, error } => {
                 rep.guest_done = Some(GuestDone { ok, error });
-                judge(rep);
-                let verdict = HostMsg::Verdict { ok: rep.ok, errors: capped(rep.errors.clone()) };
-                rep.errors.clear();
+                let errors = verdict_errors(rep);
+                let verdict = HostMsg::Verdict { ok: errors.is_empty(), errors: capped(errors) };
                 chan.send(&verdict, cfg.step_timeout)?;
                 return Ok(());
             }
