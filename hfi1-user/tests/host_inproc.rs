@@ -436,6 +436,7 @@ fn run_with(fault: Fault, tag: &str) -> (GuestResult, HostReport, Arc<Hfi1>) {
         step_timeout: Duration::from_secs(60),
         control_timeout: Duration::from_secs(10),
         gpa_check: true,
+        progress: false,
     };
     let listen = cfg.listen.clone();
     let host = std::thread::spawn(move || serve(&cfg));
@@ -449,6 +450,7 @@ fn run_with(fault: Fault, tag: &str) -> (GuestResult, HostReport, Arc<Hfi1>) {
         mtu: 8192,
         hello_timeout: Duration::from_secs(10),
         timeout: Duration::from_secs(60),
+        progress: false,
     };
     let guest = run(&mut kernel, &mut chan, &opts);
     let report = host.join().unwrap();

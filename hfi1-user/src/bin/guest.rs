@@ -52,6 +52,9 @@ struct Cli {
     /// Seconds to wait for each later host message.
     #[arg(long, default_value_t = 300)]
     timeout_s: u64,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
 }
 
 fn parse_u64(s: &str) -> Result<u64, String> {
@@ -145,6 +148,7 @@ fn main() -> ExitCode {
         mtu: cli.mtu,
         hello_timeout: Duration::from_secs(cli.hello_timeout_s),
         timeout: Duration::from_secs(cli.timeout_s),
+        progress: !cli.quiet,
     };
     let port = match open_port(&cli.channel) {
         Ok(p) => p,

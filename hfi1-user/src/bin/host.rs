@@ -49,6 +49,9 @@ struct Cli {
     /// memfd offset is not the guest-physical address).
     #[arg(long)]
     no_gpa_check: bool,
+    /// No progress lines on stderr (the summary is still printed).
+    #[arg(long)]
+    quiet: bool,
 }
 
 fn summary(rep: &HostReport) -> String {
@@ -104,6 +107,7 @@ fn main() -> ExitCode {
         step_timeout: Duration::from_secs(cli.step_timeout_s),
         control_timeout: Duration::from_secs(cli.control_timeout_s),
         gpa_check: !cli.no_gpa_check,
+        progress: !cli.quiet,
     };
     let rep = serve(&cfg);
     eprint!("{}", summary(&rep));

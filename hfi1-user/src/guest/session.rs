@@ -38,6 +38,15 @@ pub struct GuestOptions {
     pub hello_timeout: Duration,
     /// Every later wait for the host (injection of a round takes the longest).
     pub timeout: Duration,
+    /// Progress lines on stderr: an ioctl stuck in the kernel cannot be timed out from here, so the last
+    /// line says where it stopped.
+    pub progress: bool,
+}
+
+fn note(opts: &GuestOptions, msg: std::fmt::Arguments<'_>) {
+    if opts.progress {
+        eprintln!("hfi1-user: {msg}");
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -160,6 +169,7 @@ fn session<C: UserContext, S: Read + Write + AsFd>(
         ))
     })?;
     res.expected_count = Some(e);
+    note(opts, format_args!("context {}:{}, {e} expected entries", facts.info.ctxt, facts.info.subctxt));
     if facts.base.sw_version >> HFI1_SWMAJOR_SHIFT != HFI1_USER_SWMAJOR {
         return Err(GuestError::Setup(format!("USER_INFO sw_version {:#x} is not major 6", facts.base.sw_version)));
     }
@@ -176,6 +186,8 @@ fn session<C: UserContext, S: Read + Write + AsFd>(
         ));
     }
 
+    note(opts, format_args!("flow {} generation {:#x} read back {readback:#x}", opts.flow, opts.generation));
+    note(opts, format_args!("TID_UPDATE of {} pages, one more than a call may pin", e + 1));
     let over = over_limit(ctx, e)?;
     let plan = rounds(default_maps(e), e);
     let hello = Hello {
@@ -195,6 +207,7 @@ fn session<C: UserContext, S: Read + Write + AsFd>(
         rounds: plan.len() as u32,
     };
     res.over_limit = Some(over);
+    note(opts, format_args!("hello sent; {} rounds planned", plan.len()));
     chan.send(&GuestMsg::Hello(hello), opts.timeout)?;
     match chan.recv::<HostMsg>("welcome", opts.hello_timeout)? {
         HostMsg::Welcome { proto, errors, .. } if proto == PROTO_VERSION => res.host_welcome_errors = errors,
@@ -217,6 +230,7 @@ fn session<C: UserContext, S: Read + Write + AsFd>(
             errors: Vec::new(),
         };
         let out = run_round(ctx, chan, opts, maps, &mut rr);
+        note(opts, format_args!("round {}: {}", rr.round, if rr.ok { "ok" } else { "FAILED" }));
         res.rounds.push(rr);
         out?;
     }
@@ -296,6 +310,7 @@ fn register_inject_verify_free<C: UserContext, S: Read + Write + AsFd>(
     let mut reports = Vec::new();
     for (mi, m) in maps.iter().enumerate() {
         for (b, offset) in m.buffers.iter().zip(m.offsets()) {
+            note(opts, format_args!("round {n}: TID_UPDATE buffer {} ({:?}, {} pages)", b.id, m.kind, b.pages));
             let upd = ctx.tid_update(&mems[mi], offset, b.len as usize)?;
             registered.push(Registered { id: b.id, map: mi, offset, pages: b.pages, tidlist: upd.tidlist.clone() });
             let pfns = ctx.pfns(&mems[mi], offset, b.pages as usize)?;
@@ -335,6 +350,7 @@ fn register_inject_verify_free<C: UserContext, S: Read + Write + AsFd>(
             });
         }
     }
+    note(opts, format_args!("round {n}: registered; waiting for the host's packets"));
     chan.send(&GuestMsg::Registered { round: n, buffers: reports }, opts.timeout)?;
     match chan.recv::<HostMsg>("injected", opts.timeout)? {
         HostMsg::Injected(i) if i.round == n => rr.injected = Some(i),
@@ -349,6 +365,14 @@ fn register_inject_verify_free<C: UserContext, S: Read + Write + AsFd>(
     chan.send(&GuestMsg::Verified(verified.clone()), opts.timeout)?;
     rr.verified = Some(verified);
 
+    note(
+        opts,
+        format_args!(
+            "round {n}: {} bytes checked, {} wrong; TID_FREE",
+            rr.verified.as_ref().map_or(0, |v| v.bytes_checked),
+            rr.verified.as_ref().map_or(0, |v| v.mismatch_count)
+        ),
+    );
     let mut freed = Vec::new();
     for r in registered.drain(..) {
         let report = match ctx.tid_free(&r.tidlist) {

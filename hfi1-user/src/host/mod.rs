@@ -33,6 +33,8 @@ pub struct HostConfig {
     /// Match every entry's pages to the guest's page frame numbers (needs fd-backed DMA maps whose file
     /// offset is the guest-physical address, as q35 RAM below 4 GiB has).
     pub gpa_check: bool,
+    /// Progress lines on stderr.
+    pub progress: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -143,13 +143,24 @@ pub fn serve(cfg: &HostConfig) -> HostReport {
     rep
 }
 
+fn note(cfg: &HostConfig, msg: std::fmt::Arguments<'_>) {
+    if cfg.progress {
+        eprintln!("hfi1-user-host: {msg}");
+    }
+}
+
 fn run(cfg: &HostConfig, rep: &mut HostReport) -> Result<(), HostError> {
     // Listen first, so QEMU can connect while we look at the device model.
     let listener = bind(&cfg.listen)?;
     let _unlink = Unlink(&cfg.listen);
     let mut ctl = ControlClient::connect(&cfg.control, &cfg.device, cfg.control_timeout)?;
     ctl.check_device()?;
+    note(
+        cfg,
+        format_args!("listening on {}; device {} on {}", cfg.listen.display(), cfg.device, cfg.control.display()),
+    );
     let stream = accept(&listener, &cfg.listen, cfg.accept_timeout)?;
+    note(cfg, format_args!("connected; waiting up to {:?} for the guest's hello", cfg.hello_timeout));
     let mut chan = LineChannel::new(stream)?;
     let out = session(&mut ctl, &mut chan, cfg, rep);
     rep.noise_lines = chan.noise().0;
@@ -223,6 +234,13 @@ fn session(
             hello.proto
         )));
     }
+    note(
+        cfg,
+        format_args!(
+            "hello: context {}, {} expected entries, {} rounds",
+            hello.info.ctxt, hello.expected_count, hello.rounds
+        ),
+    );
     rep.pre_checks = pre_checks(ctl, &hello)?;
     let welcome = HostMsg::Welcome { proto: PROTO_VERSION, device: cfg.device.clone(), errors: rep.pre_checks.clone() };
     chan.send(&welcome, cfg.step_timeout)?;
@@ -325,7 +343,9 @@ fn host_round(
     hr.skipped_buffers = buffers.iter().map(|b| b.id).filter(|id| !injectable.contains(id)).collect();
     let targets: Vec<&BufferReport> = buffers.iter().filter(|b| injectable.contains(&b.id)).collect();
 
+    note(cfg, format_args!("round {round}: {} TIDs, {} check failures; injecting", check.tids, check.errors.len()));
     let inj = inject_round(ctl, hello, &dump, &targets)?;
+    note(cfg, format_args!("round {round}: {}/{} packets placed", inj.placed, inj.packets));
     hr.packets = inj.packets;
     hr.placed = inj.placed;
     hr.payload_bytes = inj.payload_bytes;
@@ -388,6 +408,7 @@ fn host_round(
     if !verified_ok {
         errors.push("the guest found bytes that differ from what was placed".into());
     }
+    note(cfg, format_args!("round {round}: {}", if hr.ok { "ok" } else { "FAILED" }));
     chan.send(&HostMsg::RoundVerdict { round, ok: hr.ok, errors }, cfg.step_timeout)?;
     Ok(())
 }
@@ -407,6 +428,7 @@ mod tests {
             step_timeout: Duration::from_millis(200),
             control_timeout: Duration::from_secs(1),
             gpa_check: true,
+            progress: false,
         }
     }
 
