@@ -22,15 +22,16 @@ use serde_json::{json, Value};
 use vfio_user_proto::dma::{DmaAccess, HeapMemory};
 
 use hfi1_user::abi::{
-    create_tid, put_tid_value, tid_order, Hfi1BaseInfo, Hfi1CtxtInfo, MmapToken, MmapType, TidInfo, HFI1_CAP_HDRSUPP,
-    HFI1_USER_SWVERSION, RCV_CTXT_CTRL_ENABLE_SMASK, RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK,
+    create_tid, flow_expected_readback, flow_program_value, put_tid_value, tid_order, Hfi1BaseInfo, Hfi1CtxtInfo,
+    MmapToken, MmapType, TidInfo, HFI1_CAP_HDRSUPP, HFI1_USER_SWVERSION, RCV_CTXT_CTRL_ENABLE_SMASK,
+    RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK,
 };
 use hfi1_user::channel::LineChannel;
 use hfi1_user::guest::session::{run, GuestOptions, GuestResult};
 use hfi1_user::guest::{ContextFacts, GuestError, GuestMemory, TidUpdate, UserContext};
 use hfi1_user::host::session::{serve, HostReport};
 use hfi1_user::host::HostConfig;
-use hfi1_user::proto::BufferKind;
+use hfi1_user::proto::{BufferKind, GuestMsg, Hello, HostMsg, PROTO_VERSION};
 use hfi1_user::sys::{interleaved, SysError};
 
 const PAGE: u64 = 4096;
@@ -404,45 +405,72 @@ fn wait_for(path: &Path) {
     }
 }
 
-/// One whole run: the chip set up as the kernel leaves it after ASSIGN_CTXT, the host serving, the guest
-/// session over the mock kernel.
-fn run_with(fault: Fault, tag: &str) -> (GuestResult, HostReport, Arc<Hfi1>) {
-    let dir = tempdir(tag);
-    let dev = Arc::new(Hfi1::new(Hfi1Config::default()).unwrap());
-    let mem = Arc::new(HeapMemory::new());
-    dev.attach(mem.clone(), Arc::new(NoInterrupt));
-    // A kernel context, our user context (ENABLE and TID flows, as user_init does with HDRSUPP), its eager
-    // entries below its expected range (hfi1_setup_eagerbufs), context 1 left disabled.
-    w(&dev, kctxt_csr(RCV_CTXT_CTRL, 0), RCV_CTXT_CTRL_ENABLE_SMASK);
-    w(&dev, kctxt_csr(RCV_CTXT_CTRL, 2), RCV_CTXT_CTRL_ENABLE_SMASK | RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK);
-    w(&dev, kctxt_csr(RCV_TID_CTRL, 2), (u64::from(EXPECTED) >> 3) << 32 | (EXPECTED_BASE >> 3));
-    assert!(mem.map(0x0800_0000, EAGER as usize * PAGE as usize));
-    for i in 0..u64::from(EAGER) {
-        w(&dev, RCV_ARRAY + 8 * (EAGER_BASE + i), put_tid_value(0x0800_0000 + i * PAGE, 1));
+/// The chip as the kernel leaves it after ASSIGN_CTXT, behind a control socket.
+struct Rig {
+    dir: PathBuf,
+    dev: Arc<Hfi1>,
+    mem: Arc<HeapMemory>,
+    maps: Maps,
+    shutdown: Arc<AtomicBool>,
+    server: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Rig {
+    fn new(tag: &str) -> Self {
+        let dir = tempdir(tag);
+        let dev = Arc::new(Hfi1::new(Hfi1Config::default()).unwrap());
+        let mem = Arc::new(HeapMemory::new());
+        dev.attach(mem.clone(), Arc::new(NoInterrupt));
+        // A kernel context, our user context (ENABLE and TID flows, as user_init does with HDRSUPP), its
+        // eager entries below its expected range (hfi1_setup_eagerbufs), context 1 left disabled.
+        w(&dev, kctxt_csr(RCV_CTXT_CTRL, 0), RCV_CTXT_CTRL_ENABLE_SMASK);
+        w(&dev, kctxt_csr(RCV_CTXT_CTRL, 2), RCV_CTXT_CTRL_ENABLE_SMASK | RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK);
+        w(&dev, kctxt_csr(RCV_TID_CTRL, 2), (u64::from(EXPECTED) >> 3) << 32 | (EXPECTED_BASE >> 3));
+        assert!(mem.map(0x0800_0000, EAGER as usize * PAGE as usize));
+        for i in 0..u64::from(EAGER) {
+            w(&dev, RCV_ARRAY + 8 * (EAGER_BASE + i), put_tid_value(0x0800_0000 + i * PAGE, 1));
+        }
+        let maps: Maps = Arc::new(Mutex::new(Vec::new()));
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let target: Arc<dyn ControlTarget> = Arc::new(Wfr { dev: dev.clone(), maps: maps.clone() });
+        let server = serve_control(&dir.join("dm.sock"), vec![target], shutdown.clone()).unwrap();
+        Self { dir, dev, mem, maps, shutdown, server: Some(server) }
     }
 
-    let maps: Maps = Arc::new(Mutex::new(Vec::new()));
-    let control = dir.join("dm.sock");
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let target: Arc<dyn ControlTarget> = Arc::new(Wfr { dev: dev.clone(), maps: maps.clone() });
-    let server = serve_control(&control, vec![target], shutdown.clone()).unwrap();
+    fn host(&self, step_timeout: Duration) -> (PathBuf, std::thread::JoinHandle<HostReport>) {
+        let cfg = HostConfig {
+            listen: self.dir.join("serial.sock"),
+            control: self.dir.join("dm.sock"),
+            device: "hfi1-wfr".into(),
+            accept_timeout: Duration::from_secs(10),
+            hello_timeout: Duration::from_secs(10),
+            step_timeout,
+            control_timeout: Duration::from_secs(10),
+            gpa_check: true,
+            progress: false,
+        };
+        let listen = cfg.listen.clone();
+        let host = std::thread::spawn(move || serve(&cfg));
+        wait_for(&listen);
+        (listen, host)
+    }
+}
 
-    let cfg = HostConfig {
-        listen: dir.join("serial.sock"),
-        control,
-        device: "hfi1-wfr".into(),
-        accept_timeout: Duration::from_secs(10),
-        hello_timeout: Duration::from_secs(10),
-        step_timeout: Duration::from_secs(60),
-        control_timeout: Duration::from_secs(10),
-        gpa_check: true,
-        progress: false,
-    };
-    let listen = cfg.listen.clone();
-    let host = std::thread::spawn(move || serve(&cfg));
-    wait_for(&listen);
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.shutdown.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(s) = self.server.take() {
+            let _ = s.join();
+        }
+    }
+}
+
+/// One whole run: the host serving, the guest session over the mock kernel.
+fn run_with(fault: Fault, tag: &str) -> (GuestResult, HostReport, Arc<Hfi1>) {
+    let rig = Rig::new(tag);
+    let (listen, host) = rig.host(Duration::from_secs(60));
     let mut chan = LineChannel::new(UnixStream::connect(&listen).unwrap()).unwrap();
-    let mut kernel = MockKernel::new(dev.clone(), mem, maps, fault);
+    let mut kernel = MockKernel::new(rig.dev.clone(), rig.mem.clone(), rig.maps.clone(), fault);
     let opts = GuestOptions {
         flow: 5,
         generation: 0x2a5b1,
@@ -453,10 +481,7 @@ fn run_with(fault: Fault, tag: &str) -> (GuestResult, HostReport, Arc<Hfi1>) {
         progress: false,
     };
     let guest = run(&mut kernel, &mut chan, &opts);
-    let report = host.join().unwrap();
-    shutdown.store(true, std::sync::atomic::Ordering::Release);
-    server.join().unwrap();
-    (guest, report, dev)
+    (guest, host.join().unwrap(), rig.dev.clone())
 }
 
 fn counter(dev: &Hfi1, name: &str) -> u64 {
@@ -531,4 +556,42 @@ fn a_valid_entry_no_tid_names_fails_the_check_and_outlives_tid_free() {
     assert_eq!(r1.after_free.iter().map(|i| i.kind).collect::<Vec<_>>(), ["valid_after_free"]);
     assert!(guest.rounds[0].verified.as_ref().unwrap().ok);
     assert!(host.errors.iter().any(|e| e.contains("before TID_UPDATE") || e.contains("round 1 failed")));
+}
+
+#[test]
+fn a_guest_that_goes_silent_after_hello_is_a_timeout_not_a_hang() {
+    let rig = Rig::new("silent");
+    let (listen, host) = rig.host(Duration::from_millis(300));
+    let mut chan = LineChannel::new(UnixStream::connect(&listen).unwrap()).unwrap();
+    let kernel = MockKernel::new(rig.dev.clone(), rig.mem.clone(), rig.maps.clone(), Fault::None);
+    let hello = Hello {
+        proto: PROTO_VERSION,
+        info: kernel.facts().info,
+        expected_count: EXPECTED,
+        hw_version: 0,
+        sw_version: HFI1_USER_SWVERSION,
+        flow: 5,
+        generation: 0x2a5b1,
+        flow_value: flow_program_value(0x2a5b1),
+        flow_readback: flow_expected_readback(0x2a5b1),
+        seed: 1,
+        mtu: 8192,
+        over_limit_pages: EXPECTED + 1,
+        over_limit_errno: Some("EINVAL".into()),
+        rounds: 1,
+    };
+    let start = Instant::now();
+    chan.send(&GuestMsg::Hello(hello), Duration::from_secs(5)).unwrap();
+    assert!(matches!(chan.recv::<HostMsg>("welcome", Duration::from_secs(10)).unwrap(), HostMsg::Welcome { .. }));
+    // Nothing more from us: the host gives up after its step timeout and says so to both sides.
+    let told = chan.recv::<HostMsg>("abort", Duration::from_secs(10)).unwrap();
+    let report = host.join().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(matches!(told, HostMsg::Abort { ref error } if error.contains("timed out")), "{told:?}");
+    assert!(!report.ok);
+    assert!(
+        report.errors[0].contains("timed out") && report.errors[0].contains("registered or done"),
+        "{:?}",
+        report.errors
+    );
 }
