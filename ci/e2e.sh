@@ -13,17 +13,18 @@ MODE=both
 if [ "${1:-}" = "--mode" ]; then MODE=$2; shift 2; fi
 
 mapfile -t BINS < <(bash ci/build.sh)
-DM=${BINS[0]} UD=${BINS[1]}
+DM=${BINS[0]} UD=${BINS[1]} HU=${BINS[2]} HUH=${BINS[3]}
 QEMU=$(bash ci/get-qemu.sh)
 export RDMA_EMU_QEMU=$QEMU
 log "building the guest"
-bash ci/build-guest.sh --udriver "$UD" >&2
+bash ci/build-guest.sh --udriver "$UD" --hfi1-user "$HU" >&2
 
 rc=0
 run_mode() { # name, run-qemu options...
     local name=$1; shift
     log "end-to-end run: $name"
-    if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --hfi1-wfr --timing "$@" "${EXTRA[@]}"); then
+    if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --hfi1-user "$HU" --hfi1-user-host "$HUH" \
+        --hfi1-wfr --timing "$@" "${EXTRA[@]}"); then
         # A demo that passes but logs errors (e.g. a teardown the kernel refused) is a failure too.
         if errors=$(python3 -c '
 import json, sys

@@ -24,6 +24,9 @@
 #   --hfi1-params "P"     module parameters of each modprobe hfi1 (default: the small set in docs/hfi1-kernel-driver.md)
 #   --kdriver-timeout S   each kernel-driver step (default 120); a guest too stuck to time out itself is stopped
 #                         by the host, which reports the last CSR accesses
+#   --hfi1-user PATH      static hfi1-user put into the guest: with --hfi1-wfr the guest runs it on /dev/hfi1_0
+#   --hfi1-user-host PATH its host side, started before QEMU on the guest's second serial port; it checks the
+#                         device model's RcvArray against the kernel's TIDs and injects the data
 #   --append "PARAMS"     extra guest kernel parameters
 #   --result FILE         result JSON (default $CARGO_TARGET_DIR or target/, then rdma-emu/result-<mode>.json)
 #   --logs DIR            log directory (default a new /tmp/rdma-emu-run.XXXXXX); kept on failure
@@ -41,7 +44,7 @@ UDRIVER=${RDMA_EMU_UDRIVER:-}
 ACCEL=${RDMA_EMU_ACCEL:-auto}
 KERNEL="" INITRD="" SHARE=1 DEVICES=1 TIMEOUT=600 DEMO_TIMEOUT=120 UARGS="" APPEND_EXTRA=""
 HFI1_ID=1b36:1100 IRDMA_ID=1b36:1101 RESULT="" LOG_DIR="" KEEP_LOGS=0 TIMING=0 QUIET=0
-HFI1_WFR=0 KDRIVER_TIMEOUT=120
+HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST=""
 # Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
 DM_ARGS=() QEMU_EXTRA=()
@@ -64,6 +67,8 @@ while [ $# -gt 0 ]; do
         --hfi1-wfr) HFI1_WFR=1; shift ;;
         --hfi1-params) need $#; HFI1_PARAMS=$2; shift 2 ;;
         --kdriver-timeout) need $#; KDRIVER_TIMEOUT=$2; shift 2 ;;
+        --hfi1-user) need $#; HFI1_USER=$2; shift 2 ;;
+        --hfi1-user-host) need $#; HFI1_USER_HOST=$2; shift 2 ;;
         --append) need $#; APPEND_EXTRA=$2; shift 2 ;;
         --result) need $#; RESULT=$2; shift 2 ;;
         --logs) need $#; LOG_DIR=$2; shift 2 ;;
@@ -84,6 +89,8 @@ is_uint "$DEMO_TIMEOUT" && [ "$DEMO_TIMEOUT" -ge 1 ] || die "--demo-timeout must
 [[ $UARGS != *'"'* ]] || die "--args cannot contain a double quote (it travels on the kernel command line)"
 [[ $HFI1_PARAMS =~ ^[A-Za-z0-9_=,.\ -]*$ ]] || die "--hfi1-params takes name=value words only (it travels on the kernel command line)"
 is_uint "$KDRIVER_TIMEOUT" && [ "$KDRIVER_TIMEOUT" -ge 1 ] || die "--kdriver-timeout must be a number of seconds"
+[ -z "$HFI1_USER_HOST" ] || [ "$HFI1_WFR" = 1 ] || die "--hfi1-user-host needs --hfi1-wfr"
+[ -z "$HFI1_USER_HOST" ] || [ -x "$HFI1_USER_HOST" ] || die "--hfi1-user-host $HFI1_USER_HOST is not executable"
 case "$ACCEL" in auto|tcg|kvm) ;; *) die "--accel must be auto, tcg or kvm" ;; esac
 command -v python3 >/dev/null || apt_install python3
 
@@ -126,6 +133,7 @@ if [ -z "$KERNEL" ] || [ -z "$INITRD" ]; then
     fi
     build_args=()
     [ -n "$UDRIVER" ] && build_args=(--udriver "$UDRIVER")
+    [ -n "$HFI1_USER" ] && build_args+=(--hfi1-user "$HFI1_USER")
     guest=$(bash "$REPO_ROOT/ci/build-guest.sh" "${build_args[@]}") || fail "ci/build-guest.sh failed"
     while IFS='=' read -r k v; do
         case "$k" in KERNEL) KERNEL=$v ;; INITRD) INITRD=$v ;; esac
@@ -313,6 +321,22 @@ dm_access_totals() {
 }
 
 rm -f "$LOG_DIR/deadline" "$LOG_DIR/stalled" "$LOG_DIR/step-accesses"
+
+# The hfi1-user host side listens on the guest's second serial port (QEMU connects to it as a client).
+HU_SOCK="$LOG_DIR/hfi1-user.sock" HU_PID="" HU_STATUS="not started"
+if [ -n "$HFI1_USER_HOST" ] && [ "$DEVICES" = 1 ]; then
+    rm -f "$HU_SOCK" "$LOG_DIR/hfi1-user-host.json"
+    "$HFI1_USER_HOST" --listen "$HU_SOCK" --control "$CONTROL_SOCK" --device hfi1-wfr \
+        --result "$LOG_DIR/hfi1-user-host.json" --accept-timeout-s 60 --hello-timeout-s "$QEMU_TIMEOUT" \
+        --step-timeout-s "$KDRIVER_TIMEOUT" </dev/null >"$LOG_DIR/hfi1-user-host.log" 2>&1 &
+    HU_PID=$!
+    for _ in $(seq 1 100); do [ -S "$HU_SOCK" ] && break; kill -0 "$HU_PID" 2>/dev/null || break; sleep 0.1; done
+    [ -S "$HU_SOCK" ] || fail "hfi1-user-host did not listen on $HU_SOCK within 10 s: $(tail -n 5 "$LOG_DIR/hfi1-user-host.log")"
+    QCMD+=(-chardev "socket,id=hfi1user,path=$HU_SOCK,server=off" -serial chardev:hfi1user)
+    printf '%q ' "${QCMD[@]}" >"$LOG_DIR/qemu-command.txt"
+    echo >>"$LOG_DIR/qemu-command.txt"
+    HU_STATUS="started"
+fi
 deadline_watch &
 WATCH_PID=$!
 log "booting the guest (timeout ${QEMU_TIMEOUT}s; QEMU command in $LOG_DIR/qemu-command.txt)"
@@ -329,6 +353,14 @@ set -e
 T_QEMU_END=$EPOCHREALTIME
 kill "$WATCH_PID" 2>/dev/null || true
 wait "$WATCH_PID" 2>/dev/null || true
+if [ -n "$HU_PID" ]; then
+    # QEMU is gone, so the host side's channel is closed: it finishes at once, or it is stopped.
+    for _ in $(seq 1 100); do kill -0 "$HU_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$HU_PID" 2>/dev/null && { kill -TERM "$HU_PID" 2>/dev/null || true; HU_STATUS="stopped after QEMU exited"; }
+    rc=0; wait "$HU_PID" 2>/dev/null || rc=$?
+    [ "$HU_STATUS" = started ] && HU_STATUS="exited with status $rc"
+    HU_PID=""
+fi
 [ "$QEMU_RC" = 124 ] && log "QEMU did not finish within ${QEMU_TIMEOUT}s"
 # The device model's final state, for the logs: best effort, 10 s at most.
 if [ -n "$DM_PID" ] && [ -S "$CONTROL_SOCK" ]; then
@@ -360,11 +392,11 @@ trap - EXIT
 # --- result -----------------------------------------------------------------------------------------------
 set +e
 python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
-    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" <<'EOF'
+    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" <<'EOF'
 import json, os, sys
 
 (log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
- dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr) = sys.argv[1:]
+ dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status) = sys.argv[1:]
 qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
 
 def read(name):
@@ -432,6 +464,8 @@ if guest is not None:
         if hfi1_wfr == "1":
             expected += ["find-hfi1-wfr", "kdriver-modprobe", "kdriver-sysfs", "kdriver-rmmod", "kdriver-reprobe",
                          "kdriver-rmmod-again", "kdriver-dmesg"]
+            if hu_status != "not started":
+                expected.append("kdriver-user")
     for name in expected:
         if name not in names:
             problems.append(f"step {name} did not run")
@@ -481,6 +515,13 @@ elif hfi1_wfr == "1":
     accesses = ((state.get("hfi1-wfr") or {}).get("accesses") or {}).get("result")
     if any(not s.get("ok") for s in steps if s.get("name", "").startswith("kdriver-")):
         problems.append("kernel-driver step failed; last CSR accesses: " + "; ".join(last_accesses(accesses)))
+hfi1_user_host = None
+if hu_status != "not started":
+    # The host side's own verdict: what it checked of the device model while the guest's kernel ran.
+    hfi1_user_host = load_json("hfi1-user-host.json")
+    if not hu_status.startswith("exited with status 0"):
+        tail = " | ".join(read("hfi1-user-host.log").splitlines()[-3:])
+        problems.append(f"hfi1-user-host {hu_status}: {tail}")
 if qemu_rc == 124:
     problems.append("QEMU timed out")
 elif qemu_rc != 0:
@@ -528,6 +569,7 @@ result = {
     "timing": timing,
     "guest": guest,
     "hfi1_wfr_step_accesses": step_accesses() if hfi1_wfr == "1" else None,
+    "hfi1_user_host": hfi1_user_host,
 }
 tmp = result_path + ".tmp"
 with open(tmp, "w") as f:
