@@ -20,6 +20,14 @@ const PAGE_SIZE: u64 = 4096;
 /// Widths a BAR access may have.
 const BAR_ACCESS_WIDTHS: [usize; 4] = [1, 2, 4, 8];
 
+/// Who answers a trapped BAR access.
+enum BarTarget {
+    Msix,
+    Engine,
+    /// Memory Space Enable is clear: nothing decodes the access.
+    Undecoded,
+}
+
 /// What sits behind a BAR slot.
 enum Bar {
     Engine(BarSpec),
@@ -240,12 +248,12 @@ impl Function {
     }
 
     /// Common checks of a BAR access; returns whether the MSI-X BAR is behind it (else the engine's).
-    fn bar_access(&self, index: u32, offset: u64, len: usize) -> Result<bool, Errno> {
+    fn bar_access(&self, index: u32, offset: u64, len: usize) -> Result<BarTarget, Errno> {
         let i = Self::bar_index(index).ok_or(libc::EINVAL)?;
-        let is_msix = match &self.bars[i] {
+        let target = match &self.bars[i] {
             None => return Err(libc::EINVAL),
-            Some(Bar::Msix) => true,
-            Some(Bar::Engine(_)) => false,
+            Some(Bar::Msix) => BarTarget::Msix,
+            Some(Bar::Engine(_)) => BarTarget::Engine,
         };
         if !BAR_ACCESS_WIDTHS.contains(&len) {
             return Err(libc::EINVAL);
@@ -254,13 +262,20 @@ impl Function {
         if end > self.bar_sizes[i] {
             return Err(libc::EINVAL);
         }
-        // Linux vfio-pci refuses BAR access while memory decoding is off (-EIO); so do we.
+        // As the hardware: with memory decoding off the function does not claim the access (docs/pci.md).
         if self.command.load(Ordering::Acquire) & PCI_COMMAND_MEMORY == 0 {
-            self.mmio_refused.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(device = self.name(), index, offset, "BAR access with Memory Space disabled refused");
-            return Err(libc::EIO);
+            if self.mmio_refused.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(
+                    device = self.name(),
+                    index,
+                    offset,
+                    "BAR access with Memory Space disabled: reads return all-ones, writes are dropped \
+                     (set Command bit 1 first, as pci_enable_device() does)"
+                );
+            }
+            return Ok(BarTarget::Undecoded);
         }
-        Ok(is_msix)
+        Ok(target)
     }
 
     fn config_range(offset: u64, len: usize) -> Result<(), Errno> {
@@ -353,10 +368,10 @@ impl Device for Function {
             }
             return Ok(());
         }
-        if self.bar_access(index, offset, data.len())? {
-            self.msix.as_ref().ok_or(libc::EINVAL)?.read(offset, data);
-        } else {
-            self.engine.mmio_read(index, offset, data);
+        match self.bar_access(index, offset, data.len())? {
+            BarTarget::Msix => self.msix.as_ref().ok_or(libc::EINVAL)?.read(offset, data),
+            BarTarget::Engine => self.engine.mmio_read(index, offset, data),
+            BarTarget::Undecoded => data.fill(0xff),
         }
         Ok(())
     }
@@ -384,10 +399,10 @@ impl Device for Function {
             }
             return Ok(());
         }
-        if self.bar_access(index, offset, data.len())? {
-            self.msix.as_ref().ok_or(libc::EINVAL)?.write(offset, data);
-        } else {
-            self.engine.mmio_write(index, offset, data);
+        match self.bar_access(index, offset, data.len())? {
+            BarTarget::Msix => self.msix.as_ref().ok_or(libc::EINVAL)?.write(offset, data),
+            BarTarget::Engine => self.engine.mmio_write(index, offset, data),
+            BarTarget::Undecoded => {}
         }
         Ok(())
     }
