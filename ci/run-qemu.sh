@@ -240,7 +240,9 @@ QCMD+=(-device "intel-iommu,caching-mode=on"
 [ "$ALLOW_REBOOT" = 1 ] || QCMD+=(-no-reboot)
 if [ "$DEVICES" = 1 ]; then
     for dev in hfi1 irdma; do
-        if [ "$dev" = hfi1 ]; then sock=$HFI1_SOCK; else sock=$IRDMA_SOCK; fi
+        if [ "$dev" = hfi1 ]; then sock=$HFI1_SOCK id=$HFI1_ID; else sock=$IRDMA_SOCK id=$IRDMA_ID; fi
+        # A function the guest does not look for is not attached, so its socket stays free for others.
+        [ "$id" = none ] && continue
         bus=""
         if [ "$HOTPLUG" = 1 ]; then
             QCMD+=(-device "pcie-root-port,id=rp-$dev,chassis=$([ "$dev" = hfi1 ] && echo 1 || echo 2)")

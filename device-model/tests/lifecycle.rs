@@ -88,7 +88,11 @@ impl Drop for Cleanup {
 fn a_second_device_model_on_live_sockets_refuses_and_the_first_keeps_serving() {
     let d = dir("live");
     let first = start(&d);
+    let pid = first.id();
     let mut guard = Cleanup(vec![first], d.clone());
+    let fds_of_first = || std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    std::thread::sleep(Duration::from_millis(200)); // the start-up probes are closed
+    let fds_before = fds_of_first();
     // Each socket alone, so the refusal is about that socket (the others are fresh paths).
     for (i, s) in SOCKETS.iter().enumerate() {
         let other = d.join(format!("other{i}"));
@@ -112,6 +116,12 @@ fn a_second_device_model_on_live_sockets_refuses_and_the_first_keeps_serving() {
             assert!(!other.join(f).exists(), "{s}: the refused process left {f} behind");
         }
     }
+    // The refused processes' probes cost the first nothing.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while fds_of_first() > fds_before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(fds_of_first(), fds_before, "descriptors of the first device model");
     // The first still answers on every socket.
     let c = Client::connect(&d.join("hfi1.sock"), ClientConfig::default()).unwrap();
     let mut ids = [0u8; 4];
