@@ -150,10 +150,7 @@ pub fn serve_control(
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         listener.set_nonblocking(true)
     })();
-    if let Err(e) = started {
-        file.remove();
-        return Err(e);
-    }
+    started?; // on error `file` drops, which removes the socket
     std::thread::Builder::new()
         .name("control-accept".into())
         .spawn(move || accept_loop(listener, file, Arc::from(targets), shutdown))
@@ -203,7 +200,7 @@ fn accept_loop(
     for h in clients {
         let _ = h.join();
     }
-    file.remove();
+    drop(file);
 }
 
 fn reject(mut stream: UnixStream) {

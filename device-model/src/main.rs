@@ -85,16 +85,12 @@ fn run(args: &Args) -> Result<(), String> {
         let engine = engine_for(args, s.kind)?;
         let function = Function::try_new(engine, s.ids).map_err(|e| format!("{}: {e}", s.kind.name()))?;
         let listener = match &s.listen {
-            Listen::Path(p) => match socket_owner::bind(p) {
-                Ok((l, file)) => {
-                    socket_files.push(file);
-                    l
-                }
-                Err(e) => {
-                    socket_files.into_iter().for_each(SocketFile::remove);
-                    return Err(e.to_string());
-                }
-            },
+            Listen::Path(p) => {
+                // Dropped on every way out of `run`, which removes the file.
+                let (l, file) = socket_owner::bind(p).map_err(|e| e.to_string())?;
+                socket_files.push(file);
+                l
+            }
             Listen::Fd(fd) => adopt(*fd)?,
         };
         tracing::info!(
@@ -113,13 +109,8 @@ fn run(args: &Args) -> Result<(), String> {
         Some(path) => {
             let targets: Vec<Arc<dyn ControlTarget>> =
                 functions.iter().map(|f| f.clone() as Arc<dyn ControlTarget>).collect();
-            let handle = match serve_control(path, targets, shutdown.clone()) {
-                Ok(h) => h,
-                Err(e) => {
-                    socket_files.into_iter().for_each(SocketFile::remove);
-                    return Err(format!("control socket {}: {e}", path.display()));
-                }
-            };
+            let handle = serve_control(path, targets, shutdown.clone())
+                .map_err(|e| format!("control socket {}: {e}", path.display()))?;
             tracing::info!("control socket on {}", path.display());
             Some(handle)
         }
@@ -164,6 +155,6 @@ fn run(args: &Args) -> Result<(), String> {
     if let Some(c) = control {
         let _ = c.join();
     }
-    socket_files.into_iter().for_each(SocketFile::remove);
+    drop(socket_files);
     Ok(())
 }

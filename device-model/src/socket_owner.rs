@@ -40,7 +40,8 @@ pub enum OwnError {
 
 pub type Result<T> = std::result::Result<T, OwnError>;
 
-/// The socket file this process bound: removed by [`SocketFile::remove`] if the path still names it.
+/// The socket file this process bound: removed when dropped (or by [`SocketFile::remove`]) if the path still
+/// names it, so every way out of the process but an immediate exit leaves no socket file behind.
 #[derive(Debug)]
 pub struct SocketFile {
     path: PathBuf,
@@ -66,6 +67,12 @@ impl SocketFile {
 
     /// Removes the path if it still is our socket (not one another process bound there since).
     pub fn remove(self) {
+        drop(self);
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
         let ours = match rustix::fs::fstat(&self.inode) {
             Ok(st) => (st.st_dev, st.st_ino),
             Err(e) => {
