@@ -37,7 +37,7 @@ RUN_TIMEOUT=300
 
 mapfile -t BINS < <(bash ci/build.sh)
 DM=${BINS[0]} UD=${BINS[1]}
-QEMU=$(bash ci/get-qemu.sh)
+QEMU=${RDMA_EMU_QEMU:-$(bash ci/get-qemu.sh)}
 export RDMA_EMU_QEMU=$QEMU
 log "building the guest"
 bash ci/build-guest.sh --udriver "$UD" >&2
@@ -202,7 +202,7 @@ scenario_killed() {
     for i in 1 2; do
         run_bg
         if wait_serial "$DEMO_STARTED" 1 180; then
-            sleep 1
+            sleep 0.3 # inside the demo (it takes about a second under TCG)
             kill_qemu
             log "killed: QEMU SIGKILLed during the hfi1 demo (run $i)"
         else

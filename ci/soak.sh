@@ -36,7 +36,7 @@ DM=${BINS[0]} UD=${BINS[1]}
 # The host-side client: the release build (the static one is for the guest, and works here too).
 HOST_UD=$UD
 if [ "$QEMU_RUNS" = 1 ]; then
-    QEMU=$(bash ci/get-qemu.sh)
+    QEMU=${RDMA_EMU_QEMU:-$(bash ci/get-qemu.sh)}
     export RDMA_EMU_QEMU=$QEMU
     log "building the guest"
     bash ci/build-guest.sh --udriver "$UD" >&2
