@@ -376,6 +376,14 @@ mod tests {
         FrameLimits { max_msg_size: 1 << 20, max_fds: 2, stall_timeout: Duration::from_millis(300) }
     }
 
+    /// Both ways of reading: peeking ahead (what every Linux socket gets) and the exact reads of a socket
+    /// that refuses SO_PEEK_OFF.
+    const MODES: [Mode; 2] = [Mode::Unset, Mode::ExactOnly];
+
+    fn reader(mode: Mode) -> FrameReader {
+        FrameReader { mode, ..FrameReader::new(limits()) }
+    }
+
     fn pair() -> (UnixStream, UnixStream) {
         let (a, b) = UnixStream::pair().expect("socketpair");
         b.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
@@ -399,57 +407,63 @@ mod tests {
 
     #[test]
     fn several_messages_in_one_read_come_out_one_by_one_in_order() {
-        let (mut tx, rx) = pair();
-        let mut all = Vec::new();
-        for id in 1..=3u16 {
-            all.extend(raw(id, &vec![id as u8; id as usize * 5]));
+        for mode in MODES {
+            let (mut tx, rx) = pair();
+            let mut all = Vec::new();
+            for id in 1..=3u16 {
+                all.extend(raw(id, &vec![id as u8; id as usize * 5]));
+            }
+            tx.write_all(&all).expect("write");
+            let mut r = reader(mode);
+            for id in 1..=3u16 {
+                let m = next_blocking(&mut r, &rx).expect("message");
+                assert_eq!((m.header.msg_id, m.payload), (id, vec![id as u8; id as usize * 5]));
+            }
+            assert!(matches!(r.next(&rx, Wait::NoWait), Ok(None)));
+            assert!(!r.in_message());
         }
-        tx.write_all(&all).expect("write");
-        let mut r = FrameReader::new(limits());
-        for id in 1..=3u16 {
-            let m = next_blocking(&mut r, &rx).expect("message");
-            assert_eq!((m.header.msg_id, m.payload), (id, vec![id as u8; id as usize * 5]));
-        }
-        assert!(matches!(r.next(&rx, Wait::NoWait), Ok(None)));
-        assert!(!r.in_message());
     }
 
     #[test]
     fn a_message_larger_than_the_buffer_arrives_whole_through_body_mode() {
-        let (tx, rx) = pair();
-        let payload: Vec<u8> = (0..BUF_SIZE * 3 + 7).map(|i| (i % 251) as u8).collect();
-        let p2 = payload.clone();
-        let sender = std::thread::spawn(move || {
-            let mut tx = tx;
-            let m = raw(9, &p2);
-            for piece in m.chunks(5000) {
-                tx.write_all(piece).expect("write");
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            tx
-        });
-        let mut r = FrameReader::new(limits());
-        let m = next_blocking(&mut r, &rx).expect("message");
-        assert_eq!(m.header.msg_id, 9);
-        assert!(m.payload == payload);
-        drop(sender.join());
+        for mode in MODES {
+            let (tx, rx) = pair();
+            let payload: Vec<u8> = (0..BUF_SIZE * 3 + 7).map(|i| (i % 251) as u8).collect();
+            let p2 = payload.clone();
+            let sender = std::thread::spawn(move || {
+                let mut tx = tx;
+                let m = raw(9, &p2);
+                for piece in m.chunks(5000) {
+                    tx.write_all(piece).expect("write");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                tx
+            });
+            let mut r = reader(mode);
+            let m = next_blocking(&mut r, &rx).expect("message");
+            assert_eq!(m.header.msg_id, 9);
+            assert!(m.payload == payload);
+            drop(sender.join());
+        }
     }
 
     #[test]
     fn a_header_split_byte_by_byte_still_frames() {
-        let (mut tx, rx) = pair();
-        let mut r = FrameReader::new(limits());
-        let m = raw(4, &[7; 3]);
-        let (last, head) = m.split_last().expect("not empty");
-        for b in head {
-            tx.write_all(std::slice::from_ref(b)).expect("write");
-            assert!(r.next(&rx, Wait::NoWait).expect("no error").is_none());
-            assert!(r.in_message());
+        for mode in MODES {
+            let (mut tx, rx) = pair();
+            let mut r = reader(mode);
+            let m = raw(4, &[7; 3]);
+            let (last, head) = m.split_last().expect("not empty");
+            for b in head {
+                tx.write_all(std::slice::from_ref(b)).expect("write");
+                assert!(r.next(&rx, Wait::NoWait).expect("no error").is_none());
+                assert!(r.in_message());
+            }
+            tx.write_all(std::slice::from_ref(last)).expect("write");
+            let got = next_blocking(&mut r, &rx).expect("message");
+            assert_eq!((got.header.msg_id, got.payload), (4, vec![7; 3]));
+            assert!(!r.in_message());
         }
-        tx.write_all(std::slice::from_ref(last)).expect("write");
-        let got = next_blocking(&mut r, &rx).expect("message");
-        assert_eq!((got.header.msg_id, got.payload), (4, vec![7; 3]));
-        assert!(!r.in_message());
     }
 
     /// (message id, descriptors) for each of `n` messages read.
@@ -468,73 +482,82 @@ mod tests {
 
     #[test]
     fn descriptors_go_to_the_message_they_were_sent_with() {
-        let (tx, rx) = pair();
-        let file = std::fs::File::open("/dev/null").expect("open");
-        // One send per message (QEMU's pattern), all queued before the first read.
-        send_message(&tx, &Header::command(1, command::DMA_MAP, 4), &[&[1; 4]], &[]).expect("send 1");
-        send_message(&tx, &Header::command(2, command::DMA_MAP, 4), &[&[2; 4]], &[file.as_fd()]).expect("send 2");
-        send_message(&tx, &Header::command(3, command::DMA_MAP, 4), &[&[3; 4]], &[]).expect("send 3");
-        let mut r = FrameReader::new(limits());
-        assert_eq!(ids_and_fds(&mut r, &rx, 3), [(1, 0), (2, 1), (3, 0)]);
+        for mode in MODES {
+            let (tx, rx) = pair();
+            let file = std::fs::File::open("/dev/null").expect("open");
+            // One send per message (QEMU's pattern), all queued before the first read.
+            send_message(&tx, &Header::command(1, command::DMA_MAP, 4), &[&[1; 4]], &[]).expect("send 1");
+            send_message(&tx, &Header::command(2, command::DMA_MAP, 4), &[&[2; 4]], &[file.as_fd()]).expect("send 2");
+            send_message(&tx, &Header::command(3, command::DMA_MAP, 4), &[&[3; 4]], &[]).expect("send 3");
+            let mut r = reader(mode);
+            assert_eq!(ids_and_fds(&mut r, &rx, 3), [(1, 0), (2, 1), (3, 0)]);
+        }
     }
 
     #[test]
     fn descriptors_of_a_send_holding_several_messages_go_to_its_first_message() {
-        let (tx, rx) = pair();
-        let files = null_fds(2);
-        let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
-        // Message 1 alone; messages 2, 3 and 4 in one sendmsg carrying two descriptors; message 5 alone.
-        send_message(&tx, &Header::command(1, command::REGION_READ, 16), &[&[1; 16]], &[]).expect("send 1");
-        let (m3, m4) = (encoded(3, 16), encoded(4, 0));
-        send_message(&tx, &Header::command(2, command::DMA_MAP, 32), &[&[2; 32], &m3, &m4], &fds).expect("send 2-4");
-        send_message(&tx, &Header::command(5, command::REGION_READ, 16), &[&[5; 16]], &[]).expect("send 5");
-        let mut r = FrameReader::new(limits());
-        assert_eq!(ids_and_fds(&mut r, &rx, 5), [(1, 0), (2, 2), (3, 0), (4, 0), (5, 0)]);
-        assert!(matches!(r.next(&rx, Wait::NoWait), Ok(None)));
+        for mode in MODES {
+            let (tx, rx) = pair();
+            let files = null_fds(2);
+            let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+            // Message 1 alone; messages 2, 3 and 4 in one sendmsg carrying two descriptors; message 5 alone.
+            send_message(&tx, &Header::command(1, command::REGION_READ, 16), &[&[1; 16]], &[]).expect("send 1");
+            let (m3, m4) = (encoded(3, 16), encoded(4, 0));
+            send_message(&tx, &Header::command(2, command::DMA_MAP, 32), &[&[2; 32], &m3, &m4], &fds)
+                .expect("send 2-4");
+            send_message(&tx, &Header::command(5, command::REGION_READ, 16), &[&[5; 16]], &[]).expect("send 5");
+            let mut r = reader(mode);
+            assert_eq!(ids_and_fds(&mut r, &rx, 5), [(1, 0), (2, 2), (3, 0), (4, 0), (5, 0)]);
+            assert!(matches!(r.next(&rx, Wait::NoWait), Ok(None)));
+        }
     }
 
     #[test]
     fn descriptors_are_attributed_right_in_every_grouping_of_the_same_messages() {
-        // Four messages cut into sends at message boundaries in every possible way; a send carries one
-        // descriptor when it begins at message 2 or 4, or begins at message 1 and holds message 2. A send's
-        // descriptors belong to its first message (they ride on its first bytes).
-        let sizes = [16usize, 0, 32, 8];
-        for cuts in 0u32..8 {
-            let (tx, rx) = pair();
-            let files = null_fds(2);
-            // Send starts: message 1 always; message k+2 when bit k of `cuts` is set.
-            let starts: Vec<usize> = (0..4).filter(|&i| i == 0 || cuts & (1 << (i - 1)) != 0).collect();
-            let mut expected = Vec::new();
-            for (n, &first) in starts.iter().enumerate() {
-                let last = starts.get(n + 1).copied().unwrap_or(4);
-                let carries = first == 1 || first == 3 || (first == 0 && last > 1);
-                let bytes: Vec<u8> = (first..last).flat_map(|i| encoded(i as u16 + 1, sizes[i])).collect();
-                let fds = if carries { vec![files[n % 2].as_fd()] } else { vec![] };
-                // A send carrying descriptors gives them to its first message.
-                for i in first..last {
-                    expected.push((i as u16 + 1, usize::from(carries && i == first)));
+        for mode in MODES {
+            // Four messages cut into sends at message boundaries in every possible way; a send carries one
+            // descriptor when it begins at message 2 or 4, or begins at message 1 and holds message 2. A send's
+            // descriptors belong to its first message (they ride on its first bytes).
+            let sizes = [16usize, 0, 32, 8];
+            for cuts in 0u32..8 {
+                let (tx, rx) = pair();
+                let files = null_fds(2);
+                // Send starts: message 1 always; message k+2 when bit k of `cuts` is set.
+                let starts: Vec<usize> = (0..4).filter(|&i| i == 0 || cuts & (1 << (i - 1)) != 0).collect();
+                let mut expected = Vec::new();
+                for (n, &first) in starts.iter().enumerate() {
+                    let last = starts.get(n + 1).copied().unwrap_or(4);
+                    let carries = first == 1 || first == 3 || (first == 0 && last > 1);
+                    let bytes: Vec<u8> = (first..last).flat_map(|i| encoded(i as u16 + 1, sizes[i])).collect();
+                    let fds = if carries { vec![files[n % 2].as_fd()] } else { vec![] };
+                    // A send carrying descriptors gives them to its first message.
+                    for i in first..last {
+                        expected.push((i as u16 + 1, usize::from(carries && i == first)));
+                    }
+                    let (h, rest) = bytes.split_at(HEADER_SIZE);
+                    let header = Header::decode(h.first_chunk().expect("header"));
+                    send_message(&tx, &header, &[rest], &fds).expect("send");
                 }
-                let (h, rest) = bytes.split_at(HEADER_SIZE);
-                let header = Header::decode(h.first_chunk().expect("header"));
-                send_message(&tx, &header, &[rest], &fds).expect("send");
+                let mut r = reader(mode);
+                assert_eq!(ids_and_fds(&mut r, &rx, 4), expected, "sends starting at messages {starts:?}");
             }
-            let mut r = FrameReader::new(limits());
-            assert_eq!(ids_and_fds(&mut r, &rx, 4), expected, "sends starting at messages {starts:?}");
         }
     }
 
     #[test]
     fn a_send_starting_inside_a_message_gives_its_descriptors_to_that_message() {
-        let (mut tx, rx) = pair();
-        let file = std::fs::File::open("/dev/null").expect("open");
-        let m = encoded(6, 24);
-        // The header and 8 payload bytes first, then the rest with a descriptor, then a message alone.
-        tx.write_all(&m[..HEADER_SIZE + 8]).expect("write");
-        let mut bytes = m[HEADER_SIZE + 8..].to_vec();
-        bytes.extend_from_slice(&encoded(7, 4));
-        send_raw(&tx, &bytes, &[file.as_fd()]);
-        let mut r = FrameReader::new(limits());
-        assert_eq!(ids_and_fds(&mut r, &rx, 2), [(6, 1), (7, 0)]);
+        for mode in MODES {
+            let (mut tx, rx) = pair();
+            let file = std::fs::File::open("/dev/null").expect("open");
+            let m = encoded(6, 24);
+            // The header and 8 payload bytes first, then the rest with a descriptor, then a message alone.
+            tx.write_all(&m[..HEADER_SIZE + 8]).expect("write");
+            let mut bytes = m[HEADER_SIZE + 8..].to_vec();
+            bytes.extend_from_slice(&encoded(7, 4));
+            send_raw(&tx, &bytes, &[file.as_fd()]);
+            let mut r = reader(mode);
+            assert_eq!(ids_and_fds(&mut r, &rx, 2), [(6, 1), (7, 0)]);
+        }
     }
 
     /// One sendmsg of `bytes` with `fds` attached.
@@ -578,77 +601,103 @@ mod tests {
 
     #[test]
     fn descriptors_are_closed_when_their_message_is_dropped() {
-        let before = std::fs::read_dir("/proc/self/fd").expect("fds").count();
-        {
-            let (tx, rx) = pair();
-            let files = null_fds(3);
-            let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
-            let (m2, m3) = (encoded(2, 4), encoded(3, 4));
-            send_message(&tx, &Header::command(1, command::DMA_MAP, 4), &[&[1; 4], &m2, &m3], &fds).expect("send");
-            let mut r = FrameReader::new(limits());
-            let got = ids_and_fds(&mut r, &rx, 3);
-            assert_eq!(got, [(1, 2), (2, 0), (3, 0)], "two kept (max_fds), the third closed");
+        // Named memfds, so the check counts only this test's descriptors (other tests run alongside).
+        let open_named = |name: &str| {
+            std::fs::read_dir("/proc/self/fd")
+                .expect("fds")
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy().contains(name))
+                .count()
+        };
+        for (k, mode) in MODES.into_iter().enumerate() {
+            let name = format!("frame-reader-drop-{}-{k}", std::process::id());
+            {
+                let (tx, rx) = pair();
+                let files: Vec<OwnedFd> = (0..3)
+                    .map(|_| rustix::fs::memfd_create(&name, rustix::fs::MemfdFlags::CLOEXEC).expect("memfd"))
+                    .collect();
+                let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+                let (m2, m3) = (encoded(2, 4), encoded(3, 4));
+                send_message(&tx, &Header::command(1, command::DMA_MAP, 4), &[&[1; 4], &m2, &m3], &fds).expect("send");
+                drop(fds);
+                drop(files);
+                let mut r = reader(mode);
+                let got = ids_and_fds(&mut r, &rx, 3);
+                assert_eq!(got, [(1, 2), (2, 0), (3, 0)], "two kept (max_fds), the third closed");
+                assert_eq!(open_named(&name), 0, "the messages were dropped, and their descriptors with them");
+            }
         }
-        assert_eq!(std::fs::read_dir("/proc/self/fd").expect("fds").count(), before);
     }
 
     #[test]
     fn descriptors_over_the_limit_are_closed_and_the_message_marked_truncated() {
-        let (tx, rx) = pair();
-        let files: Vec<std::fs::File> = (0..3).map(|_| std::fs::File::open("/dev/null").expect("open")).collect();
-        let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
-        send_message(&tx, &Header::command(5, command::DMA_MAP, 4), &[&[0; 4]], &fds).expect("send");
-        let mut r = FrameReader::new(limits());
-        let m = next_blocking(&mut r, &rx).expect("message");
-        // max_fds 2: the control buffer holds two, the kernel cuts the third (MSG_CTRUNC).
-        assert!(m.fds_truncated);
-        assert!(m.fds.len() <= 2);
+        for mode in MODES {
+            let (tx, rx) = pair();
+            let files: Vec<std::fs::File> = (0..3).map(|_| std::fs::File::open("/dev/null").expect("open")).collect();
+            let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+            send_message(&tx, &Header::command(5, command::DMA_MAP, 4), &[&[0; 4]], &fds).expect("send");
+            let mut r = reader(mode);
+            let m = next_blocking(&mut r, &rx).expect("message");
+            // max_fds 2: the control buffer holds two, the kernel cuts the third (MSG_CTRUNC).
+            assert!(m.fds_truncated);
+            assert!(m.fds.len() <= 2);
+        }
     }
 
     #[test]
     fn a_message_sent_from_more_parts_than_the_inline_iovec_arrives_intact() {
-        let (tx, rx) = pair();
-        let parts: Vec<Vec<u8>> = (0..12u8).map(|k| vec![k; usize::from(k) + 1]).collect();
-        let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
-        let len = parts.iter().map(|p| p.len()).sum();
-        send_message(&tx, &Header::command(8, command::REGION_WRITE, len), &refs, &[]).expect("send");
-        let m = next_blocking(&mut FrameReader::new(limits()), &rx).expect("message");
-        assert_eq!((m.header.msg_id, m.payload), (8, parts.concat()));
+        for mode in MODES {
+            let (tx, rx) = pair();
+            let parts: Vec<Vec<u8>> = (0..12u8).map(|k| vec![k; usize::from(k) + 1]).collect();
+            let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+            let len = parts.iter().map(|p| p.len()).sum();
+            send_message(&tx, &Header::command(8, command::REGION_WRITE, len), &refs, &[]).expect("send");
+            let m = next_blocking(&mut reader(mode), &rx).expect("message");
+            assert_eq!((m.header.msg_id, m.payload), (8, parts.concat()));
+        }
     }
 
     #[test]
     fn bad_sizes_are_reported_with_the_header() {
-        for (size, what) in [(8u32, "below the header"), ((1 << 20) + 1, "above the limit")] {
-            let (mut tx, rx) = pair();
-            let mut h = Header::command(6, command::REGION_READ, 0);
-            h.msg_size = size;
-            tx.write_all(&h.encode()).expect("write");
-            let mut r = FrameReader::new(limits());
-            match next_blocking(&mut r, &rx) {
-                Err(FrameError::BadSize { header, size: s, .. }) => assert_eq!((header.msg_id, s), (6, size), "{what}"),
-                other => panic!("{what}: {other:?}"),
+        for mode in MODES {
+            for (size, what) in [(8u32, "below the header"), ((1 << 20) + 1, "above the limit")] {
+                let (mut tx, rx) = pair();
+                let mut h = Header::command(6, command::REGION_READ, 0);
+                h.msg_size = size;
+                tx.write_all(&h.encode()).expect("write");
+                let mut r = reader(mode);
+                match next_blocking(&mut r, &rx) {
+                    Err(FrameError::BadSize { header, size: s, .. }) => {
+                        assert_eq!((header.msg_id, s), (6, size), "{what}")
+                    }
+                    other => panic!("{what}: {other:?}"),
+                }
             }
         }
     }
 
     #[test]
     fn end_of_stream_is_closed_between_messages_and_truncated_inside_one() {
-        let (tx, rx) = pair();
-        drop(tx);
-        assert!(matches!(FrameReader::new(limits()).next(&rx, Wait::Block), Err(FrameError::Closed)));
-        let (mut tx, rx) = pair();
-        tx.write_all(&raw(1, &[0; 32])[..20]).expect("write");
-        drop(tx);
-        assert!(matches!(next_blocking(&mut FrameReader::new(limits()), &rx), Err(FrameError::Truncated)));
+        for mode in MODES {
+            let (tx, rx) = pair();
+            drop(tx);
+            assert!(matches!(reader(mode).next(&rx, Wait::Block), Err(FrameError::Closed)));
+            let (mut tx, rx) = pair();
+            tx.write_all(&raw(1, &[0; 32])[..20]).expect("write");
+            drop(tx);
+            assert!(matches!(next_blocking(&mut reader(mode), &rx), Err(FrameError::Truncated)));
+        }
     }
 
     #[test]
     fn a_peer_stalling_inside_a_message_times_out_but_an_idle_one_does_not() {
-        let (mut tx, rx) = pair();
-        let mut r = FrameReader::new(limits());
-        std::thread::sleep(Duration::from_millis(350));
-        assert!(matches!(r.next(&rx, Wait::Block), Ok(None)), "idle between messages is fine");
-        tx.write_all(&raw(1, &[0; 32])[..20]).expect("write");
-        assert!(matches!(next_blocking(&mut r, &rx), Err(FrameError::Timeout)));
+        for mode in MODES {
+            let (mut tx, rx) = pair();
+            let mut r = reader(mode);
+            std::thread::sleep(Duration::from_millis(350));
+            assert!(matches!(r.next(&rx, Wait::Block), Ok(None)), "idle between messages is fine");
+            tx.write_all(&raw(1, &[0; 32])[..20]).expect("write");
+            assert!(matches!(next_blocking(&mut r, &rx), Err(FrameError::Timeout)));
+        }
     }
 }
