@@ -122,15 +122,22 @@ fn probe(path: &Path) -> Result<Found> {
     }
 }
 
-/// The directory lock, held while probing and binding.
-fn lock_dir(dir: &Path) -> Result<OwnedFd> {
+/// The directory lock, held while probing and binding. `None` for a directory we may not read (flock needs
+/// an open directory): binding there goes on without the lock.
+fn lock_dir(dir: &Path) -> Result<Option<OwnedFd>> {
     let lock_err = |e: std::io::Error| OwnError::Lock { dir: dir.into(), source: e };
-    let fd = open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| lock_err(e.into()))?;
+    let fd = match open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::ACCESS) => {
+            tracing::warn!("cannot open {} to lock it; binding without the lock", dir.display());
+            return Ok(None);
+        }
+        Err(e) => return Err(lock_err(e.into())),
+    };
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
         match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Ok(fd),
+            Ok(()) => return Ok(Some(fd)),
             Err(Errno::WOULDBLOCK) | Err(Errno::INTR) if Instant::now() < deadline => std::thread::sleep(LOCK_RETRY),
             Err(e) => return Err(lock_err(e.into())),
         }
