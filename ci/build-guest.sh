@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the test guest: Debian's bookworm-backports kernel plus a busybox initramfs holding the vfio modules,
-# ci/guest/init and (optionally) a static udriver. The kernel is only unpacked, never installed on the host.
+# the stock hfi1 driver with its dependencies (for modprobe), ci/guest/init and (optionally) a static udriver
+# and the hfi1-user test program. The kernel is only unpacked, never installed on the host.
 #
-#   ci/build-guest.sh [--udriver PATH] [--out DIR] [--refresh]
+#   ci/build-guest.sh [--udriver PATH] [--hfi1-user PATH] [--out DIR] [--refresh]
 #
 # Prints on stdout, one per line: KERNEL=<vmlinuz> INITRD=<initramfs.cpio.gz> KVER=<kernel release>.
 # The kernel and busybox are cached under $CACHE_DIR/guest; only the cpio is rebuilt when its inputs change.
@@ -13,11 +14,13 @@ source "$(dirname "$0")/lib.sh"
 usage() { sed -n '2,12s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 UDRIVER=""
+HFI1_USER=""
 OUT_DIR=""
 REFRESH=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --udriver) [ $# -ge 2 ] || usage; UDRIVER=$2; shift 2 ;;
+        --hfi1-user) [ $# -ge 2 ] || usage; HFI1_USER=$2; shift 2 ;;
         --out) [ $# -ge 2 ] || usage; OUT_DIR=$2; shift 2 ;;
         --refresh) REFRESH=1; shift ;;
         -h|--help) usage 0 ;;
@@ -25,8 +28,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-# The modules the init loads; their dependencies come from modules.dep.
+# The modules the init loads at boot; their dependencies come from modules.dep.
 GUEST_MODULES=(irqbypass vfio vfio_iommu_type1 vfio-pci-core vfio-pci)
+# Kernel drivers the init loads later with modprobe (from /lib/modules/<release>, with a modules.dep).
+KDRIVER_MODULES=(hfi1)
 GUEST_DIR="$CACHE_DIR/guest"
 INIT_SRC="$REPO_ROOT/ci/guest/init"
 mkdir -p "$GUEST_DIR"
@@ -40,44 +45,30 @@ if [ -n "$UDRIVER" ]; then
     [ -f "$UDRIVER" ] && [ -x "$UDRIVER" ] || die "--udriver $UDRIVER is not an executable file"
     UDRIVER=$(cd "$(dirname "$UDRIVER")" && pwd)/$(basename "$UDRIVER")
 fi
+if [ -n "$HFI1_USER" ]; then
+    [ -f "$HFI1_USER" ] && [ -x "$HFI1_USER" ] || die "--hfi1-user $HFI1_USER is not an executable file"
+    HFI1_USER=$(cd "$(dirname "$HFI1_USER")" && pwd)/$(basename "$HFI1_USER")
+fi
 [ -f "$INIT_SRC" ] || die "missing $INIT_SRC"
 
-# apt-get download as root into a directory the _apt user cannot enter warns; downloading as root is what we want.
-APT_DL_OPTS=()
-[ "$(id -u)" = 0 ] && APT_DL_OPTS=(-o APT::Sandbox::User=root)
-
-ensure_backports() {
-    if ! grep -rqsE '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-        log "adding bookworm-backports ($(debian_mirror))"
-        apt_add_source rdma-emu-backports.list "deb $(debian_mirror) bookworm-backports main"
-    fi
-    apt_update_once
-}
-
-# Downloads one package (exact version when given) into $2 and prints the .deb path.
-apt_fetch() { # pkg[=version] dir
-    local dir=$2
-    mkdir -p "$dir"
-    rm -f "$dir"/*.deb
-    (cd "$dir" && timeout 1800 apt-get download -q "${APT_DL_OPTS[@]}" "$1" >&2) || die "apt-get download $1 failed"
-    ls "$dir"/*.deb
-}
-
 # --- kernel -----------------------------------------------------------------------------------------------
-# $GUEST_DIR/kernel-<package version>/: vmlinuz, release, modules/ (decompressed .ko), load-order, .complete
+# $GUEST_DIR/kernel-<package version>/: vmlinuz, release, modules/ (decompressed .ko), load-order,
+# kdriver/<relative path> (decompressed .ko of $KDRIVER_MODULES and their dependencies), kdriver.rel, .complete
 newest_cached_kernel() {
     local d
     for d in $(ls -d "$GUEST_DIR"/kernel-* 2>/dev/null | sort -rV); do
-        [ -e "$d/.complete" ] && { echo "$d"; return 0; }
+        # A cache entry from before the kernel drivers were added is not complete for this script.
+        [ -e "$d/.complete" ] && [ -s "$d/kdriver.rel" ] && [ -e "$d/kdriver/modules.builtin" ] && { echo "$d"; return 0; }
     done
     return 1
 }
 
-# Prints the module names (as in modules.dep, relative paths) needed for $GUEST_MODULES, dependencies first.
+# Prints the module names (as in modules.dep, relative paths) needed for the given modules, dependencies first.
 # Depth-first walk over modules.dep; builtin modules are skipped, an unknown one is an error.
-resolve_modules() { # moddir
+resolve_modules() { # moddir module...
     local dep=$1/modules.dep builtin=$1/modules.builtin
-    awk -v wanted="${GUEST_MODULES[*]}" -v builtin_file="$builtin" '
+    shift
+    awk -v wanted="$*" -v builtin_file="$builtin" '
         function norm(p,   b) { b = p; sub(/.*\//, "", b); sub(/\.ko(\.(xz|zst|gz))?$/, "", b); gsub(/-/, "_", b); return b }
         function visit(name,   i, n, parts) {
             if (name in done) return
@@ -118,20 +109,15 @@ decompress_ko() { # src dst
 }
 
 fetch_kernel() {
-    ensure_backports
-    local meta_ver dep pkg pkg_ver dir
-    meta_ver=$(apt-cache madison linux-image-amd64 | awk -F'|' '$3 ~ /bookworm-backports/ {gsub(/ /, "", $2); print $2}' \
-        | sort -rV | head -n1)
-    [ -n "$meta_ver" ] || die "bookworm-backports offers no linux-image-amd64 (apt-cache madison linux-image-amd64)"
-    # The metapackage depends on exactly one real image package, e.g. linux-image-6.12.95+deb12-amd64 (= VER).
-    dep=$(apt-cache show "linux-image-amd64=$meta_ver" | sed -n 's/^Depends: //p' | head -n1 | tr ',' '\n' \
-        | sed -n 's/^ *\(linux-image-[0-9][^ ]*\) *(= *\([^)]*\)).*/\1=\2/p' | head -n1)
-    [ -n "$dep" ] || die "cannot resolve linux-image-amd64=$meta_ver to a kernel package"
+    local dep pkg pkg_ver dir
+    dep=$(guest_kernel_package)
     pkg=${dep%%=*}; pkg_ver=${dep#*=}
     dir="$GUEST_DIR/kernel-$pkg_ver"
-    if [ -e "$dir/.complete" ]; then echo "$dir"; return 0; fi
+    if [ -e "$dir/.complete" ] && [ -s "$dir/kdriver.rel" ] && [ -e "$dir/kdriver/modules.builtin" ]; then
+        echo "$dir"; return 0
+    fi
 
-    log "linux-image-amd64 $meta_ver -> $pkg $pkg_ver: downloading (about 100 MB)"
+    log "guest kernel $pkg $pkg_ver: downloading (about 100 MB)"
     local tmp="$GUEST_DIR/tmp-kernel"
     rm -rf "$tmp" "$dir"
     local deb
@@ -160,7 +146,8 @@ fetch_kernel() {
     echo "$kver" >"$dir.part/release"
     echo "$pkg $pkg_ver" >"$dir.part/package"
     local rel out
-    resolve_modules "$moddir" >"$dir.part/modules.rel" || die "module resolution failed for ${GUEST_MODULES[*]}"
+    resolve_modules "$moddir" "${GUEST_MODULES[@]}" >"$dir.part/modules.rel" \
+        || die "module resolution failed for ${GUEST_MODULES[*]}"
     : >"$dir.part/load-order"
     while read -r rel; do
         out=$(basename "$rel"); out=${out%.xz}; out=${out%.zst}; out=${out%.gz}
@@ -168,6 +155,21 @@ fetch_kernel() {
         echo "$out" >>"$dir.part/load-order"
     done <"$dir.part/modules.rel"
     log "kernel $kver: modules $(tr '\n' ' ' <"$dir.part/load-order")"
+    # The kernel drivers keep their tree layout: the guest's modprobe finds them through modules.dep.
+    resolve_modules "$moddir" "${KDRIVER_MODULES[@]}" >"$dir.part/kdriver.rel.tmp" \
+        || die "module resolution failed for ${KDRIVER_MODULES[*]}"
+    : >"$dir.part/kdriver.rel"
+    while read -r rel; do
+        out=${rel%.xz}; out=${out%.zst}; out=${out%.gz}
+        mkdir -p "$dir.part/kdriver/$(dirname "$out")"
+        decompress_ko "$moddir/$rel" "$dir.part/kdriver/$out"
+        echo "$out" >>"$dir.part/kdriver.rel"
+    done <"$dir.part/kdriver.rel.tmp"
+    rm -f "$dir.part/kdriver.rel.tmp"
+    # depmod and modprobe in the guest want these next to modules.dep.
+    cp "$moddir/modules.builtin" "$moddir/modules.builtin.modinfo" "$dir.part/kdriver/"
+    cp "$dir.part/kdriver.rel" "$dir.part/kdriver/modules.order"
+    log "kernel $kver: kernel drivers $(sed 's|.*/||' "$dir.part/kdriver.rel" | tr '\n' ' ')"
     touch "$dir.part/.complete"
     mv "$dir.part" "$dir"
     rm -rf "$tmp"
@@ -234,15 +236,23 @@ else
     UDRIVER_SUM=none
     log "no --udriver given: the guest will boot and report that udriver is missing"
 fi
+if [ -n "$HFI1_USER" ]; then
+    udriver_is_static "$HFI1_USER" || die "$HFI1_USER is dynamically linked; build it with -C target-feature=+crt-static"
+    HFI1_USER_SUM=$(sha256sum "$HFI1_USER" | cut -c1-64)
+else
+    HFI1_USER_SUM=none
+fi
 
 # Everything the cpio depends on; identical inputs mean the existing cpio is reused.
 INPUTS=$({
-    echo "format 1"
+    echo "format 2"
     echo "kernel $(cat "$KDIR/package")"
     echo "busybox $(cat "$BBDIR/version")"
     echo "init $(sha256sum <"$INIT_SRC" | cut -c1-64)"
     echo "udriver $UDRIVER_SUM"
+    echo "hfi1-user $HFI1_USER_SUM"
     (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
+    (cd "$KDIR/kdriver" && xargs sha256sum <"$KDIR/kdriver.rel")
 })
 if [ -z "$OUT_DIR" ]; then
     OUT_DIR="$GUEST_DIR/out/$(printf '%s\n' "$INPUTS" | sha256sum | cut -c1-16)"
@@ -272,12 +282,22 @@ else
     done
     cp "$KDIR"/modules/*.ko "$STAGE/lib/modules/"
     cp "$KDIR/load-order" "$STAGE/lib/modules/load-order"
+    while read -r rel; do
+        mkdir -p "$STAGE/lib/modules/$KVER/$(dirname "$rel")"
+        cp "$KDIR/kdriver/$rel" "$STAGE/lib/modules/$KVER/$rel"
+    done <"$KDIR/kdriver.rel"
+    cp "$KDIR"/kdriver/modules.{builtin,builtin.modinfo,order} "$STAGE/lib/modules/$KVER/"
+    depmod=$(PATH="$PATH:/usr/sbin:/sbin" command -v depmod || true)
+    [ -n "$depmod" ] || { apt_install kmod; depmod=$(PATH="$PATH:/usr/sbin:/sbin" command -v depmod); }
+    "$depmod" -b "$STAGE" "$KVER" || die "depmod failed for the guest's kernel drivers"
     install -m 0755 "$INIT_SRC" "$STAGE/init"
     [ -n "$UDRIVER" ] && install -m 0755 "$UDRIVER" "$STAGE/bin/udriver"
+    [ -n "$HFI1_USER" ] && install -m 0755 "$HFI1_USER" "$STAGE/bin/hfi1-user"
     cat >"$STAGE/etc/rdma-emu-guest" <<EOF
 kernel=$(cat "$KDIR/package")
 busybox=$(cat "$BBDIR/version")
 udriver_sha256=$UDRIVER_SUM
+hfi1_user_sha256=$HFI1_USER_SUM
 EOF
     (cd "$STAGE" && find . -mindepth 1 | LC_ALL=C sort | "${CPIO[@]}") | gzip -6n >"$INITRD.tmp"
     mv "$INITRD.tmp" "$INITRD"

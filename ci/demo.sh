@@ -25,6 +25,33 @@ for step in r["guest"]["steps"]:
         d = s["detail"]
         d = d if isinstance(d, str) else json.dumps(d)
         print(f"  [{' ok ' if s['ok'] else 'FAIL'}] {s['name']:<48} {d[:110]}")
+kdrv = [s for s in r["guest"]["steps"] if s["name"].startswith("kdriver-") or s["name"] == "find-hfi1-wfr"]
+if kdrv:
+    ok = all(s["ok"] for s in kdrv)
+    print(f"\nthe guest's own hfi1 driver on the emulated HFI (8086:24f0): {'OK' if ok else 'FAILED'}")
+    acc = r.get("hfi1_wfr_step_accesses") or {}
+    for s in kdrv:
+        name = s["name"]
+        if not s["ok"]:
+            d = s.get("error") or ""
+        elif "probe_s" in s:
+            a = acc.get(name, {})
+            d = f"{s['ib_device']} registered in {s['probe_s']} s, {a.get('reads', '?')} CSR reads, {a.get('writes', '?')} writes; {s['params']}"
+        elif name == "kdriver-sysfs":
+            fs = s.get("sysfs", {})
+            sde = (fs.get("sdes") or "").split(" STE ")[-1].split(" ")[0]
+            d = (f"port {fs.get('ports/1/state')}, {fs.get('ports/1/phys_state')}; node GUID {fs.get('node_guid')}; "
+                 f"hw_rev {fs.get('hw_rev')}; SDMA engine 0 {sde}")
+        elif name == "kdriver-dmesg":
+            d = "no oops, WARN, BUG or hung task in the kernel log"
+        elif name.startswith("kdriver-rmmod"):
+            d = "rmmod hfi1 returned; the function is unbound"
+        elif name == "find-hfi1-wfr":
+            d = f"{s.get('id')} at {s.get('address')}"
+        else:
+            d = json.dumps({k: v for k, v in s.items() if k not in ('name', 'ok', 'start', 'end', 'error')})
+        print(f"  [{' ok ' if s['ok'] else 'FAIL'}] {name:<48} {d[:150]}")
 t = r.get("timing", {})
-print(f"\ntiming: QEMU start {t.get('qemu_start_s')} s, kernel boot {t.get('kernel_boot_s')} s, demos {t.get('demo_s')}")
+print(f"\ntiming: QEMU start {t.get('qemu_start_s')} s, kernel boot {t.get('kernel_boot_s')} s, demos {t.get('demo_s')}, "
+      f"hfi1 probes {t.get('hfi1_probe_s')}")
 PY

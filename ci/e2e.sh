@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The QEMU end-to-end test: builds everything, boots the guest twice with both emulated functions, and
-# runs udriver's demos inside it over VFIO:
+# The QEMU end-to-end test: builds everything, boots the guest twice with the emulated functions, runs
+# udriver's demos inside it over VFIO, and then the guest's own hfi1 driver on the chip personality (load,
+# sysfs, unload, load again, kernel log):
 #   1. guest RAM in memory-backend-memfd,share=on: the device model maps QEMU's memfd (per-page DMA_MAPs
 #      under the vIOMMU);
 #   2. guest RAM not shared (--no-share): QEMU has no fd, so all device DMA goes through DMA_READ/WRITE
@@ -26,7 +27,7 @@ rc=0
 run_mode() { # name, run-qemu options...
     local name=$1; shift
     log "end-to-end run: $name"
-    if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --timing "$@" "${EXTRA[@]}"); then
+    if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --hfi1-wfr --timing "$@" "${EXTRA[@]}"); then
         # A demo that passes but logs errors (e.g. a teardown the kernel refused) is a failure too.
         if errors=$(python3 -c '
 import json, sys

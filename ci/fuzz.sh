@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-ALL_TARGETS=(vfio_user_server device_mmio udriver_hostile client_parse)
+ALL_TARGETS=(vfio_user_server device_mmio udriver_hostile client_parse kernel_diff)
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL_TARGETS[@]}")
 
 # libFuzzer's instrumentation, done by rustc itself: no nightly, no cargo-fuzz. Debug assertions and
@@ -35,11 +35,14 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-co
 export CARGO_TARGET_DIR="$REPO_ROOT/fuzz/target"
 BIN="$CARGO_TARGET_DIR/$TRIPLE/release"
 command -v c++ >/dev/null || apt_install g++
+# kernel_diff links the kernel's irdma ctrl.c, built from the guest kernel's source package.
+RDMA_EMU_KERNEL_SRC=$(bash "$REPO_ROOT/ci/kernel-source.sh")
+export RDMA_EMU_KERNEL_SRC
 
 log "fuzz: build ${ALL_TARGETS[*]} (stable, sancov)"
-cargo build --release --target "$TRIPLE" --bins
+cargo build --release --target "$TRIPLE" --bins --features kernel
 log "fuzz: oracle unit tests"
-cargo test --release --target "$TRIPLE" --lib
+cargo test --release --target "$TRIPLE" --lib --features kernel
 
 # Every crash ever found stays fixed: its input is replayed (libFuzzer runs given files once).
 for t in "${TARGETS[@]}"; do

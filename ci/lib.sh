@@ -52,6 +52,44 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
+# --- Debian packages from bookworm-backports (the guest kernel and its source) ----------------------------
+# apt-get download as root into a directory the _apt user cannot enter warns; downloading as root is what we want.
+APT_DL_OPTS=()
+[ "$(id -u)" = 0 ] && APT_DL_OPTS=(-o APT::Sandbox::User=root)
+
+ensure_backports() {
+    if ! grep -rqsE '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        log "adding bookworm-backports ($(debian_mirror))"
+        apt_add_source rdma-emu-backports.list "deb $(debian_mirror) bookworm-backports main"
+    fi
+    apt_update_once
+}
+
+# Downloads one package (exact version when given) into $2 and prints the .deb path.
+apt_fetch() { # pkg[=version] dir
+    local dir=$2
+    mkdir -p "$dir"
+    rm -f "$dir"/*.deb
+    (cd "$dir" && timeout 1800 apt-get download -q "${APT_DL_OPTS[@]}" "$1" >&2) || die "apt-get download $1 failed"
+    ls "$dir"/*.deb
+}
+
+# Prints PKG=VERSION of the guest kernel image: the one real package that bookworm-backports'
+# linux-image-amd64 metapackage depends on, e.g. linux-image-6.12.95+deb12-amd64=6.12.95-1~bpo12+1.
+guest_kernel_package() {
+    ensure_backports
+    local meta_ver dep
+    meta_ver=$(apt-cache madison linux-image-amd64 | awk -F'|' '$3 ~ /bookworm-backports/ {gsub(/ /, "", $2); print $2}' \
+        | sort -rV | head -n1)
+    [ -n "$meta_ver" ] || die "bookworm-backports offers no linux-image-amd64 (apt-cache madison linux-image-amd64)"
+    # The metapackage depends on exactly one real image package, e.g. linux-image-6.12.95+deb12-amd64 (= VER).
+    dep=$(apt-cache show "linux-image-amd64=$meta_ver" | sed -n 's/^Depends: //p' | head -n1 | tr ',' '\n' \
+        | sed -n 's/^ *\(linux-image-[0-9][^ ]*\) *(= *\([^)]*\)).*/\1=\2/p' | head -n1)
+    [ -n "$dep" ] || die "cannot resolve linux-image-amd64=$meta_ver to a kernel package"
+    log "linux-image-amd64 $meta_ver -> ${dep%%=*} ${dep#*=}"
+    echo "$dep"
+}
+
 # version_ge A B: true if version A >= B (dpkg ordering).
 version_ge() { dpkg --compare-versions "$1" ge "$2"; }
 

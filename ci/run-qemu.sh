@@ -24,6 +24,11 @@
 #   --args "ARGS"         extra arguments for both udriver demos (guest parameter rdma_emu.args)
 #   --hfi1-id V:D, --irdma-id V:D   PCI IDs of the functions (default 1b36:1100, 1b36:1101); non-default ones
 #                         are passed to the device model as --hfi1-ids/--irdma-ids
+#   --hfi1-wfr            also serve an HFI with the real chip's personality (8086:24f0) and run the guest's
+#                         kernel-driver steps on it (modprobe/rmmod hfi1, sysfs, dmesg)
+#   --hfi1-params "P"     module parameters of each modprobe hfi1 (default: the small set in docs/hfi1-kernel-driver.md)
+#   --kdriver-timeout S   each kernel-driver step (default 120); a guest too stuck to time out itself is stopped
+#                         by the host, which reports the last CSR accesses
 #   --append "PARAMS"     extra guest kernel parameters
 #   --result FILE         result JSON (default $CARGO_TARGET_DIR or target/, then rdma-emu/result-<mode>.json)
 #   --logs DIR            log directory (default a new /tmp/rdma-emu-run.XXXXXX); kept on failure
@@ -34,13 +39,16 @@
 # Exit status 0 only if every step the guest ran is ok. Prints the result file's path on stdout.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,36s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,39s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 DEVICE_MODEL=${RDMA_EMU_DEVICE_MODEL:-}
 UDRIVER=${RDMA_EMU_UDRIVER:-}
 ACCEL=${RDMA_EMU_ACCEL:-auto}
 KERNEL="" INITRD="" SHARE=1 DEVICES=1 TIMEOUT=600 DEMO_TIMEOUT=120 UARGS="" APPEND_EXTRA=""
 HFI1_ID=1b36:1100 IRDMA_ID=1b36:1101 RESULT="" LOG_DIR="" KEEP_LOGS=0 TIMING=0 QUIET=0
+HFI1_WFR=0 KDRIVER_TIMEOUT=120
+# Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
+HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
 need() { [ "$1" -ge 2 ] || usage; }
 while [ $# -gt 0 ]; do
@@ -61,6 +69,9 @@ while [ $# -gt 0 ]; do
         --args) need $#; UARGS=$2; shift 2 ;;
         --hfi1-id) need $#; HFI1_ID=$2; shift 2 ;;
         --irdma-id) need $#; IRDMA_ID=$2; shift 2 ;;
+        --hfi1-wfr) HFI1_WFR=1; shift ;;
+        --hfi1-params) need $#; HFI1_PARAMS=$2; shift 2 ;;
+        --kdriver-timeout) need $#; KDRIVER_TIMEOUT=$2; shift 2 ;;
         --append) need $#; APPEND_EXTRA=$2; shift 2 ;;
         --result) need $#; RESULT=$2; shift 2 ;;
         --logs) need $#; LOG_DIR=$2; shift 2 ;;
@@ -79,6 +90,8 @@ is_uint "$DEMO_TIMEOUT" && [ "$DEMO_TIMEOUT" -ge 1 ] || die "--demo-timeout must
 [[ $HFI1_ID =~ ^([0-9a-fA-F]{4}:[0-9a-fA-F]{4}|none)$ ]] || die "--hfi1-id must be VVVV:DDDD or none"
 [[ $IRDMA_ID =~ ^([0-9a-fA-F]{4}:[0-9a-fA-F]{4}|none)$ ]] || die "--irdma-id must be VVVV:DDDD or none"
 [[ $UARGS != *'"'* ]] || die "--args cannot contain a double quote (it travels on the kernel command line)"
+[[ $HFI1_PARAMS =~ ^[A-Za-z0-9_=,.\ -]*$ ]] || die "--hfi1-params takes name=value words only (it travels on the kernel command line)"
+is_uint "$KDRIVER_TIMEOUT" && [ "$KDRIVER_TIMEOUT" -ge 1 ] || die "--kdriver-timeout must be a number of seconds"
 case "$ACCEL" in auto|tcg|kvm) ;; *) die "--accel must be auto, tcg or kvm" ;; esac
 command -v python3 >/dev/null || apt_install python3
 
@@ -171,10 +184,15 @@ trap 'log "interrupted; logs kept in $LOG_DIR"; stop_qemu; exit 130' INT TERM
 
 # --- device model -----------------------------------------------------------------------------------------
 HFI1_SOCK="$LOG_DIR/hfi1.sock" IRDMA_SOCK="$LOG_DIR/irdma.sock" CONTROL_SOCK="$LOG_DIR/control.sock"
+WFR_SOCK="$LOG_DIR/hfi1-wfr.sock"
+[ "$HFI1_WFR" = 1 ] && DM_ARGS+=(--hfi1-wfr "$WFR_SOCK")
 if [ -n "$SOCKETS_DIR" ] && [ "$DEVICES" = 1 ]; then
     SOCKETS_DIR=$(cd "$SOCKETS_DIR" && pwd) || fail "--sockets $SOCKETS_DIR is not a directory"
     HFI1_SOCK="$SOCKETS_DIR/hfi1.sock" IRDMA_SOCK="$SOCKETS_DIR/irdma.sock" CONTROL_SOCK="$SOCKETS_DIR/control.sock"
-    for sock in "$HFI1_SOCK" "$IRDMA_SOCK"; do
+    WFR_SOCK="$SOCKETS_DIR/hfi1-wfr.sock"
+    wanted=("$HFI1_SOCK" "$IRDMA_SOCK")
+    [ "$HFI1_WFR" = 1 ] && wanted+=("$WFR_SOCK")
+    for sock in "${wanted[@]}"; do
         [ -S "$sock" ] || fail "--sockets: $sock is not a socket (is the device model running?)"
     done
     DM_STATUS="external (--sockets)"
@@ -187,7 +205,7 @@ elif [ "$DEVICES" = 1 ]; then
         [ -n "$DEVICE_MODEL" ] || fail "no device-model binary: build it (cargo build --release -p device-model) or pass --device-model"
     fi
     [ -x "$DEVICE_MODEL" ] || fail "device model $DEVICE_MODEL is not executable"
-    rm -f "$HFI1_SOCK" "$IRDMA_SOCK" "$CONTROL_SOCK"
+    rm -f "$HFI1_SOCK" "$IRDMA_SOCK" "$CONTROL_SOCK" "$WFR_SOCK"
     # Non-default IDs must be presented by the device model too (its defaults are 1b36:1100 and 1b36:1101).
     [ "$HFI1_ID" = 1b36:1100 ] || [ "$HFI1_ID" = none ] || DM_ARGS+=(--hfi1-ids "$HFI1_ID")
     [ "$IRDMA_ID" = 1b36:1101 ] || [ "$IRDMA_ID" = none ] || DM_ARGS+=(--irdma-ids "$IRDMA_ID")
@@ -197,12 +215,13 @@ elif [ "$DEVICES" = 1 ]; then
         </dev/null >"$LOG_DIR/device-model.log" 2>&1 &
     DM_PID=$!
     DM_STATUS="started"
+    sockets_up() { [ -S "$HFI1_SOCK" ] && [ -S "$IRDMA_SOCK" ] && [ -S "$CONTROL_SOCK" ] && { [ "$HFI1_WFR" = 0 ] || [ -S "$WFR_SOCK" ]; }; }
     for _ in $(seq 1 200); do # 20 s
-        [ -S "$HFI1_SOCK" ] && [ -S "$IRDMA_SOCK" ] && [ -S "$CONTROL_SOCK" ] && break
+        sockets_up && break
         kill -0 "$DM_PID" 2>/dev/null || break
         sleep 0.1
     done
-    if ! { [ -S "$HFI1_SOCK" ] && [ -S "$IRDMA_SOCK" ] && [ -S "$CONTROL_SOCK" ]; }; then
+    if ! sockets_up; then
         stop_device_model
         tail -n 20 "$LOG_DIR/device-model.log" >&2 || true
         fail "the device model did not create its sockets within 20 s ($DM_STATUS); logs kept in $LOG_DIR"
@@ -224,6 +243,9 @@ else
     APPEND="$APPEND rdma_emu.hfi1=none rdma_emu.irdma=none"
 fi
 [ -n "$UARGS" ] && APPEND="$APPEND rdma_emu.args=\"$UARGS\""
+if [ "$HFI1_WFR" = 1 ] && [ "$DEVICES" = 1 ]; then
+    APPEND="$APPEND rdma_emu.hfi1_wfr=8086:24f0 rdma_emu.hfi1_params=\"$HFI1_PARAMS\" rdma_emu.kdriver_timeout=$KDRIVER_TIMEOUT"
+fi
 [ -n "$APPEND_EXTRA" ] && APPEND="$APPEND $APPEND_EXTRA"
 
 QCMD=("$QEMU" -accel "$ACCEL")
@@ -250,12 +272,14 @@ if [ "$DEVICES" = 1 ]; then
         fi
         QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"$dev\"$bus,\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}")
     done
+    [ "$HFI1_WFR" = 1 ] && QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"hfi1-wfr\",\"socket\":{\"path\":\"$WFR_SOCK\",\"type\":\"unix\"}}")
 fi
 QCMD+=("${QEMU_EXTRA[@]}")
 printf '%q ' "${QCMD[@]}" >"$LOG_DIR/qemu-command.txt"
 echo >>"$LOG_DIR/qemu-command.txt"
 
-# Copies the console to serial.log (and stderr), noting when init starts and when the result block ends.
+# Copies the console to serial.log (and stderr), noting when init starts and when the result block ends, and
+# the deadlines of guest steps that announce one (RDMA-EMU-DEADLINE name secs).
 serial_reader() {
     local line
     while IFS= read -r line || [ -n "$line" ]; do
@@ -263,12 +287,63 @@ serial_reader() {
         case "$line" in
             RDMA-EMU-INIT*) echo "init $EPOCHREALTIME" >>"$LOG_DIR/host-times" ;;
             RDMA-EMU-RESULT-END*) echo "result_end $EPOCHREALTIME" >>"$LOG_DIR/host-times" ;;
+            RDMA-EMU-DEADLINE-END*)
+                rm -f "$LOG_DIR/deadline"
+                # The device model's access totals at each end of a kernel-driver step: the probe's share.
+                set -- $line
+                [ $# -ge 2 ] && [ "$HFI1_WFR" = 1 ] && { echo "$2 end $(dm_access_totals)" >>"$LOG_DIR/step-accesses"; } ;;
+            RDMA-EMU-DEADLINE\ *)
+                set -- $line
+                # The guest's own timeout goes first; the host steps in 30 s later.
+                [ $# -ge 3 ] && is_uint "$3" && echo "$2 $(( ${EPOCHREALTIME%.*} + $3 + 30 ))" >"$LOG_DIR/deadline"
+                [ $# -ge 2 ] && [ "$HFI1_WFR" = 1 ] && { echo "$2 start $(dm_access_totals)" >>"$LOG_DIR/step-accesses"; } ;;
         esac
         printf '%s\n' "$line" >>"$LOG_DIR/serial.log"
         [ "$QUIET" = 1 ] || printf '  | %s\n' "$line" >&2
     done
 }
 
+# Stops a guest whose announced step overran its deadline: the kernel may be spinning where the guest's own
+# timeouts cannot reach. Saves what the device model saw last, then ends QEMU.
+deadline_watch() {
+    local name until
+    while sleep 1; do
+        [ -e "$LOG_DIR/qemu.rc" ] && return 0
+        { read -r name until <"$LOG_DIR/deadline"; } 2>/dev/null || continue
+        [ "${EPOCHREALTIME%.*}" -gt "$until" ] || continue
+        echo "$name" >"$LOG_DIR/stalled"
+        log "guest step $name overran its deadline; stopping QEMU"
+        dm_query hfi1-wfr accesses >"$LOG_DIR/stall-accesses.json" 2>/dev/null || true
+        stop_qemu
+        return 0
+    done
+}
+
+# One control-socket request; prints the reply's result.
+dm_query() { # device cmd
+    timeout 10 python3 - "$CONTROL_SOCK" "$1" "$2" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+f.write(json.dumps({"device": sys.argv[2], "cmd": sys.argv[3]}) + "\n")
+f.flush()
+print(json.dumps(json.loads(f.readline()).get("result"), indent=2))
+PY
+}
+
+# "reads writes unnamed" of the chip personality so far in this session ("- - -" if the device model does not
+# answer).
+dm_access_totals() {
+    dm_query hfi1-wfr accesses 2>/dev/null \
+        | python3 -c 'import json, sys; a = json.load(sys.stdin); print(a["reads"], a["writes"], a["unnamed"])' \
+        2>/dev/null || echo "- - -"
+}
+
+rm -f "$LOG_DIR/deadline" "$LOG_DIR/stalled" "$LOG_DIR/step-accesses"
+deadline_watch &
+WATCH_PID=$!
 log "booting the guest (timeout ${QEMU_TIMEOUT}s; QEMU command in $LOG_DIR/qemu-command.txt)"
 T_QEMU=$EPOCHREALTIME
 set +e
@@ -281,6 +356,8 @@ wait $!
 QEMU_RC=$(cat "$LOG_DIR/qemu.rc" 2>/dev/null || echo 255)
 set -e
 T_QEMU_END=$EPOCHREALTIME
+kill "$WATCH_PID" 2>/dev/null || true
+wait "$WATCH_PID" 2>/dev/null || true
 [ "$QEMU_RC" = 124 ] && log "QEMU did not finish within ${QEMU_TIMEOUT}s"
 # The device model's final state, for the logs: best effort, 10 s at most.
 if [ -n "$DM_PID" ] && [ -S "$CONTROL_SOCK" ]; then
@@ -300,6 +377,8 @@ for dev in state["list"].get("result") or []:
     name = dev.get("name") if isinstance(dev, dict) else None
     if isinstance(name, str):
         state[name] = {cmd: ask({"device": name, "cmd": cmd}) for cmd in ("pci", "dump")}
+        if name == "hfi1-wfr":
+            state[name]["accesses"] = ask({"device": name, "cmd": "accesses"})
 with open(sys.argv[2], "w") as out:
     json.dump(state, out, indent=2)
 PY
@@ -310,11 +389,11 @@ trap - EXIT
 # --- result -----------------------------------------------------------------------------------------------
 set +e
 python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
-    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" <<'EOF'
+    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" <<'EOF'
 import json, os, sys
 
 (log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
- dm_start, timing_wanted, qemu, kernel, initrd) = sys.argv[1:]
+ dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr) = sys.argv[1:]
 qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
 
 def read(name):
@@ -379,12 +458,58 @@ if guest is not None:
                 expected.append(f"demo-{dev}")
         if "irdma" in guest.get("devices", {}):
             expected.append("demo-irdma-irq")
+        if hfi1_wfr == "1":
+            expected += ["find-hfi1-wfr", "kdriver-modprobe", "kdriver-sysfs", "kdriver-rmmod", "kdriver-reprobe",
+                         "kdriver-rmmod-again", "kdriver-dmesg"]
     for name in expected:
         if name not in names:
             problems.append(f"step {name} did not run")
     for s in steps:
         if not s.get("ok"):
             problems.append(f"step {s.get('name')}: {s.get('error')}")
+def load_json(name):
+    try:
+        return json.loads(read(name))
+    except ValueError:
+        return None
+
+def last_accesses(acc, n=16):
+    """The device model's last CSR accesses of the chip personality, one line each."""
+    recent = (acc or {}).get("recent") or []
+    return [f"#{a.get('seq')} {a.get('op')} {a.get('csr') or a.get('offset')} = {a.get('value')}" for a in recent[-n:]]
+
+def step_accesses():
+    """Trapped CSR reads and writes of the chip personality during each kernel-driver step."""
+    marks, out = {}, {}
+    for line in read("step-accesses").splitlines():
+        parts = line.split()
+        if len(parts) != 5 or not all(p.isdigit() for p in parts[2:]):
+            continue
+        name, edge, counts = parts[0], parts[1], [int(p) for p in parts[2:]]
+        if edge == "start":
+            marks[name] = counts
+        elif name in marks:
+            r0, w0, u0 = marks.pop(name)
+            out[name] = {"reads": counts[0] - r0, "writes": counts[1] - w0, "unnamed": counts[2] - u0}
+    return out
+
+stalled = read("stalled").strip()
+if hfi1_wfr == "1":
+    # Every offset the stock driver touches must be a register of the chip: one that is not means the model
+    # (or the driver's reading of it) has a gap.
+    for name, a in step_accesses().items():
+        if a["unnamed"]:
+            problems.append(f"{name}: {a['unnamed']} accesses to offsets the chip's register list does not name")
+accesses = None
+if stalled:
+    accesses = load_json("stall-accesses.json")
+    problems.append(f"guest step {stalled} overran its deadline (the host stopped QEMU); last CSR accesses: "
+                    + "; ".join(last_accesses(accesses)))
+elif hfi1_wfr == "1":
+    state = load_json("device-state.json") or {}
+    accesses = ((state.get("hfi1-wfr") or {}).get("accesses") or {}).get("result")
+    if any(not s.get("ok") for s in steps if s.get("name", "").startswith("kdriver-")):
+        problems.append("kernel-driver step failed; last CSR accesses: " + "; ".join(last_accesses(accesses)))
 if qemu_rc == 124:
     problems.append("QEMU timed out")
 elif qemu_rc != 0:
@@ -412,6 +537,9 @@ if guest is not None and "init" in marks:
     demos = {s["name"][5:]: round(float(s["end"]) - float(s["start"]), 3)
              for s in steps if s.get("name", "").startswith("demo-") and "start" in s and "end" in s}
     timing["demo_s"] = demos
+    kdrv = {s["name"]: s["probe_s"] for s in steps if "probe_s" in s}
+    if kdrv:
+        timing["hfi1_probe_s"] = kdrv
     if "result_end" in marks:
         timing["poweroff_s"] = round(t_qemu_end - marks["result_end"], 3)
 
@@ -428,6 +556,7 @@ result = {
     "device_model": dm_status if mode != "no-devices" else None,
     "timing": timing,
     "guest": guest,
+    "hfi1_wfr_step_accesses": step_accesses() if hfi1_wfr == "1" else None,
 }
 tmp = result_path + ".tmp"
 with open(tmp, "w") as f:

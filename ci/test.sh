@@ -15,6 +15,11 @@ done
 
 bash ci/setup-rust.sh
 
+# kernel-conformance compiles the kernel's irdma ctrl.c from the guest kernel's source package.
+log "kernel source for kernel-conformance"
+RDMA_EMU_KERNEL_SRC=$(bash ci/kernel-source.sh)
+export RDMA_EMU_KERNEL_SRC
+
 log "cargo fmt --check"
 cargo fmt --all --check
 

@@ -24,6 +24,9 @@ const EXAMPLES: &str = "\
 Examples:
   Serve both functions, each on its own vfio-user socket, with a control socket:
     device-model --hfi1 /tmp/hfi1.sock --irdma /tmp/irdma.sock --control /tmp/dm.sock
+
+  An HFI with the real chip's personality, for the guest's own hfi1 driver (docs/hfi1-kernel-driver.md):
+    device-model --hfi1-wfr /tmp/wfr.sock --control /tmp/dm.sock
   and attach QEMU to one of them:
     qemu-system-x86_64 ... -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"/tmp/hfi1.sock\",\"type\":\"unix\"}}'
 
@@ -49,6 +52,8 @@ Linux driver claims. Giving a real chip's IDs lets the guest's own hfi1/ice driv
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
 pub enum DeviceKind {
     Hfi1,
+    /// The hfi1 engine with the real chip's personality, for the stock Linux hfi1 driver.
+    Hfi1Wfr,
     Irdma,
 }
 
@@ -56,6 +61,7 @@ impl DeviceKind {
     pub fn name(self) -> &'static str {
         match self {
             DeviceKind::Hfi1 => "hfi1",
+            DeviceKind::Hfi1Wfr => "hfi1-wfr",
             DeviceKind::Irdma => "irdma",
         }
     }
@@ -101,9 +107,9 @@ pub enum CliError {
     Fd(String),
     #[error("RcvArray entries must be a multiple of {RCV_ARRAY_GRANULE} in {RCV_ARRAY_GRANULE}..={MAX_RCV_ARRAY_ENTRIES}, not \"{0}\"")]
     RcvArrayEntries(String),
-    #[error("nothing to serve: give --hfi1 PATH, --irdma PATH, or --socket-path PATH / --fd FD with --device")]
+    #[error("nothing to serve: give --hfi1 PATH, --hfi1-wfr PATH, --irdma PATH, or --socket-path PATH / --fd FD with --device")]
     NothingToServe,
-    #[error("--socket-path and --fd need --device hfi1|irdma")]
+    #[error("--socket-path and --fd need --device hfi1|hfi1-wfr|irdma")]
     DeviceMissing,
     #[error("--device only goes with --socket-path or --fd")]
     DeviceWithoutSocket,
@@ -130,17 +136,22 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub hfi1: Option<PathBuf>,
 
+    /// Serve an hfi1 function with the real chip's personality (PCI 8086:24f0, the chip's BAR0 map, no
+    /// loopback block) on a vfio-user socket created at PATH, for the stock Linux hfi1 driver.
+    #[arg(long, value_name = "PATH")]
+    pub hfi1_wfr: Option<PathBuf>,
+
     /// Serve the irdma function on a vfio-user socket created at PATH (a stale socket is replaced).
     #[arg(long, value_name = "PATH")]
     pub irdma: Option<PathBuf>,
 
     /// Backend program convention: serve the single device chosen by --device on a socket created at PATH.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["fd", "hfi1", "irdma"])]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["fd", "hfi1", "hfi1_wfr", "irdma"])]
     pub socket_path: Option<PathBuf>,
 
     /// Backend program convention: serve the single device chosen by --device on the inherited, already
     /// listening UNIX socket FD.
-    #[arg(long, value_name = "FD", value_parser = parse_fd, conflicts_with_all = ["socket_path", "hfi1", "irdma"])]
+    #[arg(long, value_name = "FD", value_parser = parse_fd, conflicts_with_all = ["socket_path", "hfi1", "hfi1_wfr", "irdma"])]
     pub fd: Option<i32>,
 
     /// The device served on --socket-path or --fd.
@@ -208,6 +219,7 @@ impl Args {
         let ids = |kind: DeviceKind| {
             let (default, given) = match kind {
                 DeviceKind::Hfi1 => (PciIds::hfi1_default(), self.hfi1_ids),
+                DeviceKind::Hfi1Wfr => (PciIds::hfi1_wfr_default(), None),
                 DeviceKind::Irdma => (PciIds::irdma_default(), self.irdma_ids),
             };
             given.map_or(default, |g| default.with_vendor_device(g.vendor_id, g.device_id))
@@ -223,7 +235,12 @@ impl Args {
             (Some(_), None) => return Err(CliError::DeviceMissing),
             (None, Some(_)) => return Err(CliError::DeviceWithoutSocket),
             (None, None) => {
-                for (kind, path) in [(DeviceKind::Hfi1, &self.hfi1), (DeviceKind::Irdma, &self.irdma)] {
+                let devices = [
+                    (DeviceKind::Hfi1, &self.hfi1),
+                    (DeviceKind::Hfi1Wfr, &self.hfi1_wfr),
+                    (DeviceKind::Irdma, &self.irdma),
+                ];
+                for (kind, path) in devices {
                     if let Some(p) = path {
                         out.push(Served { kind, listen: Listen::Path(p.clone()), ids: ids(kind) });
                     }

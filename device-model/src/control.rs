@@ -2,7 +2,8 @@
 //!
 //! Requests: `{"cmd":"list"}`; `{"cmd":"reset","device":NAME}` (the engine's reset);
 //! `{"device":NAME,"cmd":...}` for anything else, handed whole to that device (for a `Function`,
-//! `{"cmd":"pci"}` dumps PCI state and every other command goes to its engine's `control()`).
+//! `{"cmd":"pci"}` dumps PCI state, `{"cmd":"dma_maps"}` lists the client's DMA mappings, and every other
+//! command goes to its engine's `control()`).
 //! Replies: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`. A line longer than `MAX_LINE`, bad
 //! JSON or an unknown device gets an error reply and the connection goes on.
 
@@ -59,6 +60,7 @@ impl ControlTarget for Function {
     fn control(&self, request: &Value) -> Result<Value, String> {
         match request.get("cmd").and_then(Value::as_str) {
             Some("pci") => Ok(self.pci_state()),
+            Some("dma_maps") => Ok(self.dma_maps()),
             _ => self.engine().control(request),
         }
     }

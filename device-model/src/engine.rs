@@ -41,14 +41,65 @@ pub struct BarMmap {
     pub fd: RegionFd,
 }
 
+/// Where a function's MSI-X table and PBA live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsixPlacement {
+    /// In a BAR of their own that the PCI layer adds (`crate::pci::MSIX_BAR`).
+    OwnBar,
+    /// Inside one of the engine's BARs, as on a chip whose BAR map fixes them. The PCI layer serves these
+    /// windows itself; the engine never sees accesses to them.
+    InBar { bar: u32, table_offset: u64, pba_offset: u64 },
+}
+
+/// A PCI Express link as the Link Capabilities/Status registers report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PcieLink {
+    /// Link speed encoding of LNKCAP/LNKSTA (1 = 2.5 GT/s, 2 = 5 GT/s, 3 = 8 GT/s).
+    pub speed: u8,
+    /// Lanes.
+    pub width: u8,
+}
+
+/// What the PCI function around an engine looks like beyond its BARs: where its capabilities sit, its link,
+/// and device-specific config registers. The default is the project's own layout (docs/pci.md); a chip
+/// personality gives the chip's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciShape {
+    /// Config offset of the PCI Express capability.
+    pub pcie_cap: u8,
+    /// Config offset of the MSI-X capability.
+    pub msix_cap: u8,
+    pub msix: MsixPlacement,
+    pub link: PcieLink,
+    /// Device-specific registers in extended config space, outside any capability, that are plain
+    /// read/write storage: (offset, length), dword aligned.
+    pub config_storage: Vec<(u16, u16)>,
+}
+
+impl Default for PciShape {
+    fn default() -> Self {
+        PciShape {
+            pcie_cap: 0x40,
+            msix_cap: 0x80,
+            msix: MsixPlacement::OwnBar,
+            link: PcieLink { speed: 1, width: 1 },
+            config_storage: Vec::new(),
+        }
+    }
+}
+
 /// A hardware engine behind one PCI function.
 pub trait Engine: Send + Sync + 'static {
     /// Short name used in logs and on the control socket ("hfi1", "irdma").
     fn name(&self) -> &'static str;
-    /// The register BARs. Must not use the BAR index the PCI layer reserves for MSI-X
-    /// (`crate::pci::MSIX_BAR`).
+    /// The register BARs. With [`MsixPlacement::OwnBar`] they must not use the BAR index the PCI layer
+    /// reserves for MSI-X (`crate::pci::MSIX_BAR`).
     fn bars(&self) -> Vec<BarSpec>;
     fn msix_vectors(&self) -> u16;
+    /// Capability placement, link and device-specific config registers.
+    fn pci_shape(&self) -> PciShape {
+        PciShape::default()
+    }
     /// Register read. Widths 1, 2, 4 and 8 arrive here with the range inside the BAR already checked;
     /// anything the engine does not implement reads as all-ones.
     fn mmio_read(&self, bar: u32, offset: u64, data: &mut [u8]);

@@ -34,13 +34,16 @@ fn main() -> ExitCode {
 
 fn engine_for(args: &Args, kind: DeviceKind) -> Result<Arc<dyn Engine>, String> {
     Ok(match kind {
-        DeviceKind::Hfi1 => {
-            let mut config = Hfi1Config::default();
-            if let Some(n) = args.hfi1_contexts {
-                config.rcv_contexts = n as usize;
-            }
-            if let Some(n) = args.hfi1_rcvarray_entries {
-                config.rcv_array_count = n as usize;
+        DeviceKind::Hfi1 | DeviceKind::Hfi1Wfr => {
+            let mut config = if kind == DeviceKind::Hfi1 { Hfi1Config::default() } else { Hfi1Config::wfr() };
+            // The size options shape the project's own function; the chip personality keeps the chip's.
+            if kind == DeviceKind::Hfi1 {
+                if let Some(n) = args.hfi1_contexts {
+                    config.rcv_contexts = n as usize;
+                }
+                if let Some(n) = args.hfi1_rcvarray_entries {
+                    config.rcv_array_count = n as usize;
+                }
             }
             if let Some(us) = args.worker_spin_us {
                 config.worker_spin = Duration::from_micros(us);

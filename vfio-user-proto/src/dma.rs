@@ -22,8 +22,25 @@ pub enum DmaError {
     Transport(String),
 }
 
+/// One range the client mapped for DMA, as the device sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DmaRegion {
+    pub iova: u64,
+    pub size: u64,
+    /// `dma_map_flags::*`.
+    pub flags: u32,
+    /// Offset of `iova` in the file the client passed, or `None` for a map without fd (message DMA).
+    pub fd_offset: Option<u64>,
+}
+
 /// Bytes at an IOVA. Implemented by the server's per-connection DMA space and by test memories.
 pub trait DmaAccess: Send + Sync {
+    /// The client's current DMA mappings, in IOVA order, for diagnostics and checks outside the device;
+    /// `None` where the backend does not know them.
+    fn regions(&self) -> Option<Vec<DmaRegion>> {
+        None
+    }
+
     /// Fills `buf` from `[iova, iova + buf.len())`.
     fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError>;
     /// Stores `buf` at `[iova, iova + buf.len())`.

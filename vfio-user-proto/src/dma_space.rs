@@ -18,7 +18,7 @@ use rustix::fs::{fcntl_get_seals, fcntl_getfl, fstat, FileType, OFlags, SealFlag
 use thiserror::Error;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress, MmapRegion};
 
-use crate::dma::{bounce_copy, DmaAccess, DmaError};
+use crate::dma::{bounce_copy, DmaAccess, DmaError, DmaRegion};
 use crate::wire::{dma_map_flags, PAGE_SIZE};
 
 /// The message path for mappings that are not mmapped (DMA_READ/DMA_WRITE to the client).
@@ -364,6 +364,20 @@ impl DmaSpace {
 }
 
 impl DmaAccess for DmaSpace {
+    fn regions(&self) -> Option<Vec<DmaRegion>> {
+        let inner = self.read_inner();
+        let regions = inner.maps.iter().map(|(&iova, m)| DmaRegion {
+            iova,
+            size: m.last.wrapping_sub(iova).wrapping_add(1),
+            flags: m.flags,
+            fd_offset: match &m.backing {
+                Backing::File { offset, .. } => Some(*offset),
+                Backing::Message => None,
+            },
+        });
+        Some(regions.collect())
+    }
+
     fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         let len = buf.len();
         self.run(iova, len, false, |p, done| {

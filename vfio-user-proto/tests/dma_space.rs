@@ -244,3 +244,20 @@ fn beyond_the_mmap_limits_sealed_maps_fall_back_to_messages() {
     tiny.map(0x1000, PAGE, 0, RW, fd(&files[1])).unwrap();
     assert_eq!(tiny.mmap_count(), 0);
 }
+
+#[test]
+fn regions_list_every_mapping_with_its_file_offset() {
+    let ram = memfd("dmaspace-regions", 0x10_0000, true);
+    let (s, _) = space();
+    s.map(0x20_0000, 2 * PAGE, 0x5000, READ, fd(&ram)).unwrap();
+    s.map(0x1000, PAGE, 0, RW, None).unwrap();
+    s.map(0x40_0000, 3 * PAGE, 0x8000, RW, fd(&ram)).unwrap();
+    s.unmap(0x20_0000, 2 * PAGE).unwrap();
+    s.map(0x20_0000, PAGE, 0x5000, READ, fd(&ram)).unwrap();
+    let got: Vec<(u64, u64, u32, Option<u64>)> =
+        s.regions().unwrap().into_iter().map(|r| (r.iova, r.size, r.flags, r.fd_offset)).collect();
+    assert_eq!(
+        got,
+        [(0x1000, PAGE, RW, None), (0x20_0000, PAGE, READ, Some(0x5000)), (0x40_0000, 3 * PAGE, RW, Some(0x8000)),]
+    );
+}

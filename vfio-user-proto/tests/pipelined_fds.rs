@@ -149,8 +149,9 @@ fn dma_map_descriptors_belong_to_the_first_message_of_their_send() {
         assert_eq!(replies(&r, &[9, 10, 11]), [(9, Err(EINVAL)), (10, Err(EINVAL)), (11, Ok(()))]);
         r.good();
     }
-    assert!(wait_for(Duration::from_secs(3), || fd_count() == fds0), "descriptors leaked: {} -> {}", fds0, fd_count());
-    assert_eq!(threads(), threads0);
+    assert!(wait_for(Duration::from_secs(3), || fd_count() <= fds0), "descriptors leaked: {} -> {}", fds0, fd_count());
+    // No growth: a thread of the previous test may still have been winding down at the first count.
+    assert!(wait_for(Duration::from_secs(3), || threads() <= threads0), "threads: {} -> {}", threads0, threads());
 }
 
 #[test]
@@ -201,8 +202,9 @@ fn set_irqs_eventfds_belong_to_the_first_message_of_their_send() {
         assert!(!fires(&r, &last.unwrap()), "vector 0 de-assigned");
         r.good();
     }
-    assert!(wait_for(Duration::from_secs(3), || fd_count() == fds0), "descriptors leaked: {} -> {}", fds0, fd_count());
-    assert_eq!(threads(), threads0);
+    assert!(wait_for(Duration::from_secs(3), || fd_count() <= fds0), "descriptors leaked: {} -> {}", fds0, fd_count());
+    // No growth: a thread of the previous test may still have been winding down at the first count.
+    assert!(wait_for(Duration::from_secs(3), || threads() <= threads0), "threads: {} -> {}", threads0, threads());
 }
 
 #[test]
@@ -248,5 +250,5 @@ fn descriptors_on_commands_that_take_none_are_refused_in_every_send_pattern() {
         assert_eq!(replies(&r, &[6, 7]).first(), Some(&(6, Err(EINVAL))), "{name} second in a send");
     }
     r.good();
-    assert!(wait_for(Duration::from_secs(3), || fd_count() == fds0), "descriptors leaked: {} -> {}", fds0, fd_count());
+    assert!(wait_for(Duration::from_secs(3), || fd_count() <= fds0), "descriptors leaked: {} -> {}", fds0, fd_count());
 }

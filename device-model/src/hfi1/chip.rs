@@ -34,6 +34,8 @@ pub enum Access {
 
 pub struct Chip {
     contexts: usize,
+    /// Where the loopback block sits, on the personality that has one.
+    loopback: Option<(u64, u64)>,
     global: [u64; GLOBAL_REGS.len()],
     kctxt: Vec<[u64; KCTXT_REGS.len()]>,
     uctxt: Vec<[u64; UCTXT_REGS.len()]>,
@@ -42,9 +44,10 @@ pub struct Chip {
 }
 
 impl Chip {
-    pub fn new(contexts: usize, shm: SharedWords) -> Self {
+    pub fn new(contexts: usize, shm: SharedWords, loopback: bool) -> Self {
         let mut chip = Self {
             contexts,
+            loopback: loopback.then_some((LB_BASE, LB_SIZE)),
             global: [0; GLOBAL_REGS.len()],
             kctxt: vec![[0; KCTXT_REGS.len()]; contexts],
             uctxt: vec![[0; UCTXT_REGS.len()]; contexts],
@@ -91,7 +94,7 @@ impl Chip {
 
     /// A 64-bit register read at the 8-byte-aligned `offset`.
     pub fn read(&mut self, offset: u64, counters: &Counters) -> Access {
-        match decode(offset, self.contexts, LB_BASE, LB_SIZE) {
+        match decode(offset, self.contexts, self.loopback) {
             Csr::Global(i) => Access::Done(self.global[i]),
             Csr::Kctxt { ctxt, reg } => self.kctxt.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r[reg])),
             Csr::Uctxt { ctxt, reg } => self.uctxt.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r[reg])),
@@ -104,7 +107,7 @@ impl Chip {
 
     /// A 64-bit register write at the 8-byte-aligned `offset`.
     pub fn write(&mut self, offset: u64, value: u64, counters: &Counters) -> Access {
-        match decode(offset, self.contexts, LB_BASE, LB_SIZE) {
+        match decode(offset, self.contexts, self.loopback) {
             Csr::Global(i) => Self::write_reg(&GLOBAL_REGS[i], &mut self.global[i], value),
             Csr::Kctxt { ctxt, reg } => match self.kctxt.get_mut(ctxt) {
                 Some(r) => Self::write_reg(&KCTXT_REGS[reg], &mut r[reg], value),
@@ -184,7 +187,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     fn chip() -> (Chip, Counters) {
-        (Chip::new(8, SharedWords::new("t", RCV_ARRAY, 4096).unwrap()), Counters::default())
+        (Chip::new(8, SharedWords::new("t", RCV_ARRAY, 4096).unwrap(), true), Counters::default())
     }
 
     #[test]

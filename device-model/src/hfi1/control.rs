@@ -78,7 +78,8 @@ pub(super) fn handle(dev: &Hfi1, req: &Value) -> Result<Value> {
             Ok(json!({"ok": true}))
         }
         "counters" => Ok(counters_json(dev.shared_counters())),
-        other => Err(err(format!("unknown command \"{other}\" (inject, dump, reset, counters)"))),
+        "accesses" => Ok(dev.recent_accesses()),
+        other => Err(err(format!("unknown command \"{other}\" (inject, dump, reset, counters, accesses)"))),
     }
 }
 

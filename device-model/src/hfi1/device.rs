@@ -13,14 +13,16 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use vfio_user_proto::device::RegionFd;
 use vfio_user_proto::dma::{DmaAccess, NoDma};
 
+use super::access_log::AccessLog;
 use super::chip::{Access, Chip};
 use super::counters::Counters;
 use super::loopback::{self, LbRegs, LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
 use super::rcv::{Packet, RxResult};
-use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE};
+use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RXE, TXE};
 use super::shm::SharedWords;
-use super::{Hfi1Config, Hfi1Error, Result, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
-use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, NoInterrupt};
+use super::wfr::{self, Wfr};
+use super::{Hfi1Config, Hfi1Error, Personality, Result, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
+use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape, PcieLink};
 
 /// How long detach waits for the descriptor in flight, and a control inject for its result.
 pub(super) const WORK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -34,6 +36,10 @@ pub(super) enum Job {
 /// State shared by the register path and the worker.
 pub(super) struct Shared {
     chip: Mutex<Chip>,
+    /// The chip's other blocks, on the WFR personality. Lock order: `chip`, then `wfr`.
+    wfr: Option<Mutex<Wfr>>,
+    /// The last register accesses, on the WFR personality (a stalled driver's last steps).
+    log: Option<Mutex<AccessLog>>,
     pub counters: Counters,
     pub lb: LbRegs,
     /// Bumped (under the chip lock) by every reset and detach; work from an older epoch is dropped.
@@ -48,6 +54,16 @@ pub(super) struct Shared {
 impl Shared {
     pub fn lock_chip(&self) -> MutexGuard<'_, Chip> {
         self.chip.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_wfr(&self) -> Option<MutexGuard<'_, Wfr>> {
+        self.wfr.as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn log(&self, write: bool, offset: u64, value: u64) {
+        if let Some(l) = &self.log {
+            l.lock().unwrap_or_else(|e| e.into_inner()).record(write, offset, value);
+        }
     }
 
     pub fn epoch(&self) -> u64 {
@@ -84,6 +100,9 @@ impl Shared {
         let mut chip = self.lock_chip();
         self.epoch.fetch_add(1, Ordering::SeqCst);
         chip.reset();
+        if let Some(mut w) = self.lock_wfr() {
+            w.reset();
+        }
         self.lb.reset();
         self.counters.reset();
     }
@@ -118,8 +137,15 @@ impl Hfi1 {
         config.validate()?;
         let shm = SharedWords::new("hfi1-bar0", RCV_ARRAY, config.rcv_array_count)?;
         let region_fd = RegionFd { fd: shm.fd(), fd_offset: 0 };
+        let wfr = match config.personality {
+            Personality::Emu => None,
+            Personality::Wfr(shape) => Some(Mutex::new(Wfr::new(shape))),
+        };
+        let log = wfr.is_some().then(|| Mutex::new(AccessLog::default()));
         let shared = Arc::new(Shared {
-            chip: Mutex::new(Chip::new(config.rcv_contexts, shm)),
+            chip: Mutex::new(Chip::new(config.rcv_contexts, shm, wfr.is_none())),
+            wfr,
+            log,
             counters: Counters::default(),
             lb: LbRegs::default(),
             epoch: AtomicU64::new(0),
@@ -140,6 +166,13 @@ impl Hfi1 {
 
     pub fn config(&self) -> &Hfi1Config {
         &self.config
+    }
+
+    fn bar0_size(&self) -> u64 {
+        match self.config.personality {
+            Personality::Emu => HFI1_BAR0_SIZE,
+            Personality::Wfr(_) => wfr::WFR_BAR0_SIZE,
+        }
     }
 
     pub(super) fn shared_counters(&self) -> &Counters {
@@ -176,19 +209,48 @@ impl Hfi1 {
             "db_dropped": lb.db_dropped.load(Ordering::Acquire),
         });
         v["counters"] = counters_json(&self.shared.counters);
+        if let Some(w) = self.shared.lock_wfr() {
+            v["wfr"] = w.dump();
+        }
+        if let Some(l) = &self.shared.log {
+            v["recent_accesses"] = l.lock().unwrap_or_else(|e| e.into_inner()).dump();
+        }
         v
     }
 
+    /// The last register accesses, named (WFR personality; empty otherwise).
+    pub fn recent_accesses(&self) -> serde_json::Value {
+        self.shared.log.as_ref().map_or(serde_json::json!([]), |l| l.lock().unwrap_or_else(|e| e.into_inner()).dump())
+    }
+
     fn read64(&self, offset: u64) -> u64 {
-        let access = self.shared.lock_chip().read(offset, &self.shared.counters);
-        match access {
-            Access::Done(v) => v,
-            Access::Loopback(rel) => self.shared.lb.read(rel).unwrap_or(u64::MAX),
-            Access::Unimplemented | Access::ReadOnly => u64::MAX,
+        let value = match &self.shared.wfr {
+            None => match self.shared.lock_chip().read(offset, &self.shared.counters) {
+                Access::Done(v) => v,
+                Access::Loopback(rel) => self.shared.lb.read(rel).unwrap_or(u64::MAX),
+                Access::Unimplemented | Access::ReadOnly => u64::MAX,
+            },
+            Some(_) => self.wfr_read(offset),
+        };
+        self.shared.log(false, offset, value);
+        value
+    }
+
+    /// On the chip personality the RXE model answers what it models and the chip's register file the rest.
+    fn wfr_read(&self, offset: u64) -> u64 {
+        if (RXE..TXE).contains(&offset) {
+            if let Access::Done(v) = self.shared.lock_chip().read(offset, &self.shared.counters) {
+                return v;
+            }
         }
+        self.shared.lock_wfr().map_or(u64::MAX, |mut w| w.read(offset))
     }
 
     fn write64(&self, offset: u64, value: u64) {
+        self.shared.log(true, offset, value);
+        if self.shared.wfr.is_some() {
+            return self.wfr_write(offset, value);
+        }
         let access = self.shared.lock_chip().write(offset, value, &self.shared.counters);
         match access {
             Access::Done(_) => {}
@@ -197,6 +259,23 @@ impl Hfi1 {
             Access::Loopback(_) | Access::Unimplemented | Access::ReadOnly => {
                 self.shared.counters.mmio_ignored_writes.fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    fn wfr_write(&self, offset: u64, value: u64) {
+        if (RXE..TXE).contains(&offset) {
+            match self.shared.lock_chip().write(offset, value, &self.shared.counters) {
+                Access::Done(_) => return,
+                Access::ReadOnly => {
+                    self.shared.counters.mmio_ignored_writes.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Access::Unimplemented | Access::Loopback(_) => {}
+            }
+        }
+        let vectors = self.shared.lock_wfr().map(|mut w| w.write(offset, value)).unwrap_or_default();
+        for v in vectors {
+            self.shared.raise(v);
         }
     }
 
@@ -274,14 +353,17 @@ impl Drop for Hfi1 {
 
 impl Engine for Hfi1 {
     fn name(&self) -> &'static str {
-        "hfi1"
+        match self.config.personality {
+            Personality::Emu => "hfi1",
+            Personality::Wfr(_) => "hfi1-wfr",
+        }
     }
 
     fn bars(&self) -> Vec<BarSpec> {
         let len = RCV_ARRAY_ENTRY_SIZE * self.config.rcv_array_count as u64;
         vec![BarSpec {
             index: HFI1_BAR,
-            size: HFI1_BAR0_SIZE,
+            size: self.bar0_size(),
             is_64bit: true,
             prefetchable: false,
             mmap: Some(BarMmap { areas: vec![(RCV_ARRAY, len)], fd: self.region_fd.clone() }),
@@ -289,13 +371,36 @@ impl Engine for Hfi1 {
     }
 
     fn msix_vectors(&self) -> u16 {
-        HFI1_MSIX_VECTORS
+        match self.config.personality {
+            Personality::Emu => HFI1_MSIX_VECTORS,
+            Personality::Wfr(_) => wfr::CCE_NUM_MSIX_VECTORS,
+        }
+    }
+
+    fn pci_shape(&self) -> PciShape {
+        match self.config.personality {
+            Personality::Emu => PciShape::default(),
+            // The chip's config space: PCIe capability at 0x70, MSI-X at 0xB0 (the dword hfi1 saves and
+            // restores as PCI_CFG_MSIX0) with its table and PBA in BAR0; Gen3 x16; the PL vendor registers
+            // that aspm.c programs are storage.
+            Personality::Wfr(_) => PciShape {
+                pcie_cap: 0x70,
+                msix_cap: 0xB0,
+                msix: MsixPlacement::InBar {
+                    bar: HFI1_BAR,
+                    table_offset: wfr::csr::CCE_MSIX_TABLE_LOWER,
+                    pba_offset: wfr::CCE_MSIX_PBA,
+                },
+                link: PcieLink { speed: 3, width: 16 },
+                config_storage: vec![(wfr::PCIE_CFG_REG_PL_BASE, wfr::PCIE_CFG_REG_PL_LEN)],
+            },
+        }
     }
 
     fn mmio_read(&self, bar: u32, offset: u64, data: &mut [u8]) {
         data.fill(0xFF);
         let shift = (offset % 8) as usize;
-        if bar != HFI1_BAR || offset >= HFI1_BAR0_SIZE || shift + data.len() > 8 || data.is_empty() {
+        if bar != HFI1_BAR || offset >= self.bar0_size() || shift + data.len() > 8 || data.is_empty() {
             return;
         }
         let value = self.read64(offset - shift as u64).to_le_bytes();
@@ -308,7 +413,7 @@ impl Engine for Hfi1 {
             self.shared.counters.mmio_bad_width.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        if bar != HFI1_BAR || offset >= HFI1_BAR0_SIZE || offset % 8 != 0 {
+        if bar != HFI1_BAR || offset >= self.bar0_size() || offset % 8 != 0 {
             self.shared.counters.mmio_bad_width.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -316,6 +421,10 @@ impl Engine for Hfi1 {
     }
 
     fn attach(&self, dma: Arc<dyn DmaAccess>, irq: Arc<dyn Interrupt>) {
+        // A new session starts its own record; the last one stays readable until then.
+        if let Some(l) = &self.shared.log {
+            *l.lock().unwrap_or_else(|e| e.into_inner()) = AccessLog::default();
+        }
         *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = dma;
         *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = irq;
     }

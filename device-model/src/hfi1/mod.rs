@@ -1,6 +1,7 @@
 //! hfi1 (Omni-Path HFI, "WFR") receive side for TID RDMA: the RcvArray, the per-context TID flow table,
 //! a receive engine that places TID RDMA data packets, and a loopback send path. See docs/hfi1-device.md.
 
+mod access_log;
 mod chip;
 mod control;
 mod counters;
@@ -11,6 +12,7 @@ mod rcv;
 mod rcvarray;
 pub mod regs;
 mod shm;
+pub mod wfr;
 
 pub use counters::Counters;
 pub use device::Hfi1;
@@ -36,15 +38,29 @@ pub const HFI1_BAR0_SIZE: u64 = 0x200_0000;
 pub const HFI1_BAR: u32 = 0;
 /// MSI-X vectors the function has: vector 0 signals loopback completion.
 pub const HFI1_MSIX_VECTORS: u16 = 1;
+// The RcvArray's mapping must end below the user CSRs in the chip's map too.
+const _: () = assert!(HFI1_BAR0_SIZE <= wfr::WFR_BAR0_SIZE);
 
 // The largest RcvArray ends below the user CSRs, and the loopback block lies inside BAR0.
 const _: () =
     assert!(regs::RCV_ARRAY + regs::RCV_ARRAY_ENTRY_SIZE * MAX_RCV_ARRAY_COUNT as u64 <= regs::RXE_UCTXT_BASE);
 const _: () = assert!(LB_BASE + LB_SIZE <= HFI1_BAR0_SIZE);
 
+/// What the function presents to a driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Personality {
+    /// The project's own function (1b36:1100): the RXE plus the loopback send block, for udriver.
+    #[default]
+    Emu,
+    /// The real chip (8086:24f0, "WFR"): its whole BAR0 map, for the stock Linux hfi1 driver
+    /// (docs/hfi1-kernel-driver.md). Packets arrive only from the control socket, as from the wire.
+    Wfr(wfr::WfrShape),
+}
+
 /// Shape of the emulated chip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hfi1Config {
+    pub personality: Personality,
     /// Receive contexts, 1..=160. Default 8.
     pub rcv_contexts: usize,
     /// RcvArray entries, a multiple of 512 (so the shared mapping is whole pages), at most
@@ -63,7 +79,13 @@ pub const DEFAULT_WORKER_SPIN: std::time::Duration = std::time::Duration::from_m
 
 impl Default for Hfi1Config {
     fn default() -> Self {
-        Self { rcv_contexts: 8, rcv_array_count: 4096, doorbell_queue: 64, worker_spin: DEFAULT_WORKER_SPIN }
+        Self {
+            personality: Personality::Emu,
+            rcv_contexts: 8,
+            rcv_array_count: 4096,
+            doorbell_queue: 64,
+            worker_spin: DEFAULT_WORKER_SPIN,
+        }
     }
 }
 
@@ -74,7 +96,16 @@ pub const MAX_WORKER_SPIN: std::time::Duration = std::time::Duration::from_milli
 const ENTRIES_PER_PAGE: usize = 4096 / regs::RCV_ARRAY_ENTRY_SIZE as usize;
 
 impl Hfi1Config {
+    /// The WFR personality with its default shape: 16 receive contexts, enough for the driver's default
+    /// module parameters on a small guest; the RcvArray as in the default (docs/hfi1-kernel-driver.md).
+    pub fn wfr() -> Self {
+        Self { personality: Personality::Wfr(wfr::WfrShape::default()), rcv_contexts: 16, ..Self::default() }
+    }
+
     pub fn validate(&self) -> Result<()> {
+        if let Personality::Wfr(shape) = &self.personality {
+            shape.validate().map_err(Hfi1Error::Config)?;
+        }
         if !(1..=RXE_NUM_CONTEXTS).contains(&self.rcv_contexts) {
             return Err(Hfi1Error::Config(format!("rcv_contexts {} not in 1..={RXE_NUM_CONTEXTS}", self.rcv_contexts)));
         }
@@ -147,3 +178,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "wfr_device_tests.rs"]
+mod wfr_device_tests;

@@ -332,7 +332,7 @@ mod tests {
     }
 
     fn rig() -> Rig {
-        let mut chip = Chip::new(8, SharedWords::new("t", RCV_ARRAY, 4096).unwrap());
+        let mut chip = Chip::new(8, SharedWords::new("t", RCV_ARRAY, 4096).unwrap(), true);
         let counters = Counters::default();
         let ctrl = RCV_CTXT_CTRL_ENABLE_SMASK | RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK;
         chip.write(kctxt_csr(RCV_CTXT_CTRL, 2), ctrl, &counters);

@@ -19,7 +19,21 @@ pub const RCV_BTH_QP: u64 = RXE + 0x28;
 pub const RCV_BTH_QP_KDETH_QP_SHIFT: u32 = 16;
 pub const RCV_BTH_QP_KDETH_QP_MASK: u64 = 0xFF;
 pub const RCV_BTH_QP_KDETH_QP_SMASK: u64 = RCV_BTH_QP_KDETH_QP_MASK << RCV_BTH_QP_KDETH_QP_SHIFT;
+pub const RCV_MULTICAST: u64 = RXE + 0x30;
+pub const RCV_BYPASS: u64 = RXE + 0x38;
 pub const RCV_VL15: u64 = RXE + 0x48;
+pub const RCV_ERR_INFO: u64 = RXE + 0x50;
+pub const RCV_ERR_STATUS: u64 = RXE + 0x60;
+pub const RCV_ERR_MASK: u64 = RXE + 0x68;
+pub const RCV_ERR_CLEAR: u64 = RXE + 0x70;
+pub const RCV_QP_MAP_TABLE: u64 = RXE + 0x100;
+pub const RCV_PARTITION_KEY: u64 = RXE + 0x200;
+pub const RCV_COUNTER_ARRAY32: u64 = RXE + 0x400;
+pub const RCV_COUNTER_ARRAY64: u64 = RXE + 0x500;
+pub const RCV_RSM_CFG: u64 = RXE + 0x600;
+pub const RCV_RSM_SELECT: u64 = RXE + 0x700;
+pub const RCV_RSM_MATCH: u64 = RXE + 0x800;
+pub const RCV_RSM_MAP_TABLE: u64 = RXE + 0x900;
 
 /// The RcvArray: one 64-bit entry per index.
 pub const RCV_ARRAY: u64 = RXE + 0x20_0000;
@@ -252,8 +266,9 @@ pub enum Csr {
     Unimplemented,
 }
 
-/// Decodes the 8-byte-aligned offset `offset` (callers align first).
-pub fn decode(offset: u64, contexts: usize, loopback_base: u64, loopback_size: u64) -> Csr {
+/// Decodes the 8-byte-aligned offset `offset` (callers align first); `loopback` is the loopback block's
+/// (base, size) on the personality that has one.
+pub fn decode(offset: u64, contexts: usize, loopback: Option<(u64, u64)>) -> Csr {
     let ctxts = contexts as u64;
     if let Some(i) = GLOBAL_REGS.iter().position(|r| r.offset == offset) {
         return Csr::Global(i);
@@ -281,8 +296,10 @@ pub fn decode(offset: u64, contexts: usize, loopback_base: u64, loopback_size: u
         }
         return Csr::Unimplemented;
     }
-    if (loopback_base..loopback_base + loopback_size).contains(&offset) {
-        return Csr::Loopback(offset - loopback_base);
+    if let Some((base, size)) = loopback {
+        if (base..base + size).contains(&offset) {
+            return Csr::Loopback(offset - base);
+        }
     }
     Csr::Unimplemented
 }
@@ -347,7 +364,7 @@ mod tests {
             (CCE, Csr::Unimplemented),
         ];
         for (offset, want) in table {
-            assert_eq!(decode(offset, 8, lb, 0x1000), want, "{offset:#x}");
+            assert_eq!(decode(offset, 8, Some((lb, 0x1000))), want, "{offset:#x}");
         }
     }
 

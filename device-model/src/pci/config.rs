@@ -8,8 +8,9 @@ use thiserror::Error;
 
 use super::regs::*;
 use super::PciIds;
+use crate::engine::PcieLink;
 
-/// Where the capabilities live. Fixed, so docs/pci.md can give the offsets.
+/// Where the capabilities live by default (docs/pci.md gives the offsets); a chip personality moves them.
 pub const PCIE_CAP_OFFSET: usize = 0x40;
 pub const MSIX_CAP_OFFSET: usize = 0x80;
 
@@ -48,15 +49,66 @@ pub struct MsixLayout {
     pub pba_offset: u32,
 }
 
+/// Capability offsets, the link, and device-specific storage registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapLayout {
+    /// Offset of the PCI Express capability, dword aligned in 0x40..0x100.
+    pub pcie: usize,
+    /// Offset of the MSI-X capability (when there is one), dword aligned in 0x40..0x100, not overlapping
+    /// the PCI Express capability.
+    pub msix: usize,
+    pub link: PcieLink,
+    /// (offset, length) ranges of extended config space that are read/write storage.
+    pub storage: Vec<(usize, usize)>,
+}
+
+impl Default for CapLayout {
+    fn default() -> Self {
+        CapLayout {
+            pcie: PCIE_CAP_OFFSET,
+            msix: MSIX_CAP_OFFSET,
+            link: PcieLink { speed: PCI_EXP_LNKCAP_SLS_2_5GB as u8, width: 1 },
+            storage: Vec::new(),
+        }
+    }
+}
+
+impl CapLayout {
+    /// Whether the capabilities fit the legacy space without overlapping and the storage ranges lie in
+    /// extended config space.
+    pub fn is_valid(&self) -> bool {
+        let cap_ok = |off: usize, len: usize| off % 4 == 0 && off >= 0x40 && off + len <= PCI_CFG_SPACE_SIZE;
+        let (p, m) = (self.pcie, self.msix);
+        let apart = p + PCI_CAP_EXP_ENDPOINT_SIZEOF_V2 <= m || m + PCI_CAP_MSIX_SIZEOF <= p;
+        let storage_ok = self.storage.iter().all(|&(off, len)| {
+            off % 4 == 0
+                && len % 4 == 0
+                && len > 0
+                && off >= PCI_CFG_SPACE_SIZE + 4
+                && off + len <= PCI_CFG_SPACE_EXP_SIZE
+        });
+        cap_ok(p, PCI_CAP_EXP_ENDPOINT_SIZEOF_V2)
+            && cap_ok(m, PCI_CAP_MSIX_SIZEOF)
+            && apart
+            && (1..=3).contains(&self.link.speed)
+            && matches!(self.link.width, 1 | 2 | 4 | 8 | 12 | 16 | 32)
+            && storage_ok
+    }
+}
+
 /// Everything that decides the power-on contents of config space.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigLayout {
     pub ids: PciIds,
     pub bars: Vec<BarLayout>,
     pub msix: Option<MsixLayout>,
+    pub caps: CapLayout,
 }
 
 pub struct ConfigSpace {
+    /// Offsets of the PCI Express and MSI-X capabilities.
+    pcie_cap: usize,
+    msix_cap: usize,
     data: Box<[u8; PCI_CFG_SPACE_EXP_SIZE]>,
     wmask: Box<[u8; PCI_CFG_SPACE_EXP_SIZE]>,
     w1c: Box<[u8; PCI_CFG_SPACE_EXP_SIZE]>,
@@ -83,7 +135,10 @@ impl ConfigSpace {
     /// Power-on contents for `layout`. BARs that overlap or do not fit the six slots are left out (callers
     /// validate layouts; this never panics on a bad one).
     pub fn new(layout: &ConfigLayout) -> Self {
+        let caps = if layout.caps.is_valid() { layout.caps.clone() } else { CapLayout::default() };
         let mut c = ConfigSpace {
+            pcie_cap: caps.pcie,
+            msix_cap: caps.msix,
             data: Box::new([0; PCI_CFG_SPACE_EXP_SIZE]),
             wmask: Box::new([0; PCI_CFG_SPACE_EXP_SIZE]),
             w1c: Box::new([0; PCI_CFG_SPACE_EXP_SIZE]),
@@ -92,11 +147,28 @@ impl ConfigSpace {
         for bar in &layout.bars {
             c.init_bar(bar);
         }
-        c.init_pcie_cap(if layout.msix.is_some() { MSIX_CAP_OFFSET } else { 0 });
-        if let Some(msix) = &layout.msix {
-            c.init_msix_cap(msix);
+        // The chain runs in offset order, as on hardware.
+        match &layout.msix {
+            Some(msix) if caps.msix < caps.pcie => {
+                c.set_u8(PCI_CAPABILITY_LIST, caps.msix as u8);
+                c.init_msix_cap(msix, caps.pcie);
+                c.init_pcie_cap(0, caps.link);
+            }
+            Some(msix) => {
+                c.init_pcie_cap(caps.msix, caps.link);
+                c.init_msix_cap(msix, 0);
+            }
+            None => c.init_pcie_cap(0, caps.link),
+        }
+        for &(off, len) in &caps.storage {
+            c.wmask[off..off + len].fill(0xff);
         }
         c
+    }
+
+    /// Offset of the PCI Express capability.
+    pub fn pcie_cap(&self) -> usize {
+        self.pcie_cap
     }
 
     fn init_header(&mut self, ids: &PciIds) {
@@ -115,7 +187,7 @@ impl ConfigSpace {
         self.set_u16(PCI_SUBSYSTEM_VENDOR_ID, ids.subsystem_vendor_id);
         self.set_u16(PCI_SUBSYSTEM_ID, ids.subsystem_id);
         // No expansion ROM: PCI_ROM_ADDRESS stays 0 and read-only, so sizing it reads 0.
-        self.set_u8(PCI_CAPABILITY_LIST, PCIE_CAP_OFFSET as u8);
+        self.set_u8(PCI_CAPABILITY_LIST, self.pcie_cap as u8);
         self.wmask[PCI_INTERRUPT_LINE] = 0xff;
         // Interrupt pin 0: no INTx (MSI-X only).
         self.set_u8(PCI_INTERRUPT_PIN, 0);
@@ -146,8 +218,8 @@ impl ConfigSpace {
         }
     }
 
-    fn init_pcie_cap(&mut self, next: usize) {
-        let cap = PCIE_CAP_OFFSET;
+    fn init_pcie_cap(&mut self, next: usize, link: PcieLink) {
+        let cap = self.pcie_cap;
         self.set_u8(cap + PCI_CAP_LIST_ID, PCI_CAP_ID_EXP);
         self.set_u8(cap + PCI_CAP_LIST_NEXT, next as u8);
         self.set_u16(cap + PCI_EXP_FLAGS, PCI_EXP_FLAGS_VERS_2 | PCI_EXP_TYPE_ENDPOINT);
@@ -172,21 +244,25 @@ impl ConfigSpace {
             cap + PCI_EXP_DEVSTA,
             PCI_EXP_DEVSTA_CED | PCI_EXP_DEVSTA_NFED | PCI_EXP_DEVSTA_FED | PCI_EXP_DEVSTA_URD,
         );
-        self.set_u32(cap + PCI_EXP_LNKCAP, PCI_EXP_LNKCAP_SLS_2_5GB | PCI_EXP_LNKCAP_MLW_X1);
+        let speed = u32::from(link.speed) & PCI_EXP_LNKCAP_SLS;
+        let width = u32::from(link.width) << PCI_EXP_LNKCAP_MLW_SHIFT;
+        self.set_u32(cap + PCI_EXP_LNKCAP, speed | width);
         self.set_wmask_u16(
             cap + PCI_EXP_LNKCTL,
             PCI_EXP_LNKCTL_ASPMC | PCI_EXP_LNKCTL_RCB | PCI_EXP_LNKCTL_CCC | PCI_EXP_LNKCTL_ES,
         );
-        self.set_u16(cap + PCI_EXP_LNKSTA, PCI_EXP_LNKSTA_CLS_2_5GB | PCI_EXP_LNKSTA_NLW_X1);
-        self.set_u32(cap + PCI_EXP_LNKCAP2, PCI_EXP_LNKCAP2_SLS_2_5GB);
-        self.set_u16(cap + PCI_EXP_LNKCTL2, PCI_EXP_LNKCTL2_TLS_2_5GT);
+        self.set_u16(cap + PCI_EXP_LNKSTA, (speed | width) as u16);
+        // Supported Link Speeds Vector: every speed up to the maximum (bit 1 is 2.5 GT/s).
+        let vector = ((1u32 << (speed + 1)) - 1) & !1;
+        self.set_u32(cap + PCI_EXP_LNKCAP2, vector);
+        self.set_u16(cap + PCI_EXP_LNKCTL2, speed as u16);
     }
 
-    fn init_msix_cap(&mut self, msix: &MsixLayout) {
-        let cap = MSIX_CAP_OFFSET;
+    fn init_msix_cap(&mut self, msix: &MsixLayout, next: usize) {
+        let cap = self.msix_cap;
         let vectors = msix.vectors.clamp(1, PCI_MSIX_MAX_VECTORS);
         self.set_u8(cap + PCI_CAP_LIST_ID, PCI_CAP_ID_MSIX);
-        self.set_u8(cap + PCI_CAP_LIST_NEXT, 0);
+        self.set_u8(cap + PCI_CAP_LIST_NEXT, next as u8);
         self.set_u16(cap + PCI_MSIX_FLAGS, (vectors - 1) & PCI_MSIX_FLAGS_QSIZE);
         self.set_wmask_u16(cap + PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_MASKALL | PCI_MSIX_FLAGS_ENABLE);
         let table = (msix.table_offset & PCI_MSIX_TABLE_OFFSET) | (msix.table_bar & PCI_MSIX_TABLE_BIR);
@@ -269,8 +345,8 @@ impl ConfigSpace {
     }
     /// MSI-X Message Control, 0 when there is no MSI-X capability.
     pub fn msix_control(&self) -> u16 {
-        if self.get_u8(MSIX_CAP_OFFSET + PCI_CAP_LIST_ID) == PCI_CAP_ID_MSIX {
-            self.get_u16(MSIX_CAP_OFFSET + PCI_MSIX_FLAGS)
+        if self.get_u8(self.msix_cap + PCI_CAP_LIST_ID) == PCI_CAP_ID_MSIX {
+            self.get_u16(self.msix_cap + PCI_MSIX_FLAGS)
         } else {
             0
         }
@@ -301,6 +377,7 @@ mod tests {
                 BarLayout { index: 4, size: 0x1000, is_64bit: false, prefetchable: false },
             ],
             msix: Some(MsixLayout { vectors: 16, table_bar: 4, table_offset: 0, pba_bar: 4, pba_offset: 0x800 }),
+            caps: CapLayout::default(),
         }
     }
 

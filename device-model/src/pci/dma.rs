@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use vfio_user_proto::dma::{DmaAccess, DmaError};
+use vfio_user_proto::dma::{DmaAccess, DmaError, DmaRegion};
 
 use super::regs::{PCI_COMMAND_MASTER, PCI_STATUS_REC_MASTER_ABORT};
 
@@ -41,6 +41,9 @@ impl BusMasterDma {
 }
 
 impl DmaAccess for BusMasterDma {
+    fn regions(&self) -> Option<Vec<DmaRegion>> {
+        self.inner.regions()
+    }
     fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         self.allowed(iova, "read (Bus Master Enable clear)")?;
         let result = self.inner.read(iova, buf);

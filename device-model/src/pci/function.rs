@@ -8,30 +8,39 @@ use vfio_user_proto::device::{
     SparseArea,
 };
 
-use super::config::{BarLayout, ConfigLayout, ConfigSpace, PCIE_CAP_OFFSET};
+use super::config::{BarLayout, CapLayout, ConfigLayout, ConfigSpace, MsixLayout};
 use super::dma::BusMasterDma;
 use super::msix::{msix_bar_layout, Msix};
 use super::regs::*;
 use super::{PciError, PciIds, MSIX_BAR};
-use crate::engine::{BarSpec, Engine, Interrupt, NoInterrupt};
+use crate::engine::{BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape};
 
 /// Smallest BAR an engine may declare, and the mmap granule.
 const PAGE_SIZE: u64 = 4096;
 /// Widths a BAR access may have.
 const BAR_ACCESS_WIDTHS: [usize; 4] = [1, 2, 4, 8];
 
-/// Who answers a trapped BAR access.
-enum BarTarget {
-    Msix,
-    Engine,
-    /// Memory Space Enable is clear: nothing decodes the access.
-    Undecoded,
-}
-
 /// What sits behind a BAR slot.
 enum Bar {
     Engine(BarSpec),
     Msix,
+}
+
+/// The MSI-X table and PBA inside an engine BAR: BAR offsets of each window and their lengths.
+#[derive(Debug, Clone, Copy)]
+struct MsixWindows {
+    bar: usize,
+    table: (u64, u64),
+    pba: (u64, u64),
+}
+
+/// Where a BAR access goes.
+enum Target {
+    Engine,
+    /// The MSI-X structure, at this offset of its own address space (table at 0, PBA at its offset).
+    Msix(u64),
+    /// Memory Space Enable is clear: nothing decodes the access.
+    Undecoded,
 }
 
 /// The engine's `raise(vector)` path: the MSI-X policy, then the client's eventfd.
@@ -51,11 +60,49 @@ pub struct Function {
     /// Mirror of PCI_COMMAND read without the config lock (BAR gate, DMA gate).
     command: Arc<AtomicU16>,
     msix: Option<Arc<Msix>>,
+    msix_windows: Option<MsixWindows>,
     /// Counted refusals: BAR accesses with Memory Space disabled, DMA with Bus Master disabled.
     mmio_refused: AtomicU64,
     dma_refused: Arc<AtomicU64>,
     /// Status bits the DMA path raised, folded into config space under its lock.
     status_events: Arc<AtomicU16>,
+    /// The attached client's DMA space, for `dma_maps`.
+    dma: Mutex<Option<Arc<BusMasterDma>>>,
+}
+
+/// Checks an engine's MSI-X placement and capability layout against its BARs.
+fn validate_shape(specs: &[BarSpec], shape: &PciShape, vectors: u16) -> Result<(), PciError> {
+    if !caps_of(shape).is_valid() {
+        return Err(PciError::CapLayout);
+    }
+    let MsixPlacement::InBar { bar, table_offset, pba_offset } = shape.msix else {
+        return Ok(());
+    };
+    let (own, _) = msix_bar_layout(vectors);
+    let table_len = u64::from(own.vectors) * PCI_MSIX_ENTRY_SIZE as u64;
+    let pba_len = u64::from(own.vectors).div_ceil(64) * 8;
+    let size = specs.iter().find(|b| b.index == bar).map(|b| b.size).ok_or(PciError::MsixPlacement { bar })?;
+    let fits = |off: u64, len: u64| off % 8 == 0 && off <= u64::from(u32::MAX) && off + len <= size;
+    let apart = table_offset + table_len <= pba_offset || pba_offset + pba_len <= table_offset;
+    let mmapped = specs.iter().filter(|b| b.index == bar).flat_map(|b| b.mmap.iter().flat_map(|m| m.areas.iter()));
+    let clear = mmapped.clone().all(|&(o, l)| {
+        let overlaps = |off: u64, len: u64| off < o + l && o < off + len;
+        !overlaps(table_offset, table_len) && !overlaps(pba_offset, pba_len)
+    });
+    if fits(table_offset, table_len) && fits(pba_offset, pba_len) && apart && clear {
+        Ok(())
+    } else {
+        Err(PciError::MsixPlacement { bar })
+    }
+}
+
+fn caps_of(shape: &PciShape) -> CapLayout {
+    CapLayout {
+        pcie: usize::from(shape.pcie_cap),
+        msix: usize::from(shape.msix_cap),
+        link: shape.link,
+        storage: shape.config_storage.iter().map(|&(o, l)| (usize::from(o), usize::from(l))).collect(),
+    }
 }
 
 /// Checks an engine's BARs against each other and the MSI-X slot.
@@ -111,7 +158,12 @@ impl Function {
     /// A function for `engine`. A BAR the engine declares badly (see `try_new`) is logged and left out.
     pub fn new(engine: Arc<dyn Engine>, ids: PciIds) -> Arc<Function> {
         let specs = engine.bars();
-        let reserve = engine.msix_vectors() > 0;
+        let mut shape = engine.pci_shape();
+        if let Err(e) = validate_shape(&specs, &shape, engine.msix_vectors()) {
+            tracing::error!(engine = engine.name(), "{e}; the default PCI layout is used instead");
+            shape = PciShape::default();
+        }
+        let reserve = engine.msix_vectors() > 0 && shape.msix == MsixPlacement::OwnBar;
         let good: Vec<BarSpec> = specs
             .into_iter()
             .filter(|b| match validate_bars(std::slice::from_ref(b), reserve) {
@@ -132,17 +184,20 @@ impl Function {
                 Err(e) => tracing::error!(engine = engine.name(), "{e}; BAR left out"),
             }
         }
-        Self::build(engine, ids, kept)
+        Self::build(engine, ids, kept, shape)
     }
 
-    /// Like `new`, but an engine BAR that is misplaced, missized or overlapping is an error.
+    /// Like `new`, but an engine BAR that is misplaced, missized or overlapping, or a PCI shape that does
+    /// not fit, is an error.
     pub fn try_new(engine: Arc<dyn Engine>, ids: PciIds) -> Result<Arc<Function>, PciError> {
         let specs = engine.bars();
-        validate_bars(&specs, engine.msix_vectors() > 0)?;
-        Ok(Self::build(engine, ids, specs))
+        let shape = engine.pci_shape();
+        validate_shape(&specs, &shape, engine.msix_vectors())?;
+        validate_bars(&specs, engine.msix_vectors() > 0 && shape.msix == MsixPlacement::OwnBar)?;
+        Ok(Self::build(engine, ids, specs, shape))
     }
 
-    fn build(engine: Arc<dyn Engine>, ids: PciIds, specs: Vec<BarSpec>) -> Arc<Function> {
+    fn build(engine: Arc<dyn Engine>, ids: PciIds, specs: Vec<BarSpec>, shape: PciShape) -> Arc<Function> {
         let mut bars: [Option<Bar>; PCI_NUM_BARS] = Default::default();
         let mut bar_sizes = [0u64; PCI_NUM_BARS];
         let mut layouts = Vec::new();
@@ -153,17 +208,39 @@ impl Function {
             bars[i] = Some(Bar::Engine(b));
         }
         let vectors = engine.msix_vectors().min(PCI_MSIX_MAX_VECTORS);
-        let (msix, msix_layout) = if vectors > 0 {
-            let (ml, size) = msix_bar_layout(vectors);
-            let i = MSIX_BAR as usize;
-            bar_sizes[i] = size;
-            bars[i] = Some(Bar::Msix);
-            layouts.push(BarLayout { index: i, size, is_64bit: false, prefetchable: false });
-            (Some(Arc::new(Msix::new(vectors))), Some(ml))
-        } else {
+        let mut msix_windows = None;
+        let (msix, msix_layout) = if vectors == 0 {
             (None, None)
+        } else {
+            let (own, size) = msix_bar_layout(vectors);
+            let msix = Arc::new(Msix::new(vectors));
+            match shape.msix {
+                MsixPlacement::OwnBar => {
+                    let i = MSIX_BAR as usize;
+                    bar_sizes[i] = size;
+                    bars[i] = Some(Bar::Msix);
+                    layouts.push(BarLayout { index: i, size, is_64bit: false, prefetchable: false });
+                    (Some(msix), Some(own))
+                }
+                MsixPlacement::InBar { bar, table_offset, pba_offset } => {
+                    msix_windows = Some(MsixWindows {
+                        bar: bar as usize,
+                        table: (table_offset, msix.table_len()),
+                        pba: (pba_offset, msix.pba_len()),
+                    });
+                    // validate_shape checked that both offsets fit 32 bits.
+                    let ml = MsixLayout {
+                        vectors: own.vectors,
+                        table_bar: bar,
+                        table_offset: table_offset as u32,
+                        pba_bar: bar,
+                        pba_offset: pba_offset as u32,
+                    };
+                    (Some(msix), Some(ml))
+                }
+            }
         };
-        let layout = ConfigLayout { ids, bars: layouts, msix: msix_layout };
+        let layout = ConfigLayout { ids, bars: layouts, msix: msix_layout, caps: caps_of(&shape) };
         Arc::new(Function {
             engine,
             config: Mutex::new(ConfigSpace::new(&layout)),
@@ -172,9 +249,11 @@ impl Function {
             bar_sizes,
             command: Arc::new(AtomicU16::new(0)),
             msix,
+            msix_windows,
             mmio_refused: AtomicU64::new(0),
             dma_refused: Arc::new(AtomicU64::new(0)),
             status_events: Arc::new(AtomicU16::new(0)),
+            dma: Mutex::new(None),
         })
     }
 
@@ -215,8 +294,8 @@ impl Function {
     pub fn function_level_reset(&self) {
         {
             let mut cfg = self.lock_config();
-            let devctl = PCIE_CAP_OFFSET + PCI_EXP_DEVCTL;
-            let lnkctl = PCIE_CAP_OFFSET + PCI_EXP_LNKCTL;
+            let devctl = cfg.pcie_cap() + PCI_EXP_DEVCTL;
+            let lnkctl = cfg.pcie_cap() + PCI_EXP_LNKCTL;
             let payload = cfg.get_u16(devctl) & PCI_EXP_DEVCTL_PAYLOAD;
             let link = cfg.get_u16(lnkctl);
             *cfg = ConfigSpace::new(&self.layout);
@@ -247,13 +326,13 @@ impl Function {
         (index <= region::BAR5).then_some(index as usize)
     }
 
-    /// Common checks of a BAR access; returns whether the MSI-X BAR is behind it (else the engine's).
-    fn bar_access(&self, index: u32, offset: u64, len: usize) -> Result<BarTarget, Errno> {
+    /// Common checks of a BAR access; returns where it goes.
+    fn bar_access(&self, index: u32, offset: u64, len: usize) -> Result<Target, Errno> {
         let i = Self::bar_index(index).ok_or(libc::EINVAL)?;
         let target = match &self.bars[i] {
             None => return Err(libc::EINVAL),
-            Some(Bar::Msix) => BarTarget::Msix,
-            Some(Bar::Engine(_)) => BarTarget::Engine,
+            Some(Bar::Msix) => Target::Msix(offset),
+            Some(Bar::Engine(_)) => self.msix_window(i, offset, len as u64)?,
         };
         if !BAR_ACCESS_WIDTHS.contains(&len) {
             return Err(libc::EINVAL);
@@ -273,9 +352,28 @@ impl Function {
                      (set Command bit 1 first, as pci_enable_device() does)"
                 );
             }
-            return Ok(BarTarget::Undecoded);
+            return Ok(Target::Undecoded);
         }
         Ok(target)
+    }
+
+    /// An engine-BAR access that falls in the MSI-X table or PBA window goes to the MSI-X structure; one that
+    /// straddles a window's edge is refused, as it can only be a malformed access.
+    fn msix_window(&self, bar: usize, offset: u64, len: u64) -> Result<Target, Errno> {
+        let (Some(w), Some(m)) = (&self.msix_windows, &self.msix) else { return Ok(Target::Engine) };
+        if w.bar != bar {
+            return Ok(Target::Engine);
+        }
+        let end = offset.saturating_add(len);
+        for ((start, size), base) in [(w.table, 0), (w.pba, m.pba_offset())] {
+            if offset >= start && end <= start + size {
+                return Ok(Target::Msix(base + (offset - start)));
+            }
+            if offset < start + size && start < end {
+                return Err(libc::EINVAL);
+            }
+        }
+        Ok(Target::Engine)
     }
 
     fn config_range(offset: u64, len: usize) -> Result<(), Errno> {
@@ -284,6 +382,27 @@ impl Function {
             return Err(libc::EINVAL);
         }
         Ok(())
+    }
+
+    /// The client's current DMA mappings, for the control socket's `{"cmd":"dma_maps"}`: what a guest kernel
+    /// mapped for the device (one 4 KiB page per map under a vIOMMU), to check programmed addresses against.
+    pub fn dma_maps(&self) -> serde_json::Value {
+        let dma = self.dma.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let regions = dma.and_then(|d| vfio_user_proto::dma::DmaAccess::regions(d.as_ref()));
+        let maps: Vec<serde_json::Value> = regions
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| {
+                serde_json::json!({
+                    "iova": format!("{:#x}", r.iova),
+                    "size": format!("{:#x}", r.size),
+                    "flags": r.flags,
+                    "fd": r.fd_offset.is_some(),
+                    "offset": format!("{:#x}", r.fd_offset.unwrap_or(0)),
+                })
+            })
+            .collect();
+        serde_json::json!({ "maps": maps })
     }
 
     /// A dump for the control socket's `{"cmd":"pci"}`.
@@ -369,9 +488,9 @@ impl Device for Function {
             return Ok(());
         }
         match self.bar_access(index, offset, data.len())? {
-            BarTarget::Msix => self.msix.as_ref().ok_or(libc::EINVAL)?.read(offset, data),
-            BarTarget::Engine => self.engine.mmio_read(index, offset, data),
-            BarTarget::Undecoded => data.fill(0xff),
+            Target::Msix(at) => self.msix.as_ref().ok_or(libc::EINVAL)?.read(at, data),
+            Target::Engine => self.engine.mmio_read(index, offset, data),
+            Target::Undecoded => data.fill(0xff),
         }
         Ok(())
     }
@@ -379,7 +498,7 @@ impl Device for Function {
     fn region_write(&self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
         if index == region::CONFIG {
             Self::config_range(offset, data.len())?;
-            let flr_byte = (PCIE_CAP_OFFSET + PCI_EXP_DEVCTL + 1) as u64;
+            let flr_byte = (self.layout.caps.pcie + PCI_EXP_DEVCTL + 1) as u64;
             let flr_bit = (PCI_EXP_DEVCTL_BCR_FLR >> 8) as u8;
             let flr = offset <= flr_byte
                 && flr_byte < offset + data.len() as u64
@@ -400,9 +519,9 @@ impl Device for Function {
             return Ok(());
         }
         match self.bar_access(index, offset, data.len())? {
-            BarTarget::Msix => self.msix.as_ref().ok_or(libc::EINVAL)?.write(offset, data),
-            BarTarget::Engine => self.engine.mmio_write(index, offset, data),
-            BarTarget::Undecoded => {}
+            Target::Msix(at) => self.msix.as_ref().ok_or(libc::EINVAL)?.write(at, data),
+            Target::Engine => self.engine.mmio_write(index, offset, data),
+            Target::Undecoded => {}
         }
         Ok(())
     }
@@ -421,12 +540,14 @@ impl Device for Function {
             self.dma_refused.clone(),
             self.status_events.clone(),
         ));
+        *self.dma.lock().unwrap_or_else(|e| e.into_inner()) = Some(dma.clone());
         self.engine.attach(dma, irq);
     }
 
     fn detach(&self) {
         // Stop bus mastering first so any work still running fails its DMA, then let the engine wind down.
         self.power_on_reset();
+        *self.dma.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.engine.detach();
         if let Some(m) = &self.msix {
             m.detach();

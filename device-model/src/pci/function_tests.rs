@@ -453,3 +453,30 @@ mod prop {
         }
     }
 }
+
+/// A client memory that knows its mappings.
+struct Mapped;
+impl DmaAccess for Mapped {
+    fn read(&self, iova: u64, _buf: &mut [u8]) -> Result<(), DmaError> {
+        Err(DmaError::Unmapped { iova, len: 0 })
+    }
+    fn write(&self, iova: u64, _buf: &[u8]) -> Result<(), DmaError> {
+        Err(DmaError::Unmapped { iova, len: 0 })
+    }
+    fn regions(&self) -> Option<Vec<vfio_user_proto::dma::DmaRegion>> {
+        Some(vec![vfio_user_proto::dma::DmaRegion { iova: 0x1000, size: 0x1000, flags: 3, fd_offset: Some(0x7000) }])
+    }
+}
+
+#[test]
+fn dma_maps_lists_the_attached_clients_mappings_and_nothing_after_detach() {
+    let (f, _) = function();
+    assert_eq!(f.dma_maps(), serde_json::json!({"maps": []}));
+    f.attach(DeviceContext { dma: Arc::new(Mapped), irq: Arc::new(RecordingIrq::default()) });
+    assert_eq!(
+        f.dma_maps(),
+        serde_json::json!({"maps": [{"iova": "0x1000", "size": "0x1000", "flags": 3, "fd": true, "offset": "0x7000"}]})
+    );
+    f.detach();
+    assert_eq!(f.dma_maps(), serde_json::json!({"maps": []}));
+}

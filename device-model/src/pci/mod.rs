@@ -9,7 +9,7 @@ pub mod regs;
 
 use thiserror::Error;
 
-pub use config::{ConfigError, ConfigLayout, ConfigSpace};
+pub use config::{CapLayout, ConfigError, ConfigLayout, ConfigSpace};
 pub use dma::BusMasterDma;
 pub use function::Function;
 pub use msix::Msix;
@@ -36,6 +36,11 @@ pub const PCI_VENDOR_ID_REDHAT: u16 = 0x1b36;
 /// Not allocated in QEMU's 1b36 list and not in any Linux driver's ID table.
 pub const EMU_DEVICE_ID_HFI1: u16 = 0x1100;
 pub const EMU_DEVICE_ID_IRDMA: u16 = 0x1101;
+/// Intel, and the discrete Omni-Path HFI (the hfi1 driver's PCI_DEVICE_ID_INTEL0).
+pub const PCI_VENDOR_ID_INTEL: u16 = 0x8086;
+pub const PCI_DEVICE_ID_INTEL_HFI1_DISCRETE: u16 = 0x24f0;
+/// PCI revision of a B0 part: the low byte of its CCE_REVISION (the driver reads only the latter).
+pub const HFI1_B0_PCI_REVISION: u8 = 0x10;
 /// Network controller / fabric controller, what a real Omni-Path HFI reports.
 pub const PCI_CLASS_NETWORK_FABRIC: u32 = 0x02_08_00;
 /// Network controller / Ethernet, what a real E810 reports.
@@ -54,6 +59,17 @@ impl PciIds {
             revision: 0,
         }
     }
+    /// The chip personality: the real HFI's identity, so the stock hfi1 driver binds.
+    pub const fn hfi1_wfr_default() -> Self {
+        PciIds {
+            vendor_id: PCI_VENDOR_ID_INTEL,
+            device_id: PCI_DEVICE_ID_INTEL_HFI1_DISCRETE,
+            subsystem_vendor_id: PCI_VENDOR_ID_INTEL,
+            subsystem_id: EMU_SUBSYSTEM_ID,
+            class_code: PCI_CLASS_NETWORK_FABRIC,
+            revision: HFI1_B0_PCI_REVISION,
+        }
+    }
     pub const fn irdma_default() -> Self {
         PciIds {
             vendor_id: PCI_VENDOR_ID_REDHAT,
@@ -68,6 +84,7 @@ impl PciIds {
     pub fn default_for(engine: &str) -> Option<Self> {
         match engine {
             "hfi1" => Some(Self::hfi1_default()),
+            "hfi1-wfr" => Some(Self::hfi1_wfr_default()),
             "irdma" => Some(Self::irdma_default()),
             _ => None,
         }
@@ -91,4 +108,8 @@ pub enum PciError {
     BarTooLargeFor32Bit { index: u32, size: u64 },
     #[error("BAR{index}: mmap area {offset:#x}+{size:#x} is empty, unaligned or outside the BAR")]
     MmapArea { index: u32, offset: u64, size: u64 },
+    #[error("MSI-X table or PBA in BAR{bar} is unaligned, overlapping, mmapped or outside the BAR")]
+    MsixPlacement { bar: u32 },
+    #[error("capability offsets, link or config storage ranges do not fit config space")]
+    CapLayout,
 }

@@ -125,6 +125,18 @@ impl Msix {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Bytes of the vector table.
+    pub fn table_len(&self) -> u64 {
+        u64::from(self.vectors) * PCI_MSIX_ENTRY_SIZE as u64
+    }
+    /// Bytes of the Pending Bit Array (whole qwords).
+    pub fn pba_len(&self) -> u64 {
+        u64::from(self.vectors).div_ceil(64) * 8
+    }
+    /// Where the PBA sits in this structure's own address space (the table is at 0).
+    pub fn pba_offset(&self) -> u64 {
+        self.pba_offset
+    }
     pub fn vectors(&self) -> u16 {
         self.vectors
     }

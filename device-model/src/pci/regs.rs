@@ -95,22 +95,20 @@ pub const PCI_EXP_DEVSTA_NFED: u16 = 0x0002;
 pub const PCI_EXP_DEVSTA_FED: u16 = 0x0004;
 pub const PCI_EXP_DEVSTA_URD: u16 = 0x0008;
 pub const PCI_EXP_LNKCAP: usize = 0x0c;
-/// Max Link Speed 2.5 GT/s (bits 3:0 = 1) and Max Link Width x1 (bits 9:4 = 1).
+/// Max Link Speed (bits 3:0): 1 = 2.5 GT/s, 2 = 5 GT/s, 3 = 8 GT/s.
+pub const PCI_EXP_LNKCAP_SLS: u32 = 0x0000_000f;
 pub const PCI_EXP_LNKCAP_SLS_2_5GB: u32 = 0x1;
-pub const PCI_EXP_LNKCAP_MLW_X1: u32 = 0x1 << 4;
+pub const PCI_EXP_LNKCAP_SLS_8_0GB: u32 = 0x3;
+/// Max Link Width (bits 9:4).
+pub const PCI_EXP_LNKCAP_MLW_SHIFT: u32 = 4;
 pub const PCI_EXP_LNKCTL: usize = 0x10;
 pub const PCI_EXP_LNKCTL_ASPMC: u16 = 0x0003;
 pub const PCI_EXP_LNKCTL_RCB: u16 = 0x0008;
 pub const PCI_EXP_LNKCTL_CCC: u16 = 0x0040;
 pub const PCI_EXP_LNKCTL_ES: u16 = 0x0080;
 pub const PCI_EXP_LNKSTA: usize = 0x12;
-pub const PCI_EXP_LNKSTA_CLS_2_5GB: u16 = 0x1;
-pub const PCI_EXP_LNKSTA_NLW_X1: u16 = 0x1 << 4;
 pub const PCI_EXP_LNKCAP2: usize = 0x2c;
-/// Supported Link Speeds Vector bit for 2.5 GT/s.
-pub const PCI_EXP_LNKCAP2_SLS_2_5GB: u32 = 0x2;
 pub const PCI_EXP_LNKCTL2: usize = 0x30;
-pub const PCI_EXP_LNKCTL2_TLS_2_5GT: u16 = 0x1;
 /// Length of a version 2 endpoint PCI Express capability (through Slot Status 2).
 pub const PCI_CAP_EXP_ENDPOINT_SIZEOF_V2: usize = 0x3c;
 

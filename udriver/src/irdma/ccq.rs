@@ -71,8 +71,15 @@ impl IrdmaScCq {
 /// `irdma_sc_ccq_init(ccq, info)`; the initialised ccq is the return value. -EINVAL for an empty ring,
 /// memory too small or misaligned.
 pub fn irdma_sc_ccq_init(hw: IrdmaHw, info: IrdmaCcqInitInfo) -> Result<IrdmaScCq> {
-    if info.num_elem == 0 || info.num_elem > IRDMA_CQ_DBSA_CQEIDX.mask() as u32 {
+    // The kernel accepts 1 entry (IRDMA_MIN_CQ_SIZE), but its IRDMA_RING_MOVE_HEAD never moves a 1-entry
+    // ring, so such a CCQ completes nothing (decision 25).
+    if info.num_elem < 2 || info.num_elem > IRDMA_CQ_DBSA_CQEIDX.mask() as u32 {
         return Err(IrdmaError::Inval(format!("CCQ size {}", info.num_elem)));
+    }
+    // ctrl.c checks `ceq_id >= dev->hmc_fpm_misc.max_ceqs`, valid or not; without an FPM query the limit is
+    // what the CQ context's CEQID field can name.
+    if info.ceq_id >= IRDMA_CEQ_MAX_COUNT {
+        return Err(IrdmaError::Inval(format!("CEQ id {}", info.ceq_id)));
     }
     let ring_len = info.num_elem as usize * IRDMA_CQE_SIZE;
     let cq_pa = queue_pa(info.cq_base.as_ref(), ring_len, IRDMA_CQ0_ALIGNMENT, "CCQ ring")?;
@@ -229,7 +236,7 @@ pub fn irdma_sc_ccq_arm(ccq: &IrdmaScCq) -> Result<()> {
 }
 
 /// `irdma_sc_poll_for_cqp_op_done(cqp, op_code, info)`, with the CCQ explicit. Polls the CCQ for up to
-/// 100 x max_done_count attempts, sleeping max_sleep when it is empty. A CQE with the error bit (any op but
+/// 100 x max_done_count + 1 attempts, sleeping max_sleep when it is empty. A CQE with the error bit (any op but
 /// QUERY_STAG) gives -EIO with `info` filled; another op's completion is consumed and skipped, as the kernel
 /// does; a garbage CQE gives -EIO at once; running out of attempts gives -ETIMEDOUT.
 pub fn irdma_sc_poll_for_cqp_op_done(
@@ -238,8 +245,9 @@ pub fn irdma_sc_poll_for_cqp_op_done(
     op_code: u8,
     info: &mut IrdmaCcqCqeInfo,
 ) -> Result<()> {
+    // `if (cnt++ > 100 * max_done_count)`: one attempt more than the product.
     let limit = 100 * u64::from(cqp.hw_attrs.max_done_count);
-    for _ in 0..limit {
+    for _ in 0..=limit {
         let mut cqe = IrdmaCcqCqeInfo::default();
         match irdma_sc_ccq_get_cqe_info(ccq, cqp, &mut cqe) {
             Err(IrdmaError::NoCqe) => {
@@ -475,23 +483,24 @@ mod tests {
     }
 
     #[test]
-    fn ccq_init_rejects_an_empty_or_too_small_ring() {
+    fn ccq_init_rejects_an_empty_one_entry_or_too_small_ring_and_a_ceq_id_past_1023() {
         let dev = FakeIrdma::scripted();
         let pool = Arc::new(crate::dma::DmaPool::new(dev.clone(), false));
-        for (num_elem, ring_len) in [(0u32, 4096usize), (200, 4096)] {
+        // (entries, ring bytes, CEQ id): user.h IRDMA_MAX_CEQID is 1023.
+        for (num_elem, ring_len, ceq_id) in [(0u32, 4096usize, 0), (1, 4096, 0), (200, 4096, 0), (8, 4096, 1024)] {
             let info = IrdmaCcqInitInfo {
                 cq_base: Box::new(pool.alloc_contiguous(ring_len).unwrap()),
                 shadow_area: Box::new(pool.alloc_contiguous(64).unwrap()),
                 num_elem,
                 shadow_read_threshold: 16,
-                ceq_id: 0,
+                ceq_id,
                 ceq_id_valid: true,
                 ceqe_mask: false,
                 vsi_idx: 0,
                 cq_ctx: 0,
             };
             let res = irdma_sc_ccq_init(IrdmaHw::new(dev.clone()), info).map(|_| ());
-            assert_eq!(errno(res), -libc::EINVAL, "{num_elem} entries in {ring_len} bytes");
+            assert_eq!(errno(res), -libc::EINVAL, "{num_elem} entries in {ring_len} bytes, CEQ {ceq_id}");
         }
     }
 }

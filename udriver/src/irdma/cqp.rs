@@ -352,9 +352,10 @@ fn read_err_codes(cqp: &IrdmaScCqp) -> Result<(u16, u16)> {
     Ok((IRDMA_CQPERRCODE_CQP_MAJOR_CODE.get32(v) as u16, IRDMA_CQPERRCODE_CQP_MINOR_CODE.get32(v) as u16))
 }
 
-/// Polls CCQPSTATUS every `max_sleep` for up to `max_done_count` reads until `done` accepts it.
+/// Polls CCQPSTATUS every `max_sleep` until `done` accepts it: up to `max_done_count + 1` reads, as the
+/// kernel's `if (cnt++ > max_done_count)` loops in irdma_sc_cqp_create/destroy make.
 fn poll_ccqpstatus(cqp: &IrdmaScCqp, done: impl Fn(u32) -> bool) -> Result<Option<u32>> {
-    for _ in 0..cqp.hw_attrs.max_done_count {
+    for _ in 0..=cqp.hw_attrs.max_done_count {
         sleep(cqp.hw_attrs.max_sleep);
         let v = cqp.hw.rd32(IRDMA_CCQPSTATUS)?;
         if done(v) {

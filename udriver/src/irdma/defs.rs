@@ -29,6 +29,8 @@ pub const IRDMA_UPDATE_SD_BUFF_SIZE: usize = 128;
 /// The newer kernels' value (older ones used 2049).
 pub const IW_CCQ_SIZE: u32 = 2050;
 pub const IRDMA_CCQ_SHADOW_READ_THRESHOLD: u32 = 16;
+/// user.h IRDMA_MAX_CEQID + 1: the CEQ ids a CQ context's 10-bit CEQID can name.
+pub const IRDMA_CEQ_MAX_COUNT: u32 = 1024;
 /// IRDMA_DONE_COUNT and IRDMA_SLEEP_COUNT (µs), and the PE readiness retry count.
 pub const IRDMA_DONE_COUNT: u32 = 1000;
 pub const IRDMA_SLEEP_COUNT_US: u64 = 10;

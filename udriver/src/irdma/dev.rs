@@ -136,13 +136,14 @@ pub struct IrdmaDev {
 }
 
 impl IrdmaDev {
-    /// Brings the control path up as the kernel does: dev init, PE readiness, CQP init and create, CCQ init
+    /// Brings the control path up as the kernel does: PE readiness, dev init, CQP init and create, CCQ init
     /// and create (and MSI-X plus a first CCQ arm in event mode). Every DMA buffer is given back if a step
     /// fails.
     pub fn new(pool: Arc<DmaPool>, config: IrdmaDevConfig) -> Result<Self> {
         let hw = IrdmaHw::new(pool.device().clone());
-        let db_size = irdma_sc_dev_init(&hw)?;
+        // ctrl.c irdma_sc_dev_init: PE readiness first, then the doorbell BAR size.
         irdma_wait_pe_ready(&hw, &config.hw_attrs)?;
+        let db_size = irdma_sc_dev_init(&hw)?;
 
         let sq = PooledBuffer::alloc_contiguous(&pool, config.sq_size as usize * IRDMA_CQP_WQE_SIZE)?;
         let host_ctx = PooledBuffer::alloc_contiguous(&pool, IRDMA_CQP_CTX_SIZE)?;

@@ -1,0 +1,85 @@
+//! The register accesses of a client session: totals, and the last few with the kernel's names, so that a
+//! driver that stalls can be shown where it stood. Kept on the chip personality only; a FLR does not clear it
+//! (it is the session's record, not device state), a new client does.
+
+use std::collections::VecDeque;
+
+use super::wfr::names;
+
+/// Accesses kept for the dump.
+pub const RECENT: usize = 64;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    seq: u64,
+    write: bool,
+    offset: u64,
+    value: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct AccessLog {
+    reads: u64,
+    writes: u64,
+    /// Accesses to offsets the kernel's register list does not name: gaps in what the model knows.
+    unnamed: u64,
+    recent: VecDeque<Entry>,
+}
+
+impl AccessLog {
+    pub fn record(&mut self, write: bool, offset: u64, value: u64) {
+        let seq = self.reads + self.writes;
+        if write {
+            self.writes += 1;
+        } else {
+            self.reads += 1;
+        }
+        if !names::is_named(offset) {
+            self.unnamed += 1;
+        }
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(Entry { seq, write, offset, value });
+    }
+
+    /// Totals and the recent accesses, oldest first, e.g. `{"seq":7,"op":"W","csr":"SEND_CTRL",...}`.
+    pub fn dump(&self) -> serde_json::Value {
+        let recent: Vec<serde_json::Value> = self
+            .recent
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "seq": e.seq,
+                    "op": if e.write { "W" } else { "R" },
+                    "offset": format!("{:#x}", e.offset),
+                    "csr": names::name(e.offset),
+                    "value": format!("{:#x}", e.value),
+                })
+            })
+            .collect();
+        serde_json::json!({"reads": self.reads, "writes": self.writes, "unnamed": self.unnamed, "recent": recent})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_totals_and_the_last_accesses_by_name() {
+        let mut log = AccessLog::default();
+        for i in 0..(RECENT as u64 + 10) {
+            log.record(i % 2 == 0, 0x1800000, i);
+        }
+        let d = log.dump();
+        assert_eq!((d["reads"].as_u64(), d["writes"].as_u64()), (Some(37), Some(37)));
+        let recent = d["recent"].as_array().unwrap();
+        assert_eq!(recent.len(), RECENT);
+        assert_eq!(recent[0]["seq"], 10);
+        assert_eq!(recent[RECENT - 1]["csr"], "SEND_CTRL");
+        assert_eq!(d["unnamed"], 0);
+        log.record(false, 0x70_0000, 0);
+        assert_eq!(log.dump()["unnamed"], 1);
+    }
+}

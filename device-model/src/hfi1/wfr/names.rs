@@ -1,0 +1,139 @@
+//! The kernel's name of any BAR0 offset of the chip, with the array index or context when it has one
+//! (`SEND_DMA_CTRL[engine 0]`, `RCV_TID_FLOW_TABLE[ctxt 2][3]`), for dumps and access traces.
+
+use super::csr::{self, *};
+use super::{TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES, TXE_PIO_SEND, WFR_BAR0_SIZE};
+use crate::hfi1::regs::{self, *};
+use crate::hfi1::RXE_NUM_CONTEXTS;
+
+/// RXE registers outside the per-context blocks.
+const RXE_NAMES: &[(u64, &str)] = &[
+    (RCV_CTRL, "RCV_CTRL"),
+    (RCV_STATUS, "RCV_STATUS"),
+    (RCV_CONTEXTS, "RCV_CONTEXTS"),
+    (RCV_ARRAY_CNT, "RCV_ARRAY_CNT"),
+    (RCV_BTH_QP, "RCV_BTH_QP"),
+    (RCV_MULTICAST, "RCV_MULTICAST"),
+    (RCV_BYPASS, "RCV_BYPASS"),
+    (RCV_VL15, "RCV_VL15"),
+    (RCV_ERR_INFO, "RCV_ERR_INFO"),
+    (RCV_ERR_STATUS, "RCV_ERR_STATUS"),
+    (RCV_ERR_MASK, "RCV_ERR_MASK"),
+    (RCV_ERR_CLEAR, "RCV_ERR_CLEAR"),
+];
+
+/// Arrays of 8-byte registers: base, elements, name.
+const ARRAYS: &[(u64, u64, &str)] = &[
+    (CCE_SCRATCH, 4, "CCE_SCRATCH"),
+    (CCE_COUNTER_ARRAY32, 3, "CCE_COUNTER_ARRAY32"),
+    (CCE_INT_MAP, 96, "CCE_INT_MAP"),
+    (CCE_INT_STATUS, 12, "CCE_INT_STATUS"),
+    (CCE_INT_MASK, 12, "CCE_INT_MASK"),
+    (CCE_INT_CLEAR, 12, "CCE_INT_CLEAR"),
+    (CCE_INT_FORCE, 12, "CCE_INT_FORCE"),
+    (CCE_INT_BLOCKED, 12, "CCE_INT_BLOCKED"),
+    (CCE_INT_COUNTER_ARRAY32, 6, "CCE_INT_COUNTER_ARRAY32"),
+    (ASIC_CFG_SCRATCH, 4, "ASIC_CFG_SCRATCH"),
+    // Per-VL port counters: VLs 0-7 then VL15 at index 8 (port_access_u64_csr adds 8 * vl index).
+    (DCC_PRF_PORT_VL_RCV_DATA_CNT, 9, "DCC_PRF_PORT_VL_RCV_DATA_CNT"),
+    (DCC_PRF_PORT_VL_RCV_PKTS_CNT, 9, "DCC_PRF_PORT_VL_RCV_PKTS_CNT"),
+    (DCC_PRF_PORT_VL_RCV_FECN_CNT, 9, "DCC_PRF_PORT_VL_RCV_FECN_CNT"),
+    (DCC_PRF_PORT_VL_RCV_BECN_CNT, 9, "DCC_PRF_PORT_VL_RCV_BECN_CNT"),
+    (DCC_PRF_PORT_VL_RCV_BUBBLE_CNT, 9, "DCC_PRF_PORT_VL_RCV_BUBBLE_CNT"),
+    (DCC_PRF_PORT_VL_MARK_FECN_CNT, 9, "DCC_PRF_PORT_VL_MARK_FECN_CNT"),
+    (MISC_CFG_RSA_R2, 32, "MISC_CFG_RSA_R2"),
+    (MISC_CFG_RSA_SIGNATURE, 32, "MISC_CFG_RSA_SIGNATURE"),
+    (MISC_CFG_RSA_MODULUS, 32, "MISC_CFG_RSA_MODULUS"),
+    (RCV_QP_MAP_TABLE, 32, "RCV_QP_MAP_TABLE"),
+    (RCV_PARTITION_KEY, 4, "RCV_PARTITION_KEY"),
+    (RCV_COUNTER_ARRAY32, 32, "RCV_COUNTER_ARRAY32"),
+    (RCV_COUNTER_ARRAY64, 32, "RCV_COUNTER_ARRAY64"),
+    (RCV_RSM_CFG, 4, "RCV_RSM_CFG"),
+    (RCV_RSM_SELECT, 4, "RCV_RSM_SELECT"),
+    (RCV_RSM_MATCH, 4, "RCV_RSM_MATCH"),
+    (RCV_RSM_MAP_TABLE, 32, "RCV_RSM_MAP_TABLE"),
+    (SEND_LOW_PRIORITY_LIST, 16, "SEND_LOW_PRIORITY_LIST"),
+    (SEND_HIGH_PRIORITY_LIST, 16, "SEND_HIGH_PRIORITY_LIST"),
+    (SEND_CONTEXT_SET_CTRL, 20, "SEND_CONTEXT_SET_CTRL"),
+    (SEND_COUNTER_ARRAY32, 32, "SEND_COUNTER_ARRAY32"),
+    (SEND_COUNTER_ARRAY64, 32, "SEND_COUNTER_ARRAY64"),
+    (SEND_CM_CREDIT_VL, 15, "SEND_CM_CREDIT_VL"),
+    (SEND_EGRESS_CTXT_STATUS, TXE_NUM_CONTEXTS as u64, "SEND_EGRESS_CTXT_STATUS"),
+    (SEND_EGRESS_SEND_DMA_STATUS, TXE_NUM_SDMA_ENGINES as u64, "SEND_EGRESS_SEND_DMA_STATUS"),
+];
+
+/// Per-context blocks: first offset, stride, elements, what the index is.
+const FAMILIES: &[(u64, u64, u64, &str)] = &[
+    (RXE_KCTXT_BASE, KCTXT_STRIDE, RXE_NUM_CONTEXTS as u64, "ctxt"),
+    (RXE_UCTXT_BASE, UCTXT_STRIDE, RXE_NUM_CONTEXTS as u64, "ctxt"),
+    (SEND_CTXT_CTRL, 0x100, TXE_NUM_CONTEXTS as u64, "ctxt"),
+    (SEND_DMA_CTRL, 0x100, TXE_NUM_SDMA_ENGINES as u64, "engine"),
+];
+
+fn exact(offset: u64) -> Option<&'static str> {
+    let kctxt = regs::KCTXT_REGS.iter().chain(regs::UCTXT_REGS.iter()).map(|d| (d.offset, d.name));
+    csr::NAMES.iter().copied().chain(RXE_NAMES.iter().copied()).chain(kctxt).find(|&(o, _)| o == offset).map(|(_, n)| n)
+}
+
+/// What an offset is, before formatting.
+enum Named {
+    Exact(&'static str),
+    Indexed(&'static str, &'static str, u64),
+    Flow(u64, u64),
+    Pio(bool, u64),
+}
+
+fn classify(offset: u64) -> Option<Named> {
+    if offset >= WFR_BAR0_SIZE {
+        return None;
+    }
+    if offset >= TXE_PIO_SEND {
+        // One 64 KiB window per hardware send context (pio.c), the SOP copies in the upper half.
+        let rel = offset - TXE_PIO_SEND;
+        return Some(Named::Pio(rel >= 0x100_0000, (rel % 0x100_0000) >> 16));
+    }
+    if let Some(n) = exact(offset) {
+        return Some(Named::Exact(n));
+    }
+    if (RCV_ARRAY..RXE_UCTXT_BASE).contains(&offset) {
+        return Some(Named::Indexed("RCV_ARRAY", "", (offset - RCV_ARRAY) / RCV_ARRAY_ENTRY_SIZE));
+    }
+    let msix = CCE_MSIX_TABLE_LOWER;
+    if (msix..msix + 16 * u64::from(super::CCE_NUM_MSIX_VECTORS)).contains(&offset) {
+        let part = if offset % 16 == 0 { "CCE_MSIX_TABLE_LOWER" } else { "CCE_MSIX_TABLE_UPPER" };
+        return Some(Named::Indexed(part, "", (offset - msix) / 16));
+    }
+    if let Some(&(base, _, n)) = ARRAYS.iter().find(|&&(b, c, _)| (b..b + 8 * c).contains(&offset)) {
+        return Some(Named::Indexed(n, "", (offset - base) / 8));
+    }
+    for &(first, stride, count, what) in FAMILIES {
+        if !(first..first + stride * count).contains(&offset) {
+            continue;
+        }
+        let (index, member) = ((offset - first) / stride, first + (offset - first) % stride);
+        if let Some(n) = exact(member) {
+            return Some(Named::Indexed(n, what, index));
+        }
+        let flows = RCV_TID_FLOW_TABLE;
+        if first == RXE_UCTXT_BASE && (flows..flows + 8 * crate::hfi1::RXE_NUM_TID_FLOWS as u64).contains(&member) {
+            return Some(Named::Flow(index, (member - flows) / 8));
+        }
+    }
+    None
+}
+
+/// The name of `offset`, or `None` where the chip has no register the driver knows.
+pub fn name(offset: u64) -> Option<String> {
+    Some(match classify(offset)? {
+        Named::Exact(n) => n.to_string(),
+        Named::Indexed(n, "", i) => format!("{n}[{i}]"),
+        Named::Indexed(n, what, i) => format!("{n}[{what} {i}]"),
+        Named::Flow(c, f) => format!("RCV_TID_FLOW_TABLE[ctxt {c}][{f}]"),
+        Named::Pio(sop, c) => format!("PIO_SEND{}[ctxt {c}]", if sop { "_SOP" } else { "" }),
+    })
+}
+
+/// Whether [`name`] knows `offset`, without formatting the name.
+pub fn is_named(offset: u64) -> bool {
+    classify(offset).is_some()
+}

@@ -1,0 +1,6 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Kernel header name used by the irdma sources; the definitions are the shim's own. */
+#ifndef SHIM_RDMA_IB_VERBS_H
+#define SHIM_RDMA_IB_VERBS_H
+#include <shim/kernel.h>
+#endif

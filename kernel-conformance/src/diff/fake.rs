@@ -1,0 +1,218 @@
+//! The device both drivers talk to in a differential case: a register file that answers as the device
+//! model documents (docs/irdma-device.md) and completes nothing by itself, plus the trace of everything
+//! each driver did that the device could see: register reads and writes, and the queue memory at every
+//! barrier and register write.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use udriver::access::{AccessError, DeviceAccess, DeviceIdentity};
+use udriver::dma::DmaMemory;
+
+use crate::env::BarrierObserver;
+
+// BAR0 offsets (icrdma_hw.h; docs/irdma-device.md).
+pub const CQPTAIL: u64 = 0x0050_0880;
+pub const CQPDB: u64 = 0x0050_0800;
+pub const CCQPSTATUS: u64 = 0x0050_A000;
+pub const CCQPHIGH: u64 = 0x0050_A100;
+pub const CCQPLOW: u64 = 0x0050_A080;
+pub const CQPERRCODES: u64 = 0x0050_A200;
+pub const GLPCI_LBARCTRL: u64 = 0x0009_DE74;
+pub const GLPE_CPUSTATUS0: u64 = 0x0050_BA5C;
+pub const GLPE_CPUSTATUS2: u64 = 0x0050_BA64;
+
+/// One thing a driver did that the device could observe. `mem` is the watched queue memory at that
+/// moment (the order of stores shows there: a header stored before the barrier would already be in the
+/// snapshot the barrier takes).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Event {
+    Read { off: u64, val: u32 },
+    Write { off: u64, val: u32, mem: Vec<Vec<u8>> },
+    Wmb { mem: Vec<Vec<u8>> },
+    Rmb,
+}
+
+fn qwords(mem: &[Vec<u8>]) -> Vec<Vec<String>> {
+    mem.iter()
+        .map(|r| {
+            r.chunks(8).map(|c| format!("{:#x}", c.iter().rev().fold(0u64, |a, b| a << 8 | u64::from(*b)))).collect()
+        })
+        .collect()
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Event::Read { off, val } => write!(f, "Read({off:#x}) = {val:#x}"),
+            Event::Write { off, val, mem } => write!(f, "Write({off:#x}, {val:#x}) mem {:?}", qwords(mem)),
+            Event::Wmb { mem } => write!(f, "Wmb mem {:?}", qwords(mem)),
+            Event::Rmb => write!(f, "Rmb"),
+        }
+    }
+}
+
+/// Reads one watched region as the device would see it now.
+pub type Watch = Box<dyn Fn() -> Vec<u8> + Send>;
+
+#[derive(Default)]
+struct TraceInner {
+    events: Vec<Event>,
+    watches: Vec<Watch>,
+}
+
+/// Shared by the fake device (register events) and the driver's memory (barrier events).
+#[derive(Clone, Default)]
+pub struct Trace(Arc<Mutex<TraceInner>>);
+
+impl Trace {
+    fn lock(&self) -> MutexGuard<'_, TraceInner> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub fn set_watches(&self, w: Vec<Watch>) {
+        self.lock().watches = w;
+    }
+    pub fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut self.lock().events)
+    }
+    fn snapshot(inner: &TraceInner) -> Vec<Vec<u8>> {
+        inner.watches.iter().map(|w| w()).collect()
+    }
+    pub fn push_wmb(&self) {
+        let mut g = self.lock();
+        let mem = Self::snapshot(&g);
+        g.events.push(Event::Wmb { mem });
+    }
+    pub fn push_rmb(&self) {
+        self.lock().events.push(Event::Rmb);
+    }
+    fn push_read(&self, off: u64, val: u32) {
+        self.lock().events.push(Event::Read { off, val });
+    }
+    fn push_write(&self, off: u64, val: u32) {
+        let mut g = self.lock();
+        let mem = Self::snapshot(&g);
+        g.events.push(Event::Write { off, val, mem });
+    }
+}
+
+impl BarrierObserver for Trace {
+    fn dma_wmb(&self) {
+        self.push_wmb();
+    }
+    fn dma_rmb(&self) {
+        self.push_rmb();
+    }
+}
+
+/// How CCQPSTATUS answers a CQP create (the write of a non-zero CCQPLOW).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateResponse {
+    /// CCQP_DONE.
+    Done,
+    /// CCQP_ERR | CCQP_DONE with these CQPERRCODES (docs/irdma-device.md, G10).
+    Error { errcodes: u32 },
+    /// Stays 0: the driver times out.
+    Never,
+}
+
+#[derive(Default)]
+struct Regs {
+    ccqpstatus: u32,
+    cqpdb: u32,
+    cqperrcodes: u32,
+    cqptail_op_err: bool,
+}
+
+/// A passive irdma register file. CQPTAIL follows the last CQPDB value (every posted WQE counts as
+/// fetched), which is what the register-polled CCQ destroy waits for; CQEs are written by the harness.
+pub struct FakeIrdma {
+    trace: Trace,
+    create: CreateResponse,
+    regs: Mutex<Regs>,
+}
+
+impl FakeIrdma {
+    pub fn new(trace: Trace, create: CreateResponse) -> Arc<Self> {
+        Arc::new(Self { trace, create, regs: Mutex::new(Regs::default()) })
+    }
+    fn regs(&self) -> MutexGuard<'_, Regs> {
+        self.regs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Makes CQPTAIL report CQP_OP_ERR with these codes (a failing register-polled command).
+    pub fn set_op_err(&self, errcodes: u32) {
+        let mut r = self.regs();
+        r.cqptail_op_err = true;
+        r.cqperrcodes = errcodes;
+    }
+
+    fn read(&self, off: u64) -> u32 {
+        let r = self.regs();
+        match off {
+            CQPTAIL => (r.cqpdb & 0x7FF) | if r.cqptail_op_err { 1 << 31 } else { 0 },
+            CCQPSTATUS => r.ccqpstatus,
+            CQPERRCODES => r.cqperrcodes,
+            // PE_DB_SIZE 2 (8 MiB).
+            GLPCI_LBARCTRL => 0x20,
+            GLPE_CPUSTATUS0..=GLPE_CPUSTATUS2 => 0x80,
+            _ => 0,
+        }
+    }
+
+    fn write(&self, off: u64, val: u32) {
+        let mut r = self.regs();
+        match off {
+            CQPDB => r.cqpdb = val,
+            CQPTAIL if val == 0 => r.cqptail_op_err = false,
+            CCQPSTATUS if val == 0 => r.ccqpstatus = 0,
+            CCQPLOW if val != 0 => match self.create {
+                CreateResponse::Done => r.ccqpstatus = 1,
+                CreateResponse::Error { errcodes } => {
+                    r.ccqpstatus = 0x8000_0001;
+                    r.cqperrcodes = errcodes;
+                }
+                CreateResponse::Never => {}
+            },
+            CCQPLOW => r.ccqpstatus = 0,
+            _ => {}
+        }
+    }
+}
+
+impl DeviceAccess for FakeIrdma {
+    fn identity(&self) -> DeviceIdentity {
+        DeviceIdentity {
+            bars: vec![(0, crate::env::IRDMA_BAR0_SIZE as u64)],
+            backend: "in-process",
+            ..Default::default()
+        }
+    }
+    fn read32(&self, _bar: u32, offset: u64) -> udriver::access::Result<u32> {
+        let v = self.read(offset);
+        self.trace.push_read(offset, v);
+        Ok(v)
+    }
+    fn write32(&self, _bar: u32, offset: u64, value: u32) -> udriver::access::Result<()> {
+        self.trace.push_write(offset, value);
+        self.write(offset, value);
+        Ok(())
+    }
+    fn read64(&self, _bar: u32, offset: u64) -> udriver::access::Result<u64> {
+        Err(AccessError::Other(format!("irdma registers are 32-bit (readq at {offset:#x})")))
+    }
+    fn write64(&self, _bar: u32, offset: u64, _value: u64) -> udriver::access::Result<()> {
+        Err(AccessError::Other(format!("irdma registers are 32-bit (writeq at {offset:#x})")))
+    }
+    fn dma_map(&self, _mem: &DmaMemory, _offset: u64, _len: u64, _iova: u64) -> udriver::access::Result<()> {
+        Ok(())
+    }
+    fn dma_unmap(&self, _iova: u64, _len: u64) -> udriver::access::Result<()> {
+        Ok(())
+    }
+    fn enable_msix(&self, _nvec: u32) -> udriver::access::Result<()> {
+        Ok(())
+    }
+    fn wait_irq(&self, _vector: u32, _timeout: Duration) -> udriver::access::Result<bool> {
+        Ok(false)
+    }
+}
