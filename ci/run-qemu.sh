@@ -6,6 +6,11 @@
 #
 #   --device-model PATH   device-model binary (env RDMA_EMU_DEVICE_MODEL; default target/{release,debug}/device-model)
 #   --dm-arg ARG          extra device-model argument (repeatable)
+#   --sockets DIR         use the device model already serving DIR/hfi1.sock, DIR/irdma.sock and
+#                         DIR/control.sock: it is neither started nor stopped here (ci/lifecycle.sh)
+#   --hotplug             put each function behind its own pcie-root-port (rp-hfi1, rp-irdma), so QMP
+#                         device_del/device_add of the device ids "hfi1" and "irdma" work
+#   --allow-reboot        a guest reboot restarts the guest instead of ending QEMU (no -no-reboot)
 #   --udriver PATH        static udriver put into the guest (env RDMA_EMU_UDRIVER; default: the first static
 #                         target/x86_64-unknown-linux-{gnu,musl}/{release,debug}/udriver; without one the guest
 #                         reports that udriver is missing)
@@ -37,7 +42,7 @@
 # Exit status 0 only if every step the guest ran is ok. Prints the result file's path on stdout.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,31s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,39s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 DEVICE_MODEL=${RDMA_EMU_DEVICE_MODEL:-}
 UDRIVER=${RDMA_EMU_UDRIVER:-}
@@ -47,12 +52,15 @@ HFI1_ID=1b36:1100 IRDMA_ID=1b36:1101 RESULT="" LOG_DIR="" KEEP_LOGS=0 TIMING=0 Q
 HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST=""
 # Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
-DM_ARGS=() QEMU_EXTRA=()
+DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
 need() { [ "$1" -ge 2 ] || usage; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --device-model) need $#; DEVICE_MODEL=$2; shift 2 ;;
         --dm-arg) need $#; DM_ARGS+=("$2"); shift 2 ;;
+        --sockets) need $#; SOCKETS_DIR=$2; shift 2 ;;
+        --hotplug) HOTPLUG=1; shift ;;
+        --allow-reboot) ALLOW_REBOOT=1; shift ;;
         --udriver) need $#; UDRIVER=$2; shift 2 ;;
         --kernel) need $#; KERNEL=$2; shift 2 ;;
         --initrd) need $#; INITRD=$2; shift 2 ;;
@@ -186,7 +194,18 @@ trap 'log "interrupted; logs kept in $LOG_DIR"; stop_qemu; exit 130' INT TERM
 HFI1_SOCK="$LOG_DIR/hfi1.sock" IRDMA_SOCK="$LOG_DIR/irdma.sock" CONTROL_SOCK="$LOG_DIR/control.sock"
 WFR_SOCK="$LOG_DIR/hfi1-wfr.sock"
 [ "$HFI1_WFR" = 1 ] && DM_ARGS+=(--hfi1-wfr "$WFR_SOCK")
-if [ "$DEVICES" = 1 ]; then
+if [ -n "$SOCKETS_DIR" ] && [ "$DEVICES" = 1 ]; then
+    SOCKETS_DIR=$(cd "$SOCKETS_DIR" && pwd) || fail "--sockets $SOCKETS_DIR is not a directory"
+    HFI1_SOCK="$SOCKETS_DIR/hfi1.sock" IRDMA_SOCK="$SOCKETS_DIR/irdma.sock" CONTROL_SOCK="$SOCKETS_DIR/control.sock"
+    WFR_SOCK="$SOCKETS_DIR/hfi1-wfr.sock"
+    wanted=("$HFI1_SOCK" "$IRDMA_SOCK")
+    [ "$HFI1_WFR" = 1 ] && wanted+=("$WFR_SOCK")
+    for sock in "${wanted[@]}"; do
+        [ -S "$sock" ] || fail "--sockets: $sock is not a socket (is the device model running?)"
+    done
+    DM_STATUS="external (--sockets)"
+    log "using the device model serving $SOCKETS_DIR"
+elif [ "$DEVICES" = 1 ]; then
     if [ -z "$DEVICE_MODEL" ]; then
         for c in "$TARGET_DIR/release/device-model" "$TARGET_DIR/debug/device-model"; do
             [ -x "$c" ] && { DEVICE_MODEL=$c; break; }
@@ -247,11 +266,21 @@ else
 fi
 QCMD+=(-device "intel-iommu,caching-mode=on"
     -kernel "$KERNEL" -initrd "$INITRD" -append "$APPEND"
-    -nodefaults -no-reboot -display none -serial stdio)
+    -nodefaults -display none -serial stdio)
+[ "$ALLOW_REBOOT" = 1 ] || QCMD+=(-no-reboot)
 if [ "$DEVICES" = 1 ]; then
-    QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$HFI1_SOCK\",\"type\":\"unix\"}}"
-        -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$IRDMA_SOCK\",\"type\":\"unix\"}}")
-    [ "$HFI1_WFR" = 1 ] && QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$WFR_SOCK\",\"type\":\"unix\"}}")
+    for dev in hfi1 irdma; do
+        if [ "$dev" = hfi1 ]; then sock=$HFI1_SOCK id=$HFI1_ID; else sock=$IRDMA_SOCK id=$IRDMA_ID; fi
+        # A function the guest does not look for is not attached, so its socket stays free for others.
+        [ "$id" = none ] && continue
+        bus=""
+        if [ "$HOTPLUG" = 1 ]; then
+            QCMD+=(-device "pcie-root-port,id=rp-$dev,chassis=$([ "$dev" = hfi1 ] && echo 1 || echo 2)")
+            bus=",\"bus\":\"rp-$dev\""
+        fi
+        QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"$dev\"$bus,\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}")
+    done
+    [ "$HFI1_WFR" = 1 ] && QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"hfi1-wfr\",\"socket\":{\"path\":\"$WFR_SOCK\",\"type\":\"unix\"}}")
 fi
 QCMD+=("${QEMU_EXTRA[@]}")
 printf '%q ' "${QCMD[@]}" >"$LOG_DIR/qemu-command.txt"
@@ -527,7 +556,7 @@ if qemu_rc == 124:
 elif qemu_rc != 0:
     errs = [l for l in read("qemu.stderr").splitlines() if l.strip() and "warning:" not in l]
     problems.append(f"QEMU exited with status {qemu_rc}" + (f": {' | '.join(errs[-3:])}" if errs else ""))
-if mode != "no-devices":
+if mode != "no-devices" and not dm_status.startswith("external"):
     if not dm_status.startswith("running until stopped"):
         problems.append(f"device model {dm_status}")
     if "panicked at" in read("device-model.log"):
