@@ -52,8 +52,14 @@ if kdrv:
             d = (f"TID_UPDATE through the kernel: {tids} TIDs in {len(rounds)} rounds matched the RcvArray and the DMA "
                  f"maps on the host; {placed} packets ({kib} KiB) placed and verified byte for byte in the guest; "
                  f"{neg} wrong-TID/context/generation packets dropped; nothing valid after TID_FREE")
-        elif name == "kdriver-dmesg":
-            d = "no oops, WARN, BUG or hung task in the kernel log"
+        elif name.startswith("kdriver-params"):
+            d = f"modprobe hfi1 {s.get('params')}: the driver says {(s.get('driver_said') or '').split(': ', 2)[-1]!r}; function {s.get('device')}"
+            if s.get("kernel_warning"):
+                d += "; known kernel warning at rmmod (init_one leaks its devdata on this error path)"
+        elif name.startswith("kdriver-dmesg"):
+            d = "no oops, WARN, BUG or hung task in the kernel log" + (" since the invalid-parameter step" if name.endswith("final") else "")
+        elif name == "kdriver-final-probe":
+            d = f"{s['ib_device']} registered again in {s['probe_s']} s: the device model still serves"
         elif name.startswith("kdriver-rmmod"):
             d = "rmmod hfi1 returned; the function is unbound"
         elif name == "find-hfi1-wfr":
