@@ -125,4 +125,9 @@ pub trait Device: Send + Sync + 'static {
     fn detach(&self);
     /// DEVICE_RESET from the client.
     fn reset(&self);
+    /// A DMA_MAP of `[iova, iova + size)` the server is about to make: an error refuses it with that errno
+    /// (fault injection, docs/observe.md). Called before the mapping is checked or made.
+    fn vet_dma_map(&self, _iova: u64, _size: u64, _flags: u32) -> Result<(), Errno> {
+        Ok(())
+    }
 }

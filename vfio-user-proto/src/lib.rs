@@ -10,6 +10,7 @@ pub mod dma;
 pub mod dma_space;
 pub mod frame_reader;
 pub mod irq;
+pub mod record;
 pub mod server;
 pub mod sock;
 pub mod wire;

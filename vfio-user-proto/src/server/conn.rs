@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use crate::device::{region_flags, Device, DeviceInfo, Errno, RegionInfo};
 use crate::dma_space::DmaSpace;
 use crate::irq::IrqState;
+use crate::record::Session;
 use crate::server::outbound::Outbound;
 use crate::server::ServerConfig;
 use crate::sock::Message;
@@ -45,6 +46,8 @@ pub(crate) struct Conn<'a> {
     pub dma: &'a DmaSpace,
     pub irq: &'a IrqState,
     pub negotiated: bool,
+    /// The session recording, when the server records.
+    session: Option<&'a Arc<Session>>,
     /// (size, flags) of the regions below `ACCESS_CACHE`, looked up once: every register access checks them.
     access: Vec<Option<(u64, u32)>>,
 }
@@ -68,11 +71,12 @@ impl<'a> Conn<'a> {
         out: &'a Outbound,
         dma: &'a DmaSpace,
         irq: &'a IrqState,
+        session: Option<&'a Arc<Session>>,
     ) -> Self {
         let info = device.device_info();
         let access =
             (0..info.num_regions.min(ACCESS_CACHE)).map(|i| device.region_info(i).map(|r| (r.size, r.flags))).collect();
-        Conn { device, cfg, info, out, dma, irq, negotiated: false, access }
+        Conn { device, cfg, info, out, dma, irq, negotiated: false, session, access }
     }
 
     /// Handles one complete command and sends its reply. `Err` means the socket failed.
@@ -84,6 +88,9 @@ impl<'a> Conn<'a> {
             }
             return Ok(());
         }
+        if let Some(s) = self.session {
+            s.message(&h, &msg.payload, msg.fds.len());
+        }
         let result = self.dispatch(msg);
         if h.no_reply() && h.is_command() {
             if let Err(e) = result {
@@ -94,11 +101,19 @@ impl<'a> Conn<'a> {
         match result {
             Ok(reply) => {
                 let fd: Vec<BorrowedFd> = reply.fd.as_ref().map(|f| f.as_fd()).into_iter().collect();
-                self.out.send(&Header::reply(&h, reply.payload.len()), &[&reply.payload], &fd)
+                let header = Header::reply(&h, reply.payload.len());
+                if let Some(s) = self.session {
+                    s.reply(&header, &reply.payload, fd.len());
+                }
+                self.out.send(&header, &[&reply.payload], &fd)
             }
             Err(e) => {
                 tracing::debug!(command = h.command, errno = e, "error reply");
-                self.out.send(&Header::error_reply(&h, sanitize(e)), &[], &[])
+                let header = Header::error_reply(&h, sanitize(e));
+                if let Some(s) = self.session {
+                    s.reply(&header, &[], 0);
+                }
+                self.out.send(&header, &[], &[])
             }
         }
     }
@@ -198,6 +213,7 @@ impl<'a> Conn<'a> {
         if (m.argsz as usize) < DMA_MAP_SIZE || fds.len() > 1 {
             return Err(libc::EINVAL);
         }
+        self.device.vet_dma_map(m.address, m.size, m.flags)?;
         self.dma.map(m.address, m.size, m.offset, m.flags, fds.pop()).map_err(|e| e.errno())?;
         Ok(Reply::default())
     }

@@ -21,6 +21,7 @@ use crate::device::{Device, DeviceContext};
 use crate::dma_space::{DmaSpace, MessageDma, MmapLimits};
 use crate::frame_reader::{FrameLimits, FrameReader, Wait};
 use crate::irq::IrqState;
+use crate::record::{Recorder, RecordingDma, Session};
 use crate::sock::{wait_readable, FrameError, SCM_MAX_FD};
 use crate::wire::{Header, HEADER_SIZE};
 
@@ -45,6 +46,8 @@ pub struct ServerConfig {
     /// Most distinct files mmapped for one client, and their total size; beyond them sealed fd maps
     /// are served by DMA_READ/DMA_WRITE (each mmap holds a descriptor and address space).
     pub mmap_limits: MmapLimits,
+    /// Records every session to a file of its own (docs/observe.md); `None`: nothing is recorded.
+    pub recorder: Option<Arc<Recorder>>,
 }
 
 impl Default for ServerConfig {
@@ -56,6 +59,7 @@ impl Default for ServerConfig {
             dma_timeout: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(5),
             mmap_limits: MmapLimits::default(),
+            recorder: None,
         }
     }
 }
@@ -160,10 +164,21 @@ impl Server {
         let dma =
             Arc::new(DmaSpace::new(self.config.max_dma_maps, Some(messages)).with_mmap_limits(self.config.mmap_limits));
         let irq = Arc::new(IrqState::new());
+        let session = self.config.recorder.as_ref().and_then(|r| match r.begin() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!("cannot record this session in {}: {e}", r.dir().display());
+                None
+            }
+        });
+        let device_dma: Arc<dyn crate::dma::DmaAccess> = match &session {
+            Some(s) => Arc::new(RecordingDma::new(dma.clone(), s.clone())),
+            None => dma.clone(),
+        };
         // A device bug must not take the whole server down: contain it to this connection.
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            self.device.attach(DeviceContext { dma: dma.clone(), irq: irq.clone() });
-            self.read_loop(&stream, &out, &dma, &irq)
+            self.device.attach(DeviceContext { dma: device_dma, irq: irq.clone() });
+            self.read_loop(&stream, &out, &dma, &irq, session.as_ref())
         }))
         .unwrap_or_else(|_| {
             tracing::error!("device panicked; closing the connection");
@@ -176,6 +191,9 @@ impl Server {
         if std::panic::catch_unwind(AssertUnwindSafe(|| self.device.detach())).is_err() {
             tracing::error!("device panicked in detach");
         }
+        if let (Some(r), Some(_)) = (&self.config.recorder, &session) {
+            r.end();
+        }
         let _ = stream.shutdown(std::net::Shutdown::Both);
         result
     }
@@ -186,6 +204,7 @@ impl Server {
         out: &Outbound,
         dma: &DmaSpace,
         irq: &IrqState,
+        session: Option<&Arc<Session>>,
     ) -> Result<(), ServerError> {
         // A blocking read per message (no poll first) that still sees the shutdown flag in time.
         stream.set_read_timeout(Some(STOP_POLL))?;
@@ -194,7 +213,7 @@ impl Server {
             max_fds: self.config.max_msg_fds,
             stall_timeout: self.config.stall_timeout,
         });
-        let mut conn = Conn::new(&*self.device, &self.config, out, dma, irq);
+        let mut conn = Conn::new(&*self.device, &self.config, out, dma, irq, session);
         let result = self.serve_messages(stream, &mut reader, &mut conn, out);
         // Bytes peeked but left unread would turn the client's end of stream into ECONNRESET.
         let _ = reader.consume_seen(stream);

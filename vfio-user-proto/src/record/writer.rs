@@ -1,0 +1,205 @@
+//! Writing recordings: a [`Recorder`] per served device opens one [`Session`] file per client connection.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{content_hash, Record, MAGIC};
+use crate::wire::Header;
+
+/// Where a device's sessions go: `DIR/NAME-N.vfurec`, N counting connections from 1.
+pub struct Recorder {
+    dir: PathBuf,
+    name: String,
+    /// What every session's header carries besides its number (device kind, configuration, faults).
+    header: Mutex<serde_json::Value>,
+    sessions: AtomicU32,
+    current: Mutex<Option<Arc<Session>>>,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder").field("dir", &self.dir).field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Recorder {
+    /// A recorder writing into `dir` (created if missing) under `name`.
+    pub fn new(dir: &Path, name: &str, header: serde_json::Value) -> io::Result<Arc<Recorder>> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Arc::new(Recorder {
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
+            header: Mutex::new(header),
+            sessions: AtomicU32::new(0),
+            current: Mutex::new(None),
+        }))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Replaces one field of the header of sessions begun from now on.
+    pub fn set_header_field(&self, key: &str, value: serde_json::Value) {
+        if let Some(obj) = lock(&self.header).as_object_mut() {
+            obj.insert(key.to_string(), value);
+        }
+    }
+
+    /// A new session file for a client that just connected; the previous session, if any, is finished.
+    pub fn begin(&self) -> io::Result<Arc<Session>> {
+        self.end();
+        let n = self.sessions.fetch_add(1, Ordering::AcqRel) + 1;
+        let path = self.dir.join(format!("{}-{n}.vfurec", self.name));
+        let mut header = lock(&self.header).clone();
+        if let Some(obj) = header.as_object_mut() {
+            obj.insert("format".into(), 1.into());
+            obj.insert("session".into(), n.into());
+        }
+        let session = Arc::new(Session::create(path, &header)?);
+        *lock(&self.current) = Some(session.clone());
+        Ok(session)
+    }
+
+    /// The session being recorded, for events the device model logs itself (control commands, shared memory).
+    pub fn current(&self) -> Option<Arc<Session>> {
+        lock(&self.current).clone()
+    }
+
+    /// Finishes the current session (flushes and closes its file).
+    pub fn end(&self) {
+        if let Some(s) = lock(&self.current).take() {
+            s.finish();
+        }
+    }
+}
+
+/// One session file. Every method is safe from any thread; the first write error is logged and ends the
+/// recording of this session (the device keeps running).
+pub struct Session {
+    path: PathBuf,
+    out: Mutex<Option<BufWriter<File>>>,
+    records: AtomicU64,
+    bytes: AtomicU64,
+    failed: AtomicBool,
+    next_control: AtomicU64,
+}
+
+impl Session {
+    fn create(path: PathBuf, header: &serde_json::Value) -> io::Result<Session> {
+        let mut w = BufWriter::with_capacity(1 << 16, File::create(&path)?);
+        let text = header.to_string();
+        w.write_all(MAGIC)?;
+        w.write_all(&(text.len() as u32).to_le_bytes())?;
+        w.write_all(text.as_bytes())?;
+        Ok(Session {
+            path,
+            out: Mutex::new(Some(w)),
+            records: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            next_control: AtomicU64::new(1),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn records(&self) -> u64 {
+        self.records.load(Ordering::Relaxed)
+    }
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    fn put(&self, tag: u8, parts: &[&[u8]]) {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let Ok(len32) = u32::try_from(len) else { return };
+        let mut out = lock(&self.out);
+        let Some(w) = out.as_mut() else { return };
+        let result = (|| {
+            w.write_all(&[tag])?;
+            w.write_all(&len32.to_le_bytes())?;
+            parts.iter().try_for_each(|p| w.write_all(p))
+        })();
+        match result {
+            Ok(()) => {
+                self.records.fetch_add(1, Ordering::Relaxed);
+                self.bytes.fetch_add(5 + len as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!("recording {}: {e}; recording of this session stops", self.path.display());
+                self.failed.store(true, Ordering::Relaxed);
+                *out = None;
+            }
+        }
+    }
+
+    fn put_record(&self, r: &Record) {
+        let (tag, body) = r.encode();
+        self.put(tag, &[&body]);
+    }
+
+    pub fn message(&self, header: &Header, payload: &[u8], fds: usize) {
+        let fds = [u8::try_from(fds).unwrap_or(u8::MAX)];
+        self.put(super::tag::MESSAGE, &[&fds, &header.encode(), payload]);
+    }
+    pub fn reply(&self, header: &Header, payload: &[u8], fds: usize) {
+        let fds = [u8::try_from(fds).unwrap_or(u8::MAX)];
+        self.put(super::tag::REPLY, &[&fds, &header.encode(), payload]);
+    }
+    pub fn dma_read(&self, iova: u64, data: &[u8]) {
+        self.put(super::tag::DMA_READ, &[&iova.to_le_bytes(), data]);
+    }
+    pub fn dma_write(&self, iova: u64, data: &[u8]) {
+        self.put_record(&Record::DmaWrite { iova, len: data.len() as u64, hash: content_hash(data) });
+    }
+    pub fn dma_failed(&self, iova: u64, len: u64, write: bool) {
+        self.put_record(&Record::DmaFailed { iova, len, write });
+    }
+    pub fn shared_read(&self, region: u32, offset: u64, data: &[u8]) {
+        self.put(super::tag::SHARED_READ, &[&region.to_le_bytes(), &offset.to_le_bytes(), data]);
+    }
+    /// Logs a control request and returns the id its reply is logged under.
+    pub fn control_request(&self, text: &str) -> u64 {
+        let id = self.next_control.fetch_add(1, Ordering::Relaxed);
+        self.put(super::tag::CONTROL_REQUEST, &[&id.to_le_bytes(), text.as_bytes()]);
+        id
+    }
+    pub fn control_reply(&self, id: u64, text: &str) {
+        self.put(super::tag::CONTROL_REPLY, &[&id.to_le_bytes(), text.as_bytes()]);
+    }
+
+    /// Flushes and closes the file; later events are dropped.
+    pub fn finish(&self) {
+        if let Some(mut w) = lock(&self.out).take() {
+            if let Err(e) = w.flush() {
+                tracing::warn!("recording {}: {e}", self.path.display());
+                self.failed.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Writes what is buffered, keeping the file open (so a reader sees the session so far).
+    pub fn flush(&self) {
+        if let Some(w) = lock(&self.out).as_mut() {
+            let _ = w.flush();
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
