@@ -3,10 +3,12 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
+use crate::fault::{FaultKind, FaultSpec};
 use crate::pci::PciIds;
+use crate::trace::{Block, Filter, Format};
 
 /// Most receive contexts the hfi1 chip has (RXE_NUM_CONTEXTS).
 pub const RXE_NUM_CONTEXTS: u32 = 160;
@@ -46,10 +48,59 @@ Examples:
     echo '{\"device\":\"irdma\",\"cmd\":\"dump\"}' | socat - UNIX-CONNECT:/tmp/dm.sock
     echo '{\"cmd\":\"reset\",\"device\":\"hfi1\"}' | socat - UNIX-CONNECT:/tmp/dm.sock
 
+  Trace register accesses by name, the flow table in detail, JSON lines to a file (docs/observe.md):
+    device-model --hfi1 /tmp/h.sock --trace 'hfi1=debug,hfi1::dma=trace' --trace-format json --trace-file /tmp/t.jsonl
+
+  Fail the second quad-hash WQE with the device's duplicate-entry codes, drop the fourth CQE:
+    device-model --irdma /tmp/i.sock --fault 'irdma:cqp-fail,op=manage-qhash,major=0x8002,minor=1,nth=2' \\
+                 --fault 'irdma:cqe-drop,nth=4'
+
+  Record every session, replay one on a fresh device model, turn it into fuzz seeds:
+    device-model --hfi1 /tmp/h.sock --irdma /tmp/i.sock --record /tmp/rec
+    device-model replay /tmp/rec/irdma-1.vfurec
+    device-model seeds /tmp/rec/irdma-1.vfurec --out fuzz/corpus/vfio_user_server
+
+  The same at run time, on the control socket:
+    echo '{\"cmd\":\"trace\",\"filter\":\"irdma::cqp=info\"}' | socat - UNIX-CONNECT:/tmp/dm.sock
+    echo '{\"device\":\"irdma\",\"cmd\":\"fault\",\"add\":\"cqe-delay,ms=500\"}' | socat - UNIX-CONNECT:/tmp/dm.sock
+    echo '{\"cmd\":\"help\"}' | socat - UNIX-CONNECT:/tmp/dm.sock
+
 Default PCI IDs are 1b36:1100 (hfi1, class 020800) and 1b36:1101 (irdma, class 020000), which no in-tree
 Linux driver claims. Giving a real chip's IDs lets the guest's own hfi1/ice driver bind to the emulation.";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
+/// The long help: the examples, then the trace blocks and faults, listed from their definitions.
+pub fn long_help() -> String {
+    let mut s = format!("{EXAMPLES}\n\n{}", reference());
+    s.truncate(s.trim_end().len());
+    s
+}
+
+/// Trace filter syntax, blocks and the fault spec language, for `--help` and the control socket's `help`.
+pub fn reference() -> String {
+    let mut s = String::from(
+        "Trace filters (--trace, {\"cmd\":\"trace\",\"filter\":...}): comma-separated TARGET=LEVEL, RUST_LOG style;\n\
+         TARGET is DEVICE, DEVICE::BLOCK or *::BLOCK; LEVEL off|info (engine events)|debug (+ registers)|trace (+ DMA).\n\
+         Blocks:\n",
+    );
+    for b in Block::ALL {
+        s.push_str(&format!("  {:<10} {}\n", b.name(), b.doc()));
+    }
+    s.push_str(
+        "\nFaults (--fault, {\"device\":D,\"cmd\":\"fault\",\"add\":SPEC}): [DEVICE:]FAULT[,KEY=VALUE]...; triggers:\n\
+         nth=N (first matching event that fires, default 1), count=K|forever (default 1; forever for lasting\n\
+         faults), prob=P seed=S (seeded probability from the Nth event on). Counts restart with each client.\n",
+    );
+    for k in FaultKind::ALL {
+        let (keys, doc) = k.usage();
+        let keys = if keys.is_empty() { String::new() } else { format!(" [{}]", keys.join(", ")) };
+        let only = k.devices().map_or("any device".to_string(), |d| d.join("/"));
+        s.push_str(&format!("  {:<16} {doc}{keys} ({only})\n", k.name()));
+    }
+    s
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum DeviceKind {
     Hfi1,
     /// The hfi1 engine with the real chip's personality, for the stock Linux hfi1 driver.
@@ -117,9 +168,11 @@ pub enum CliError {
     PathReused(PathBuf),
     #[error("{option} given but {device} is not served")]
     OptionForAbsentDevice { option: &'static str, device: &'static str },
+    #[error("--fault {spec}: {why}")]
+    Fault { spec: String, why: String },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Parser)]
+#[derive(Debug, Clone, PartialEq, Parser)]
 #[command(
     name = "device-model",
     version,
@@ -128,10 +181,15 @@ pub enum CliError {
 receive structures and the irdma (E810) control QP. Each device is served on its own UNIX socket to one vfio-user \
 client at a time (QEMU's vfio-user-pci, or a direct client); when a client leaves, the device is reset and the \
 next client is served. An optional control socket (JSON lines) injects packets, dumps state and resets devices.",
-    after_help = "See --help for examples.",
-    after_long_help = EXAMPLES
+    after_help = "See --help for examples, trace blocks and faults.",
+    after_long_help = long_help(),
+    args_conflicts_with_subcommands = true
 )]
 pub struct Args {
+    /// A tool instead of serving devices.
+    #[command(subcommand)]
+    pub tool: Option<Tool>,
+
     /// Serve the hfi1 function on a vfio-user socket created at PATH (a stale socket is replaced).
     #[arg(long, value_name = "PATH")]
     pub hfi1: Option<PathBuf>,
@@ -194,6 +252,57 @@ pub struct Args {
     /// Log level (logs go to stderr; RUST_LOG, when set, overrides this).
     #[arg(long, value_enum, value_name = "LEVEL", default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
+
+    /// Named trace of the devices' events, RUST_LOG-style (`hfi1::flow=debug,irdma=info`; see below).
+    #[arg(long, value_name = "FILTER", value_parser = parse_filter)]
+    pub trace: Option<Filter>,
+
+    /// Trace lines go to this file (appended) instead of stderr.
+    #[arg(long, value_name = "PATH")]
+    pub trace_file: Option<PathBuf>,
+
+    /// Trace lines as text or as JSON lines.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Format::Text)]
+    pub trace_format: Format,
+
+    /// Arm a fault, DEVICE:FAULT[,KEY=VALUE]... (repeatable; see below).
+    #[arg(long, value_name = "SPEC", value_parser = parse_fault)]
+    pub fault: Vec<FaultSpec>,
+
+    /// Record every client session of every device to DIR/DEVICE-N.vfurec (for `replay` and `seeds`).
+    #[arg(long, value_name = "DIR")]
+    pub record: Option<PathBuf>,
+}
+
+/// The tools beside the server.
+#[derive(Debug, Clone, PartialEq, Subcommand)]
+pub enum Tool {
+    /// Feeds each recording to a fresh device model and checks that every reply matches; exits 1 otherwise.
+    Replay {
+        /// Recordings (DEVICE-N.vfurec files, or directories of them).
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// One JSON report instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Trace the replayed devices (as --trace; lines to stderr).
+        #[arg(long, value_name = "FILTER", value_parser = parse_filter)]
+        trace: Option<Filter>,
+    },
+    /// Turns recordings into seeds for the vfio_user_server fuzz target.
+    Seeds {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// Where the seeds go (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Client messages per seed (the target runs at most 48 operations).
+        #[arg(long, value_name = "N", default_value_t = 40, value_parser = clap::value_parser!(u64).range(1..=46))]
+        window: u64,
+        /// Seeds per recording at most, spread over the session.
+        #[arg(long, value_name = "N", default_value_t = 32)]
+        max: usize,
+    },
 }
 
 /// Where a device listens.
@@ -275,6 +384,14 @@ impl Args {
                 return Err(CliError::OptionForAbsentDevice { option, device: kind.name() });
             }
         }
+        for f in &self.fault {
+            let fail = |why: String| CliError::Fault { spec: f.to_string(), why };
+            let device = f.device.as_deref().ok_or_else(|| fail("name the device: DEVICE:FAULT,...".into()))?;
+            if !out.iter().any(|s| s.kind.name() == device) {
+                return Err(fail(format!("{device} is not served")));
+            }
+            f.check_device(device).map_err(|e| fail(e.to_string()))?;
+        }
         Ok(out)
     }
 }
@@ -302,6 +419,14 @@ pub fn parse_ids(s: &str) -> Result<VendorDevice, CliError> {
 /// A file descriptor number (0 included: a socket on stdin is the inetd convention).
 pub fn parse_fd(s: &str) -> Result<i32, CliError> {
     s.parse::<i32>().ok().filter(|fd| *fd >= 0).ok_or_else(|| CliError::Fd(s.to_string()))
+}
+
+fn parse_filter(s: &str) -> Result<Filter, String> {
+    Filter::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_fault(s: &str) -> Result<FaultSpec, String> {
+    FaultSpec::parse(s).map_err(|e| e.to_string())
 }
 
 /// RcvArray size: a whole number of shared-mapping pages, at most `MAX_RCV_ARRAY_ENTRIES`.

@@ -1,9 +1,10 @@
 //! The control socket: JSON lines over a UNIX socket, one request per line, one reply per line.
 //!
-//! Requests: `{"cmd":"list"}`; `{"cmd":"reset","device":NAME}` (the engine's reset);
-//! `{"device":NAME,"cmd":...}` for anything else, handed whole to that device (for a `Function`,
-//! `{"cmd":"pci"}` dumps PCI state, `{"cmd":"dma_maps"}` lists the client's DMA mappings, and every other
-//! command goes to its engine's `control()`).
+//! Requests: `{"cmd":"list"}`; `{"cmd":"help"}`; `{"cmd":"trace",...}` and `{"cmd":"record",...}` for every
+//! device at once; `{"cmd":"reset","device":NAME}` (the engine's reset); `{"device":NAME,"cmd":...}` for
+//! anything else, handed whole to that device (for a `Function`, `{"cmd":"pci"}` dumps PCI state,
+//! `{"cmd":"dma_maps"}` lists the client's DMA mappings, `accesses`, `fault` and `trace` are the function's
+//! (docs/observe.md), and every other command goes to its engine's `control()`).
 //! Replies: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`. A line longer than `MAX_LINE`, bad
 //! JSON or an unknown device gets an error reply and the connection goes on.
 
@@ -20,8 +21,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::engine::Engine;
+use crate::fault::FaultSpec;
 use crate::pci::Function;
+use crate::probe::Probe;
 use crate::socket_owner::SocketFile;
+use crate::trace::{Filter, Format, Sink};
 
 /// Longest request line accepted.
 pub const MAX_LINE: usize = 1 << 20;
@@ -44,7 +48,14 @@ pub trait ControlTarget: Send + Sync {
     }
     fn control(&self, request: &Value) -> Result<Value, String>;
     fn reset(&self);
+    /// The device's trace switches, faults and recorder, for the commands that address every device.
+    fn probe(&self) -> Option<Arc<Probe>> {
+        None
+    }
 }
+
+/// Commands that only look: a recorded session leaves them out, since replaying them changes nothing.
+const OBSERVING: &[&str] = &["pci", "dma_maps", "accesses", "counters", "trace", "help"];
 
 impl ControlTarget for Function {
     fn name(&self) -> &str {
@@ -58,17 +69,155 @@ impl ControlTarget for Function {
         })
     }
     fn control(&self, request: &Value) -> Result<Value, String> {
-        match request.get("cmd").and_then(Value::as_str) {
-            Some("pci") => Ok(self.pci_state()),
-            Some("dma_maps") => Ok(self.dma_maps()),
+        let cmd = request.get("cmd").and_then(Value::as_str).unwrap_or_default();
+        let run = || match cmd {
+            "pci" => Ok(self.pci_state()),
+            "dma_maps" => Ok(self.dma_maps()),
+            "accesses" => Ok(self.accesses(request.get("keep").and_then(Value::as_bool))),
+            "fault" => fault_command(self, request),
+            "trace" => trace_command(std::slice::from_ref(self.probe()), request),
             _ => self.engine().control(request),
+        };
+        if OBSERVING.contains(&cmd) {
+            return run();
         }
+        recorded(self.probe(), request, run)
     }
     /// The engine's registers and tables only: config space and MSI-X belong to the connected client, and an
     /// FLR behind QEMU's back would turn memory decoding off under a running guest.
     fn reset(&self) {
-        self.engine().reset();
+        let request = json!({"device": self.name(), "cmd": "reset"});
+        let _ = recorded(self.probe(), &request, || {
+            self.engine().reset();
+            Ok(json!({ "reset": self.name() }))
+        });
     }
+    fn probe(&self) -> Option<Arc<Probe>> {
+        Some(Function::probe(self).clone())
+    }
+}
+
+/// Runs a control command of the device's session: logged with its reply when the session is recorded, so
+/// a replay issues it at the same point.
+fn recorded(probe: &Probe, request: &Value, run: impl FnOnce() -> Result<Value, String>) -> Result<Value, String> {
+    let session = probe.recorder().and_then(|r| r.current());
+    let id = session.as_ref().map(|s| s.control_request(&request.to_string()));
+    let result = run();
+    if let (Some(s), Some(id)) = (&session, id) {
+        let reply = match &result {
+            Ok(v) => ok(v.clone()),
+            Err(e) => err(e.clone()),
+        };
+        s.control_reply(id, &reply.to_string());
+    }
+    result
+}
+
+/// `{"device":D,"cmd":"fault"}` lists the armed faults; `"add":SPEC` arms one (DEVICE: may be left out),
+/// `"remove":ID` disarms one, `"clear":true` all.
+fn fault_command(f: &Function, request: &Value) -> Result<Value, String> {
+    let faults = &f.probe().faults;
+    if let Some(spec) = request.get("add") {
+        let text = spec.as_str().ok_or("\"add\" takes a fault spec string")?;
+        let spec = FaultSpec::parse(text).map_err(|e| e.to_string())?;
+        if spec.device.as_deref().is_some_and(|d| d != f.name()) {
+            return Err(format!("the spec names another device than {}", f.name()));
+        }
+        let id = f.arm_fault(spec)?;
+        return Ok(json!({ "id": id, "faults": faults.list() }));
+    }
+    if let Some(id) = request.get("remove") {
+        let id = id.as_u64().ok_or("\"remove\" takes a fault id")?;
+        if !faults.remove(id) {
+            return Err(format!("no fault {id}"));
+        }
+        f.faults_changed();
+    } else if request.get("clear").and_then(Value::as_bool) == Some(true) {
+        faults.clear();
+        f.faults_changed();
+    }
+    Ok(json!({ "faults": faults.list() }))
+}
+
+/// `{"cmd":"trace"}` (every device) or `{"device":D,"cmd":"trace"}`: `"filter"` sets the filter, `"format"`
+/// text|json, `"file"` a path to append to (or "stderr"); replies with what is traced where.
+fn trace_command(probes: &[Arc<Probe>], request: &Value) -> Result<Value, String> {
+    let sink = probes.first().map_or_else(Sink::global, |p| p.trace.sink());
+    if let Some(f) = request.get("format") {
+        let f = f.as_str().and_then(Format::parse).ok_or("\"format\" is text or json")?;
+        sink.set_format(f);
+    }
+    match request.get("file").map(|v| v.as_str().ok_or("\"file\" is a path or \"stderr\"")) {
+        Some(Ok("stderr")) => sink.to_stderr(),
+        Some(Ok(path)) => sink.to_file(Path::new(path)).map_err(|e| format!("{path}: {e}"))?,
+        Some(Err(e)) => return Err(e.into()),
+        None => {}
+    }
+    if let Some(text) = request.get("filter") {
+        let text = text.as_str().ok_or("\"filter\" is a filter string")?;
+        let filter = Filter::parse(text).map_err(|e| e.to_string())?;
+        for p in probes {
+            p.trace.set_filter(&filter);
+        }
+    }
+    let devices: serde_json::Map<String, Value> = probes
+        .iter()
+        .map(|p| {
+            let on: serde_json::Map<String, Value> =
+                p.trace.enabled().into_iter().map(|(b, l)| (b.name().to_string(), l.name().into())).collect();
+            (p.device().to_string(), Value::Object(on))
+        })
+        .collect();
+    Ok(
+        json!({ "format": sink.format().name(), "destination": sink.destination(), "lines": sink.lines(), "devices": devices }),
+    )
+}
+
+/// `{"cmd":"record"}`: where each device's sessions go and the session being recorded; `"dir":PATH` records
+/// the sessions that begin from now on there, `"stop":true` stops (the current session is finished).
+fn record_command(targets: &[Arc<dyn ControlTarget>], request: &Value) -> Result<Value, String> {
+    let recorders: Vec<(String, Arc<vfio_user_proto::record::Recorder>)> =
+        targets.iter().filter_map(|t| Some((t.name().to_string(), t.probe()?.recorder()?))).collect();
+    if let Some(dir) = request.get("dir") {
+        let dir = dir.as_str().ok_or("\"dir\" is a path")?;
+        for (_, r) in &recorders {
+            r.set_dir(Some(Path::new(dir))).map_err(|e| format!("{dir}: {e}"))?;
+        }
+    } else if request.get("stop").and_then(Value::as_bool) == Some(true) {
+        for (_, r) in &recorders {
+            r.set_dir(None).map_err(|e| e.to_string())?;
+        }
+    }
+    let status: serde_json::Map<String, Value> = recorders
+        .iter()
+        .map(|(name, r)| {
+            let current = r
+                .current()
+                .map(|s| json!({"file": s.path(), "records": s.records(), "bytes": s.bytes(), "failed": s.failed()}));
+            (name.clone(), json!({ "dir": r.dir(), "session": current }))
+        })
+        .collect();
+    Ok(Value::Object(status))
+}
+
+/// `{"cmd":"help"}`: every command, and the trace and fault languages.
+pub fn help() -> Value {
+    json!({
+        "commands": {
+            "list": "{\"cmd\":\"list\"}: the devices",
+            "help": "{\"cmd\":\"help\"}: this",
+            "trace": "{\"cmd\":\"trace\",\"filter\":\"hfi1::flow=debug,irdma=info\",\"format\":\"text|json\",\"file\":PATH|\"stderr\"}: the named trace of every device (with \"device\": that device only)",
+            "record": "{\"cmd\":\"record\",\"dir\":PATH} records sessions that begin from now on; {\"cmd\":\"record\",\"stop\":true}; {\"cmd\":\"record\"}: status. Replay with `device-model replay FILE`, fuzz seeds with `device-model seeds FILE --out DIR`",
+            "reset": "{\"cmd\":\"reset\",\"device\":D}: the engine's reset",
+            "pci": "{\"device\":D,\"cmd\":\"pci\"}: config space, BARs, MSI-X state",
+            "dma_maps": "{\"device\":D,\"cmd\":\"dma_maps\"}: the client's DMA mappings",
+            "accesses": "{\"device\":D,\"cmd\":\"accesses\",\"keep\":true|false}: the session's register accesses by name (totals and the last 64)",
+            "fault": "{\"device\":D,\"cmd\":\"fault\",\"add\":SPEC} arms a fault; \"remove\":ID, \"clear\":true; without them: the armed faults and their counts",
+            "hfi1": "{\"device\":\"hfi1\",\"cmd\":\"inject|dump|counters|reset\",...} (docs/hfi1-device.md)",
+            "irdma": "{\"device\":\"irdma\",\"cmd\":\"dump|counters|reset|classify\",...} (docs/irdma-device.md)",
+        },
+        "reference": crate::cli::reference().lines().collect::<Vec<_>>(),
+    })
 }
 
 /// A bare engine on the control socket (no PCI function around it): `reset` is the engine's own.
@@ -116,6 +265,12 @@ pub fn handle_request(targets: &[Arc<dyn ControlTarget>], line: &[u8]) -> Value 
     };
     match (cmd, target) {
         ("list", None) => ok(Value::Array(targets.iter().map(|t| t.describe()).collect())),
+        ("help", None) => ok(help()),
+        ("trace", None) => {
+            let probes: Vec<Arc<Probe>> = targets.iter().filter_map(|t| t.probe()).collect();
+            guarded(|| trace_command(&probes, &request))
+        }
+        ("record", None) => guarded(|| record_command(targets, &request)),
         ("reset", Some(t)) => guarded(|| {
             t.reset();
             Ok(json!({ "reset": t.name() }))

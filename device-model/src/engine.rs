@@ -9,6 +9,9 @@ use std::sync::Arc;
 use vfio_user_proto::device::RegionFd;
 use vfio_user_proto::dma::DmaAccess;
 
+use crate::probe::Probe;
+use crate::trace::RegisterName;
+
 /// Raises an MSI-X vector of the function. The PCI layer decides whether it is delivered or left
 /// pending (masked), so engines just call it.
 pub trait Interrupt: Send + Sync {
@@ -113,4 +116,22 @@ pub trait Engine: Send + Sync + 'static {
     fn reset(&self);
     /// One control-socket command for this engine, e.g. `{"cmd":"dump"}` or `{"cmd":"inject", ...}`.
     fn control(&self, request: &serde_json::Value) -> Result<serde_json::Value, String>;
+    /// The engine's trace switches and faults, shared with its PCI function. An engine with no hook points
+    /// of its own gets a fresh one (the PCI function asks once).
+    fn probe(&self) -> Arc<Probe> {
+        Probe::new(self.name())
+    }
+    /// The kernel's name of the register at `offset` of `bar`, its block, and (given a value) its decoded
+    /// fields: the one naming path of traces, access logs and fault specs.
+    fn register_name(&self, _bar: u32, _offset: u64, _value: Option<u64>) -> RegisterName {
+        RegisterName::unnamed()
+    }
+    /// Where the register the kernel calls `name` is (`SEND_DMA_STATUS[engine 0]`, `CQPTAIL`): (bar, offset).
+    fn register_offset(&self, _name: &str) -> Option<(u32, u64)> {
+        None
+    }
+    /// Whether the PCI function keeps the session's access log from the start (see `trace::access_log`).
+    fn keeps_access_log(&self) -> bool {
+        false
+    }
 }

@@ -1,10 +1,15 @@
 //! Emulated hfi1 (TID receive side) and irdma (control QP) PCI functions served over vfio-user.
 
+pub mod build;
 pub mod cli;
 pub mod control;
 pub mod engine;
+pub mod fault;
 pub mod hfi1;
 pub mod irdma;
 pub mod pci;
+pub mod probe;
+pub mod replay;
 pub mod shutdown;
 pub mod socket_owner;
+pub mod trace;

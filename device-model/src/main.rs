@@ -5,17 +5,16 @@ use std::os::unix::net::UnixListener;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
-use device_model::cli::{Args, DeviceKind, Listen, Served};
+use device_model::build::DeviceOptions;
+use device_model::cli::{Args, DeviceKind, Listen, Served, Tool};
 use device_model::control::{serve_control, ControlTarget};
-use device_model::engine::Engine;
-use device_model::hfi1::{Hfi1, Hfi1Config};
-use device_model::irdma::{Irdma, IrdmaConfig};
-use device_model::pci::Function;
+use device_model::replay::{self, Report};
 use device_model::shutdown::{accept_one, Termination};
 use device_model::socket_owner::{self, SocketFile};
+use device_model::trace::{Filter, Sink};
+use vfio_user_proto::record::Recorder;
 use vfio_user_proto::{Server, ServerConfig};
 
 fn main() -> ExitCode {
@@ -23,6 +22,9 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(args.log_level.level().as_str()));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    if let Some(tool) = &args.tool {
+        return run_tool(tool);
+    }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -32,35 +34,91 @@ fn main() -> ExitCode {
     }
 }
 
-fn engine_for(args: &Args, kind: DeviceKind) -> Result<Arc<dyn Engine>, String> {
-    Ok(match kind {
-        DeviceKind::Hfi1 | DeviceKind::Hfi1Wfr => {
-            let mut config = if kind == DeviceKind::Hfi1 { Hfi1Config::default() } else { Hfi1Config::wfr() };
-            // The size options shape the project's own function; the chip personality keeps the chip's.
-            if kind == DeviceKind::Hfi1 {
-                if let Some(n) = args.hfi1_contexts {
-                    config.rcv_contexts = n as usize;
-                }
-                if let Some(n) = args.hfi1_rcvarray_entries {
-                    config.rcv_array_count = n as usize;
-                }
+fn options_for(args: &Args, s: &Served) -> DeviceOptions {
+    let hfi1 = s.kind == DeviceKind::Hfi1;
+    let ids = (s.ids != DeviceOptions::new(s.kind).pci_ids()).then_some((s.ids.vendor_id, s.ids.device_id));
+    DeviceOptions {
+        kind: s.kind,
+        ids,
+        hfi1_contexts: args.hfi1_contexts.filter(|_| hfi1),
+        hfi1_rcvarray_entries: args.hfi1_rcvarray_entries.filter(|_| hfi1),
+        irdma_qhash_capacity: args.irdma_qhash_capacity.filter(|_| s.kind == DeviceKind::Irdma),
+        worker_spin_us: args.worker_spin_us,
+    }
+}
+
+/// `replay` and `seeds`.
+fn run_tool(tool: &Tool) -> ExitCode {
+    let result = match tool {
+        Tool::Replay { files, json, trace } => replay_all(files, *json, trace.as_ref()),
+        Tool::Seeds { files, out, window, max } => (|| {
+            let mut total = 0;
+            for f in replay::expand(files).map_err(|e| e.to_string())? {
+                let n = replay::write_seeds(&f, out, *window as usize, *max)
+                    .map_err(|e| format!("{}: {e}", f.display()))?;
+                println!("{}: {n} seeds", f.display());
+                total += n;
             }
-            if let Some(us) = args.worker_spin_us {
-                config.worker_spin = Duration::from_micros(us);
-            }
-            Arc::new(Hfi1::new(config).map_err(|e| format!("hfi1: {e}"))?)
+            println!("{total} seeds in {}", out.display());
+            Ok(true)
+        })(),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("device-model: {e}");
+            ExitCode::from(2)
         }
-        DeviceKind::Irdma => {
-            let mut config = IrdmaConfig::default();
-            if let Some(n) = args.irdma_qhash_capacity {
-                config.qhash_capacity = n as usize;
+    }
+}
+
+fn replay_all(files: &[std::path::PathBuf], json: bool, trace: Option<&Filter>) -> Result<bool, String> {
+    let files = replay::expand(files).map_err(|e| e.to_string())?;
+    if files.is_empty() {
+        return Err("no recordings found".into());
+    }
+    let mut reports: Vec<Report> = Vec::new();
+    for f in &files {
+        let r = replay::replay_file(f, trace).map_err(|e| format!("{}: {e}", f.display()))?;
+        if !json {
+            let verdict = if r.ok() { "replays clean" } else { "DIFFERS" };
+            println!(
+                "{}: {} {verdict}: {} records, {} messages, {} replies ({} register reads repeated as polls), {} DMA reads, \
+                 {} DMA writes, {} shared-memory reads, {} control commands, {:.2} s{}",
+                f.display(),
+                r.device,
+                r.records,
+                r.messages,
+                r.replies,
+                r.rereads,
+                r.dma_reads,
+                r.dma_writes,
+                r.shared_reads,
+                r.control,
+                r.seconds,
+                if r.truncated { " (the recording ends inside a record)" } else { "" }
+            );
+            for m in &r.mismatches {
+                println!("  {m}");
             }
-            if let Some(us) = args.worker_spin_us {
-                config.worker_spin = Duration::from_micros(us);
+            if r.more_mismatches > 0 {
+                println!("  ... and {} more", r.more_mismatches);
             }
-            Arc::new(Irdma::new(config))
+            if r.shared_left > 0 || r.shared_missing > 0 {
+                println!(
+                    "  shared memory: {} recorded reads not made, {} made beyond the recording",
+                    r.shared_left, r.shared_missing
+                );
+            }
         }
-    })
+        reports.push(r);
+    }
+    let ok = reports.iter().all(Report::ok);
+    if json {
+        println!("{}", serde_json::json!({ "ok": ok, "recordings": reports }));
+    }
+    Ok(ok)
 }
 
 /// Adopts an inherited listening socket (`--fd`), after checking that it is one.
@@ -84,9 +142,27 @@ fn run(args: &Args) -> Result<(), String> {
     let mut functions = Vec::new();
     let mut listeners = Vec::new();
     let mut socket_files: Vec<SocketFile> = Vec::new();
+    let sink = Sink::global();
+    sink.set_format(args.trace_format);
+    if let Some(path) = &args.trace_file {
+        sink.to_file(path).map_err(|e| format!("--trace-file {}: {e}", path.display()))?;
+    }
+    let mut recorders = Vec::new();
     for s in &served {
-        let engine = engine_for(args, s.kind)?;
-        let function = Function::try_new(engine, s.ids).map_err(|e| format!("{}: {e}", s.kind.name()))?;
+        let options = options_for(args, s);
+        let faults: Vec<_> =
+            args.fault.iter().filter(|f| f.device.as_deref() == Some(s.kind.name())).cloned().collect();
+        let function = options.build(&faults)?;
+        if let Some(filter) = &args.trace {
+            function.probe().trace.set_filter(filter);
+        }
+        // Every device has a recorder, idle unless --record or {"cmd":"record","dir":...} gives it a directory.
+        let recorder = Recorder::idle(s.kind.name(), options.header(&function.probe().faults.specs()));
+        if let Some(dir) = &args.record {
+            recorder.set_dir(Some(dir)).map_err(|e| format!("--record {}: {e}", dir.display()))?;
+        }
+        function.probe().set_recorder(Some(recorder.clone()));
+        recorders.push(recorder);
         let listener = match &s.listen {
             Listen::Path(p) => {
                 // Dropped on every way out of `run`, which removes the file.
@@ -122,10 +198,10 @@ fn run(args: &Args) -> Result<(), String> {
 
     let mut threads = Vec::new();
     let mut stops = Vec::new();
-    for ((function, listener), s) in functions.into_iter().zip(listeners).zip(&served) {
+    for (((function, listener), s), recorder) in functions.into_iter().zip(listeners).zip(&served).zip(recorders) {
         let once = args.once;
         let name = s.kind.name();
-        let server = Server::new(function, ServerConfig::default());
+        let server = Server::new(function, ServerConfig { recorder: Some(recorder), ..ServerConfig::default() });
         stops.push(server.shutdown_handle());
         let stop = shutdown.clone();
         let thread = std::thread::Builder::new()

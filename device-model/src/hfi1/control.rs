@@ -69,8 +69,7 @@ pub(super) fn handle(dev: &Hfi1, req: &Value) -> Result<Value> {
     match cmd {
         "inject" => {
             let (packet, payload) = parse_inject(req)?;
-            let result = dev.inject(packet, payload)?;
-            Ok(json!({"result": result.name(), "code": result.code()}))
+            Ok(dev.inject_packet(packet, payload)?.to_json())
         }
         "dump" => Ok(dev.dump()),
         "reset" => {
@@ -78,8 +77,7 @@ pub(super) fn handle(dev: &Hfi1, req: &Value) -> Result<Value> {
             Ok(json!({"ok": true}))
         }
         "counters" => Ok(counters_json(dev.shared_counters())),
-        "accesses" => Ok(dev.recent_accesses()),
-        other => Err(err(format!("unknown command \"{other}\" (inject, dump, reset, counters, accesses)"))),
+        other => Err(err(format!("unknown command \"{other}\" (inject, dump, reset, counters)"))),
     }
 }
 

@@ -13,23 +13,25 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use vfio_user_proto::device::RegionFd;
 use vfio_user_proto::dma::{DmaAccess, NoDma};
 
-use super::access_log::AccessLog;
 use super::chip::{Access, Chip};
 use super::counters::Counters;
 use super::loopback::{self, LbRegs, LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
+use super::observe::InjectOutcome;
 use super::rcv::{Packet, RxResult};
 use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RXE, TXE};
 use super::shm::SharedWords;
 use super::wfr::{self, Wfr};
 use super::{Hfi1Config, Hfi1Error, Personality, Result, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
 use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape, PcieLink};
+use crate::probe::Probe;
+use crate::trace::RegisterName;
 
 /// How long detach waits for the descriptor in flight, and a control inject for its result.
 pub(super) const WORK_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub(super) enum Job {
     Doorbell { desc: u64, epoch: u64 },
-    Inject { packet: Packet, payload: Vec<u8>, epoch: u64, reply: Sender<RxResult> },
+    Inject { packet: Packet, payload: Vec<u8>, epoch: u64, reply: Sender<InjectOutcome> },
     Stop,
 }
 
@@ -38,8 +40,8 @@ pub(super) struct Shared {
     chip: Mutex<Chip>,
     /// The chip's other blocks, on the WFR personality. Lock order: `chip`, then `wfr`.
     wfr: Option<Mutex<Wfr>>,
-    /// The last register accesses, on the WFR personality (a stalled driver's last steps).
-    log: Option<Mutex<AccessLog>>,
+    /// Traces and faults of this device (shared with its PCI function).
+    pub probe: Arc<Probe>,
     pub counters: Counters,
     pub lb: LbRegs,
     /// Bumped (under the chip lock) by every reset and detach; work from an older epoch is dropped.
@@ -58,12 +60,6 @@ impl Shared {
 
     fn lock_wfr(&self) -> Option<MutexGuard<'_, Wfr>> {
         self.wfr.as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    fn log(&self, write: bool, offset: u64, value: u64) {
-        if let Some(l) = &self.log {
-            l.lock().unwrap_or_else(|e| e.into_inner()).record(write, offset, value);
-        }
     }
 
     pub fn epoch(&self) -> u64 {
@@ -141,11 +137,16 @@ impl Hfi1 {
             Personality::Emu => None,
             Personality::Wfr(shape) => Some(Mutex::new(Wfr::new(shape))),
         };
-        let log = wfr.is_some().then(|| Mutex::new(AccessLog::default()));
+        let probe = Probe::new(match config.personality {
+            Personality::Emu => "hfi1",
+            Personality::Wfr(_) => "hfi1-wfr",
+        });
+        let mut chip = Chip::new(config.rcv_contexts, shm, wfr.is_none());
+        chip.rcv_array.set_probe(probe.clone());
         let shared = Arc::new(Shared {
-            chip: Mutex::new(Chip::new(config.rcv_contexts, shm, wfr.is_none())),
+            chip: Mutex::new(chip),
             wfr,
-            log,
+            probe,
             counters: Counters::default(),
             lb: LbRegs::default(),
             epoch: AtomicU64::new(0),
@@ -184,8 +185,14 @@ impl Hfi1 {
         self.shared.counters.snapshot()
     }
 
-    /// Sends one packet through the receive engine on the worker thread and waits for its result.
+    /// Sends one packet through the receive engine on the worker thread and waits for its result. A packet a
+    /// fault drops or holds back reports `Aborted` here; [`Hfi1::inject_packet`] tells what happened.
     pub fn inject(&self, packet: Packet, payload: Vec<u8>) -> Result<RxResult> {
+        self.inject_packet(packet, payload).map(|o| o.result.unwrap_or(RxResult::Aborted))
+    }
+
+    /// [`Hfi1::inject`], with what the packet faults did.
+    pub fn inject_packet(&self, packet: Packet, payload: Vec<u8>) -> Result<InjectOutcome> {
         if payload.len() > LB_MAX_PAYLOAD {
             return Err(Hfi1Error::Control(format!("payload of {} bytes exceeds {LB_MAX_PAYLOAD}", payload.len())));
         }
@@ -212,15 +219,7 @@ impl Hfi1 {
         if let Some(w) = self.shared.lock_wfr() {
             v["wfr"] = w.dump();
         }
-        if let Some(l) = &self.shared.log {
-            v["recent_accesses"] = l.lock().unwrap_or_else(|e| e.into_inner()).dump();
-        }
         v
-    }
-
-    /// The last register accesses, named (WFR personality; empty otherwise).
-    pub fn recent_accesses(&self) -> serde_json::Value {
-        self.shared.log.as_ref().map_or(serde_json::json!([]), |l| l.lock().unwrap_or_else(|e| e.into_inner()).dump())
     }
 
     fn read64(&self, offset: u64) -> u64 {
@@ -232,7 +231,6 @@ impl Hfi1 {
             },
             Some(_) => self.wfr_read(offset),
         };
-        self.shared.log(false, offset, value);
         value
     }
 
@@ -247,7 +245,6 @@ impl Hfi1 {
     }
 
     fn write64(&self, offset: u64, value: u64) {
-        self.shared.log(true, offset, value);
         if self.shared.wfr.is_some() {
             return self.wfr_write(offset, value);
         }
@@ -317,6 +314,7 @@ fn next_job(jobs: &Receiver<Job>, spin: Duration) -> Option<Job> {
 }
 
 fn worker(shared: &Shared, jobs: &Receiver<Job>, spin: Duration) {
+    let mut held = None;
     while let Some(job) = next_job(jobs, spin) {
         match job {
             Job::Stop => break,
@@ -330,9 +328,9 @@ fn worker(shared: &Shared, jobs: &Receiver<Job>, spin: Duration) {
             Job::Inject { packet, payload, epoch, reply } => {
                 shared.set_busy(Some(epoch));
                 let result = if shared.current(epoch) {
-                    loopback::receive(shared, shared.dma().as_ref(), &packet, &payload, epoch)
+                    loopback::inject(shared, shared.dma().as_ref(), packet, payload, epoch, &mut held)
                 } else {
-                    RxResult::Aborted
+                    InjectOutcome::plain(RxResult::Aborted)
                 };
                 shared.set_busy(None);
                 let _ = reply.try_send(result);
@@ -422,10 +420,6 @@ impl Engine for Hfi1 {
     }
 
     fn attach(&self, dma: Arc<dyn DmaAccess>, irq: Arc<dyn Interrupt>) {
-        // A new session starts its own record; the last one stays readable until then.
-        if let Some(l) = &self.shared.log {
-            *l.lock().unwrap_or_else(|e| e.into_inner()) = AccessLog::default();
-        }
         *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = dma;
         *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = irq;
     }
@@ -447,6 +441,26 @@ impl Engine for Hfi1 {
 
     fn control(&self, request: &serde_json::Value) -> std::result::Result<serde_json::Value, String> {
         super::control::handle(self, request).map_err(|e| e.to_string())
+    }
+
+    fn probe(&self) -> Arc<Probe> {
+        self.shared.probe.clone()
+    }
+
+    fn register_name(&self, bar: u32, offset: u64, value: Option<u64>) -> RegisterName {
+        if bar != HFI1_BAR {
+            return RegisterName::unnamed();
+        }
+        super::names::describe(&self.config.personality, offset, value)
+    }
+
+    fn register_offset(&self, name: &str) -> Option<(u32, u64)> {
+        super::names::offset_of(&self.config.personality, name).map(|o| (HFI1_BAR, o))
+    }
+
+    /// The chip personality keeps its log from the start: a stalled stock driver's last steps.
+    fn keeps_access_log(&self) -> bool {
+        matches!(self.config.personality, Personality::Wfr(_))
     }
 }
 

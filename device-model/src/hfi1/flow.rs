@@ -105,6 +105,17 @@ impl FlowTable {
 
     /// The packet that matched was accepted: the expected sequence advances (modulo 2048; the generation is
     /// the driver's to change).
+    /// The device changes a flow's generation by itself (a `flow-generation` fault): `add` is added to the
+    /// generation field, everything else stays. Returns the new generation.
+    pub fn shift_generation(&mut self, ctxt: usize, flow: usize, add: u32) -> Option<u32> {
+        let slot = self.slot(ctxt, flow)?;
+        let field = RCV_TID_FLOW_TABLE_GEN_MASK << RCV_TID_FLOW_TABLE_GEN_SHIFT;
+        let generation =
+            ((*slot >> RCV_TID_FLOW_TABLE_GEN_SHIFT).wrapping_add(u64::from(add))) & RCV_TID_FLOW_TABLE_GEN_MASK;
+        *slot = (*slot & !field) | (generation << RCV_TID_FLOW_TABLE_GEN_SHIFT);
+        Some(generation as u32)
+    }
+
     pub fn accept(&mut self, ctxt: usize, flow: usize) {
         if let Some(raw) = self.slot(ctxt, flow) {
             let next = (FlowEntry::decode(*raw).sequence as u64 + 1) & RCV_TID_FLOW_TABLE_SEQ_MASK;

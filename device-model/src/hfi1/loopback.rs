@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use vfio_user_proto::dma::DmaAccess;
 
 use super::device::Shared;
+use super::observe::{self, Fate, InjectOutcome};
 use super::rcv::{place, place_from, Packet, Placement, RxResult};
 use super::regs::TXE;
 
@@ -116,26 +117,50 @@ impl LbRegs {
     }
 }
 
+/// What became of a descriptor's packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    Judged(RxResult),
+    /// Lost on the way (`packet-drop`): counted as done, no result.
+    Dropped,
+    /// Held back (`packet-reorder`): delivered after the next descriptor.
+    Held,
+}
+
 /// Processes one doorbell: the chain at `desc`, submitted in reset epoch `epoch`. Returns false if reset or
 /// detach stopped it (nothing more is published then).
 pub(super) fn run_doorbell(shared: &Shared, dma: &dyn DmaAccess, desc: u64, epoch: u64) -> bool {
     let mut next = desc;
+    // A descriptor held back by `packet-reorder`, re-read and delivered after the one that follows it.
+    let mut held: Option<u64> = None;
     for _ in 0..LB_MAX_CHAIN {
         if !shared.current(epoch) {
             return false;
         }
-        let (result, following) = run_descriptor(shared, dma, next, epoch);
-        if !shared.publish(epoch, |lb| {
-            lb.last_result.store(u64::from(result.code()), Ordering::Release);
-            if result != RxResult::Placed {
-                lb.desc_err.fetch_add(1, Ordering::AcqRel);
+        // The packet after a held one arrives as it is, then the held one.
+        let (delivery, following) = run_descriptor(shared, dma, next, epoch, held.is_none());
+        if delivery == Delivery::Held {
+            held = Some(next);
+        } else {
+            if !publish_descriptor(shared, epoch, delivery) {
+                return false;
             }
-            lb.desc_done.fetch_add(1, Ordering::AcqRel);
-        }) {
-            return false;
+            if let Some(h) = held.take() {
+                if !publish_descriptor(shared, epoch, run_descriptor(shared, dma, h, epoch, false).0) {
+                    return false;
+                }
+            }
         }
         match following {
-            Some(0) | None => return finish(shared, epoch),
+            Some(0) | None => {
+                // A held packet with nothing behind it arrives last.
+                if let Some(h) = held.take() {
+                    if !publish_descriptor(shared, epoch, run_descriptor(shared, dma, h, epoch, false).0) {
+                        return false;
+                    }
+                }
+                return finish(shared, epoch);
+            }
             Some(n) => next = n,
         }
     }
@@ -143,6 +168,19 @@ pub(super) fn run_doorbell(shared: &Shared, dma: &dyn DmaAccess, desc: u64, epoc
     shared.counters.lb_bad_descriptors.fetch_add(1, Ordering::Relaxed);
     shared.publish(epoch, |lb| lb.last_result.store(u64::from(RxResult::BadDescriptor.code()), Ordering::Release));
     finish(shared, epoch)
+}
+
+/// Publishes one descriptor's result; false when a reset intervened.
+fn publish_descriptor(shared: &Shared, epoch: u64, delivery: Delivery) -> bool {
+    shared.publish(epoch, |lb| {
+        if let Delivery::Judged(result) = delivery {
+            lb.last_result.store(u64::from(result.code()), Ordering::Release);
+            if result != RxResult::Placed {
+                lb.desc_err.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        lb.desc_done.fetch_add(1, Ordering::AcqRel);
+    })
 }
 
 fn finish(shared: &Shared, epoch: u64) -> bool {
@@ -155,15 +193,22 @@ fn finish(shared: &Shared, epoch: u64) -> bool {
     done
 }
 
-/// One descriptor: its result and the next descriptor's IOVA (`None` if the header could not be read).
+/// One descriptor: what became of its packet and the next descriptor's IOVA (`None` if the header could not
+/// be read). With `faults`, the packet faults may drop, duplicate or hold it.
 ///
 /// The payload is checked readable before the packet is judged (a descriptor whose payload cannot be read
 /// changes no flow), then copied by DMA straight from the descriptor into the RcvArray buffer.
-fn run_descriptor(shared: &Shared, dma: &dyn DmaAccess, iova: u64, epoch: u64) -> (RxResult, Option<u64>) {
+fn run_descriptor(
+    shared: &Shared,
+    dma: &dyn DmaAccess,
+    iova: u64,
+    epoch: u64,
+    faults: bool,
+) -> (Delivery, Option<u64>) {
     let mut hdr = [0u8; LB_DESC_HDR_LEN];
     if dma.read(iova, &mut hdr).is_err() {
         shared.counters.lb_bad_descriptors.fetch_add(1, Ordering::Relaxed);
-        return (RxResult::BadDescriptor, None);
+        return (Delivery::Judged(RxResult::BadDescriptor), None);
     }
     let d = Descriptor::parse(&hdr);
     let len = u64::from(d.payload_len);
@@ -172,31 +217,104 @@ fn run_descriptor(shared: &Shared, dma: &dyn DmaAccess, iova: u64, epoch: u64) -
         .filter(|&p| len <= LB_MAX_PAYLOAD as u64 && (len == 0 || dma.check_read(p, len).is_ok()));
     let Some(payload) = payload else {
         shared.counters.lb_bad_descriptors.fetch_add(1, Ordering::Relaxed);
-        return (RxResult::BadDescriptor, Some(d.next));
+        return (Delivery::Judged(RxResult::BadDescriptor), Some(d.next));
     };
-    let result = judge(shared, &d.packet, len, epoch, |p| place_from(dma, p, payload, len, &shared.counters));
-    (result, Some(d.next))
+    let fate = if faults { observe::fate(&shared.probe, &d.packet) } else { Fate::Deliver };
+    let once =
+        || judge(shared, &d.packet, len, epoch, "loopback", |p| place_from(dma, p, payload, len, &shared.counters));
+    let delivery = match fate {
+        Fate::Drop | Fate::Hold => {
+            observe::packet(&shared.probe, "loopback", &d.packet, len, observe::result_name(None, fate));
+            if fate == Fate::Drop {
+                Delivery::Dropped
+            } else {
+                Delivery::Held
+            }
+        }
+        Fate::Duplicate => {
+            once();
+            Delivery::Judged(once())
+        }
+        Fate::Deliver => Delivery::Judged(once()),
+    };
+    (delivery, Some(d.next))
 }
 
-/// Receives one packet whose payload the caller holds.
+/// Receives one packet whose payload the caller holds (control `inject`).
 pub(super) fn receive(shared: &Shared, dma: &dyn DmaAccess, pkt: &Packet, payload: &[u8], epoch: u64) -> RxResult {
-    judge(shared, pkt, payload.len() as u64, epoch, |p| place(dma, p, payload, &shared.counters))
+    judge(shared, pkt, payload.len() as u64, epoch, "inject", |p| place(dma, p, payload, &shared.counters))
+}
+
+/// A packet `packet-reorder` held back at an inject, until the next one.
+pub(super) struct HeldInject {
+    packet: Packet,
+    payload: Vec<u8>,
+    epoch: u64,
+}
+
+/// A control-socket inject through the packet faults; `held` is the worker's slot for a reordered packet.
+pub(super) fn inject(
+    shared: &Shared,
+    dma: &dyn DmaAccess,
+    packet: Packet,
+    payload: Vec<u8>,
+    epoch: u64,
+    held: &mut Option<HeldInject>,
+) -> InjectOutcome {
+    // The packet after a held one arrives as it is, then the held one.
+    let fate = if held.is_none() { observe::fate(&shared.probe, &packet) } else { Fate::Deliver };
+    let len = payload.len() as u64;
+    let mut out = match fate {
+        Fate::Deliver => InjectOutcome::plain(receive(shared, dma, &packet, &payload, epoch)),
+        Fate::Duplicate => {
+            let first = receive(shared, dma, &packet, &payload, epoch);
+            InjectOutcome {
+                first: Some(first),
+                fault: Some("packet-dup"),
+                ..InjectOutcome::plain(receive(shared, dma, &packet, &payload, epoch))
+            }
+        }
+        Fate::Drop | Fate::Hold => {
+            observe::packet(&shared.probe, "inject", &packet, len, observe::result_name(None, fate));
+            let fault = if fate == Fate::Drop { "packet-drop" } else { "packet-reorder" };
+            InjectOutcome { result: None, fault: Some(fault), first: None, released: None }
+        }
+    };
+    if fate == Fate::Hold {
+        *held = Some(HeldInject { packet, payload, epoch });
+    } else if let Some(h) = held.take() {
+        // Held across a reset: the reset dropped it, as it drops all older work.
+        if shared.current(h.epoch) {
+            out.released = Some(receive(shared, dma, &h.packet, &h.payload, h.epoch));
+        }
+    }
+    out
 }
 
 /// Judges a packet of `len` payload bytes under the chip lock, then places it with the lock dropped.
-fn judge(shared: &Shared, pkt: &Packet, len: u64, epoch: u64, place: impl FnOnce(&Placement) -> RxResult) -> RxResult {
+fn judge(
+    shared: &Shared,
+    pkt: &Packet,
+    len: u64,
+    epoch: u64,
+    source: &'static str,
+    place: impl FnOnce(&Placement) -> RxResult,
+) -> RxResult {
     let plan = {
         let mut chip = shared.lock_chip();
         if !shared.current(epoch) {
             return RxResult::Aborted;
         }
+        observe::shift_generation(&shared.probe, &mut chip, pkt);
         chip.receive(pkt, len, &shared.counters)
     };
-    match plan {
+    let result = match plan {
         Ok(p) if shared.current(epoch) => place(&p),
         Ok(_) => RxResult::Aborted,
         Err(r) => r,
-    }
+    };
+    observe::packet(&shared.probe, source, pkt, len, result.name());
+    result
 }
 
 #[cfg(test)]

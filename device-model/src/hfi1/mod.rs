@@ -1,13 +1,14 @@
 //! hfi1 (Omni-Path HFI, "WFR") receive side for TID RDMA: the RcvArray, the per-context TID flow table,
 //! a receive engine that places TID RDMA data packets, and a loopback send path. See docs/hfi1-device.md.
 
-mod access_log;
 mod chip;
 mod control;
 mod counters;
 mod device;
 mod flow;
 mod loopback;
+mod names;
+mod observe;
 mod rcv;
 mod rcvarray;
 pub mod regs;

@@ -7,13 +7,18 @@
 //! `rcv_array_wc_fill` 0) is dropped, exactly as hardware ignores such a write.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use super::counters::Counters;
 use super::regs::{
-    RCV_ARRAY_RT_ADDR_MASK, RCV_ARRAY_RT_ADDR_SHIFT, RCV_ARRAY_RT_BUF_SIZE_MASK, RCV_ARRAY_RT_BUF_SIZE_SHIFT,
-    RCV_ARRAY_RT_WRITE_ENABLE_SMASK, RT_ADDR_SHIFT,
+    RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RCV_ARRAY_RT_ADDR_MASK, RCV_ARRAY_RT_ADDR_SHIFT, RCV_ARRAY_RT_BUF_SIZE_MASK,
+    RCV_ARRAY_RT_BUF_SIZE_SHIFT, RCV_ARRAY_RT_WRITE_ENABLE_SMASK, RT_ADDR_SHIFT,
 };
 use super::shm::SharedWords;
+use super::HFI1_BAR;
+use crate::fault::FaultKind;
+use crate::probe::Probe;
+use crate::trace::{Block, Level, Val};
 
 /// A valid BUF_SIZE code: 1 = 4 KiB … 0xA = 2 MiB (`encoded_size`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,12 +91,18 @@ pub fn judge(value: u64) -> Judgement {
 pub struct RcvArray {
     shm: SharedWords,
     entries: Vec<Option<RcvEntry>>,
+    /// Traces, faults and the recording of shared-memory takes (the engine's probe).
+    probe: Option<Arc<Probe>>,
 }
 
 impl RcvArray {
     pub fn new(shm: SharedWords) -> Self {
         let entries = vec![None; shm.len()];
-        Self { shm, entries }
+        Self { shm, entries, probe: None }
+    }
+
+    pub fn set_probe(&mut self, probe: Arc<Probe>) {
+        self.probe = Some(probe);
     }
 
     #[cfg(test)]
@@ -105,6 +116,12 @@ impl RcvArray {
 
     fn adopt(&mut self, index: usize, value: u64, counters: &Counters) {
         let Some(slot) = self.entries.get_mut(index) else { return };
+        // Only writes with WRITE_ENABLE count as the fault's events: the ones that change an entry.
+        if let Some(p) = self.probe.as_ref().filter(|_| value & RCV_ARRAY_RT_WRITE_ENABLE_SMASK != 0) {
+            if p.fault(FaultKind::RcvarrayIgnore, |f| f.index.is_none_or(|i| i == index as u64)).is_some() {
+                return;
+            }
+        }
         match judge(value) {
             Judgement::Ignored => {
                 counters.rcv_array_no_write_enable.fetch_add(1, Ordering::Relaxed);
@@ -123,9 +140,17 @@ impl RcvArray {
     /// Takes shared word `index` and adopts it. A taken 0 is indistinguishable from "nothing written" and is
     /// dropped without counting; other values without WRITE_ENABLE are counted.
     fn sync(&mut self, index: usize, counters: &Counters) {
-        match self.shm.take(index) {
-            Some(0) | None => {}
-            Some(v) => self.adopt(index, v, counters),
+        let Some(mut taken) = self.shm.take(index) else { return };
+        if let Some(p) = &self.probe {
+            let offset = RCV_ARRAY + RCV_ARRAY_ENTRY_SIZE * index as u64;
+            taken = p.shared_take(HFI1_BAR, offset, taken);
+            if taken != 0 && p.trace.on(Block::RcvArray, Level::Debug) {
+                let fields = [("index", Val::Dec(index as u64)), ("value", Val::Hex(taken))];
+                p.trace.event(Block::RcvArray, Level::Debug, "rcvarray-take", &fields);
+            }
+        }
+        if taken != 0 {
+            self.adopt(index, taken, counters);
         }
     }
 

@@ -179,7 +179,7 @@ fn trapped_accesses_are_logged_by_name() {
     enable(&f);
     bar_w(&f, SEND_CTRL, 0x1);
     bar_r(&f, SEND_DMA_STATUS + 0x100);
-    let dump = f.engine().control(&serde_json::json!({"cmd": "accesses"})).unwrap();
+    let dump = f.accesses(None);
     let recent = dump["recent"].as_array().unwrap();
     let last: Vec<(&str, &str)> =
         recent.iter().rev().take(2).map(|a| (a["op"].as_str().unwrap(), a["csr"].as_str().unwrap())).collect();

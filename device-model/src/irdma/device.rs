@@ -20,6 +20,8 @@ use super::regs::*;
 use super::worker::{Msg, Work, Worker};
 use super::{CreateError, IrdmaConfig};
 use crate::engine::{BarSpec, Engine, Interrupt, NoInterrupt};
+use crate::probe::Probe;
+use crate::trace::{Block, Level, RegisterName, Val};
 
 /// Queue depth between the register path and the worker. Doorbells coalesce (the worker always reads the
 /// latest CQPDB value), so a full queue loses nothing but redundant wake-ups.
@@ -148,6 +150,8 @@ pub(super) struct Shared {
     pub stop: AtomicBool,
     pub submitted: AtomicU64,
     pub completed: AtomicU64,
+    /// Traces and faults of this device (shared with its PCI function).
+    pub probe: Arc<Probe>,
 }
 
 impl Shared {
@@ -199,6 +203,7 @@ impl Irdma {
             stop: AtomicBool::new(false),
             submitted: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            probe: Probe::new("irdma"),
         });
         let (tx, rx) = bounded(WORK_QUEUE_DEPTH);
         let worker = Worker::new(shared.clone(), rx);
@@ -290,6 +295,12 @@ impl Irdma {
                 Some(cqp) if value < cqp.ctx.sq_size => {
                     st.regs.cqpdb = value;
                     bump(&c.doorbells);
+                    self.shared.probe.trace.event(
+                        Block::Cqp,
+                        Level::Info,
+                        "doorbell",
+                        &[("head", Val::Dec(value.into()))],
+                    );
                     self.submit(&st, Work::Doorbell);
                 }
                 _ => bump(&c.doorbells_ignored),
@@ -458,6 +469,21 @@ impl Engine for Irdma {
         self.shared.counters.clear();
         // Wakes the worker so it drops its CQP/CCQ now rather than at the next command.
         self.submit(&st, Work::Reset);
+    }
+
+    fn probe(&self) -> Arc<Probe> {
+        self.shared.probe.clone()
+    }
+
+    fn register_name(&self, bar: u32, offset: u64, value: Option<u64>) -> RegisterName {
+        if bar != 0 {
+            return RegisterName::unnamed();
+        }
+        super::names::describe(offset, usize::from(self.shared.config.msix_vectors), value)
+    }
+
+    fn register_offset(&self, name: &str) -> Option<(u32, u64)> {
+        super::names::offset_of(name, usize::from(self.shared.config.msix_vectors)).map(|o| (0, o))
     }
 
     fn control(&self, request: &Value) -> Result<Value, String> {

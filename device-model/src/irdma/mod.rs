@@ -7,6 +7,8 @@ pub mod classify;
 pub mod cqp;
 pub mod device;
 pub mod loopback;
+mod names;
+mod observe;
 pub mod qhash;
 pub mod regs;
 mod worker;
@@ -103,6 +105,9 @@ pub enum WqeError {
     CcqFull,
     #[error("DMA failed: {0:?}")]
     Dma(DmaStage),
+    /// A `cqp-fail` fault (docs/observe.md).
+    #[error("injected failure {major:#06x}/{minor:#06x}")]
+    Injected { major: u16, minor: u16 },
 }
 
 impl WqeError {
@@ -122,6 +127,7 @@ impl WqeError {
             WqeError::NoSuchCq(_) => (IRDMA_EMU_MAJ_CQ, 0x0003),
             WqeError::CcqFull => (IRDMA_EMU_MAJ_CQ, 0x0004),
             WqeError::Dma(stage) => (IRDMA_EMU_MAJ_DMA, stage as u16),
+            WqeError::Injected { major, minor } => (major, minor),
         }
     }
 }

@@ -17,6 +17,7 @@ use super::classify::classify;
 use super::cqp::{Cqp, HostContext, IRDMA_CQP_CTX_SIZE};
 use super::device::{bump, errcodes, Shared, State};
 use super::loopback::{decode_descriptor, result_word, status_word, LoopbackError, IRDMA_EMU_LB_DESC_SIZE};
+use super::observe;
 use super::regs::*;
 use super::wqe::{Command, Manage, Wqe, IRDMA_CQP_WQE_SIZE};
 use super::{CreateError, DmaStage, WqeError};
@@ -228,7 +229,12 @@ impl Worker {
                     bump(&self.shared.counters.polarity_stalls);
                     return false;
                 }
-                self.execute(&wqe, dma)
+                let outcome = match observe::injected_failure(&self.shared.probe, wqe.opcode()) {
+                    Some(e) => Err(e),
+                    None => self.execute(&wqe, dma),
+                };
+                observe::wqe(&self.shared.probe, idx, wqe.opcode(), &outcome);
+                outcome
             }
         };
         self.complete(idx, cqp.ctx.completion_context, outcome, dma)
@@ -283,18 +289,27 @@ impl Worker {
             bump(&c.wqe_errors);
         }
         let mut wrote_cqe = false;
+        let probe = self.shared.probe.clone();
+        observe::delay_completion(&self.shared, self.epoch);
         if let Some(ccq) = self.ccq.as_mut() {
             let cqe = encode_cqe(ccq.polarity, completion_context, idx, *outcome.as_ref().unwrap_or(&0), status);
-            match ccq.push(dma, cqe) {
-                Ok(()) => {
-                    bump(&c.cqes);
-                    wrote_cqe = true;
-                }
-                Err(_) => {
-                    bump(&c.dma_errors);
-                    bump(&c.cqe_write_errors);
-                    status = Some(WqeError::Dma(DmaStage::CqeWrite).codes());
-                }
+            let slot = ccq.head;
+            match observe::cqe(&probe, cqe) {
+                // Dropped: the WQE counts as executed, nothing reaches the ring.
+                None => observe::cqe_written(&probe, slot, None, true),
+                Some(cqe) => match ccq.push(dma, cqe) {
+                    Ok(()) => {
+                        bump(&c.cqes);
+                        wrote_cqe = true;
+                        observe::cqe_written(&probe, slot, Some(&cqe), false);
+                    }
+                    Err(_) => {
+                        bump(&c.dma_errors);
+                        bump(&c.cqe_write_errors);
+                        status = Some(WqeError::Dma(DmaStage::CqeWrite).codes());
+                        observe::cqe_written(&probe, slot, None, false);
+                    }
+                },
             }
         }
         if let Some(cqp) = self.cqp.as_mut() {
@@ -309,11 +324,14 @@ impl Worker {
             vector = Some(ccq.cfg.ceq_id);
         }
         let mut target = None;
+        let stalled = observe::tail_stalled(&probe);
         let published = self.publish(|st| {
             // An error delivered in a CQE is the driver's already; CQP_OP_ERR flags only errors the CQE
             // could not carry, so irdma_cqp_poll_registers never sees a stale one (§3.9).
             let err = IRDMA_CQPTAIL_CQP_OP_ERR.put(u64::from(status.is_some() && !wrote_cqe));
-            st.regs.cqptail = (IRDMA_CQPTAIL_WQTAIL.put(u64::from(tail)) | err) as u32;
+            if !stalled {
+                st.regs.cqptail = (IRDMA_CQPTAIL_WQTAIL.put(u64::from(tail)) | err) as u32;
+            }
             if let Some((major, minor)) = status {
                 st.regs.cqperrcodes = errcodes(major, minor);
             }

@@ -11,9 +11,13 @@ use vfio_user_proto::device::{
 use super::config::{BarLayout, CapLayout, ConfigLayout, ConfigSpace, MsixLayout};
 use super::dma::BusMasterDma;
 use super::msix::{msix_bar_layout, Msix};
+use super::probed::{Observer, ProbedDma, ProbedInterrupt};
 use super::regs::*;
 use super::{PciError, PciIds, MSIX_BAR};
 use crate::engine::{BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape};
+use crate::fault::{FaultKind, FaultSpec, RegRef};
+use crate::probe::Probe;
+use crate::trace::{Block, RegisterName};
 
 /// Smallest BAR an engine may declare, and the mmap granule.
 const PAGE_SIZE: u64 = 4096;
@@ -68,6 +72,8 @@ pub struct Function {
     status_events: Arc<AtomicU16>,
     /// The attached client's DMA space, for `dma_maps`.
     dma: Mutex<Option<Arc<BusMasterDma>>>,
+    /// Traces, the access log and faults of what passes through the function.
+    obs: Arc<Observer>,
 }
 
 /// Checks an engine's MSI-X placement and capability layout against its BARs.
@@ -241,7 +247,9 @@ impl Function {
             }
         };
         let layout = ConfigLayout { ids, bars: layouts, msix: msix_layout, caps: caps_of(&shape) };
+        let obs = Arc::new(Observer::new(engine.probe(), engine.keeps_access_log()));
         Arc::new(Function {
+            obs,
             engine,
             config: Mutex::new(ConfigSpace::new(&layout)),
             layout,
@@ -277,6 +285,54 @@ impl Function {
     }
     pub fn msix(&self) -> Option<&Arc<Msix>> {
         self.msix.as_ref()
+    }
+    /// The device's trace switches and faults.
+    pub fn probe(&self) -> &Arc<Probe> {
+        &self.obs.probe
+    }
+
+    /// Arms `spec` on this device, resolving a register it names by the kernel's name; returns its id.
+    pub fn arm_fault(&self, mut spec: FaultSpec) -> Result<u64, String> {
+        spec.check_device(self.name()).map_err(|e| e.to_string())?;
+        if let Some(RegRef::Name(n)) = &spec.params.reg {
+            let (bar, offset) =
+                self.engine.register_offset(n).ok_or_else(|| format!("{}: no register named \"{n}\"", self.name()))?;
+            spec.params.reg = Some(RegRef::Offset { bar, offset });
+        }
+        spec.device = Some(self.name().to_string());
+        let id = self.obs.probe.faults.arm(spec);
+        self.faults_changed();
+        Ok(id)
+    }
+
+    /// Sessions that begin from now on are recorded with the faults armed now.
+    pub fn faults_changed(&self) {
+        if let Some(r) = self.obs.probe.recorder() {
+            r.set_header_field("faults", self.obs.probe.faults.specs().into());
+        }
+    }
+
+    /// `{"cmd":"accesses"}`: the session's access totals and last accesses by name; `keep` switches the log.
+    pub fn accesses(&self, keep: Option<bool>) -> serde_json::Value {
+        self.obs.accesses(self.engine.as_ref(), keep)
+    }
+
+    /// The register at `offset` of `bar` by name: the MSI-X structure is the function's, the rest the engine's.
+    fn register_name(&self, bar: u32, offset: u64, value: u64, msix: Option<u64>) -> RegisterName {
+        match msix {
+            Some(at) => {
+                let name = match self.msix.as_ref() {
+                    Some(m) if at >= m.pba_offset() => format!("MSIX_PBA[{}]", (at - m.pba_offset()) / 8),
+                    _ => format!(
+                        "MSIX_TABLE[{}]+{:#x}",
+                        at / PCI_MSIX_ENTRY_SIZE as u64,
+                        at % PCI_MSIX_ENTRY_SIZE as u64
+                    ),
+                };
+                RegisterName { block: Block::Pci, name: Some(name), fields: String::new() }
+            }
+            None => self.engine.register_name(bar, offset, Some(value)),
+        }
     }
 
     /// Makes the gates follow config space. Called with the config lock held (lock order: config, then MSI-X).
@@ -479,25 +535,51 @@ impl Device for Function {
     fn region_read(&self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), Errno> {
         if index == region::CONFIG {
             Self::config_range(offset, data.len())?;
-            let cfg = self.lock_config();
-            let mut done = 0;
-            for (at, w) in config_chunks(offset, data.len()) {
-                cfg.read(at, &mut data[done..done + w]).map_err(|e| e.errno())?;
-                done += w;
+            if self.obs.removed() {
+                data.fill(0xff);
+                return Ok(());
             }
+            {
+                let cfg = self.lock_config();
+                let mut done = 0;
+                for (at, w) in config_chunks(offset, data.len()) {
+                    cfg.read(at, &mut data[done..done + w]).map_err(|e| e.errno())?;
+                    done += w;
+                }
+            }
+            self.obs.config(false, offset, data);
             return Ok(());
         }
-        match self.bar_access(index, offset, data.len())? {
-            Target::Msix(at) => self.msix.as_ref().ok_or(libc::EINVAL)?.read(at, data),
-            Target::Engine => self.engine.mmio_read(index, offset, data),
-            Target::Undecoded => data.fill(0xff),
+        let target = self.bar_access(index, offset, data.len())?;
+        if self.obs.removed() {
+            data.fill(0xff);
+            return Ok(());
         }
+        let msix = match target {
+            Target::Msix(at) => {
+                self.msix.as_ref().ok_or(libc::EINVAL)?.read(at, data);
+                Some(at)
+            }
+            Target::Engine => {
+                self.engine.mmio_read(index, offset, data);
+                None
+            }
+            Target::Undecoded => {
+                data.fill(0xff);
+                None
+            }
+        };
+        self.obs.bar_read(|v| self.register_name(index, offset, v, msix), index, offset, data);
         Ok(())
     }
 
     fn region_write(&self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
         if index == region::CONFIG {
             Self::config_range(offset, data.len())?;
+            if self.obs.removed() {
+                return Ok(());
+            }
+            self.obs.config(true, offset, data);
             let flr_byte = (self.layout.caps.pcie + PCI_EXP_DEVCTL + 1) as u64;
             let flr_bit = (PCI_EXP_DEVCTL_BCR_FLR >> 8) as u8;
             let flr = offset <= flr_byte
@@ -518,7 +600,17 @@ impl Device for Function {
             }
             return Ok(());
         }
-        match self.bar_access(index, offset, data.len())? {
+        let target = self.bar_access(index, offset, data.len())?;
+        if self.obs.removed() {
+            return Ok(());
+        }
+        let msix = match target {
+            Target::Msix(at) => Some(at),
+            _ => None,
+        };
+        // Traced before the engine acts, so the events a write causes follow it.
+        self.obs.bar_write(|v| self.register_name(index, offset, v, msix), index, offset, data);
+        match target {
             Target::Msix(at) => self.msix.as_ref().ok_or(libc::EINVAL)?.write(at, data),
             Target::Engine => self.engine.mmio_write(index, offset, data),
             Target::Undecoded => {}
@@ -527,10 +619,11 @@ impl Device for Function {
     }
 
     fn attach(&self, ctx: DeviceContext) {
+        self.obs.new_session();
         let irq: Arc<dyn Interrupt> = match &self.msix {
             Some(m) => {
                 m.attach(ctx.irq.clone());
-                Arc::new(MsixInterrupt(m.clone()))
+                Arc::new(ProbedInterrupt::new(Arc::new(MsixInterrupt(m.clone())), self.obs.clone()))
             }
             None => Arc::new(NoInterrupt),
         };
@@ -541,7 +634,7 @@ impl Device for Function {
             self.status_events.clone(),
         ));
         *self.dma.lock().unwrap_or_else(|e| e.into_inner()) = Some(dma.clone());
-        self.engine.attach(dma, irq);
+        self.engine.attach(Arc::new(ProbedDma::new(dma, self.obs.clone())), irq);
     }
 
     fn detach(&self) {
@@ -556,6 +649,13 @@ impl Device for Function {
 
     fn reset(&self) {
         self.function_level_reset();
+    }
+
+    fn vet_dma_map(&self, _iova: u64, _size: u64, _flags: u32) -> Result<(), Errno> {
+        match self.obs.probe.fault(FaultKind::DmaMapRefuse, |_| true) {
+            Some(f) => Err(f.params.errno),
+            None => Ok(()),
+        }
     }
 }
 

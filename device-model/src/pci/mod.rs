@@ -5,6 +5,7 @@ pub mod config;
 mod dma;
 mod function;
 pub mod msix;
+mod probed;
 pub mod regs;
 
 use thiserror::Error;

@@ -80,11 +80,11 @@ fn bad_magic_oversized_records_and_unknown_tags_are_errors() {
 fn a_recorder_writes_one_numbered_file_per_session_with_its_header() {
     let dir = temp_dir("sessions");
     let rec = Recorder::new(&dir, "irdma", serde_json::json!({"device": "irdma"})).unwrap();
-    let s1 = rec.begin().unwrap();
+    let s1 = rec.begin().unwrap().unwrap();
     s1.dma_read(0x1000, &[1, 2]);
     let id = s1.control_request("{}");
     s1.control_reply(id, "{\"ok\":true}");
-    let s2 = rec.begin().unwrap(); // finishes s1
+    let s2 = rec.begin().unwrap().unwrap(); // finishes s1
     assert!(rec.current().is_some_and(|c| Arc::ptr_eq(&c, &s2)));
     rec.end();
     assert!(rec.current().is_none());
@@ -104,6 +104,8 @@ fn a_recorder_writes_one_numbered_file_per_session_with_its_header() {
     let (h2, r2, _) = read(2);
     assert_eq!(h2["session"], 2);
     assert!(r2.is_empty());
+    rec.set_dir(None).unwrap();
+    assert!(rec.begin().unwrap().is_none(), "an idle recorder records nothing");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -111,7 +113,7 @@ fn a_recorder_writes_one_numbered_file_per_session_with_its_header() {
 fn recording_dma_logs_reads_with_data_writes_by_hash_copies_as_both_and_failures() {
     let dir = temp_dir("dma");
     let rec = Recorder::new(&dir, "d", serde_json::json!({})).unwrap();
-    let session = rec.begin().unwrap();
+    let session = rec.begin().unwrap().unwrap();
     let mem = Arc::new(HeapMemory::new());
     assert!(mem.map(0x1000, 0x2000));
     mem.write(0x1000, &[5; 16]).unwrap();

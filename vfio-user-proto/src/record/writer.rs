@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::{content_hash, Record, MAGIC};
 use crate::wire::Header;
 
-/// Where a device's sessions go: `DIR/NAME-N.vfurec`, N counting connections from 1.
+/// Where a device's sessions go: `DIR/NAME-N.vfurec`, N counting connections from 1. Without a directory
+/// nothing is recorded until one is set.
 pub struct Recorder {
-    dir: PathBuf,
+    dir: Mutex<Option<PathBuf>>,
     name: String,
     /// What every session's header carries besides its number (device kind, configuration, faults).
     header: Mutex<serde_json::Value>,
@@ -21,7 +22,7 @@ pub struct Recorder {
 
 impl std::fmt::Debug for Recorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Recorder").field("dir", &self.dir).field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("Recorder").field("dir", &*lock(&self.dir)).field("name", &self.name).finish_non_exhaustive()
     }
 }
 
@@ -32,18 +33,36 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Recorder {
     /// A recorder writing into `dir` (created if missing) under `name`.
     pub fn new(dir: &Path, name: &str, header: serde_json::Value) -> io::Result<Arc<Recorder>> {
-        std::fs::create_dir_all(dir)?;
-        Ok(Arc::new(Recorder {
-            dir: dir.to_path_buf(),
+        let r = Self::idle(name, header);
+        r.set_dir(Some(dir))?;
+        Ok(r)
+    }
+
+    /// A recorder that records nothing until [`Recorder::set_dir`].
+    pub fn idle(name: &str, header: serde_json::Value) -> Arc<Recorder> {
+        Arc::new(Recorder {
+            dir: Mutex::new(None),
             name: name.to_string(),
             header: Mutex::new(header),
             sessions: AtomicU32::new(0),
             current: Mutex::new(None),
-        }))
+        })
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// Records the sessions that begin from now on into `dir` (created if missing); `None` stops recording
+    /// (the current session, if any, is finished).
+    pub fn set_dir(&self, dir: Option<&Path>) -> io::Result<()> {
+        if let Some(d) = dir {
+            std::fs::create_dir_all(d)?;
+        } else {
+            self.end();
+        }
+        *lock(&self.dir) = dir.map(Path::to_path_buf);
+        Ok(())
+    }
+
+    pub fn dir(&self) -> Option<PathBuf> {
+        lock(&self.dir).clone()
     }
 
     /// Replaces one field of the header of sessions begun from now on.
@@ -53,11 +72,13 @@ impl Recorder {
         }
     }
 
-    /// A new session file for a client that just connected; the previous session, if any, is finished.
-    pub fn begin(&self) -> io::Result<Arc<Session>> {
+    /// A new session file for a client that just connected (`None` while no directory is set); the previous
+    /// session, if any, is finished.
+    pub fn begin(&self) -> io::Result<Option<Arc<Session>>> {
         self.end();
+        let Some(dir) = self.dir() else { return Ok(None) };
         let n = self.sessions.fetch_add(1, Ordering::AcqRel) + 1;
-        let path = self.dir.join(format!("{}-{n}.vfurec", self.name));
+        let path = dir.join(format!("{}-{n}.vfurec", self.name));
         let mut header = lock(&self.header).clone();
         if let Some(obj) = header.as_object_mut() {
             obj.insert("format".into(), 1.into());
@@ -65,7 +86,7 @@ impl Recorder {
         }
         let session = Arc::new(Session::create(path, &header)?);
         *lock(&self.current) = Some(session.clone());
-        Ok(session)
+        Ok(Some(session))
     }
 
     /// The session being recorded, for events the device model logs itself (control commands, shared memory).

@@ -165,9 +165,9 @@ impl Server {
             Arc::new(DmaSpace::new(self.config.max_dma_maps, Some(messages)).with_mmap_limits(self.config.mmap_limits));
         let irq = Arc::new(IrqState::new());
         let session = self.config.recorder.as_ref().and_then(|r| match r.begin() {
-            Ok(s) => Some(s),
+            Ok(s) => s,
             Err(e) => {
-                tracing::warn!("cannot record this session in {}: {e}", r.dir().display());
+                tracing::warn!("cannot record this session: {e}");
                 None
             }
         });

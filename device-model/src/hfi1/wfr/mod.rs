@@ -13,6 +13,8 @@ mod errs;
 pub mod names;
 mod txe;
 
+pub use txe::{SEND_DMA_STATUS_ENG_CLEANED_UP_SMASK, SEND_DMA_STATUS_ENG_HALTED_SMASK};
+
 use std::collections::HashMap;
 
 use csr::*;

@@ -71,8 +71,7 @@ const FAMILIES: &[(u64, u64, u64, &str)] = &[
 ];
 
 fn exact(offset: u64) -> Option<&'static str> {
-    let kctxt = regs::KCTXT_REGS.iter().chain(regs::UCTXT_REGS.iter()).map(|d| (d.offset, d.name));
-    csr::NAMES.iter().copied().chain(RXE_NAMES.iter().copied()).chain(kctxt).find(|&(o, _)| o == offset).map(|(_, n)| n)
+    all_exact().find(|&(o, _)| o == offset).map(|(_, n)| n)
 }
 
 /// What an offset is, before formatting.
@@ -92,9 +91,7 @@ fn classify(offset: u64) -> Option<Named> {
         let rel = offset - TXE_PIO_SEND;
         return Some(Named::Pio(rel >= 0x100_0000, (rel % 0x100_0000) >> 16));
     }
-    if let Some(n) = exact(offset) {
-        return Some(Named::Exact(n));
-    }
+    let own = exact(offset);
     if (RCV_ARRAY..RXE_UCTXT_BASE).contains(&offset) {
         return Some(Named::Indexed("RCV_ARRAY", "", (offset - RCV_ARRAY) / RCV_ARRAY_ENTRY_SIZE));
     }
@@ -103,15 +100,19 @@ fn classify(offset: u64) -> Option<Named> {
         let part = if offset % 16 == 0 { "CCE_MSIX_TABLE_LOWER" } else { "CCE_MSIX_TABLE_UPPER" };
         return Some(Named::Indexed(part, "", (offset - msix) / 16));
     }
+    // Elements of arrays and per-context families carry their index, the first one too
+    // (SEND_DMA_STATUS[engine 0]); a register of its own inside such a range keeps its own name.
     if let Some(&(base, _, n)) = ARRAYS.iter().find(|&&(b, c, _)| (b..b + 8 * c).contains(&offset)) {
-        return Some(Named::Indexed(n, "", (offset - base) / 8));
+        if own.is_none_or(|o| o == n) {
+            return Some(Named::Indexed(n, "", (offset - base) / 8));
+        }
     }
     for &(first, stride, count, what) in FAMILIES {
         if !(first..first + stride * count).contains(&offset) {
             continue;
         }
         let (index, member) = ((offset - first) / stride, first + (offset - first) % stride);
-        if let Some(n) = exact(member) {
+        if let Some(n) = exact(member).filter(|n| own.is_none_or(|o| o == *n)) {
             return Some(Named::Indexed(n, what, index));
         }
         let flows = RCV_TID_FLOW_TABLE;
@@ -119,7 +120,7 @@ fn classify(offset: u64) -> Option<Named> {
             return Some(Named::Flow(index, (member - flows) / 8));
         }
     }
-    None
+    own.map(Named::Exact)
 }
 
 /// The name of `offset`, or `None` where the chip has no register the driver knows.
@@ -136,4 +137,48 @@ pub fn name(offset: u64) -> Option<String> {
 /// Whether [`name`] knows `offset`, without formatting the name.
 pub fn is_named(offset: u64) -> bool {
     classify(offset).is_some()
+}
+
+/// Every register with a name of its own: (offset, name).
+fn all_exact() -> impl Iterator<Item = (u64, &'static str)> {
+    let ctxt = regs::KCTXT_REGS.iter().chain(regs::UCTXT_REGS.iter()).map(|d| (d.offset, d.name));
+    csr::NAMES.iter().copied().chain(RXE_NAMES.iter().copied()).chain(ctxt)
+}
+
+/// The offset of the register the kernel calls `name`, as [`name`] prints it (`SEND_DMA_STATUS[engine 0]`,
+/// `RCV_TID_FLOW_TABLE[ctxt 2][3]`, `CCE_INT_MASK[3]`, `RCV_CTRL`).
+pub fn offset_of(name: &str) -> Option<u64> {
+    let name = name.trim();
+    let (base, rest) = name.split_once('[').unwrap_or((name, ""));
+    let mut idx = Vec::new();
+    for part in rest.split('[').filter(|p| !p.is_empty()) {
+        let inner = part.strip_suffix(']')?;
+        let (what, n) = inner.rsplit_once(' ').unwrap_or(("", inner));
+        idx.push((what, n.parse::<u64>().ok()?));
+    }
+    let by_name = |n: &str| all_exact().find(|&(_, x)| x == n).map(|(o, _)| o);
+    let off = match (base, idx.as_slice()) {
+        (b, []) => by_name(b)?,
+        ("RCV_ARRAY", [("", i)]) => RCV_ARRAY + RCV_ARRAY_ENTRY_SIZE * i,
+        ("RCV_TID_FLOW_TABLE", [("ctxt", c), ("", f)]) if *f < crate::hfi1::RXE_NUM_TID_FLOWS as u64 => {
+            RCV_TID_FLOW_TABLE + UCTXT_STRIDE * c + 8 * f
+        }
+        ("PIO_SEND", [("ctxt", c)]) => TXE_PIO_SEND + (c << 16),
+        ("PIO_SEND_SOP", [("ctxt", c)]) => TXE_PIO_SEND + 0x100_0000 + (c << 16),
+        ("CCE_MSIX_TABLE_LOWER", [("", v)]) => CCE_MSIX_TABLE_LOWER + 16 * v,
+        ("CCE_MSIX_TABLE_UPPER", [("", v)]) => CCE_MSIX_TABLE_LOWER + 16 * v + 8,
+        (b, [("", i)]) => {
+            let &(start, count, _) = ARRAYS.iter().find(|(_, _, n)| *n == b)?;
+            (*i < count).then_some(start + 8 * i)?
+        }
+        (b, [(what, i)]) => {
+            let reg = by_name(b)?;
+            let &(_, stride, count, _) =
+                FAMILIES.iter().find(|&&(first, stride, _, w)| w == *what && (first..first + stride).contains(&reg))?;
+            (*i < count).then_some(reg + stride * i)?
+        }
+        _ => return None,
+    };
+    // Only a name that reads back as given is the register's.
+    (self::name(off).as_deref() == Some(name)).then_some(off)
 }

@@ -384,9 +384,20 @@ fn names_follow_the_kernel() {
         (0x3030000, "PIO_SEND_SOP[ctxt 3]"),
         (0x100010, "CCE_MSIX_TABLE_LOWER[1]"),
         (0x6001f0, "DCC_PRF_PORT_VL_RCV_DATA_CNT[8]"),
+        // The first element of an array or a family carries its index too.
+        (0x1a00008, "SEND_DMA_STATUS[engine 0]"),
+        (0x1100000, "RCV_CTXT_CTRL[ctxt 0]"),
+        (0x110500, "CCE_INT_MAP[0]"),
+        (0x1300800, "RCV_TID_FLOW_TABLE[ctxt 0][0]"),
     ];
     for (offset, name) in table {
         assert_eq!(names::name(offset).as_deref(), Some(name), "{offset:#x}");
+        assert_eq!(names::offset_of(name), Some(offset), "{name}");
+    }
+    for bad in
+        ["NO_SUCH_CSR", "SEND_DMA_STATUS[engine 16]", "SEND_DMA_STATUS[ctxt 0]", "RCV_ARRAY[x]", "CCE_INT_MAP[96]"]
+    {
+        assert_eq!(names::offset_of(bad), None, "{bad}");
     }
     assert_eq!(names::name(WFR_BAR0_SIZE), None);
     assert!(!names::is_named(CHIP_DEBUG_GAP));

@@ -1,0 +1,138 @@
+//! The replay's side of the socket: sends the recorded client messages, and sorts what the server sends back
+//! into replies (by message id) and the server's own DMA requests (in order).
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vfio_user_proto::sock::{recv_message, send_message, Message, RecvLimits};
+use vfio_user_proto::wire::Header;
+
+/// Largest message accepted from the server (a DMA_WRITE of its largest transfer and then some).
+const MAX_MSG: u32 = (1 << 20) + 8192;
+
+pub(super) struct Peer {
+    stream: UnixStream,
+    incoming: Receiver<Message>,
+    replies: HashMap<u16, VecDeque<Message>>,
+    requests: VecDeque<Message>,
+    closed: bool,
+    stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Peer {
+    pub fn new(stream: UnixStream) -> std::io::Result<Peer> {
+        let read_side = stream.try_clone()?;
+        let (tx, incoming) = channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let reader = std::thread::Builder::new().name("replay-reader".into()).spawn(move || {
+            let limits = RecvLimits {
+                max_msg_size: MAX_MSG,
+                max_fds: 253,
+                stall_timeout: Duration::from_secs(10),
+                stop: Some(&stop2),
+            };
+            let _ = read_side.set_read_timeout(Some(Duration::from_millis(50)));
+            while let Ok(m) = recv_message(&read_side, &limits) {
+                if tx.send(m).is_err() {
+                    break;
+                }
+            }
+        })?;
+        Ok(Peer {
+            stream,
+            incoming,
+            replies: HashMap::new(),
+            requests: VecDeque::new(),
+            closed: false,
+            stop,
+            reader: Some(reader),
+        })
+    }
+
+    pub fn send(&self, header: &Header, payload: &[u8], fds: &[OwnedFd]) -> std::io::Result<()> {
+        let fds: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        send_message(&self.stream, header, &[payload], &fds)
+    }
+
+    /// Sorts one incoming message, waiting at most `wait`; false on timeout or close.
+    fn pump(&mut self, wait: Duration) -> bool {
+        match self.incoming.recv_timeout(wait) {
+            Ok(m) => {
+                if m.header.is_reply() {
+                    self.replies.entry(m.header.msg_id).or_default().push_back(m);
+                } else {
+                    self.requests.push_back(m);
+                }
+                true
+            }
+            Err(RecvTimeoutError::Timeout) => false,
+            Err(RecvTimeoutError::Disconnected) => {
+                self.closed = true;
+                false
+            }
+        }
+    }
+
+    /// The reply to `id`, within `wait`; `on_slow` runs once if it takes longer than `slow`.
+    pub fn reply(
+        &mut self,
+        id: u16,
+        wait: Duration,
+        slow: Duration,
+        mut on_slow: impl FnMut(&mut Peer),
+    ) -> Option<Message> {
+        let start = Instant::now();
+        let mut slowed = false;
+        loop {
+            if let Some(m) = self.replies.get_mut(&id).and_then(VecDeque::pop_front) {
+                return Some(m);
+            }
+            if self.closed || start.elapsed() >= wait {
+                return None;
+            }
+            if !slowed && start.elapsed() >= slow {
+                slowed = true;
+                on_slow(self);
+            }
+            self.pump(Duration::from_millis(5));
+        }
+    }
+
+    /// The server's next DMA request, within `wait`.
+    pub fn request(&mut self, wait: Duration) -> Option<Message> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(m) = self.requests.pop_front() {
+                return Some(m);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.closed || left.is_zero() {
+                return None;
+            }
+            self.pump(left.min(Duration::from_millis(50)));
+        }
+    }
+
+    /// Requests that arrived and were not asked for.
+    pub fn pending_requests(&mut self) -> usize {
+        while self.pump(Duration::ZERO) {}
+        self.requests.len()
+    }
+
+    /// Ends the connection: the server sees the client leave.
+    pub fn close(mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.stop.store(true, Ordering::Release);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Where trace lines go: stderr, a file, or memory (tests); as text or JSON lines.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use super::{Block, Event};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// `[   1.234567] hfi1 W RCV_CTXT_CTRL[ctxt 2] = 0x11 ENABLE TID_FLOW_ENABLE`
+    Text,
+    /// `{"t":1.234567,"seq":12,"device":"hfi1","block":"rxe","event":"mmio",...}`
+    Json,
+}
+
+impl Format {
+    pub fn parse(s: &str) -> Option<Format> {
+        match s {
+            "text" => Some(Format::Text),
+            "json" => Some(Format::Json),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Text => "text",
+            Format::Json => "json",
+        }
+    }
+}
+
+enum Output {
+    Stderr,
+    File(File, PathBuf),
+    Memory(Vec<String>),
+}
+
+/// A trace destination shared by every device's tracer. Each line is one `write` (so a killed process
+/// leaves whole lines behind, and lines of several threads do not interleave).
+pub struct Sink {
+    format: AtomicU8,
+    out: Mutex<Output>,
+    start: Instant,
+    seq: AtomicU64,
+}
+
+impl Sink {
+    fn new(out: Output) -> Self {
+        Sink { format: AtomicU8::new(0), out: Mutex::new(out), start: Instant::now(), seq: AtomicU64::new(0) }
+    }
+
+    /// The process's sink: stderr in text until told otherwise.
+    pub fn global() -> Arc<Sink> {
+        static GLOBAL: OnceLock<Arc<Sink>> = OnceLock::new();
+        GLOBAL.get_or_init(|| Arc::new(Sink::new(Output::Stderr))).clone()
+    }
+
+    /// A sink that keeps its lines, for tests.
+    pub fn memory() -> Arc<Sink> {
+        Arc::new(Sink::new(Output::Memory(Vec::new())))
+    }
+
+    pub fn format(&self) -> Format {
+        if self.format.load(Ordering::Relaxed) == 1 {
+            Format::Json
+        } else {
+            Format::Text
+        }
+    }
+    pub fn set_format(&self, f: Format) {
+        self.format.store(u8::from(f == Format::Json), Ordering::Relaxed);
+    }
+
+    /// Appends to `path` (created if missing) from now on.
+    pub fn to_file(&self, path: &Path) -> std::io::Result<()> {
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        *self.lock() = Output::File(f, path.to_path_buf());
+        Ok(())
+    }
+    pub fn to_stderr(&self) {
+        *self.lock() = Output::Stderr;
+    }
+
+    /// Where lines go, for `{"cmd":"trace"}`.
+    pub fn destination(&self) -> String {
+        match &*self.lock() {
+            Output::Stderr => "stderr".into(),
+            Output::File(_, p) => p.display().to_string(),
+            Output::Memory(_) => "memory".into(),
+        }
+    }
+
+    /// The lines kept by a memory sink (emptied).
+    pub fn take_lines(&self) -> Vec<String> {
+        match &mut *self.lock() {
+            Output::Memory(v) => std::mem::take(v),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Lines written so far.
+    pub fn lines(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Output> {
+        self.out.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn write(&self, device: &str, block: Block, event: &Event) {
+        let t = self.start.elapsed().as_secs_f64();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let mut line = match self.format() {
+            Format::Text => {
+                let mut s = format!("[{t:12.6}] {device} ");
+                match &event.head {
+                    Some(h) => s.push_str(h),
+                    None => {
+                        s.push_str(event.kind);
+                        for (k, v) in event.fields {
+                            s.push_str(&format!(" {k}={v}"));
+                        }
+                    }
+                }
+                s
+            }
+            Format::Json => {
+                let mut m = serde_json::Map::new();
+                m.insert("t".into(), serde_json::json!((t * 1e6).round() / 1e6));
+                m.insert("seq".into(), seq.into());
+                m.insert("device".into(), device.into());
+                m.insert("block".into(), block.name().into());
+                m.insert("event".into(), event.kind.into());
+                for (k, v) in event.fields {
+                    m.insert((*k).into(), v.json());
+                }
+                serde_json::Value::Object(m).to_string()
+            }
+        };
+        line.push('\n');
+        match &mut *self.lock() {
+            // Trace output must never stop the device: write errors are dropped.
+            Output::Stderr => {
+                let _ = std::io::stderr().write_all(line.as_bytes());
+            }
+            Output::File(f, _) => {
+                let _ = f.write_all(line.as_bytes());
+            }
+            Output::Memory(v) => {
+                line.pop();
+                v.push(line);
+            }
+        }
+    }
+}

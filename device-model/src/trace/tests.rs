@@ -1,0 +1,106 @@
+use super::*;
+
+fn level_of(filter: &str, device: &str, block: Block) -> Level {
+    Filter::parse(filter).unwrap().levels(device)[block as usize]
+}
+
+#[test]
+fn the_most_specific_directive_decides_and_among_equals_the_last() {
+    let table = [
+        ("", "hfi1", Block::Flow, Level::Off),
+        ("off", "hfi1", Block::Flow, Level::Off),
+        ("debug", "irdma", Block::Cqp, Level::Debug),
+        ("hfi1", "hfi1", Block::Flow, Level::Trace),
+        ("hfi1", "hfi1-wfr", Block::Flow, Level::Off),
+        ("hfi1::flow=debug", "hfi1", Block::Flow, Level::Debug),
+        ("hfi1::flow=debug", "hfi1", Block::Rxe, Level::Off),
+        ("hfi1=info,hfi1::flow=off", "hfi1", Block::Flow, Level::Off),
+        ("hfi1::flow=off,hfi1=info", "hfi1", Block::Flow, Level::Off),
+        ("hfi1=info,hfi1::flow=off", "hfi1", Block::Rcv, Level::Info),
+        ("*::dma=trace,info", "irdma", Block::Dma, Level::Trace),
+        ("*::dma=trace,irdma::dma=off", "irdma", Block::Dma, Level::Off),
+        ("irdma=info,*::dma=trace", "irdma", Block::Dma, Level::Trace),
+        ("warn,irdma=debug", "hfi1", Block::Rxe, Level::Warn),
+        ("irdma=debug,irdma=info", "irdma", Block::Cqp, Level::Info),
+        (" irdma::cqp = debug , trace ", "irdma", Block::Cqp, Level::Debug),
+        ("IRDMA=DEBUG", "irdma", Block::Cqp, Level::Off),
+    ];
+    for (filter, device, block, want) in table {
+        assert_eq!(level_of(filter, device, block), want, "{filter:?} for {device}::{}", block.name());
+    }
+}
+
+#[test]
+fn bad_directives_are_refused_with_what_is_wrong() {
+    assert!(matches!(Filter::parse("hfi1=loud"), Err(FilterError::Level(_))));
+    assert!(matches!(Filter::parse("hfi1::nosuch=debug"), Err(FilterError::Block { .. })));
+    for bad in ["*=debug", "::flow=debug", "hfi 1=debug", "*"] {
+        assert!(matches!(Filter::parse(bad), Err(FilterError::Target(_))), "{bad}");
+    }
+}
+
+#[test]
+fn every_block_name_parses_back_to_its_block() {
+    for b in Block::ALL {
+        assert_eq!(Block::parse(b.name()), Some(b));
+        assert!(!b.doc().is_empty());
+    }
+}
+
+#[test]
+fn a_tracer_is_off_until_a_filter_turns_blocks_on() {
+    let t = Tracer::new("irdma");
+    let sink = Sink::memory();
+    t.set_sink(sink.clone());
+    assert!(!t.on(Block::Cqp, Level::Info));
+    t.event(Block::Cqp, Level::Info, "doorbell", &[("head", Val::Dec(3))]);
+    assert!(sink.take_lines().is_empty());
+    t.set_filter(&Filter::parse("irdma::cqp=info").unwrap());
+    assert!(t.on(Block::Cqp, Level::Info) && !t.on(Block::Cqp, Level::Debug) && !t.on(Block::Ccq, Level::Info));
+    assert_eq!(t.enabled(), vec![(Block::Cqp, Level::Info)]);
+    t.event(Block::Cqp, Level::Info, "doorbell", &[("head", Val::Dec(3)), ("tail", Val::Hex(0x10))]);
+    let lines = sink.take_lines();
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0].ends_with("] irdma doorbell head=3 tail=0x10"), "{}", lines[0]);
+}
+
+#[test]
+fn a_register_access_reads_as_in_the_kernel_with_decoded_fields_in_text_and_json() {
+    let t = Tracer::new("hfi1");
+    let sink = Sink::memory();
+    t.set_sink(sink.clone());
+    t.set_filter(&Filter::parse("hfi1=debug").unwrap());
+    let name = RegisterName {
+        block: Block::Flow,
+        name: Some("RCV_TID_FLOW_TABLE[ctxt 0][3]".into()),
+        fields: "gen=0x1 FLOW_VALID".into(),
+    };
+    t.register(&name, true, 0, 0x1300818, 8, 0x6f00000800);
+    sink.set_format(Format::Json);
+    t.register(&name, false, 0, 0x1300818, 8, 0x0f00000800);
+    let lines = sink.take_lines();
+    assert!(
+        lines[0].ends_with("] hfi1 W RCV_TID_FLOW_TABLE[ctxt 0][3] = 0x6f00000800 gen=0x1 FLOW_VALID"),
+        "{}",
+        lines[0]
+    );
+    let j: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+    assert_eq!(j["device"], "hfi1");
+    assert_eq!(j["block"], "flow");
+    assert_eq!(j["event"], "mmio");
+    assert_eq!(j["op"], "R");
+    assert_eq!(j["reg"], "RCV_TID_FLOW_TABLE[ctxt 0][3]");
+    assert_eq!(j["offset"], "0x1300818");
+    assert_eq!(j["value"], "0xf00000800");
+    assert_eq!(j["seq"], 1);
+}
+
+#[test]
+fn an_unnamed_offset_is_shown_by_bar_and_offset() {
+    let t = Tracer::new("irdma");
+    let sink = Sink::memory();
+    t.set_sink(sink.clone());
+    t.set_filter(&Filter::parse("debug").unwrap());
+    t.register(&RegisterName::unnamed(), false, 0, 0x1234, 4, 0xffff_ffff);
+    assert!(sink.take_lines()[0].ends_with("] irdma R BAR0+0x1234 = 0xffffffff"));
+}
