@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
-use udriver::backend::inproc::InProcess;
+use rig::InProcess;
 use udriver::dma::DmaMemory;
 
 /// The fuzzer's bytes, consumed one decision at a time; once used up the device behaves.

@@ -4,8 +4,9 @@
 
 pub mod access;
 pub mod backend;
-pub mod bench;
+pub mod cli;
 pub mod demo;
 pub mod dma;
 pub mod hfi1;
 pub mod irdma;
+pub mod pci_ids;

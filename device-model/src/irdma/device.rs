@@ -335,7 +335,7 @@ impl Irdma {
                 let desc_pa = (u64::from(st.regs.lb_desc_high) << 32) | u64::from(st.regs.lb_desc_low);
                 if self.submit(&st, Work::Loopback { desc_pa }) {
                     st.regs.lb_pending += 1;
-                    st.regs.lb_status = IRDMA_EMU_LB_STATUS_BUSY.put(1) as u32;
+                    st.regs.lb_status = emu_abi::irdma::LbStatus::DEFAULT.with_busy(true).raw_value();
                 }
             }
         }

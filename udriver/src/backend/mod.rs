@@ -1,6 +1,5 @@
 //! How the driver reaches a device: every backend implements `crate::access::DeviceAccess`.
 
-pub mod inproc;
 pub mod mmio;
 pub mod vfio;
 pub mod vfio_user;

@@ -9,21 +9,21 @@ use device_model::hfi1::{Hfi1, Hfi1Config};
 use device_model::pci::PciIds;
 use serde_json::json;
 
-use super::served::Served;
 use super::stats::{sample, sample_prepared, Samples};
 use super::{Better, Case, Target};
-use crate::access::DeviceAccess;
-use crate::backend::vfio_user::VfioUserBackend;
-use crate::dma::{DmaPool, IOVA_BASE, PAGE_SIZE};
-use crate::hfi1::ctxt::{Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params};
-use crate::hfi1::exp_rcv::{
+use crate::served::Served;
+use udriver::access::DeviceAccess;
+use udriver::backend::vfio_user::VfioUserBackend;
+use udriver::dma::{DmaPool, IOVA_BASE, PAGE_SIZE};
+use udriver::hfi1::ctxt::{Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params};
+use udriver::hfi1::exp_rcv::{
     hfi1_kern_exp_rcv_alloc_flows, hfi1_kern_exp_rcv_clear, hfi1_kern_exp_rcv_setup, TidRdmaRequest,
 };
-use crate::hfi1::flow::hfi1_kern_setup_hw_flow;
-use crate::hfi1::qp::{Hfi1Qp, IbQpType, QpSendState};
-use crate::hfi1::regs::PtType;
-use crate::hfi1::sge::{RvtSge, RvtSgeState};
-use crate::hfi1::tid::{hfi1_put_tid, trdma_pset_order};
+use udriver::hfi1::flow::hfi1_kern_setup_hw_flow;
+use udriver::hfi1::qp::{Hfi1Qp, IbQpType, QpSendState};
+use udriver::hfi1::regs::PtType;
+use udriver::hfi1::sge::{RvtSge, RvtSgeState};
+use udriver::hfi1::tid::{hfi1_put_tid, trdma_pset_order};
 
 pub use super::placement::{placement, worker_spin};
 
@@ -51,7 +51,8 @@ pub struct Rig {
 impl Rig {
     pub fn new(config: Hfi1Config, map_bars: bool) -> Result<Self, String> {
         let engine = Arc::new(Hfi1::new(config).map_err(|e| format!("hfi1 engine: {e}"))?);
-        let served = Served::new(engine.clone() as Arc<dyn Engine>, PciIds::hfi1_default())?;
+        let served =
+            Served::new(engine.clone() as Arc<dyn Engine>, PciIds::hfi1_default()).map_err(|e| e.to_string())?;
         let backend = VfioUserBackend::connect(served.path(), map_bars).map_err(|e| format!("connect: {e}"))?;
         let dev: Arc<dyn DeviceAccess> = Arc::new(backend);
         dev.pci_enable_device().map_err(|e| format!("pci_enable_device: {e}"))?;
@@ -155,13 +156,13 @@ impl Segmenter {
     }
 }
 
-fn sge_state(buf: &Arc<crate::dma::DmaBuffer>) -> Result<RvtSgeState, String> {
+fn sge_state(buf: &Arc<udriver::dma::DmaBuffer>) -> Result<RvtSgeState, String> {
     let sge = RvtSge::new(buf.clone(), 0, SEGMENT as u32).map_err(|e| format!("sge: {e}"))?;
     RvtSgeState::new(vec![sge]).map_err(|e| format!("sge state: {e}"))
 }
 
 /// Times setup + clear of one segment over `buf`; also returns (TID entries, packets) of the segment.
-fn setup_clear(rig: &Rig, buf: &Arc<crate::dma::DmaBuffer>, budget: Duration) -> Result<(Samples, u8, u32), String> {
+fn setup_clear(rig: &Rig, buf: &Arc<udriver::dma::DmaBuffer>, budget: Duration) -> Result<(Samples, u8, u32), String> {
     let mut seg = Segmenter::new(rig)?;
     seg.setup(&mut sge_state(buf)?)?;
     let (tidcnt, npkts) = seg.req.flow(0).map(|f| (f.tidcnt, f.npkts)).ok_or("no flow 0")?;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use vfio_user_proto::device::{region, Device, DeviceContext, IrqTrigger};
 use vfio_user_proto::dma::{DmaAccess, DmaError};
 
-use crate::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
-use crate::dma::DmaMemory;
+use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
+use udriver::dma::DmaMemory;
 
 /// One mapping: its length, the memory (an alias of the driver's, see `DmaMemory::alias`, so it stays
 /// valid whatever the driver frees) and the offset in that memory.
@@ -209,7 +209,7 @@ impl DeviceAccess for InProcess {
             return Err(AccessError::Other(format!("{nvec} MSI-X vectors requested, device has {max}")));
         }
         // No kernel in between: the driver turns MSI-X on in config space itself.
-        super::msix_enable(self)
+        udriver::backend::msix_enable(self)
     }
 
     fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {

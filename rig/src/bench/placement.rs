@@ -4,20 +4,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use device_model::hfi1::{
-    Descriptor, Hfi1Config, Packet, LB_BASE, LB_DB_DONE, LB_DESC_ADDR, LB_DESC_ERR, LB_DESC_HDR_LEN, LB_DOORBELL,
-    LB_MAX_CHAIN, LB_MSIX_VECTOR,
+use device_model::hfi1::Hfi1Config;
+use emu_abi::hfi1::{
+    LbDescHeader, LB_BASE, LB_DB_DONE, LB_DESC_ADDR, LB_DESC_ERR, LB_DESC_HDR_LEN, LB_DOORBELL, LB_MAX_CHAIN,
+    LB_MSIX_VECTOR,
 };
 
 use super::hfi1::{Rig, SEGMENT};
 use super::stats::{sample, Samples};
 use super::{Better, Case, Target};
-use crate::dma::{DmaBuffer, PAGE_SIZE};
-use crate::hfi1::ctxt::{hfi1_rcvctrl, HFI1_RCVCTRL_CTXT_ENB};
-use crate::hfi1::regs::{
+use udriver::dma::{DmaBuffer, PAGE_SIZE};
+use udriver::hfi1::ctxt::{hfi1_rcvctrl, HFI1_RCVCTRL_CTXT_ENB};
+use udriver::hfi1::regs::{
     PtType, HFI1_BAR, KDETH_OFFSET_MASK, KDETH_OFFSET_SHIFT, KDETH_OM_SHIFT, KDETH_TIDCTRL_SHIFT, KDETH_TID_SHIFT,
 };
-use crate::hfi1::tid::{hfi1_put_tid, trdma_pset_order};
+use udriver::hfi1::tid::{hfi1_put_tid, trdma_pset_order};
 
 /// KDETH OFFSET unit with OM set: 64 bytes (hardware-facts §1.10, the kernel's KDETH_OM_LARGE_SHIFT).
 const KDETH_OM_LARGE_SHIFT: u32 = 6;
@@ -86,8 +87,10 @@ impl Loopback {
             let at = k * stride;
             let next = if k + 1 < packets { chain.iova(at + stride).ok_or("chain overflow")? } else { 0 };
             let (entry, offset) = (k * packet / entry_size, k * packet % entry_size);
-            let d = Descriptor {
-                packet: Packet { kdeth0: kdeth0(entry, offset), dest_qp: ctxt, psn: k as u32 },
+            let d = LbDescHeader {
+                kdeth0: kdeth0(entry, offset),
+                dest_qp: ctxt,
+                psn: k as u32,
                 payload_len: packet as u32,
                 next,
             };

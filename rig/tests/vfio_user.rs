@@ -1,52 +1,30 @@
 //! The driver over a real vfio-user socket: the device model's server on its own thread, udriver's
 //! vfio-user backend on the other side, with the RcvArray mapped (sparse mmap) or every access trapped.
 
-use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use device_model::engine::Engine;
 use device_model::hfi1::{Hfi1, Hfi1Config};
 use device_model::irdma::{Irdma, IrdmaConfig};
-use device_model::pci::{Function, PciIds};
+use device_model::pci::PciIds;
 use udriver::access::DeviceAccess;
 use udriver::backend::vfio_user::VfioUserBackend;
 use udriver::demo::hfi1::{hfi1_demo, hfi1_stress, Hfi1DemoOptions};
 use udriver::demo::irdma::{irdma_demo, IrdmaDemoOptions};
 use udriver::irdma::process::IrdmaCqpWaitMode;
-use vfio_user_proto::{Server, ServerConfig, ShutdownHandle};
 
-struct Served {
-    path: PathBuf,
-    stop: ShutdownHandle,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+/// The engine served with its default IDs, and a client of it.
+struct Served(rig::Served);
 
 impl Served {
-    fn new(tag: &str, engine: Arc<dyn Engine>) -> Served {
-        let path = std::env::temp_dir().join(format!("udriver-vu-{tag}-{}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).unwrap();
+    fn new(_tag: &str, engine: Arc<dyn Engine>) -> Served {
         let ids = PciIds::default_for(engine.name()).unwrap();
-        let server = Server::new(Function::try_new(engine, ids).unwrap(), ServerConfig::default());
-        let stop = server.shutdown_handle();
-        let thread = std::thread::spawn(move || server.serve(listener).unwrap());
-        Served { path, stop, thread: Some(thread) }
+        Served(rig::Served::new(engine, ids).unwrap())
     }
 
     fn connect(&self, map_bars: bool) -> Arc<dyn DeviceAccess> {
-        Arc::new(VfioUserBackend::connect(&self.path, map_bars).unwrap())
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.stop.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let _ = std::fs::remove_file(&self.path);
+        Arc::new(VfioUserBackend::connect(self.0.path(), map_bars).unwrap())
     }
 }
 

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use device_model::hfi1::{Hfi1, Hfi1Config};
 use device_model::pci::{Function, PciIds};
+use rig::InProcess;
 use serde_json::{json, Value};
 use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
-use udriver::backend::inproc::InProcess;
 use udriver::backend::mmio::MappedBar;
 use udriver::dma::{DmaBuffer, DmaMemory, DmaPool};
 use udriver::hfi1::ctxt::*;
@@ -113,42 +113,7 @@ pub enum Backend {
 
 pub const BACKENDS: [Backend; 3] = [Backend::Trapped, Backend::Mapped, Backend::VfioUser];
 
-/// The device model's vfio-user server on a thread, stopped when dropped.
-pub struct ServedSocket {
-    path: std::path::PathBuf,
-    stop: vfio_user_proto::ShutdownHandle,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ServedSocket {
-    pub fn path(&self) -> &std::path::Path {
-        &self.path
-    }
-
-    pub fn new(function: Arc<Function>) -> Self {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("hfi1-it-{}-{n}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
-        let server = vfio_user_proto::Server::new(function, vfio_user_proto::ServerConfig::default());
-        let stop = server.shutdown_handle();
-        let thread = std::thread::spawn(move || {
-            let _ = server.serve(listener);
-        });
-        Self { path, stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for ServedSocket {
-    fn drop(&mut self) {
-        self.stop.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
+pub use rig::Served as ServedSocket;
 
 /// The device: its engine (for control commands) and the driver's view of it.
 pub struct Dev {
@@ -177,8 +142,8 @@ impl Dev {
             Backend::Mapped => Arc::new(MappedInProcess::new(function.clone(), true)),
             Backend::MappedUntold => Arc::new(MappedInProcess::new(function.clone(), false)),
             Backend::VfioUser => {
-                let s = ServedSocket::new(function.clone());
-                let dev = udriver::backend::vfio_user::VfioUserBackend::connect(&s.path, true).expect("connect");
+                let s = ServedSocket::function(function.clone()).expect("serve");
+                let dev = udriver::backend::vfio_user::VfioUserBackend::connect(s.path(), true).expect("connect");
                 served = Some(s);
                 Arc::new(dev)
             }

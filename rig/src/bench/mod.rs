@@ -6,7 +6,6 @@
 mod hfi1;
 mod irdma;
 mod placement;
-mod served;
 mod socket;
 mod stats;
 

@@ -8,9 +8,9 @@ use std::time::Duration;
 use device_model::engine::Engine;
 use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::{Function, PciIds};
+use rig::InProcess;
 use serde_json::{json, Value};
 use udriver::access::DeviceAccess;
-use udriver::backend::inproc::InProcess;
 use udriver::backend::vfio_user::VfioUserBackend;
 
 // Only its vfio-user server is used here; the module allows its own dead code.
@@ -60,7 +60,7 @@ impl Rig {
         let func = Function::new(engine.clone(), PciIds::irdma_default());
         let (access, served): (Arc<dyn DeviceAccess>, _) =
             if std::env::var("UDRIVER_IT_BACKEND").as_deref() == Ok("vfio-user") {
-                let s = hfi1_common::ServedSocket::new(func.clone());
+                let s = hfi1_common::ServedSocket::function(func.clone()).unwrap();
                 (Arc::new(VfioUserBackend::connect(s.path(), true).unwrap()), Some(s))
             } else {
                 (Arc::new(InProcess::new(func.clone())), None)

@@ -14,10 +14,10 @@ use vfio_user_proto::client::{Client, ClientConfig};
 use vfio_user_proto::device::region;
 use vfio_user_proto::wire::{HEADER_SIZE, REGION_RW_SIZE};
 
-use super::served::Served;
 use super::stats::{sample, Samples};
 use super::{Better, Case, Target};
-use crate::access::pci;
+use crate::served::Served;
+use udriver::access::pci;
 
 /// Bytes of register data per access: hfi1 CSRs are 64-bit.
 const DATA: usize = 8;
@@ -108,7 +108,7 @@ pub fn round_trip(budget: Duration) -> Case {
     Case::new("a", "trapped REGION_READ/REGION_WRITE round trip vs raw UNIX-socket ping-pong").run(|case| {
         let engine: Arc<dyn Engine> =
             Arc::new(Hfi1::new(Hfi1Config::default()).map_err(|e| format!("hfi1 engine: {e}"))?);
-        let served = Served::new(engine, PciIds::hfi1_default())?;
+        let served = Served::new(engine, PciIds::hfi1_default()).map_err(|e| e.to_string())?;
         let client = Client::connect(served.path(), ClientConfig::default()).map_err(|e| format!("connect: {e}"))?;
         // pci_enable_device: BAR accesses are only decoded with memory space on.
         let cmd = (pci::COMMAND_MEMORY | pci::COMMAND_MASTER).to_le_bytes();

@@ -1,5 +1,6 @@
-//! A device-model function served over vfio-user in this process: a `pci::Function` around an engine, a
-//! `Server` on its own thread listening on a private UNIX socket, stopped and joined on drop.
+//! A device-model function served over vfio-user in this process: a `vfio_user_proto::Server` on its own
+//! thread, listening on a private UNIX socket, stopped and joined on drop (exactly as the `device-model`
+//! binary serves it, without the process).
 
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,8 @@ use device_model::engine::Engine;
 use device_model::pci::{Function, PciIds};
 use vfio_user_proto::server::{Server, ServerConfig, ShutdownHandle};
 
+use crate::RigError;
+
 pub struct Served {
     path: PathBuf,
     stop: ShutdownHandle,
@@ -20,25 +23,30 @@ pub struct Served {
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 impl Served {
-    pub fn new(engine: Arc<dyn Engine>, ids: PciIds) -> Result<Self, String> {
-        let function = Function::try_new(engine, ids).map_err(|e| format!("PCI function: {e}"))?;
+    /// Serves `engine` as a PCI function with `ids`.
+    pub fn new(engine: Arc<dyn Engine>, ids: PciIds) -> Result<Self, RigError> {
+        Self::function(Function::try_new(engine, ids)?)
+    }
+
+    /// Serves an existing function (the caller keeps it, to inspect the device while a client drives it).
+    pub fn function(function: Arc<Function>) -> Result<Self, RigError> {
         let path = std::env::temp_dir().join(format!(
-            "udriver-bench-{}-{}.sock",
+            "rdma-emu-rig-{}-{}.sock",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).map_err(|e| format!("bind {}: {e}", path.display()))?;
+        let listener = UnixListener::bind(&path).map_err(|source| RigError::Io { op: "bind", source })?;
         let server = Server::new(function, ServerConfig::default());
         let stop = server.shutdown_handle();
         let thread = std::thread::Builder::new()
-            .name("bench-server".into())
+            .name("rig-server".into())
             .spawn(move || {
                 if let Err(e) = server.serve(listener) {
-                    tracing::warn!("bench server stopped: {e}");
+                    tracing::warn!("rig server stopped: {e}");
                 }
             })
-            .map_err(|e| format!("server thread: {e}"))?;
+            .map_err(|source| RigError::Io { op: "spawn server thread", source })?;
         Ok(Self { path, stop, thread: Some(thread) })
     }
 

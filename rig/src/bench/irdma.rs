@@ -9,17 +9,17 @@ use device_model::engine::Engine;
 use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::PciIds;
 
-use super::served::Served;
 use super::stats::sample;
 use super::{Better, Case, Target};
-use crate::access::DeviceAccess;
-use crate::backend::vfio_user::VfioUserBackend;
-use crate::dma::DmaPool;
-use crate::irdma::ccq::irdma_sc_ccq_get_cqe_info;
-use crate::irdma::defs::IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY;
-use crate::irdma::process::IrdmaCqpState;
-use crate::irdma::qhash::{irdma_sc_manage_qhash_table_entry, IrdmaVsiQos};
-use crate::irdma::{
+use crate::served::Served;
+use udriver::access::DeviceAccess;
+use udriver::backend::vfio_user::VfioUserBackend;
+use udriver::dma::DmaPool;
+use udriver::irdma::ccq::irdma_sc_ccq_get_cqe_info;
+use udriver::irdma::defs::IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY;
+use udriver::irdma::process::IrdmaCqpState;
+use udriver::irdma::qhash::{irdma_sc_manage_qhash_table_entry, IrdmaVsiQos};
+use udriver::irdma::{
     IrdmaCcqCqeInfo, IrdmaDev, IrdmaDevConfig, IrdmaError, IrdmaQhashTableInfo, IrdmaQuadEntryType,
     IrdmaQuadHashManageType,
 };
@@ -74,7 +74,7 @@ fn batch(st: &mut IrdmaCqpState, n: u32, manage: IrdmaQuadHashManageType) -> Res
 pub fn qhash_throughput(budget: Duration) -> Case {
     Case::new("d", "qhash add+delete throughput by WQEs per CQP doorbell (direct vfio-user, CCQ polled)").run(|case| {
         let engine = Arc::new(Irdma::new(IrdmaConfig::default()));
-        let served = Served::new(engine as Arc<dyn Engine>, PciIds::irdma_default())?;
+        let served = Served::new(engine as Arc<dyn Engine>, PciIds::irdma_default()).map_err(|e| e.to_string())?;
         let backend = VfioUserBackend::connect(served.path(), true).map_err(|e| format!("connect: {e}"))?;
         let dev: Arc<dyn DeviceAccess> = Arc::new(backend);
         dev.pci_enable_device().map_err(|e| format!("pci_enable_device: {e}"))?;
