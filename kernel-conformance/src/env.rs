@@ -10,6 +10,7 @@ use std::time::Duration;
 use thiserror::Error;
 use udriver::access::DeviceAccess;
 use udriver::dma::{DmaBuffer, DmaPool};
+use vfio_user_proto::sync::Unpoison;
 
 use crate::ffi::BarWindow;
 
@@ -64,7 +65,7 @@ pub struct ShimEnv {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock().unpoison()
 }
 
 impl ShimEnv {

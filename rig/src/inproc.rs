@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use vfio_user_proto::device::{region, Device, DeviceContext, IrqTrigger};
 use vfio_user_proto::dma::{DmaAccess, DmaError};
+use vfio_user_proto::sync::Unpoison;
 
 use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
 use udriver::dma::DmaMemory;
@@ -36,7 +37,7 @@ impl Mappings {
     ) -> std::result::Result<(), DmaError> {
         let len64 = len as u64;
         iova.checked_add(len64).ok_or(DmaError::Overflow { iova, len: len64 })?;
-        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.map.lock().unpoison();
         // Check coverage first so a failing access touches nothing.
         let mut pieces = Vec::new();
         let (mut cur, mut done) = (iova, 0usize);
@@ -63,14 +64,10 @@ impl Mappings {
 impl DmaAccess for Mappings {
     fn read(&self, iova: u64, buf: &mut [u8]) -> std::result::Result<(), DmaError> {
         let len = buf.len();
-        self.walk(iova, len, |mem, off, at, n| {
-            mem.read(off, &mut buf[at..at + n]).map_err(|e| AccessError::Other(e.to_string()))
-        })
+        self.walk(iova, len, |mem, off, at, n| mem.read(off, &mut buf[at..at + n]).map_err(AccessError::from))
     }
     fn write(&self, iova: u64, buf: &[u8]) -> std::result::Result<(), DmaError> {
-        self.walk(iova, buf.len(), |mem, off, at, n| {
-            mem.write(off, &buf[at..at + n]).map_err(|e| AccessError::Other(e.to_string()))
-        })
+        self.walk(iova, buf.len(), |mem, off, at, n| mem.write(off, &buf[at..at + n]).map_err(AccessError::from))
     }
 }
 
@@ -86,7 +83,7 @@ impl IrqTrigger for Irqs {
         if index != vfio_user_proto::device::irq::MSIX {
             return;
         }
-        *self.pending.lock().unwrap_or_else(|e| e.into_inner()).entry(vector).or_default() += 1;
+        *self.pending.lock().unpoison().entry(vector).or_default() += 1;
         self.cond.notify_all();
     }
 }
@@ -184,20 +181,20 @@ impl DeviceAccess for InProcess {
     fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
         let end = iova.checked_add(len);
         if len == 0 || end.is_none() || offset.checked_add(len).is_none_or(|e| e > mem.len() as u64) {
-            return Err(AccessError::Other(format!("bad DMA map {offset:#x}+{len:#x} at IOVA {iova:#x}")));
+            return Err(AccessError::BadDmaMap { offset, len, iova });
         }
-        let mut map = self.dma.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.dma.map.lock().unpoison();
         let overlaps = map.range(..end.unwrap_or(u64::MAX)).next_back().is_some_and(|(b, m)| b + m.len > iova);
         if overlaps {
             return Err(AccessError::Errno { op: "DMA map", errno: libc::EEXIST });
         }
-        let alias = DmaMemory::alias(mem).map_err(|e| AccessError::Other(e.to_string()))?;
+        let alias = DmaMemory::alias(mem)?;
         map.insert(iova, Mapping { len, mem: Arc::new(alias), offset });
         Ok(())
     }
 
     fn dma_unmap(&self, iova: u64, len: u64) -> Result<()> {
-        let mut map = self.dma.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.dma.map.lock().unpoison();
         let end = iova.saturating_add(len);
         map.retain(|b, m| !(*b >= iova && *b + m.len <= end));
         Ok(())
@@ -206,7 +203,7 @@ impl DeviceAccess for InProcess {
     fn enable_msix(&self, nvec: u32) -> Result<()> {
         let max = self.device.irq_info(vfio_user_proto::device::irq::MSIX).map_or(0, |i| i.count);
         if nvec == 0 || nvec > max {
-            return Err(AccessError::Other(format!("{nvec} MSI-X vectors requested, device has {max}")));
+            return Err(AccessError::MsixVectors { requested: nvec, available: max });
         }
         // No kernel in between: the driver turns MSI-X on in config space itself.
         udriver::backend::msix_enable(self)
@@ -214,7 +211,7 @@ impl DeviceAccess for InProcess {
 
     fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {
         let deadline = std::time::Instant::now() + timeout;
-        let mut pending = self.irqs.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = self.irqs.pending.lock().unpoison();
         loop {
             if let Some(n) = pending.get_mut(&vector).filter(|n| **n > 0) {
                 *n = 0;
@@ -224,7 +221,7 @@ impl DeviceAccess for InProcess {
             if left.is_zero() {
                 return Ok(false);
             }
-            pending = self.irqs.cond.wait_timeout(pending, left).unwrap_or_else(|e| e.into_inner()).0;
+            pending = self.irqs.cond.wait_timeout(pending, left).unpoison().0;
         }
     }
 }

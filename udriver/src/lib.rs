@@ -7,6 +7,7 @@ pub mod backend;
 pub mod cli;
 pub mod demo;
 pub mod dma;
+pub mod error;
 pub mod hfi1;
 pub mod irdma;
 pub mod pci_ids;

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
 
 use crate::device::{irq_flags, Errno, IrqInfo, IrqTrigger};
+use crate::sync::Unpoison;
 use crate::wire::{irq_set_flags as f, SetIrqs};
 
 #[derive(Default)]
@@ -44,7 +45,7 @@ impl IrqState {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(u32, u32), Vector>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().unpoison()
     }
 
     /// Drops every eventfd and mask state (disconnect).

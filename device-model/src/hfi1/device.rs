@@ -12,6 +12,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use vfio_user_proto::device::RegionFd;
 use vfio_user_proto::dma::{DmaAccess, NoDma};
+use vfio_user_proto::sync::Unpoison;
 
 use super::access_log::AccessLog;
 use super::chip::{Access, Chip};
@@ -53,16 +54,16 @@ pub(super) struct Shared {
 
 impl Shared {
     pub fn lock_chip(&self) -> MutexGuard<'_, Chip> {
-        self.chip.lock().unwrap_or_else(|e| e.into_inner())
+        self.chip.lock().unpoison()
     }
 
     fn lock_wfr(&self) -> Option<MutexGuard<'_, Wfr>> {
-        self.wfr.as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()))
+        self.wfr.as_ref().map(|w| w.lock().unpoison())
     }
 
     fn log(&self, write: bool, offset: u64, value: u64) {
         if let Some(l) = &self.log {
-            l.lock().unwrap_or_else(|e| e.into_inner()).record(write, offset, value);
+            l.lock().unpoison().record(write, offset, value);
         }
     }
 
@@ -87,12 +88,12 @@ impl Shared {
     }
 
     pub fn raise(&self, vector: u16) {
-        let irq = Arc::clone(&self.irq.read().unwrap_or_else(|e| e.into_inner()));
+        let irq = Arc::clone(&self.irq.read().unpoison());
         irq.raise(vector);
     }
 
     fn dma(&self) -> Arc<dyn DmaAccess> {
-        Arc::clone(&self.dma.read().unwrap_or_else(|e| e.into_inner()))
+        Arc::clone(&self.dma.read().unpoison())
     }
 
     /// Power-on state; in-flight and queued work of the old epoch is abandoned.
@@ -108,17 +109,14 @@ impl Shared {
     }
 
     fn set_busy(&self, v: Option<u64>) {
-        *self.busy.lock().unwrap_or_else(|e| e.into_inner()) = v;
+        *self.busy.lock().unpoison() = v;
         self.idle.notify_all();
     }
 
     /// Waits (bounded) until the worker no longer runs a job of `epoch`.
     fn wait_not_running(&self, epoch: u64) -> bool {
-        let guard = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        let (_g, res) = self
-            .idle
-            .wait_timeout_while(guard, WORK_TIMEOUT, |b| b.is_some_and(|e| e <= epoch))
-            .unwrap_or_else(|e| e.into_inner());
+        let guard = self.busy.lock().unpoison();
+        let (_g, res) = self.idle.wait_timeout_while(guard, WORK_TIMEOUT, |b| b.is_some_and(|e| e <= epoch)).unpoison();
         !res.timed_out()
     }
 }
@@ -213,14 +211,14 @@ impl Hfi1 {
             v["wfr"] = w.dump();
         }
         if let Some(l) = &self.shared.log {
-            v["recent_accesses"] = l.lock().unwrap_or_else(|e| e.into_inner()).dump();
+            v["recent_accesses"] = l.lock().unpoison().dump();
         }
         v
     }
 
     /// The last register accesses, named (WFR personality; empty otherwise).
     pub fn recent_accesses(&self) -> serde_json::Value {
-        self.shared.log.as_ref().map_or(serde_json::json!([]), |l| l.lock().unwrap_or_else(|e| e.into_inner()).dump())
+        self.shared.log.as_ref().map_or(serde_json::json!([]), |l| l.lock().unpoison().dump())
     }
 
     fn read64(&self, offset: u64) -> u64 {
@@ -423,17 +421,17 @@ impl Engine for Hfi1 {
     fn attach(&self, dma: Arc<dyn DmaAccess>, irq: Arc<dyn Interrupt>) {
         // A new session starts its own record; the last one stays readable until then.
         if let Some(l) = &self.shared.log {
-            *l.lock().unwrap_or_else(|e| e.into_inner()) = AccessLog::default();
+            *l.lock().unpoison() = AccessLog::default();
         }
-        *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = dma;
-        *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = irq;
+        *self.shared.dma.write().unpoison() = dma;
+        *self.shared.irq.write().unpoison() = irq;
     }
 
     fn detach(&self) {
         let old = self.shared.epoch();
         self.shared.reset();
-        *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoDma);
-        *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoInterrupt);
+        *self.shared.dma.write().unpoison() = Arc::new(NoDma);
+        *self.shared.irq.write().unpoison() = Arc::new(NoInterrupt);
         if !self.shared.wait_not_running(old) {
             tracing::warn!("hfi1: work in flight did not stop within {WORK_TIMEOUT:?} of detach");
         }

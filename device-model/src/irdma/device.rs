@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Sender};
 use serde_json::{json, Value};
 use vfio_user_proto::dma::{DmaAccess, NoDma};
+use vfio_user_proto::sync::Unpoison;
 
 use super::ccq::Ccq;
 use super::classify::{classify, ClassifyTarget, Segment};
@@ -152,7 +153,7 @@ pub(super) struct Shared {
 
 impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unpoison()
     }
 
     pub fn count_target(&self, target: &ClassifyTarget) {
@@ -436,13 +437,13 @@ impl Engine for Irdma {
     }
 
     fn attach(&self, dma: Arc<dyn DmaAccess>, irq: Arc<dyn Interrupt>) {
-        *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = dma;
-        *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = irq;
+        *self.shared.dma.write().unpoison() = dma;
+        *self.shared.irq.write().unpoison() = irq;
     }
 
     fn detach(&self) {
-        *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoDma);
-        *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoInterrupt);
+        *self.shared.dma.write().unpoison() = Arc::new(NoDma);
+        *self.shared.irq.write().unpoison() = Arc::new(NoInterrupt);
         self.reset();
     }
 
@@ -479,7 +480,7 @@ impl Drop for Irdma {
     fn drop(&mut self) {
         self.shared.stop.store(true, Relaxed);
         let _ = self.tx.try_send(Msg { epoch: u64::MAX, work: Work::Stop });
-        let handle = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let handle = self.worker.lock().unpoison().take();
         if let Some(h) = handle {
             let _ = h.join();
         }

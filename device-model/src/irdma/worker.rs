@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use vfio_user_proto::dma::DmaAccess;
+use vfio_user_proto::sync::Unpoison;
 
 use super::ccq::{encode_cqe, Ccq, IRDMA_CQ_DBSA_ARM_NEXT, IRDMA_CQ_DBSA_ARM_SEQ_NUM};
 use super::classify::classify;
@@ -106,7 +107,7 @@ impl Worker {
         if msg.epoch != self.epoch {
             return;
         }
-        let dma = self.shared.dma.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let dma = self.shared.dma.read().unpoison().clone();
         match msg.work {
             Work::CqpCreate { ctx_pa } => self.cqp_create(&*dma, ctx_pa),
             Work::CqpDestroy => self.cqp_destroy(),
@@ -329,7 +330,7 @@ impl Worker {
         match vector {
             Some(v) => {
                 bump(&self.shared.counters.interrupts);
-                self.shared.irq.read().unwrap_or_else(|e| e.into_inner()).raise(v);
+                self.shared.irq.read().unpoison().raise(v);
             }
             None => bump(&self.shared.counters.interrupts_dropped),
         }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vfio_user_proto::device::{irq, IrqTrigger};
+use vfio_user_proto::sync::Unpoison;
 
 use super::config::MsixLayout;
 use super::regs::*;
@@ -122,7 +123,7 @@ impl Msix {
     }
 
     fn lock(&self) -> MutexGuard<'_, MsixState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unpoison()
     }
 
     /// Bytes of the vector table.

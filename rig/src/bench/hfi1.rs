@@ -25,8 +25,6 @@ use udriver::hfi1::regs::PtType;
 use udriver::hfi1::sge::{RvtSge, RvtSgeState};
 use udriver::hfi1::tid::{hfi1_put_tid, trdma_pset_order};
 
-pub use super::placement::{placement, worker_spin};
-
 /// A TID RDMA segment at most (TID_RDMA_MAX_SEGMENT_SIZE).
 pub const SEGMENT: usize = 256 * 1024;
 const SEGMENT_PAGES: usize = SEGMENT / PAGE_SIZE as usize;

@@ -26,12 +26,9 @@ impl MappedBar {
     /// Maps `len` bytes of `fd` at `fd_offset`, standing for BAR bytes `[bar_offset, bar_offset + len)`.
     pub fn new(fd: BorrowedFd<'_>, fd_offset: u64, len: u64, bar_offset: u64) -> Result<Self> {
         use rustix::mm::{mmap, MapFlags, ProtFlags};
-        let len_usize =
-            usize::try_from(len).map_err(|_| AccessError::Other(format!("BAR area too large: {len:#x}")))?;
+        let len_usize = usize::try_from(len).map_err(|_| AccessError::BadBarArea { len, fd_offset })?;
         if len_usize == 0 || fd_offset % 4096 != 0 {
-            return Err(AccessError::Other(format!(
-                "cannot map BAR area of {len:#x} bytes at file offset {fd_offset:#x}"
-            )));
+            return Err(AccessError::BadBarArea { len, fd_offset });
         }
         // SAFETY: a new shared mapping chosen by the kernel (no fixed address), so it aliases nothing in
         // this process; it is unmapped once in Drop.
@@ -39,7 +36,7 @@ impl MappedBar {
             mmap(std::ptr::null_mut(), len_usize, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, fd, fd_offset)
         }
         .map_err(|e| AccessError::Io { op: "mmap BAR", source: e.into() })?;
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(AccessError::Other("mmap returned NULL".into()))?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(AccessError::BadBarArea { len, fd_offset })?;
         Ok(Self { ptr, len: len_usize, bar_offset })
     }
 

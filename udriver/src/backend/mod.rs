@@ -30,7 +30,7 @@ pub fn msix_enable(dev: &dyn DeviceAccess) -> Result<()> {
         }
         cap = u64::from(hdr[1] & !3);
     }
-    Err(AccessError::Other("device has no MSI-X capability".into()))
+    Err(AccessError::NoMsixCapability)
 }
 
 /// Waits for an eventfd to become readable, then consumes its count. `Ok(false)` on timeout.

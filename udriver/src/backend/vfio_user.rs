@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use vfio_user_proto::client::{Client, ClientConfig, DmaProt};
 use vfio_user_proto::device::{irq, region};
+use vfio_user_proto::sync::Unpoison;
 
 use super::mmio::MappedBar;
 use super::wait_eventfd;
@@ -143,7 +144,7 @@ impl DeviceAccess for VfioUserBackend {
 
     fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
         if len == 0 || offset.checked_add(len).is_none_or(|e| e > mem.len() as u64) {
-            return Err(AccessError::Other(format!("bad DMA map {offset:#x}+{len:#x} at IOVA {iova:#x}")));
+            return Err(AccessError::BadDmaMap { offset, len, iova });
         }
         self.client.dma_map_fd(iova, len, mem.fd(), offset, DmaProt::READ_WRITE).map_err(|e| client_err("DMA_MAP", e))
     }
@@ -154,7 +155,7 @@ impl DeviceAccess for VfioUserBackend {
 
     fn enable_msix(&self, nvec: u32) -> Result<()> {
         if nvec == 0 || nvec > self.msix_count {
-            return Err(AccessError::Other(format!("{nvec} MSI-X vectors requested, device has {}", self.msix_count)));
+            return Err(AccessError::MsixVectors { requested: nvec, available: self.msix_count });
         }
         let fds: Vec<OwnedFd> = (0..nvec)
             .map(|_| {
@@ -166,7 +167,7 @@ impl DeviceAccess for VfioUserBackend {
         self.client
             .set_irqs(irq::MSIX, IRQ_SET_EVENTFD_TRIGGER, 0, &borrowed)
             .map_err(|e| client_err("DEVICE_SET_IRQS", e))?;
-        *self.msix.lock().unwrap_or_else(|e| e.into_inner()) = fds;
+        *self.msix.lock().unpoison() = fds;
         // No kernel in between: the driver turns MSI-X on in config space itself.
         super::msix_enable(self)
     }
@@ -174,9 +175,8 @@ impl DeviceAccess for VfioUserBackend {
     fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {
         // A duplicate, so a waiter on one vector never holds up another vector's waiter or a re-enable.
         let fd = {
-            let fds = self.msix.lock().unwrap_or_else(|e| e.into_inner());
-            let fd =
-                fds.get(vector as usize).ok_or(AccessError::Other(format!("MSI-X vector {vector} is not enabled")))?;
+            let fds = self.msix.lock().unpoison();
+            let fd = fds.get(vector as usize).ok_or(AccessError::VectorNotEnabled(vector))?;
             fd.try_clone().map_err(|e| AccessError::Io { op: "dup eventfd", source: e })?
         };
         wait_eventfd(fd.as_fd(), timeout)

@@ -12,6 +12,7 @@ use super::wait::{TidQueue, TidWorkQueue};
 use super::Hfi1Error;
 use crate::access::{AccessError, DeviceAccess};
 use crate::dma::DmaBuffer;
+use vfio_user_proto::sync::Unpoison;
 
 pub const RXE_NUM_CONTEXTS: u32 = 160;
 pub const MAX_EAGER_ENTRIES: u32 = 2048;
@@ -277,12 +278,12 @@ impl Hfi1Ctxtdata {
 
     /// Takes `exp_lock`. With a QP involved, take the QP's `s_lock` first (§1.13).
     pub fn lock_exp(&self) -> ExpLocked<'_> {
-        ExpLocked { rcd: self, st: self.exp_lock.lock().unwrap_or_else(|e| e.into_inner()) }
+        ExpLocked { rcd: self, st: self.exp_lock.lock().unpoison() }
     }
 
     /// Gives the context its receive header queue (and optional tail shadow) before `hfi1_rcvctrl`.
     pub fn set_rcvhdrq(&self, rcvhdrq: Arc<DmaBuffer>, rcvhdrtail: Option<Arc<DmaBuffer>>) {
-        let mut h = self.hdr.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.hdr.lock().unpoison();
         h.rcvhdrq = Some(rcvhdrq);
         h.rcvhdrtail = rcvhdrtail;
     }
@@ -308,20 +309,20 @@ impl Hfi1Ctxtdata {
 pub fn hfi1_rcvctrl(dd: &Hfi1Devdata, op: u32, rcd: &Hfi1Ctxtdata) -> Result<(), AccessError> {
     let csr = dd.csr();
     let ctxt = rcd.ctxt;
-    let mut h = rcd.hdr.lock().unwrap_or_else(|e| e.into_inner());
+    let mut h = rcd.hdr.lock().unpoison();
     let mut rcvctrl = csr.read_kctxt_csr(ctxt, RCV_CTXT_CTRL)?;
     let mut did_enable = false;
     if op & HFI1_RCVCTRL_CTXT_ENB != 0 && rcvctrl & RCV_CTXT_CTRL_ENABLE_SMASK == 0 {
-        let hdrq = h.rcvhdrq.clone().ok_or(AccessError::Other("context has no receive header queue".into()))?;
-        let hdrq_dma = hdrq.iova(0).ok_or(AccessError::Other("empty receive header queue".into()))?;
+        let hdrq = h.rcvhdrq.clone().ok_or(AccessError::NotSetUp("the receive header queue"))?;
+        let hdrq_dma = hdrq.iova(0).ok_or(AccessError::NotSetUp("the receive header queue (empty)"))?;
         csr.write_kctxt_csr(ctxt, RCV_HDR_ADDR, hdrq_dma)?;
         if let Some(tail) = h.rcvhdrtail.clone() {
-            let tail_dma = tail.iova(0).ok_or(AccessError::Other("empty tail shadow".into()))?;
+            let tail_dma = tail.iova(0).ok_or(AccessError::NotSetUp("the tail shadow (empty)"))?;
             csr.write_kctxt_csr(ctxt, RCV_HDR_TAIL_ADDR, tail_dma)?;
         }
         h.seq_cnt = 1;
         h.head = 0;
-        hdrq.memory().fill(0, hdrq.len(), 0).map_err(|e| AccessError::Other(e.to_string()))?;
+        hdrq.memory().fill(0, hdrq.len(), 0)?;
         h.rcvavail_timeout = dd.params.rcv_intr_timeout_csr;
         rcvctrl |= RCV_CTXT_CTRL_ENABLE_SMASK;
         rcvctrl &= !RCV_CTXT_CTRL_EGR_BUF_SIZE_SMASK;

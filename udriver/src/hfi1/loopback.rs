@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use thiserror::Error;
+use vfio_user_proto::sync::Unpoison;
 
 use super::exp_rcv::TidRdmaFlow;
 use super::regs::*;
@@ -170,7 +171,7 @@ impl Hfi1Loopback {
 
     /// Gives the descriptor memory back to `pool`.
     pub fn release(self, pool: &DmaPool) {
-        self.ring.into_inner().unwrap_or_else(|e| e.into_inner()).release(pool);
+        self.ring.into_inner().unpoison().release(pool);
     }
 
     /// Reads loopback register `reg` (relative to LB_BASE).
@@ -184,7 +185,7 @@ impl Hfi1Loopback {
         if let Some(d) = descs.iter().find(|d| d.payload.len() > LB_MAX_PAYLOAD) {
             return Err(LbError::PayloadTooLarge(d.payload.len()));
         }
-        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let ring = self.ring.lock().unpoison();
         let done0 = self.read(LB_DESC_DONE)?;
         let err0 = self.read(LB_DESC_ERR)?;
         let mut doorbells = 0u64;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::ctxt::Hfi1Ctxtdata;
 use super::regs::{KERN_GENERATION_RESERVED, RXE_NUM_TID_FLOWS};
 use super::wait::QueueId;
+use vfio_user_proto::sync::Unpoison;
 
 // rdmavt s_flags used here.
 pub const RVT_S_WAIT_KMEM: u32 = 0x0000_2000;
@@ -169,7 +170,7 @@ impl Hfi1Qp {
 
     /// Takes `s_lock`, the outer lock of §1.13.
     pub fn lock(self: &Arc<Self>) -> QpLocked<'_> {
-        QpLocked { qp: self, s: self.s_lock.lock().unwrap_or_else(|e| e.into_inner()) }
+        QpLocked { qp: self, s: self.s_lock.lock().unpoison() }
     }
 
     /// `hfi1_do_send(qp, true)`; must be called without `s_lock`.

@@ -13,6 +13,7 @@ use super::regs::IrdmaRegisters::*;
 use super::regs::*;
 use super::{IrdmaError, Result};
 use crate::dma::DmaPool;
+use vfio_user_proto::sync::Unpoison;
 
 /// The timing parts of `struct irdma_hw_attrs`. The kernel's values are the defaults; tests shrink the
 /// delays so failures are fast.
@@ -230,7 +231,7 @@ impl IrdmaDev {
 
     /// The CQP lock; nothing in this crate holds it across a wait.
     pub fn lock(&self) -> MutexGuard<'_, IrdmaCqpState> {
-        self.cqp_lock.lock().unwrap_or_else(|e| e.into_inner())
+        self.cqp_lock.lock().unpoison()
     }
 
     /// Tears down as `irdma_destroy_ccq` then `irdma_destroy_cqp` do: completions still in the CCQ are

@@ -12,6 +12,7 @@ use super::regs::IRDMA_BAR;
 use super::{IrdmaError, Result};
 use crate::access::DeviceAccess;
 use crate::dma::DmaPool;
+use vfio_user_proto::sync::Unpoison;
 
 // The block, its descriptor and its codes are the project's own ABI (`emu_abi::irdma`).
 use emu_abi::irdma::LbSegment;
@@ -109,7 +110,7 @@ impl IrdmaLoopback {
     /// to move and BUSY to clear, and read STATUS and RESULT. -EIO for a device-reported error or a nonsensical result,
     /// -ETIMEDOUT if SEQ never moves.
     pub fn classify(&self, seg: &IrdmaTcpSegment) -> Result<IrdmaClassifyResult> {
-        let desc = self.desc.lock().unwrap_or_else(|e| e.into_inner());
+        let desc = self.desc.lock().unpoison();
         for (i, chunk) in seg.descriptor().chunks_exact(8).enumerate() {
             let mut q = [0u8; 8];
             q.copy_from_slice(chunk);

@@ -23,6 +23,7 @@ use thiserror::Error;
 use crate::device::{DeviceInfo, Errno, IrqInfo, RegionFd, RegionInfo, SparseArea};
 use crate::frame_reader::{FrameLimits, FrameReader};
 use crate::sock::{recv_message, FrameError, Message, RecvLimits, SCM_MAX_FD};
+use crate::sync::Unpoison;
 use crate::wire::{
     command as cmd, dma_map_flags, parse_sparse_caps, put_u16, put_u32, put_u64, DmaMap, DmaUnmap, FourU32, Header,
     Reader, RegionInfoWire, RegionRw, SetIrqs, DEVICE_INFO_SIZE, DMA_MAP_SIZE, DMA_UNMAP_SIZE, IRQ_INFO_SIZE,
@@ -363,11 +364,11 @@ impl Client {
     }
 
     fn backed(&self) -> std::sync::RwLockReadGuard<'_, Vec<Backed>> {
-        self.shared.backed.read().unwrap_or_else(|e| e.into_inner())
+        self.shared.backed.read().unpoison()
     }
 
     fn backed_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Backed>> {
-        self.shared.backed.write().unwrap_or_else(|e| e.into_inner())
+        self.shared.backed.write().unpoison()
     }
 
     pub fn dma_unmap(&self, iova: u64, size: u64) -> Result<(), ClientError> {

@@ -27,6 +27,7 @@ use crate::client::{ClientDmaBacking, ClientError, DmaProt};
 use crate::device::Errno;
 use crate::frame_reader::{FrameReader, Wait};
 use crate::sock::{send_message, Message};
+use crate::sync::Unpoison;
 use crate::wire::{command, DmaRw, Header};
 
 /// How long no request must have been made before the idle reader takes the socket.
@@ -166,12 +167,12 @@ impl Shared {
     }
 
     fn send(&self, header: &Header, parts: &[&[u8]], fds: &[BorrowedFd]) -> std::io::Result<()> {
-        let _g = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.write_lock.lock().unpoison();
         send_message(&self.stream, header, parts, fds)
     }
 
     fn waiters(&self) -> MutexGuard<'_, Waiters> {
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+        self.waiters.lock().unpoison()
     }
 
     /// Sends one request and waits for its reply until `timeout`.
@@ -249,7 +250,7 @@ impl Shared {
                     }
                     w.sleepers += 1;
                     let slice = deadline.saturating_duration_since(Instant::now()).min(FOLLOWER_SLICE);
-                    let (mut w, _) = self.wake.wait_timeout(w, slice).unwrap_or_else(|e| e.into_inner());
+                    let (mut w, _) = self.wake.wait_timeout(w, slice).unpoison();
                     w.sleepers -= 1;
                 }
             }
@@ -419,7 +420,7 @@ impl Shared {
     }
 
     fn backed(&self) -> std::sync::RwLockReadGuard<'_, Vec<Backed>> {
-        self.backed.read().unwrap_or_else(|e| e.into_inner())
+        self.backed.read().unpoison()
     }
 
     /// Finds the backing holding all of `[addr, addr+count)` with permission `need`.
