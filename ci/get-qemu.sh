@@ -1,17 +1,50 @@
 #!/usr/bin/env bash
-# Prints the path of a qemu-system-x86_64 (>= 10.1, with vfio-user-pci) on stdout.
-# Order: one on PATH; one cached earlier (keyed by version and qemu-patches/ hash);
-# otherwise build Debian's source package of the newest version >= 10.1 that downloads.
+# Prints the path of a qemu-system-x86_64 with vfio-user-pci on stdout: the tested release (TESTED_VERSION)
+# unless a newer one is asked for explicitly.
+#
+#   ci/get-qemu.sh [--version X.Y.Z|newest] [--print-candidates]
+#
+#   --version V          the QEMU release to use (env RDMA_EMU_QEMU_VERSION; default TESTED_VERSION below).
+#                        "newest" takes the newest release >= MIN_VERSION that Debian's sources offer and that
+#                        downloads: untested, and qemu-patches/ may not apply to it.
+#   --print-candidates   print the Debian source versions that would be tried, newest first, and exit
+#
+# Order: one on PATH; one cached earlier (keyed by version and qemu-patches/ hash); otherwise build Debian's
+# source package of that release.
 source "$(dirname "$0")/lib.sh"
 
+# The release every run, fact sheet and patch of this project was checked with (docs/guest.md).
+TESTED_VERSION=10.2.2
 MIN_VERSION=10.1
 PATCH_DIR="$REPO_ROOT/qemu-patches"
+
+WANT=${RDMA_EMU_QEMU_VERSION:-$TESTED_VERSION} PRINT_CANDIDATES=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --version) [ $# -ge 2 ] || die "--version needs X.Y.Z or newest"; WANT=$2; shift 2 ;;
+        --print-candidates) PRINT_CANDIDATES=1; shift ;;
+        -h|--help) sed -n '2,13s/^# \{0,1\}//p' "$0" >&2; exit 0 ;;
+        *) die "unknown argument: $1" ;;
+    esac
+done
+[[ $WANT =~ ^([0-9]+\.[0-9]+\.[0-9]+|newest)$ ]] || die "QEMU version \"$WANT\": give X.Y.Z or newest"
+if [ "$WANT" != "$TESTED_VERSION" ]; then
+    log "QEMU $WANT asked for; the tested release is $TESTED_VERSION"
+fi
+
+# The upstream release of a Debian version (1:10.2.2+ds-1 -> 10.2.2).
+upstream_of() { local up=${1#*:}; up=${up%%+*}; echo "${up%%-*}"; }
+
+# Whether an upstream release is the one wanted.
+wanted() { # upstream
+    if [ "$WANT" = newest ]; then version_ge "$1" "$MIN_VERSION"; else [ "$1" = "$WANT" ]; fi
+}
 
 qemu_qualifies() { # binary
     local bin=$1 ver
     [ -x "$bin" ] || return 1
     ver=$("$bin" --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9.]*\).*/\1/p')
-    [ -n "$ver" ] && version_ge "$ver" "$MIN_VERSION" || return 1
+    [ -n "$ver" ] && wanted "$ver" || return 1
     # Captured first: with pipefail, `grep -q` closing the pipe early would fail the check on SIGPIPE.
     local devices
     devices=$("$bin" -nodefaults -machine none -device help 2>/dev/null) || return 1
@@ -32,6 +65,20 @@ patch_hash() {
         echo nopatch
     fi
 }
+
+# Debian source versions of the wanted release, newest first.
+candidates() {
+    apt-cache showsrc qemu 2>/dev/null | sed -n 's/^Version: //p' | sort -u \
+        | while read -r v; do wanted "$(upstream_of "$v")" && echo "$v"; done | sort -rV
+}
+
+if [ "$PRINT_CANDIDATES" = 1 ]; then
+    apt_add_source rdma-emu-src.list "deb-src $(debian_mirror) sid main
+deb-src $(debian_mirror) experimental main"
+    apt_update_once
+    candidates
+    exit 0
+fi
 
 # 1. A qualifying QEMU on PATH, unless the project carries patches it must have.
 if [ "$(patch_hash)" = nopatch ] && bin=$(command -v qemu-system-x86_64) && qemu_qualifies "$bin"; then
@@ -63,10 +110,12 @@ apt_update_once
 SRC_ROOT="$CACHE_DIR/qemu-src"
 mkdir -p "$SRC_ROOT"
 cd "$SRC_ROOT"
-mapfile -t CANDIDATES < <(apt-cache showsrc qemu 2>/dev/null | sed -n 's/^Version: //p' | sort -u \
-    | while read -r v; do up=${v#*:}; up=${up%%+*}; up=${up%%-*}; version_ge "$up" "$MIN_VERSION" && echo "$v"; done \
-    | sort -rV)
-[ ${#CANDIDATES[@]} -gt 0 ] || die "apt-cache showsrc qemu lists no version >= $MIN_VERSION"
+mapfile -t CANDIDATES < <(candidates)
+if [ ${#CANDIDATES[@]} -eq 0 ]; then
+    listed=$(apt-cache showsrc qemu 2>/dev/null | sed -n 's/^Version: //p' | sort -u | tr '\n' ' ')
+    [ "$WANT" = newest ] && die "apt-cache showsrc qemu lists no version >= $MIN_VERSION (listed: ${listed:-none})"
+    die "QEMU $WANT is not in Debian's source lists (listed: ${listed:-none}); RDMA_EMU_QEMU_VERSION=X.Y.Z or newest picks another, untested"
+fi
 VERSION=""
 for v in "${CANDIDATES[@]}"; do
     d=${v//:/_}  # meson refuses a source path with a colon (the epoch)
@@ -81,8 +130,8 @@ for v in "${CANDIDATES[@]}"; do
     rm -rf "$SRC_ROOT/$d"
     log "qemu=$v did not download; trying an older one"
 done
-[ -n "$VERSION" ] || die "no qemu source >= $MIN_VERSION could be downloaded (tried: ${CANDIDATES[*]})"
-UPSTREAM=${VERSION#*:}; UPSTREAM=${UPSTREAM%%+*}; UPSTREAM=${UPSTREAM%%-*}
+[ -n "$VERSION" ] || die "no qemu source of $WANT could be downloaded (tried: ${CANDIDATES[*]})"
+UPSTREAM=$(upstream_of "$VERSION")
 # One source tree per set of patches, unpacked from the downloaded package (Debian's own patches applied).
 SRC="$SRC_ROOT/${VERSION//:/_}/src-$PHASH"
 if [ ! -e "$SRC/.rdma-emu-patched" ]; then

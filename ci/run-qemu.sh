@@ -6,6 +6,11 @@
 #
 #   --device-model PATH   device-model binary (env RDMA_EMU_DEVICE_MODEL; default target/{release,debug}/device-model)
 #   --dm-arg ARG          extra device-model argument (repeatable)
+#   --sockets DIR         use the device model already serving DIR/hfi1.sock, DIR/irdma.sock and
+#                         DIR/control.sock: it is neither started nor stopped here (ci/lifecycle.sh)
+#   --hotplug             put each function behind its own pcie-root-port (rp-hfi1, rp-irdma), so QMP
+#                         device_del/device_add of the device ids "hfi1" and "irdma" work
+#   --allow-reboot        a guest reboot restarts the guest instead of ending QEMU (no -no-reboot)
 #   --udriver PATH        static udriver put into the guest (env RDMA_EMU_UDRIVER; default: the first static
 #                         target/x86_64-unknown-linux-{gnu,musl}/{release,debug}/udriver; without one the guest
 #                         reports that udriver is missing)
@@ -24,6 +29,9 @@
 #   --hfi1-params "P"     module parameters of each modprobe hfi1 (default: the small set in docs/hfi1-kernel-driver.md)
 #   --kdriver-timeout S   each kernel-driver step (default 120); a guest too stuck to time out itself is stopped
 #                         by the host, which reports the last CSR accesses
+#   --hfi1-user PATH      static hfi1-user put into the guest: with --hfi1-wfr the guest runs it on /dev/hfi1_0
+#   --hfi1-user-host PATH its host side, started before QEMU on the guest's second serial port; it checks the
+#                         device model's RcvArray against the kernel's TIDs and injects the data
 #   --append "PARAMS"     extra guest kernel parameters
 #   --result FILE         result JSON (default $CARGO_TARGET_DIR or target/, then rdma-emu/result-<mode>.json)
 #   --logs DIR            log directory (default a new /tmp/rdma-emu-run.XXXXXX); kept on failure
@@ -34,22 +42,25 @@
 # Exit status 0 only if every step the guest ran is ok. Prints the result file's path on stdout.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,31s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,39s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 DEVICE_MODEL=${RDMA_EMU_DEVICE_MODEL:-}
 UDRIVER=${RDMA_EMU_UDRIVER:-}
 ACCEL=${RDMA_EMU_ACCEL:-auto}
 KERNEL="" INITRD="" SHARE=1 DEVICES=1 TIMEOUT=600 DEMO_TIMEOUT=120 UARGS="" APPEND_EXTRA=""
 HFI1_ID=1b36:1100 IRDMA_ID=1b36:1101 RESULT="" LOG_DIR="" KEEP_LOGS=0 TIMING=0 QUIET=0
-HFI1_WFR=0 KDRIVER_TIMEOUT=120
+HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST=""
 # Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
-DM_ARGS=() QEMU_EXTRA=()
+DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
 need() { [ "$1" -ge 2 ] || usage; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --device-model) need $#; DEVICE_MODEL=$2; shift 2 ;;
         --dm-arg) need $#; DM_ARGS+=("$2"); shift 2 ;;
+        --sockets) need $#; SOCKETS_DIR=$2; shift 2 ;;
+        --hotplug) HOTPLUG=1; shift ;;
+        --allow-reboot) ALLOW_REBOOT=1; shift ;;
         --udriver) need $#; UDRIVER=$2; shift 2 ;;
         --kernel) need $#; KERNEL=$2; shift 2 ;;
         --initrd) need $#; INITRD=$2; shift 2 ;;
@@ -64,6 +75,8 @@ while [ $# -gt 0 ]; do
         --hfi1-wfr) HFI1_WFR=1; shift ;;
         --hfi1-params) need $#; HFI1_PARAMS=$2; shift 2 ;;
         --kdriver-timeout) need $#; KDRIVER_TIMEOUT=$2; shift 2 ;;
+        --hfi1-user) need $#; HFI1_USER=$2; shift 2 ;;
+        --hfi1-user-host) need $#; HFI1_USER_HOST=$2; shift 2 ;;
         --append) need $#; APPEND_EXTRA=$2; shift 2 ;;
         --result) need $#; RESULT=$2; shift 2 ;;
         --logs) need $#; LOG_DIR=$2; shift 2 ;;
@@ -84,6 +97,8 @@ is_uint "$DEMO_TIMEOUT" && [ "$DEMO_TIMEOUT" -ge 1 ] || die "--demo-timeout must
 [[ $UARGS != *'"'* ]] || die "--args cannot contain a double quote (it travels on the kernel command line)"
 [[ $HFI1_PARAMS =~ ^[A-Za-z0-9_=,.\ -]*$ ]] || die "--hfi1-params takes name=value words only (it travels on the kernel command line)"
 is_uint "$KDRIVER_TIMEOUT" && [ "$KDRIVER_TIMEOUT" -ge 1 ] || die "--kdriver-timeout must be a number of seconds"
+[ -z "$HFI1_USER_HOST" ] || [ "$HFI1_WFR" = 1 ] || die "--hfi1-user-host needs --hfi1-wfr"
+[ -z "$HFI1_USER_HOST" ] || [ -x "$HFI1_USER_HOST" ] || die "--hfi1-user-host $HFI1_USER_HOST is not executable"
 case "$ACCEL" in auto|tcg|kvm) ;; *) die "--accel must be auto, tcg or kvm" ;; esac
 command -v python3 >/dev/null || apt_install python3
 
@@ -126,6 +141,7 @@ if [ -z "$KERNEL" ] || [ -z "$INITRD" ]; then
     fi
     build_args=()
     [ -n "$UDRIVER" ] && build_args=(--udriver "$UDRIVER")
+    [ -n "$HFI1_USER" ] && build_args+=(--hfi1-user "$HFI1_USER")
     guest=$(bash "$REPO_ROOT/ci/build-guest.sh" "${build_args[@]}") || fail "ci/build-guest.sh failed"
     while IFS='=' read -r k v; do
         case "$k" in KERNEL) KERNEL=$v ;; INITRD) INITRD=$v ;; esac
@@ -178,7 +194,18 @@ trap 'log "interrupted; logs kept in $LOG_DIR"; stop_qemu; exit 130' INT TERM
 HFI1_SOCK="$LOG_DIR/hfi1.sock" IRDMA_SOCK="$LOG_DIR/irdma.sock" CONTROL_SOCK="$LOG_DIR/control.sock"
 WFR_SOCK="$LOG_DIR/hfi1-wfr.sock"
 [ "$HFI1_WFR" = 1 ] && DM_ARGS+=(--hfi1-wfr "$WFR_SOCK")
-if [ "$DEVICES" = 1 ]; then
+if [ -n "$SOCKETS_DIR" ] && [ "$DEVICES" = 1 ]; then
+    SOCKETS_DIR=$(cd "$SOCKETS_DIR" && pwd) || fail "--sockets $SOCKETS_DIR is not a directory"
+    HFI1_SOCK="$SOCKETS_DIR/hfi1.sock" IRDMA_SOCK="$SOCKETS_DIR/irdma.sock" CONTROL_SOCK="$SOCKETS_DIR/control.sock"
+    WFR_SOCK="$SOCKETS_DIR/hfi1-wfr.sock"
+    wanted=("$HFI1_SOCK" "$IRDMA_SOCK")
+    [ "$HFI1_WFR" = 1 ] && wanted+=("$WFR_SOCK")
+    for sock in "${wanted[@]}"; do
+        [ -S "$sock" ] || fail "--sockets: $sock is not a socket (is the device model running?)"
+    done
+    DM_STATUS="external (--sockets)"
+    log "using the device model serving $SOCKETS_DIR"
+elif [ "$DEVICES" = 1 ]; then
     if [ -z "$DEVICE_MODEL" ]; then
         for c in "$TARGET_DIR/release/device-model" "$TARGET_DIR/debug/device-model"; do
             [ -x "$c" ] && { DEVICE_MODEL=$c; break; }
@@ -239,11 +266,21 @@ else
 fi
 QCMD+=(-device "intel-iommu,caching-mode=on"
     -kernel "$KERNEL" -initrd "$INITRD" -append "$APPEND"
-    -nodefaults -no-reboot -display none -serial stdio)
+    -nodefaults -display none -serial stdio)
+[ "$ALLOW_REBOOT" = 1 ] || QCMD+=(-no-reboot)
 if [ "$DEVICES" = 1 ]; then
-    QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$HFI1_SOCK\",\"type\":\"unix\"}}"
-        -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$IRDMA_SOCK\",\"type\":\"unix\"}}")
-    [ "$HFI1_WFR" = 1 ] && QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$WFR_SOCK\",\"type\":\"unix\"}}")
+    for dev in hfi1 irdma; do
+        if [ "$dev" = hfi1 ]; then sock=$HFI1_SOCK id=$HFI1_ID; else sock=$IRDMA_SOCK id=$IRDMA_ID; fi
+        # A function the guest does not look for is not attached, so its socket stays free for others.
+        [ "$id" = none ] && continue
+        bus=""
+        if [ "$HOTPLUG" = 1 ]; then
+            QCMD+=(-device "pcie-root-port,id=rp-$dev,chassis=$([ "$dev" = hfi1 ] && echo 1 || echo 2)")
+            bus=",\"bus\":\"rp-$dev\""
+        fi
+        QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"$dev\"$bus,\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}")
+    done
+    [ "$HFI1_WFR" = 1 ] && QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"hfi1-wfr\",\"socket\":{\"path\":\"$WFR_SOCK\",\"type\":\"unix\"}}")
 fi
 QCMD+=("${QEMU_EXTRA[@]}")
 printf '%q ' "${QCMD[@]}" >"$LOG_DIR/qemu-command.txt"
@@ -313,6 +350,22 @@ dm_access_totals() {
 }
 
 rm -f "$LOG_DIR/deadline" "$LOG_DIR/stalled" "$LOG_DIR/step-accesses"
+
+# The hfi1-user host side listens on the guest's second serial port (QEMU connects to it as a client).
+HU_SOCK="$LOG_DIR/hfi1-user.sock" HU_PID="" HU_STATUS="not started"
+if [ -n "$HFI1_USER_HOST" ] && [ "$DEVICES" = 1 ]; then
+    rm -f "$HU_SOCK" "$LOG_DIR/hfi1-user-host.json"
+    "$HFI1_USER_HOST" --listen "$HU_SOCK" --control "$CONTROL_SOCK" --device hfi1-wfr \
+        --result "$LOG_DIR/hfi1-user-host.json" --accept-timeout-s 60 --hello-timeout-s "$QEMU_TIMEOUT" \
+        --step-timeout-s "$KDRIVER_TIMEOUT" </dev/null >"$LOG_DIR/hfi1-user-host.log" 2>&1 &
+    HU_PID=$!
+    for _ in $(seq 1 100); do [ -S "$HU_SOCK" ] && break; kill -0 "$HU_PID" 2>/dev/null || break; sleep 0.1; done
+    [ -S "$HU_SOCK" ] || fail "hfi1-user-host did not listen on $HU_SOCK within 10 s: $(tail -n 5 "$LOG_DIR/hfi1-user-host.log")"
+    QCMD+=(-chardev "socket,id=hfi1user,path=$HU_SOCK,server=off" -serial chardev:hfi1user)
+    printf '%q ' "${QCMD[@]}" >"$LOG_DIR/qemu-command.txt"
+    echo >>"$LOG_DIR/qemu-command.txt"
+    HU_STATUS="started"
+fi
 deadline_watch &
 WATCH_PID=$!
 log "booting the guest (timeout ${QEMU_TIMEOUT}s; QEMU command in $LOG_DIR/qemu-command.txt)"
@@ -329,6 +382,14 @@ set -e
 T_QEMU_END=$EPOCHREALTIME
 kill "$WATCH_PID" 2>/dev/null || true
 wait "$WATCH_PID" 2>/dev/null || true
+if [ -n "$HU_PID" ]; then
+    # QEMU is gone, so the host side's channel is closed: it finishes at once, or it is stopped.
+    for _ in $(seq 1 100); do kill -0 "$HU_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$HU_PID" 2>/dev/null && { kill -TERM "$HU_PID" 2>/dev/null || true; HU_STATUS="stopped after QEMU exited"; }
+    rc=0; wait "$HU_PID" 2>/dev/null || rc=$?
+    [ "$HU_STATUS" = started ] && HU_STATUS="exited with status $rc"
+    HU_PID=""
+fi
 [ "$QEMU_RC" = 124 ] && log "QEMU did not finish within ${QEMU_TIMEOUT}s"
 # The device model's final state, for the logs: best effort, 10 s at most.
 if [ -n "$DM_PID" ] && [ -S "$CONTROL_SOCK" ]; then
@@ -360,11 +421,11 @@ trap - EXIT
 # --- result -----------------------------------------------------------------------------------------------
 set +e
 python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
-    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" <<'EOF'
+    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" <<'EOF'
 import json, os, sys
 
 (log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
- dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr) = sys.argv[1:]
+ dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status) = sys.argv[1:]
 qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
 
 def read(name):
@@ -432,6 +493,8 @@ if guest is not None:
         if hfi1_wfr == "1":
             expected += ["find-hfi1-wfr", "kdriver-modprobe", "kdriver-sysfs", "kdriver-rmmod", "kdriver-reprobe",
                          "kdriver-rmmod-again", "kdriver-dmesg"]
+            if hu_status != "not started":
+                expected.append("kdriver-user")
     for name in expected:
         if name not in names:
             problems.append(f"step {name} did not run")
@@ -481,12 +544,19 @@ elif hfi1_wfr == "1":
     accesses = ((state.get("hfi1-wfr") or {}).get("accesses") or {}).get("result")
     if any(not s.get("ok") for s in steps if s.get("name", "").startswith("kdriver-")):
         problems.append("kernel-driver step failed; last CSR accesses: " + "; ".join(last_accesses(accesses)))
+hfi1_user_host = None
+if hu_status != "not started":
+    # The host side's own verdict: what it checked of the device model while the guest's kernel ran.
+    hfi1_user_host = load_json("hfi1-user-host.json")
+    if not hu_status.startswith("exited with status 0"):
+        tail = " | ".join(read("hfi1-user-host.log").splitlines()[-3:])
+        problems.append(f"hfi1-user-host {hu_status}: {tail}")
 if qemu_rc == 124:
     problems.append("QEMU timed out")
 elif qemu_rc != 0:
     errs = [l for l in read("qemu.stderr").splitlines() if l.strip() and "warning:" not in l]
     problems.append(f"QEMU exited with status {qemu_rc}" + (f": {' | '.join(errs[-3:])}" if errs else ""))
-if mode != "no-devices":
+if mode != "no-devices" and not dm_status.startswith("external"):
     if not dm_status.startswith("running until stopped"):
         problems.append(f"device model {dm_status}")
     if "panicked at" in read("device-model.log"):
@@ -528,6 +598,7 @@ result = {
     "timing": timing,
     "guest": guest,
     "hfi1_wfr_step_accesses": step_accesses() if hfi1_wfr == "1" else None,
+    "hfi1_user_host": hfi1_user_host,
 }
 tmp = result_path + ".tmp"
 with open(tmp, "w") as f:

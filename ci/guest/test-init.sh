@@ -46,18 +46,32 @@ utf8 \303\251|'utf8 é'
 CASES
 
 echo "read_params: rdma_emu.* parameters from the kernel command line"
-# command line | hfi1,irdma,args,timeout,watchdog as read
+# command line | hfi1,irdma,args,timeout,watchdog,hold as read
 while IFS='|' read -r cmdline expected; do
     printf '%s\n' "$cmdline" >"$TMP/cmdline"
-    got=$(bb 'read_params; echo "$P_hfi1,$P_irdma,$P_args,$P_timeout,$P_watchdog"')
+    got=$(bb 'read_params; echo "$P_hfi1,$P_irdma,$P_args,$P_timeout,$P_watchdog,$P_hold"')
     check "read_params $cmdline" "$expected" "$got"
 done <<'CASES'
-console=ttyS0 panic=-1 quiet|,,,,
-console=ttyS0 rdma_emu.hfi1=1b36:2222 quiet|1b36:2222,,,,
-rdma_emu.args="--flows 4 --verbose" rdma_emu.timeout=5|,,--flows 4 --verbose,5,
-rdma_emu.hfi1=none rdma_emu.irdma=1b36:1101 rdma_emu.hfi1=1b36:1100|1b36:1100,1b36:1101,,,
-xrdma_emu.hfi1=1 rdma_emu.unknown=3 rdma_emu.watchdog=30|,,,,30
-rdma_emu.irdma= rdma_emu.args=plain|,,plain,,
+console=ttyS0 panic=-1 quiet|,,,,,
+console=ttyS0 rdma_emu.hfi1=1b36:2222 quiet|1b36:2222,,,,,
+rdma_emu.args="--flows 4 --verbose" rdma_emu.timeout=5|,,--flows 4 --verbose,5,,
+rdma_emu.hfi1=none rdma_emu.irdma=1b36:1101 rdma_emu.hfi1=1b36:1100|1b36:1100,1b36:1101,,,,
+xrdma_emu.hfi1=1 rdma_emu.unknown=3 rdma_emu.watchdog=30|,,,,30,
+rdma_emu.irdma= rdma_emu.args=plain|,,plain,,,
+quiet rdma_emu.hold=1|,,,,,1
+CASES
+
+echo "present: a function is found by vendor:device in sysfs"
+mkdir -p "$TMP/pci/0000:00:03.0" "$TMP/pci/0000:01:00.0"
+printf '0x1b36\n' >"$TMP/pci/0000:00:03.0/vendor"; printf '0x1100\n' >"$TMP/pci/0000:00:03.0/device"
+printf '0x8086\n' >"$TMP/pci/0000:01:00.0/vendor"; printf '0x1592\n' >"$TMP/pci/0000:01:00.0/device"
+while IFS='|' read -r id expected; do
+    check "present $id" "$expected" "$(PCI_DEVICES="$TMP/pci" bb "present $id; echo \$?")"
+done <<'CASES'
+1b36:1100|0
+1B36:1100|0
+8086:1592|0
+1b36:1101|1
 CASES
 
 echo "is_uint and timeout_msg"

@@ -8,10 +8,10 @@
 //! JSON or an unknown device gets an error reply and the connection goes on.
 
 use std::io::{self, ErrorKind, Read, Write};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 
 use crate::engine::Engine;
 use crate::pci::Function;
+use crate::socket_owner::SocketFile;
 
 /// Longest request line accepted.
 pub const MAX_LINE: usize = 1 << 20;
@@ -138,34 +139,28 @@ fn guarded(f: impl FnOnce() -> Result<Value, String>) -> Value {
 }
 
 /// Serves the control socket at `path` until `shutdown` is set; the thread then joins its clients and
-/// removes the socket file. A stale socket at `path` is replaced; any other file there is an error.
+/// removes the socket file. A stale socket at `path` is replaced; a live server or any other file there is
+/// an error ([`crate::socket_owner`]).
 pub fn serve_control(
     path: &Path,
     targets: Vec<Arc<dyn ControlTarget>>,
     shutdown: Arc<AtomicBool>,
 ) -> io::Result<JoinHandle<()>> {
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(io::Error::new(
-                ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    let listener = UnixListener::bind(path)?;
-    // The socket can reset devices and inject traffic: owner only.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    listener.set_nonblocking(true)?;
-    let path = path.to_path_buf();
+    let (listener, file) = crate::socket_owner::bind(path)?;
+    let started = (|| {
+        // The socket can reset devices and inject traffic: owner only.
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)
+    })();
+    started?; // on error `file` drops, which removes the socket
     std::thread::Builder::new()
         .name("control-accept".into())
-        .spawn(move || accept_loop(listener, path, Arc::from(targets), shutdown))
+        .spawn(move || accept_loop(listener, file, Arc::from(targets), shutdown))
 }
 
 fn accept_loop(
     listener: UnixListener,
-    path: PathBuf,
+    file: SocketFile,
     targets: Arc<[Arc<dyn ControlTarget>]>,
     shutdown: Arc<AtomicBool>,
 ) {
@@ -207,7 +202,7 @@ fn accept_loop(
     for h in clients {
         let _ = h.join();
     }
-    let _ = std::fs::remove_file(&path);
+    drop(file);
 }
 
 fn reject(mut stream: UnixStream) {

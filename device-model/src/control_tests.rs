@@ -1,4 +1,5 @@
 use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 
 use super::*;

@@ -6,3 +6,5 @@ pub mod engine;
 pub mod hfi1;
 pub mod irdma;
 pub mod pci;
+pub mod shutdown;
+pub mod socket_owner;

@@ -1,10 +1,9 @@
 //! `device-model`: serves the emulated hfi1 and irdma PCI functions over vfio-user (see `--help`).
 
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +14,8 @@ use device_model::engine::Engine;
 use device_model::hfi1::{Hfi1, Hfi1Config};
 use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::Function;
+use device_model::shutdown::{accept_one, Termination};
+use device_model::socket_owner::{self, SocketFile};
 use vfio_user_proto::{Server, ServerConfig};
 
 fn main() -> ExitCode {
@@ -62,17 +63,6 @@ fn engine_for(args: &Args, kind: DeviceKind) -> Result<Arc<dyn Engine>, String> 
     })
 }
 
-/// Binds a vfio-user socket at `path`, replacing a stale socket but never another kind of file.
-fn bind(path: &std::path::Path) -> Result<UnixListener, String> {
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(format!("{} exists and is not a socket", path.display()));
-        }
-        std::fs::remove_file(path).map_err(|e| format!("removing stale {}: {e}", path.display()))?;
-    }
-    UnixListener::bind(path).map_err(|e| format!("binding {}: {e}", path.display()))
-}
-
 /// Adopts an inherited listening socket (`--fd`), after checking that it is one.
 fn adopt(fd: i32) -> Result<UnixListener, String> {
     // SAFETY: borrowed only for this one fcntl; a closed or invalid number gives EBADF, not UB.
@@ -90,13 +80,20 @@ fn adopt(fd: i32) -> Result<UnixListener, String> {
 
 fn run(args: &Args) -> Result<(), String> {
     let served: Vec<Served> = args.served().map_err(|e| e.to_string())?;
+    let termination = Termination::install().map_err(|e| format!("installing signal handlers: {e}"))?;
     let mut functions = Vec::new();
     let mut listeners = Vec::new();
+    let mut socket_files: Vec<SocketFile> = Vec::new();
     for s in &served {
         let engine = engine_for(args, s.kind)?;
         let function = Function::try_new(engine, s.ids).map_err(|e| format!("{}: {e}", s.kind.name()))?;
         let listener = match &s.listen {
-            Listen::Path(p) => bind(p)?,
+            Listen::Path(p) => {
+                // Dropped on every way out of `run`, which removes the file.
+                let (l, file) = socket_owner::bind(p).map_err(|e| e.to_string())?;
+                socket_files.push(file);
+                l
+            }
             Listen::Fd(fd) => adopt(*fd)?,
         };
         tracing::info!(
@@ -124,20 +121,22 @@ fn run(args: &Args) -> Result<(), String> {
     };
 
     let mut threads = Vec::new();
+    let mut stops = Vec::new();
     for ((function, listener), s) in functions.into_iter().zip(listeners).zip(&served) {
         let once = args.once;
         let name = s.kind.name();
+        let server = Server::new(function, ServerConfig::default());
+        stops.push(server.shutdown_handle());
+        let stop = shutdown.clone();
         let thread = std::thread::Builder::new()
             .name(format!("{name}-accept"))
             .spawn(move || {
-                let server = Server::new(function, ServerConfig::default());
                 if once {
-                    match listener.accept() {
-                        Ok((stream, _)) => match server.serve_connection(stream) {
+                    if let Some(stream) = accept_one(&listener, &stop) {
+                        match server.serve_connection(stream) {
                             Ok(()) => tracing::info!("{name}: client disconnected"),
                             Err(e) => tracing::warn!("{name}: client dropped: {e}"),
-                        },
-                        Err(e) => tracing::error!("{name}: accept failed: {e}"),
+                        }
                     }
                 } else if let Err(e) = server.serve(listener) {
                     tracing::error!("{name}: serving stopped: {e}");
@@ -146,17 +145,19 @@ fn run(args: &Args) -> Result<(), String> {
             .map_err(|e| format!("spawning the {name} server thread: {e}"))?;
         threads.push(thread);
     }
+    if termination.wait_until(|| threads.iter().all(|t| t.is_finished())) {
+        tracing::info!("signal received: shutting down (a second one exits at once)");
+    }
+    // Stop accepting and close the clients: each connection detaches its device, which fails the device's
+    // pending DMA and unmaps the client's memory after the accesses in flight.
+    shutdown.store(true, Ordering::Release);
+    stops.iter().for_each(|s| s.shutdown());
     for t in threads {
         let _ = t.join();
     }
-    shutdown.store(true, std::sync::atomic::Ordering::Release);
     if let Some(c) = control {
         let _ = c.join();
     }
-    for s in &served {
-        if let Listen::Path(p) = &s.listen {
-            let _ = std::fs::remove_file(p);
-        }
-    }
+    drop(socket_files);
     Ok(())
 }

@@ -1,7 +1,9 @@
-//! Device MMIO and DMA, in process, against both engines at once.
+//! Device MMIO and DMA, in process, against all three engines at once.
 //!
 //! The input is a sequence of register reads and writes and of stores into the DMA memory the engines
-//! see: RcvArray and flow programming, loopback descriptors and injected packets for hfi1; host
+//! see: RcvArray and flow programming, loopback descriptors and injected packets for hfi1; the whole
+//! register file of the hfi1 chip personality (every CSR the kernel names, the per-context and per-engine
+//! families, raw offsets over its 64 MiB BAR0) with RcvArray, flows and injected packets; host
 //! contexts, CQP WQEs, shadow areas and loopback segments for irdma. Oracles: no panic, no hang (every
 //! wait is bounded and a missed deadline is a crash), register invariants, and no device write outside
 //! the buffers the driver allowed (RcvArray buffers for hfi1, CCQ rings named by a fetched CREATE_CQ for
@@ -16,6 +18,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
 use device_model::engine::{Engine, Interrupt};
+use device_model::hfi1::wfr::{self, csr as wcsr};
 use device_model::hfi1::{self, regs as hregs, Hfi1, Hfi1Config, Packet};
 use emu_abi::hfi1::LbDescHeader;
 use device_model::irdma::{self, regs as iregs, Irdma, IrdmaConfig};
@@ -140,6 +143,30 @@ enum IrdmaOp {
     },
 }
 
+/// A register of the chip personality.
+#[derive(Arbitrary, Debug)]
+enum WfrReg {
+    /// A register the kernel names (outside the RXE), by index in its list.
+    Named(u16),
+    /// A member of a per-send-context (0) or per-SDMA-engine (1) block.
+    Family { engine: bool, index: u8, member: u8 },
+    /// An RXE register of the RXE model.
+    Rxe(HfiReg),
+    /// Anywhere in BAR0.
+    Raw(u32),
+}
+
+#[derive(Arbitrary, Debug)]
+enum WfrOp {
+    /// The driver only writes whole registers; other widths are counted and dropped.
+    Write { reg: WfrReg, value: u64, width: Width },
+    Read { reg: WfrReg, width: Width },
+    /// RCV_ARRAY, context, flow and injected packets as for the project's function.
+    Rxe(HfiOp),
+    Reset,
+    Control(u8),
+}
+
 #[derive(Arbitrary, Debug)]
 enum Op {
     Hfi1(HfiOp),
@@ -149,6 +176,7 @@ enum Op {
     Reset { irdma: bool },
     Reattach { irdma: bool },
     Control { irdma: bool, which: u8 },
+    Wfr(WfrOp),
 }
 
 #[derive(Default)]
@@ -163,10 +191,16 @@ fn hfi_config() -> Hfi1Config {
     Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8, ..Default::default() }
 }
 
+fn wfr_config() -> Hfi1Config {
+    let shape = wfr::WfrShape { send_contexts: 8, sdma_engines: 2, ..Default::default() };
+    Hfi1Config { personality: hfi1::Personality::Wfr(shape), ..hfi_config() }
+}
+
 /// The engines live across inputs (starting their workers per input would dominate the run time); each
 /// input starts with a detach, which resets them to power-on, and an attach of fresh memory.
 struct Engines {
     hfi: Hfi1,
+    wfr: Hfi1,
     ird: Irdma,
 }
 
@@ -175,6 +209,9 @@ static ENGINES: std::sync::OnceLock<Option<Engines>> = std::sync::OnceLock::new(
 struct Rig {
     hfi: &'static Hfi1,
     hmem: Arc<GuardedMemory>,
+    /// The chip personality, with its own memory: its placements are checked like the project function's.
+    wfr: &'static Hfi1,
+    wmem: Arc<GuardedMemory>,
     ird: &'static Irdma,
     imem: Arc<GuardedMemory>,
     irq: Arc<Irqs>,
@@ -188,6 +225,7 @@ impl Rig {
     fn new() -> Option<Rig> {
         let engines = ENGINES.get_or_init(|| {
             let hfi = Hfi1::new(hfi_config()).ok()?;
+            let wfr = Hfi1::new(wfr_config()).ok()?;
             let ird = Irdma::new(IrdmaConfig {
                 qhash_capacity: 16,
                 msix_vectors: 4,
@@ -195,17 +233,20 @@ impl Rig {
                 max_ccq_size: 4096,
                 ..Default::default()
             });
-            Some(Engines { hfi, ird })
+            Some(Engines { hfi, wfr, ird })
         });
-        let Engines { hfi, ird } = engines.as_ref()?;
+        let Engines { hfi, wfr, ird } = engines.as_ref()?;
         hfi.detach();
+        wfr.detach();
         ird.detach();
         let hmem = Arc::new(GuardedMemory::new(&WIN, None));
+        let wmem = Arc::new(GuardedMemory::new(&WIN, None));
         let imem = Arc::new(GuardedMemory::new(&WIN, Some(irdma_read_hook())));
         let irq = Arc::new(Irqs::default());
         hfi.attach(hmem.clone(), irq.clone());
+        wfr.attach(wmem.clone(), irq.clone());
         ird.attach(imem.clone(), irq.clone());
-        Some(Rig { hfi, hmem, ird, imem, irq, sq: (WIN[0].0, 4), doorbells: 0 })
+        Some(Rig { hfi, hmem, wfr, wmem, ird, imem, irq, sq: (WIN[0].0, 4), doorbells: 0 })
     }
 
     fn hfi_offset(reg: &HfiReg) -> u64 {
@@ -241,7 +282,7 @@ impl Rig {
     }
 
     /// Records the buffer a 64-bit RcvArray store enables, as the oracle's allowed set.
-    fn note_hfi_write(&self, offset: u64, data: &[u8]) {
+    fn note_hfi_write(mem: &GuardedMemory, offset: u64, data: &[u8]) {
         let Ok(b) = <[u8; 8]>::try_from(data) else { return };
         let value = u64::from_le_bytes(b);
         let count = hfi_config().rcv_array_count as u64;
@@ -251,14 +292,99 @@ impl Rig {
         let code = (value >> hregs::RCV_ARRAY_RT_BUF_SIZE_SHIFT) & hregs::RCV_ARRAY_RT_BUF_SIZE_MASK;
         if value & hregs::RCV_ARRAY_RT_WRITE_ENABLE_SMASK != 0 && (1..=0xA).contains(&code) {
             let addr = (value & hregs::RCV_ARRAY_RT_ADDR_MASK) << hregs::RT_ADDR_SHIFT;
-            self.hmem.allow(addr, 4096u64 << (code - 1));
+            mem.allow(addr, 4096u64 << (code - 1));
         }
     }
 
     fn hfi_write(&self, offset: u64, data: &[u8]) {
         let offset = Self::in_bar(offset, data.len(), hfi1::HFI1_BAR0_SIZE);
-        self.note_hfi_write(offset, data);
+        Self::note_hfi_write(&self.hmem, offset, data);
         self.hfi.mmio_write(hfi1::HFI1_BAR, offset, data);
+    }
+
+    fn wfr_write(&self, offset: u64, data: &[u8]) {
+        let offset = Self::in_bar(offset, data.len(), wfr::WFR_BAR0_SIZE);
+        Self::note_hfi_write(&self.wmem, offset, data);
+        self.wfr.mmio_write(hfi1::HFI1_BAR, offset, data);
+    }
+
+    fn wfr_read64(&self, offset: u64) -> u64 {
+        let mut b = [0u8; 8];
+        self.wfr.mmio_read(hfi1::HFI1_BAR, offset, &mut b);
+        u64::from_le_bytes(b)
+    }
+
+    fn wfr_offset(reg: &WfrReg) -> u64 {
+        match reg {
+            WfrReg::Named(i) => wcsr::NAMES[usize::from(*i) % wcsr::NAMES.len()].0,
+            WfrReg::Family { engine, index, member } => {
+                let (base, count) = if *engine {
+                    (wcsr::SEND_DMA_CTRL, wfr::TXE_NUM_SDMA_ENGINES)
+                } else {
+                    (wcsr::SEND_CTXT_CTRL, wfr::TXE_NUM_CONTEXTS)
+                };
+                base + 0x100 * (u64::from(*index) % u64::from(count)) + 8 * u64::from(member % 32)
+            }
+            WfrReg::Rxe(r) => Self::hfi_offset(r),
+            WfrReg::Raw(o) => u64::from(*o),
+        }
+    }
+
+    fn wfr_op(&mut self, op: WfrOp) {
+        match op {
+            WfrOp::Write { reg, value, width } => {
+                let w = width.bytes();
+                self.wfr_write(Self::wfr_offset(&reg) & !7, &value.to_le_bytes()[..w]);
+            }
+            WfrOp::Read { reg, width } => {
+                let mut b = vec![0u8; width.bytes()];
+                let off = Self::in_bar(Self::wfr_offset(&reg), b.len(), wfr::WFR_BAR0_SIZE);
+                self.wfr.mmio_read(hfi1::HFI1_BAR, off, &mut b);
+            }
+            WfrOp::Rxe(op) => {
+                // The project function's operations, aimed at the chip personality's RXE.
+                std::mem::swap(&mut self.hfi, &mut self.wfr);
+                std::mem::swap(&mut self.hmem, &mut self.wmem);
+                self.hfi_op(op);
+                std::mem::swap(&mut self.hfi, &mut self.wfr);
+                std::mem::swap(&mut self.hmem, &mut self.wmem);
+            }
+            WfrOp::Reset => self.wfr.reset(),
+            WfrOp::Control(which) => {
+                let req = match which % 4 {
+                    0 => serde_json::json!({"cmd": "dump"}),
+                    1 => serde_json::json!({"cmd": "counters"}),
+                    2 => serde_json::json!({"cmd": "accesses"}),
+                    _ => serde_json::json!({"cmd": "reset"}),
+                };
+                let _ = self.wfr.control(&req);
+            }
+        }
+    }
+
+    /// What must hold of the chip personality whatever was written: identity and sizes, and nothing the
+    /// driver polls without a timeout left pending.
+    fn wfr_check(&self) {
+        let cfg = wfr_config();
+        let hfi1::Personality::Wfr(shape) = cfg.personality else { unreachable!() };
+        let fixed = [
+            (hregs::RCV_CONTEXTS, cfg.rcv_contexts as u64),
+            (hregs::RCV_ARRAY_CNT, cfg.rcv_array_count as u64),
+            (wcsr::SEND_CONTEXTS, u64::from(shape.send_contexts)),
+            (wcsr::SEND_DMA_ENGINES, u64::from(shape.sdma_engines)),
+            (wcsr::DC_DC8051_CFG_LOCAL_GUID, shape.guid),
+        ];
+        for (offset, want) in fixed {
+            assert_eq!(self.wfr_read64(offset), want, "wfr: {offset:#x}");
+        }
+        assert_eq!(self.wfr_read64(wcsr::CCE_REVISION2) >> 8 & 0xFF, 3, "wfr: implementation code");
+        assert_eq!(self.wfr_read64(wcsr::SEND_PIO_INIT_CTXT) & 0xC, 0, "wfr: PIO init left in progress");
+        assert_eq!(self.wfr_read64(wcsr::SEND_CTRL) & 0x4, 0, "wfr: CM_RESET not self-cleared");
+        assert_ne!(self.wfr_read64(wcsr::DC_DC8051_CFG_RAM_ACCESS_STATUS) & 0x1_0000, 0, "wfr: 8051 RAM access");
+        for e in 0..u64::from(shape.sdma_engines) {
+            let ctrl = self.wfr_read64(wcsr::SEND_DMA_CTRL + 0x100 * e);
+            assert_eq!(ctrl & 0x4, 0, "wfr: SDMA CLEANUP is a pulse");
+        }
     }
 
     fn hfi_write64(&self, offset: u64, value: u64) {
@@ -456,6 +582,7 @@ impl Rig {
             }
         }
 
+        self.wfr_check();
         assert!(self.ird.wait_idle(IDLE_DEADLINE), "irdma: worker not idle after {IDLE_DEADLINE:?}");
         let tail = u64::from(self.ird_read32(iregs::IRDMA_CQPTAIL));
         let status = self.ird_read32(iregs::IRDMA_CCQPSTATUS);
@@ -478,7 +605,7 @@ impl Rig {
     }
 
     fn check_memory(&self) {
-        for (name, mem) in [("hfi1", &self.hmem), ("irdma", &self.imem)] {
+        for (name, mem) in [("hfi1", &self.hmem), ("hfi1-wfr", &self.wmem), ("irdma", &self.imem)] {
             let v = mem.violations();
             assert!(v.is_empty(), "{name}: device wrote outside allowed buffers: {v:?}");
             assert_eq!(mem.check_snapshot(), None, "{name}: memory changed outside allowed buffers");
@@ -513,6 +640,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     rig.hfi.attach(rig.hmem.clone(), rig.irq.clone());
                 }
             }
+            Op::Wfr(o) => rig.wfr_op(o),
             Op::Control { irdma, which } => {
                 let req = match which % 3 {
                     0 => serde_json::json!({"cmd": "dump"}),
@@ -527,5 +655,6 @@ fuzz_target!(|ops: Vec<Op>| {
     rig.wait_and_check();
     rig.check_memory();
     rig.hfi.detach();
+    rig.wfr.detach();
     rig.ird.detach();
 });

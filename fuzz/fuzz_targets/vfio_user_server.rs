@@ -4,7 +4,7 @@
 //! function (hfi1 or irdma engine). The input is a sequence of whole client messages: VERSION, DMA maps
 //! with and without fds (memfds, and fds that are not memory), unmaps, info queries, IRQ setup with
 //! eventfds, region reads and writes, resets, raw commands and stray replies, and disconnects (clean, or
-//! in the middle of a message). The server's own DMA_READ/DMA_WRITE requests are answered.
+//! in the middle of a message), each in its own sendmsg or several in one (a pipelining client). The server's own DMA_READ/DMA_WRITE requests are answered.
 //! Oracles: no panic; every request answered (or the connection closed) within a deadline; the serving
 //! thread returns after the client is gone; no descriptor left open afterwards.
 #![no_main]
@@ -120,7 +120,7 @@ enum Op {
         payload: Vec<u8>,
     },
     /// PCI_COMMAND memory decoding and bus mastering on (`pci_enable_device` + `pci_set_master`), without
-    /// which BAR accesses fail: a short cut to the device's registers.
+    /// which BAR reads return all-ones and writes are dropped: a short cut to the device's registers.
     Enable,
     Raw {
         command: u16,
@@ -141,6 +141,9 @@ enum Op {
         sent: Vec<u8>,
     },
     Disconnect,
+    /// The next `n % 4 + 2` messages go out in one sendmsg, every descriptor on its first bytes (a pipelining
+    /// client); their replies are awaited in order afterwards.
+    Batch(u8),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -356,7 +359,7 @@ fn build(op: Op) -> Option<Outgoing> {
             fds: (0..memfds % 4).filter_map(|_| memfd(1, false)).collect(),
             ..msg(command % 20, payload)
         },
-        Op::StrayReply { .. } | Op::Truncated { .. } | Op::Disconnect => return None,
+        Op::StrayReply { .. } | Op::Truncated { .. } | Op::Disconnect | Op::Batch(_) => return None,
     })
 }
 
@@ -370,6 +373,40 @@ fn thread_states() -> String {
         out.push(format!("{}:{}:{}", read("comm"), read("wchan"), read("syscall").split(' ').next().unwrap_or("")));
     }
     out.join(" ")
+}
+
+/// Several messages in one sendmsg, all their descriptors on its first bytes. `false`: the peer is gone.
+fn send_batch(peer: &Peer, batch: &[(Header, Outgoing)]) -> bool {
+    let Some(((first, _), _)) = batch.split_first() else { return true };
+    // The first header is sent as the header; the other messages follow it in the same send.
+    let mut rest = Vec::new();
+    for (i, (h, out)) in batch.iter().enumerate() {
+        if i > 0 {
+            rest.extend_from_slice(&h.encode());
+        }
+        rest.extend_from_slice(&out.payload);
+    }
+    let fds: Vec<BorrowedFd> = batch.iter().flat_map(|(_, out)| out.fds.iter().map(|f| f.as_fd())).collect();
+    vfio_user_proto::sock::send_message(&peer.stream, first, &[&rest], &fds).is_ok()
+}
+
+/// The oracle for one request: answered, or the connection closed, within the deadline. `false`: closed.
+fn await_answer(peer: &Peer, h: &Header) -> bool {
+    let sent_at = std::time::Instant::now();
+    match peer.await_reply(h.msg_id, REPLY_DEADLINE, answer_dma) {
+        Some(Answer::Reply(m)) => {
+            assert_eq!(m.header.command, h.command, "reply to {} names another command", h.msg_id);
+            true
+        }
+        Some(Answer::Closed) => false,
+        None => panic!(
+            "request {} (command {}) unanswered after {:?} (deadline {REPLY_DEADLINE:?}); threads: {}",
+            h.msg_id,
+            h.command,
+            sent_at.elapsed(),
+            thread_states()
+        ),
+    }
 }
 
 fn run(input: Input) {
@@ -390,11 +427,38 @@ fn run(input: Input) {
         ops.insert(0, Op::Version { major: 0, minor: 1, caps: Caps::None, nul: true });
     }
     let mut next_id: u16 = 1;
-    for op in ops.into_iter().take(MAX_OPS) {
+    let mut ops = ops.into_iter().take(MAX_OPS);
+    while let Some(op) = ops.next() {
         let id = next_id;
         next_id = next_id.wrapping_add(1);
         match op {
             Op::Disconnect => break,
+            Op::Batch(n) => {
+                let batch: Vec<(Header, Outgoing)> = ops
+                    .by_ref()
+                    .take(usize::from(n % 4) + 2)
+                    .filter_map(build)
+                    .map(|out| {
+                        let mut h = Header::command(next_id, out.command, out.payload.len());
+                        h.flags |= out.flags & (hdr_flags::KNOWN | 0x40);
+                        next_id = next_id.wrapping_add(1);
+                        (h, out)
+                    })
+                    .collect();
+                if !send_batch(&peer, &batch) {
+                    break;
+                }
+                let mut closed = false;
+                for (h, _) in batch.iter().filter(|(h, _)| !h.no_reply() && !h.is_reply()) {
+                    if !await_answer(&peer, h) {
+                        closed = true;
+                        break;
+                    }
+                }
+                if closed {
+                    break;
+                }
+            }
             Op::StrayReply { command, id, payload } => {
                 let command = command % 20;
                 let dma = command == cmd::DMA_READ || command == cmd::DMA_WRITE;
@@ -428,18 +492,8 @@ fn run(input: Input) {
                 if h.no_reply() || h.is_reply() {
                     continue;
                 }
-                let sent_at = std::time::Instant::now();
-                match peer.await_reply(id, REPLY_DEADLINE, answer_dma) {
-                    Some(Answer::Reply(m)) => {
-                        assert_eq!(m.header.command, h.command, "reply to {id} names another command");
-                    }
-                    Some(Answer::Closed) => break,
-                    None => panic!(
-                        "request {id} (command {}) unanswered after {:?} (deadline {REPLY_DEADLINE:?}); threads: {}",
-                        h.command,
-                        sent_at.elapsed(),
-                        thread_states()
-                    ),
+                if !await_answer(&peer, &h) {
+                    break;
                 }
             }
         }

@@ -185,7 +185,8 @@ impl DmaSpace {
         self.inner.write().unpoison()
     }
 
-    /// DMA_MAP. `flags` are `dma_map_flags::*`; `offset` is the file offset (ignored without fd).
+    /// DMA_MAP. `flags` are `dma_map_flags::*`; `offset` is the file offset, and must be 0 without fd (the
+    /// specification: "the offset is 0 when the region is not mappable").
     pub fn map(&self, iova: u64, size: u64, offset: u64, flags: u32, fd: Option<OwnedFd>) -> Result<(), MapError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(MapError::Closed);
@@ -200,6 +201,7 @@ impl DmaSpace {
         let last = iova.checked_add(size - 1).ok_or(MapError::Invalid("range overflows"))?;
         let backing_fd = match fd {
             Some(fd) => Some(FdInfo::inspect(fd, offset, size, flags)?),
+            None if offset != 0 => return Err(MapError::Invalid("file offset without a file")),
             None => None,
         };
         let mut inner = self.write_inner();

@@ -1,4 +1,5 @@
-//! Message framing over a UNIX stream socket, with SCM_RIGHTS fd passing (through rustix, no `unsafe`).
+//! Message framing over a UNIX stream socket, with SCM_RIGHTS fd passing (through rustix; the one `unsafe`
+//! block sets SO_PEEK_OFF, which rustix does not wrap).
 //!
 //! Reading is bounded: the header's size is checked against the limit before the body is allocated,
 //! at most `max_fds` descriptors are accepted per message (the kernel closes any beyond the control
@@ -6,7 +7,7 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -66,6 +67,28 @@ pub struct RecvLimits<'a> {
 
 fn to_timespec(d: Duration) -> Timespec {
     Timespec { tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX), tv_nsec: d.subsec_nanos().into() }
+}
+
+/// Sets the socket's peek offset (SO_PEEK_OFF): MSG_PEEK then reads from there on and moves it forward,
+/// and consuming reads move it back by what they consume. Used by [`crate::frame_reader`].
+pub fn set_peek_offset(stream: &UnixStream, offset: i32) -> std::io::Result<()> {
+    let value: libc::c_int = offset;
+    // SAFETY: setsockopt reads exactly `size_of::<c_int>()` bytes from `value`, which outlives the call, and
+    // the descriptor is borrowed from a live socket.
+    let r = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEEK_OFF,
+            std::ptr::from_ref(&value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Waits until `fd` is readable (or a listener has a connection). `Ok(false)` on timeout.

@@ -136,6 +136,8 @@ fn dma_map_rules_reject_bad_requests_with_the_right_error() {
             MapError::Invalid("mapping exceeds the file"),
         ),
         ("offset overflows", 0x20000, PAGE, u64::MAX - 0xfff, RW, fd(&ram), MapError::Invalid("offset overflows")),
+        // The specification: "the offset is 0 when the region is not mappable"; QEMU's fd-less maps have 0.
+        ("file offset without an fd", 0x20000, PAGE, PAGE, RW, None, MapError::Invalid("file offset without a file")),
         ("unaligned iova", 0x20800, PAGE, 0, RW, None, MapError::Invalid("unaligned or empty range")),
         ("empty", 0x20000, 0, 0, RW, None, MapError::Invalid("unaligned or empty range")),
         ("wraps the address space", u64::MAX - 0xfff, 0x2000, 0, RW, None, MapError::Invalid("range overflows")),

@@ -399,6 +399,12 @@ fn cases() -> Vec<(&'static str, bool, Act, Expect)> {
             Expect::Errno(EINVAL),
         ),
         (
+            "fd-less DMA_MAP with a file offset",
+            true,
+            Box::new(|r| r.send(c::DMA_MAP, &dma_map(0x10000, 0x1000, 0x1000, RW), &[])),
+            Expect::Errno(EINVAL),
+        ),
+        (
             "DMA_MAP with unknown flags",
             true,
             Box::new(|r| r.send(c::DMA_MAP, &dma_map(0x10000, 0x1000, 0, 0xff), &[])),

@@ -359,13 +359,14 @@ impl Engine for Hfi1 {
 
     fn bars(&self) -> Vec<BarSpec> {
         let len = RCV_ARRAY_ENTRY_SIZE * self.config.rcv_array_count as u64;
-        vec![BarSpec {
-            index: HFI1_BAR,
-            size: self.bar0_size(),
-            is_64bit: true,
-            prefetchable: false,
-            mmap: Some(BarMmap { areas: vec![(RCV_ARRAY, len)], fd: self.region_fd.clone() }),
-        }]
+        // The stock driver's rcv_array_wc_fill stores 0 over entries in use and relies on the chip ignoring
+        // a store without WRITE_ENABLE (exp_rcv.h:92, user_exp_rcv.c:678-718). Shared memory keeps only the
+        // last store, so on the chip personality every RcvArray store traps (docs/hfi1-kernel-driver.md).
+        let mmap = match self.config.personality {
+            Personality::Emu => Some(BarMmap { areas: vec![(RCV_ARRAY, len)], fd: self.region_fd.clone() }),
+            Personality::Wfr(_) => None,
+        };
+        vec![BarSpec { index: HFI1_BAR, size: self.bar0_size(), is_64bit: true, prefetchable: false, mmap }]
     }
 
     fn msix_vectors(&self) -> u16 {

@@ -40,6 +40,8 @@ enum Target {
     Engine,
     /// The MSI-X structure, at this offset of its own address space (table at 0, PBA at its offset).
     Msix(u64),
+    /// Memory Space Enable is clear: nothing decodes the access.
+    Undecoded,
 }
 
 /// The engine's `raise(vector)` path: the MSI-X policy, then the client's eventfd.
@@ -340,11 +342,18 @@ impl Function {
         if end > self.bar_sizes[i] {
             return Err(libc::EINVAL);
         }
-        // Linux vfio-pci refuses BAR access while memory decoding is off (-EIO); so do we.
+        // As the hardware: with memory decoding off the function does not claim the access (docs/pci.md).
         if self.command.load(Ordering::Acquire) & PCI_COMMAND_MEMORY == 0 {
-            self.mmio_refused.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(device = self.name(), index, offset, "BAR access with Memory Space disabled refused");
-            return Err(libc::EIO);
+            if self.mmio_refused.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(
+                    device = self.name(),
+                    index,
+                    offset,
+                    "BAR access with Memory Space disabled: reads return all-ones, writes are dropped \
+                     (set Command bit 1 first, as pci_enable_device() does)"
+                );
+            }
+            return Ok(Target::Undecoded);
         }
         Ok(target)
     }
@@ -482,6 +491,7 @@ impl Device for Function {
         match self.bar_access(index, offset, data.len())? {
             Target::Msix(at) => self.msix.as_ref().ok_or(libc::EINVAL)?.read(at, data),
             Target::Engine => self.engine.mmio_read(index, offset, data),
+            Target::Undecoded => data.fill(0xff),
         }
         Ok(())
     }
@@ -512,6 +522,7 @@ impl Device for Function {
         match self.bar_access(index, offset, data.len())? {
             Target::Msix(at) => self.msix.as_ref().ok_or(libc::EINVAL)?.write(at, data),
             Target::Engine => self.engine.mmio_write(index, offset, data),
+            Target::Undecoded => {}
         }
         Ok(())
     }

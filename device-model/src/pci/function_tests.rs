@@ -230,11 +230,18 @@ fn dispatch_errors_are_errno() {
 }
 
 #[test]
-fn bar_access_needs_memory_space_enable() {
+fn without_memory_space_enable_bar_reads_return_all_ones_and_writes_are_dropped() {
+    // PCI: a function whose Memory Space Enable is clear does not claim memory requests; the read
+    // completes as all-ones (Unsupported Request) and the posted write is discarded.
     let (f, e) = function();
-    assert_eq!(f.region_write(0, 0x100, &7u32.to_le_bytes()), Err(libc::EIO));
-    assert_eq!(f.region_read(4, 0, &mut [0; 4]), Err(libc::EIO));
-    assert_eq!(e.mem.lock().unwrap()[0x100], 0);
+    f.region_write(0, 0x100, &7u32.to_le_bytes()).unwrap();
+    for (index, len) in [(0, 4), (0, 8), (4, 4), (4, 1)] {
+        let mut b = vec![0u8; len];
+        f.region_read(index, 0, &mut b).unwrap();
+        assert_eq!(b, vec![0xff; len], "BAR{index} read of {len}");
+    }
+    assert_eq!(e.mem.lock().unwrap()[0x100], 0, "the write reached nothing");
+    assert_eq!(f.pci_state()["mmio_refused"], 5, "each access counted");
     cfg_w16(&f, 0x04, PCI_COMMAND_MEMORY);
     f.region_write(0, 0x100, &0x1122_3344_5566_7788u64.to_le_bytes()).unwrap();
     let mut b = [0u8; 2];

@@ -269,6 +269,13 @@ impl Shared {
             if near {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left < self.slice {
+                    // Peeked bytes would keep the socket readable: poll must see only new ones.
+                    if let Err(e) = r.consume_seen(&self.stream) {
+                        tracing::debug!("client connection ends: {e}");
+                        self.fail();
+                        self.release(r);
+                        return Err(NoReply::Closed);
+                    }
                     let ready = !left.is_zero() && crate::sock::wait_readable(&self.stream, left).unwrap_or(false);
                     if !ready {
                         if Instant::now() >= deadline {
@@ -377,6 +384,12 @@ impl Shared {
 
     fn hold_idle<'a>(&'a self, mut r: MutexGuard<'a, FrameReader>) -> MutexGuard<'a, FrameReader> {
         while !self.closed.load(Ordering::Acquire) && self.active.load(Ordering::SeqCst) == 0 {
+            // Peeked bytes would keep the socket readable: poll must see only new ones.
+            if let Err(e) = r.consume_seen(&self.stream) {
+                tracing::debug!("client connection ends: {e}");
+                self.fail();
+                return r;
+            }
             let mut fds = [PollFd::new(&self.stream, PollFlags::IN), PollFd::new(&self.kick, PollFlags::IN)];
             match poll(&mut fds, Some(&to_timespec(IDLE_POLL))) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -415,8 +428,13 @@ impl Shared {
 
     /// Shuts the connection down from our side and wakes everyone.
     pub(crate) fn close(&self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
         self.fail();
+        // Bytes peeked but left unread would turn the server's end of stream into ECONNRESET. `fail` woke
+        // the idle reader, so the role comes free at once.
+        let mut r = self.reader.lock().unpoison();
+        let _ = r.consume_seen(&self.stream);
+        drop(r);
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 
     fn backed(&self) -> std::sync::RwLockReadGuard<'_, Vec<Backed>> {

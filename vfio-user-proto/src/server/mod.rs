@@ -195,6 +195,19 @@ impl Server {
             stall_timeout: self.config.stall_timeout,
         });
         let mut conn = Conn::new(&*self.device, &self.config, out, dma, irq);
+        let result = self.serve_messages(stream, &mut reader, &mut conn, out);
+        // Bytes peeked but left unread would turn the client's end of stream into ECONNRESET.
+        let _ = reader.consume_seen(stream);
+        result
+    }
+
+    fn serve_messages(
+        &self,
+        stream: &UnixStream,
+        reader: &mut FrameReader,
+        conn: &mut Conn,
+        out: &Outbound,
+    ) -> Result<(), ServerError> {
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());
