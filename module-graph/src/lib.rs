@@ -2,8 +2,8 @@
 //!
 //! An edge A -> B means module A names an item of module B: a `use`, or a `crate::`/`super::`/`self::` path
 //! (or a path through one of A's child modules) in its code. A `pub use` of a descendant's item is the
-//! parent's interface, not an import, so it is no edge; paths through it resolve to the module that defines
-//! the item. `cargo modules dependencies --acyclic` makes the same check; this one runs as a plain test.
+//! parent's interface, not an import, so it is no edge; paths through any `pub use` resolve to the module
+//! that defines the item. `cargo modules dependencies --acyclic` makes the same check; this one runs as a plain test.
 
 #![forbid(unsafe_code)]
 
@@ -99,11 +99,14 @@ impl Graph {
                     for (segs, name) in flat {
                         let Some(abs) = self.absolute(&path, &segs) else { continue };
                         let m = self.modules.entry(path.clone()).or_default();
-                        match name {
-                            Some(n) if public && abs.starts_with(&path) && abs.len() > path.len() => {
-                                m.reexports.insert(n, abs);
-                            }
-                            _ => m.uses.push(abs),
+                        // Any `pub use` is a name others may import through; only one of a descendant's item is
+                        // no import of this module's own.
+                        let descendant = abs.starts_with(&path) && abs.len() > path.len();
+                        if let (true, Some(n)) = (public, &name) {
+                            m.reexports.insert(n.clone(), abs.clone());
+                        }
+                        if !(public && descendant && name.is_some()) {
+                            m.uses.push(abs);
                         }
                     }
                 }

@@ -5,7 +5,7 @@
 //! only to clone the handle. The loopback registers a driver polls are atomics.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -17,108 +17,19 @@ use vfio_user_proto::sync::Unpoison;
 use super::access_log::AccessLog;
 use super::chip::{Access, Chip};
 use super::counters::Counters;
-use super::loopback::{self, LbRegs, LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
+use super::loopback::{self, LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
 use super::rcv::{Packet, RxResult};
 use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RXE, TXE};
+use super::shared::{LbRegs, Shared, WORK_TIMEOUT};
 use super::shm::SharedWords;
 use super::wfr::{self, Wfr};
 use super::{Hfi1Config, Hfi1Error, Personality, Result, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
 use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape, PcieLink};
 
-/// How long detach waits for the descriptor in flight, and a control inject for its result.
-pub(super) const WORK_TIMEOUT: Duration = Duration::from_secs(2);
-
 pub(super) enum Job {
     Doorbell { desc: u64, epoch: u64 },
     Inject { packet: Packet, payload: Vec<u8>, epoch: u64, reply: Sender<RxResult> },
     Stop,
-}
-
-/// State shared by the register path and the worker.
-pub(super) struct Shared {
-    chip: Mutex<Chip>,
-    /// The chip's other blocks, on the WFR personality. Lock order: `chip`, then `wfr`.
-    wfr: Option<Mutex<Wfr>>,
-    /// The last register accesses, on the WFR personality (a stalled driver's last steps).
-    log: Option<Mutex<AccessLog>>,
-    pub counters: Counters,
-    pub lb: LbRegs,
-    /// Bumped (under the chip lock) by every reset and detach; work from an older epoch is dropped.
-    epoch: AtomicU64,
-    dma: RwLock<Arc<dyn DmaAccess>>,
-    irq: RwLock<Arc<dyn Interrupt>>,
-    /// The epoch of the job the worker is running, if any.
-    busy: Mutex<Option<u64>>,
-    idle: Condvar,
-}
-
-impl Shared {
-    pub fn lock_chip(&self) -> MutexGuard<'_, Chip> {
-        self.chip.lock().unpoison()
-    }
-
-    fn lock_wfr(&self) -> Option<MutexGuard<'_, Wfr>> {
-        self.wfr.as_ref().map(|w| w.lock().unpoison())
-    }
-
-    fn log(&self, write: bool, offset: u64, value: u64) {
-        if let Some(l) = &self.log {
-            l.lock().unpoison().record(write, offset, value);
-        }
-    }
-
-    pub fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::SeqCst)
-    }
-
-    /// Whether work of `epoch` may still run.
-    pub fn current(&self, epoch: u64) -> bool {
-        self.epoch() == epoch
-    }
-
-    /// Applies `f` to the loopback registers unless a reset came since `epoch` (checked under the chip lock,
-    /// which resets take, so a result never lands in freshly reset registers).
-    pub fn publish(&self, epoch: u64, f: impl FnOnce(&LbRegs)) -> bool {
-        let _chip = self.lock_chip();
-        if !self.current(epoch) {
-            return false;
-        }
-        f(&self.lb);
-        true
-    }
-
-    pub fn raise(&self, vector: u16) {
-        let irq = Arc::clone(&self.irq.read().unpoison());
-        irq.raise(vector);
-    }
-
-    fn dma(&self) -> Arc<dyn DmaAccess> {
-        Arc::clone(&self.dma.read().unpoison())
-    }
-
-    /// Power-on state; in-flight and queued work of the old epoch is abandoned.
-    fn reset(&self) {
-        let mut chip = self.lock_chip();
-        self.epoch.fetch_add(1, Ordering::SeqCst);
-        chip.reset();
-        if let Some(mut w) = self.lock_wfr() {
-            w.reset();
-        }
-        self.lb.reset();
-        self.counters.reset();
-    }
-
-    fn set_busy(&self, v: Option<u64>) {
-        *self.busy.lock().unpoison() = v;
-        self.idle.notify_all();
-    }
-
-    /// Waits (bounded) until the worker no longer runs a job of `epoch`.
-    fn wait_not_running(&self, epoch: u64) -> bool {
-        let guard = self.busy.lock().unpoison();
-        let (_g, res) = self.idle.wait_timeout_while(guard, WORK_TIMEOUT, |b| b.is_some_and(|e| e <= epoch)).unpoison();
-        !res.timed_out()
-    }
 }
 
 /// The emulated hfi1 receive side. Dropping it stops its worker thread.
@@ -444,7 +355,20 @@ impl Engine for Hfi1 {
     }
 
     fn control(&self, request: &serde_json::Value) -> std::result::Result<serde_json::Value, String> {
-        super::control::handle(self, request).map_err(|e| e.to_string())
+        use super::control::Command;
+        match super::control::parse(request).map_err(|e| e.to_string())? {
+            Command::Inject { packet, payload } => {
+                let result = self.inject(packet, payload).map_err(|e| e.to_string())?;
+                Ok(serde_json::json!({"result": result.name(), "code": result.code()}))
+            }
+            Command::Dump => Ok(self.dump()),
+            Command::Reset => {
+                Engine::reset(self);
+                Ok(serde_json::json!({"ok": true}))
+            }
+            Command::Counters => Ok(counters_json(self.shared_counters())),
+            Command::Accesses => Ok(self.recent_accesses()),
+        }
     }
 }
 

@@ -2,12 +2,12 @@
 //! window through which a guest driver, with MMIO and DMA alone, hands TID RDMA data packets to its own
 //! receive engine. See docs/hfi1-device.md for the descriptor layout and the register table.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use vfio_user_proto::dma::DmaAccess;
 
-use super::device::Shared;
 use super::rcv::{place, place_from, Packet, Placement, RxResult};
+use super::shared::Shared;
 
 pub use emu_abi::hfi1::{
     LbDescHeader, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR,
@@ -36,50 +36,6 @@ impl Descriptor {
     pub fn to_bytes(&self) -> [u8; LB_DESC_HDR_LEN] {
         let Packet { kdeth0, dest_qp, psn } = self.packet;
         LbDescHeader { kdeth0, dest_qp, psn, payload_len: self.payload_len, next: self.next }.to_bytes()
-    }
-}
-
-/// The registers a driver polls while the worker runs: atomics, never behind a lock a DMA path holds.
-#[derive(Debug, Default)]
-pub struct LbRegs {
-    pub desc_addr: AtomicU64,
-    pub db_done: AtomicU64,
-    pub db_submitted: AtomicU64,
-    pub desc_done: AtomicU64,
-    pub desc_err: AtomicU64,
-    pub last_result: AtomicU64,
-    pub db_dropped: AtomicU64,
-}
-
-impl LbRegs {
-    /// A register read; `None` for offsets in the block that hold nothing (they read as all-ones).
-    pub fn read(&self, rel: u64) -> Option<u64> {
-        let reg = match rel {
-            LB_DESC_ADDR => &self.desc_addr,
-            LB_DOORBELL => return Some(0),
-            LB_DB_DONE => &self.db_done,
-            LB_DB_SUBMITTED => &self.db_submitted,
-            LB_DESC_DONE => &self.desc_done,
-            LB_DESC_ERR => &self.desc_err,
-            LB_LAST_RESULT => &self.last_result,
-            LB_DB_DROPPED => &self.db_dropped,
-            _ => return None,
-        };
-        Some(reg.load(Ordering::Acquire))
-    }
-
-    pub fn reset(&self) {
-        for r in [
-            &self.desc_addr,
-            &self.db_done,
-            &self.db_submitted,
-            &self.desc_done,
-            &self.desc_err,
-            &self.last_result,
-            &self.db_dropped,
-        ] {
-            r.store(0, Ordering::Release);
-        }
     }
 }
 
@@ -169,6 +125,7 @@ fn judge(shared: &Shared, pkt: &Packet, len: u64, epoch: u64, place: impl FnOnce
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hfi1::shared::LbRegs;
 
     #[test]
     fn loopback_registers_read_and_reset() {

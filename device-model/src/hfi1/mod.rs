@@ -11,6 +11,7 @@ mod loopback;
 mod rcv;
 mod rcvarray;
 pub mod regs;
+mod shared;
 mod shm;
 pub mod wfr;
 

@@ -5,12 +5,14 @@
 pub mod ctxt;
 pub mod exp_rcv;
 pub mod flow;
+pub mod hfi;
 pub mod loopback;
 pub mod pageset;
 pub mod qp;
 pub mod regs;
 pub mod sge;
 pub mod tid;
+pub mod tid_rdma;
 pub mod wait;
 pub mod wqe;
 

@@ -12,6 +12,7 @@ pub mod loopback;
 pub mod process;
 pub mod qhash;
 pub mod regs;
+pub mod types;
 
 #[cfg(test)]
 mod testdev;
