@@ -2,6 +2,8 @@
 //! unused) through which a driver, with MMIO and DMA alone, hands TID RDMA data packets to the device's own
 //! receive engine. All registers are 64-bit. docs/hfi1-device.md has the table.
 
+#![forbid(unsafe_code)]
+
 /// Base of the block in BAR0: TXE (0x1800000) + 0x7F0000.
 pub const LB_BASE: u64 = 0x1FF_0000;
 pub const LB_SIZE: u64 = 0x1000;

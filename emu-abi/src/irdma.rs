@@ -3,6 +3,8 @@
 //! table sent it. Also the major/minor completion codes the emulator reports where the reference lists none.
 //! Registers are 32-bit. docs/irdma-device.md has the tables.
 
+#![forbid(unsafe_code)]
+
 use arbitrary_int::{u12, u18};
 use bitbybit::{bitenum, bitfield};
 

@@ -1,6 +1,8 @@
 //! How the harness reaches a device model: the rig's in-process backend, or a real vfio-user socket served in
 //! this process (`rig::Served`). Kept in one module so the rest of the harness does not care which.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use device_model::irdma::{Irdma, IrdmaConfig};

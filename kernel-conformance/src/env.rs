@@ -3,6 +3,8 @@
 //! from a udriver `DmaPool`, so the same kernel code runs in-process, over vfio-user, or against a test
 //! device.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

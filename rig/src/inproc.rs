@@ -2,6 +2,8 @@
 //! direct calls, DMA goes straight to our `DmaMemory`, interrupts are counted per vector. Used by tests,
 //! benchmarks and the hostile-device fuzz target; the same driver code runs over it as over VFIO.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;

@@ -1,5 +1,7 @@
 //! `rig`: udriver's commands with the device model in this process (no VM, no socket), and the benchmarks.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;

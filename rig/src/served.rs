@@ -2,6 +2,8 @@
 //! thread, listening on a private UNIX socket, stopped and joined on drop (exactly as the `device-model`
 //! binary serves it, without the process).
 
+#![forbid(unsafe_code)]
+
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

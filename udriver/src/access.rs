@@ -3,6 +3,8 @@
 //! Backends: Linux VFIO inside a guest, a direct vfio-user client of the device model, and an
 //! in-process device model. Everything above this trait is the same code for all of them.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 use crate::dma::DmaMemory;

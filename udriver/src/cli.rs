@@ -1,6 +1,8 @@
 //! The driver's commands, shared by the `udriver` binary (VFIO or vfio-user) and the `rig` binary (the device
 //! model in the same process): both parse these subcommands and run them over a `DeviceAccess` they open.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! How reaching a device can fail, for every backend: one typed error with the errno the kernel-named API
 //! reports for it.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
 //! `udriver`: drives the emulated hfi1 and irdma functions over Linux VFIO or as a vfio-user client.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -2,6 +2,8 @@
 //! in hfi1's init.c) matched with `pci_match_id`. The IDs are the project's own functions (QEMU's 1b36
 //! vendor, docs/pci.md); a test in `rig` checks them against the device model's defaults.
 
+#![forbid(unsafe_code)]
+
 /// Red Hat's vendor ID, under which QEMU hands out device IDs for virtual devices.
 pub const PCI_VENDOR_ID_REDHAT: u16 = 0x1b36;
 pub const PCI_DEVICE_ID_EMU_HFI1: u16 = 0x1100;

@@ -3,6 +3,8 @@
 //! Contract shared by every crate in the workspace: device logic only ever reads or writes bytes at an
 //! IOVA through [`DmaAccess`]. An access outside mapped memory is an error value, never a crash.
 
+#![forbid(unsafe_code)]
+
 use thiserror::Error;
 
 use crate::sync::Unpoison;

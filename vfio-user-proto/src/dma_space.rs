@@ -8,6 +8,8 @@
 //!
 //! Accesses are split at mapping boundaries and fully checked before any byte moves.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::fd::OwnedFd;

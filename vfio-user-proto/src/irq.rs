@@ -1,6 +1,8 @@
 //! Interrupt state of one connection: the eventfds the client gave in DEVICE_SET_IRQS, per
 //! (index, vector), with mask state and pending-while-masked.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Mutex;

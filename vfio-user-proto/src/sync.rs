@@ -2,6 +2,8 @@
 //! still consistent (no invariant spans a point that can panic, and nothing may panic on peer input), so a
 //! poisoned lock, condvar wait or `into_inner` is taken as it is rather than spreading the panic.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{LockResult, PoisonError};
 
 pub trait Unpoison<T> {

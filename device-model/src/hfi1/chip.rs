@@ -1,6 +1,8 @@
 //! The RXE state a driver programs: global and per-context CSRs, the flow tables and the RcvArray, with the
 //! register read/write rules. Lives behind one lock that no DMA path holds.
 
+#![forbid(unsafe_code)]
+
 use serde_json::{json, Value};
 
 use super::counters::Counters;

@@ -1,6 +1,8 @@
 //! Control-socket commands of the hfi1 engine (JSON objects): inject, dump, reset, counters.
 //! Every field is checked; a hostile request gets an error, never a panic.
 
+#![forbid(unsafe_code)]
+
 use serde_json::Value;
 
 use super::rcv::{Packet, GENERATION_MASK, HFI1_KDETH_BTH_SEQ_MASK, KDETH_OFFSET_MASK, PSN_MASK};

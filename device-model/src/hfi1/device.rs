@@ -4,6 +4,8 @@
 //! Locks: `chip` (registers, flow tables, RcvArray) is never held across a DMA access; `dma`/`irq` are held
 //! only to clone the handle. The loopback registers a driver polls are atomics.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;

@@ -2,6 +2,8 @@
 //! window through which a guest driver, with MMIO and DMA alone, hands TID RDMA data packets to its own
 //! receive engine. See docs/hfi1-device.md for the descriptor layout and the register table.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 
 use vfio_user_proto::dma::DmaAccess;

@@ -1,6 +1,8 @@
 //! The receive engine: checks a TID RDMA data packet against its context, flow and RcvArray entry, and
 //! places the payload. Checking happens under the chip lock; the DMA happens after it is dropped.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 
 use vfio_user_proto::dma::{DmaAccess, DmaError};

@@ -1,6 +1,8 @@
 //! What the hfi1 register path and its worker share: the chip behind one lock (never held across a DMA
 //! access), the loopback registers a driver polls (atomics), the reset epoch, and the DMA/IRQ handles.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::Duration;

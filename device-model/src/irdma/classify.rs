@@ -5,6 +5,8 @@
 //! host stack. Matches are exact: a listener on a specific address does not catch other addresses (the
 //! kernel's CM adds one listener entry per local address).
 
+#![forbid(unsafe_code)]
+
 use std::net::IpAddr;
 
 use serde_json::{json, Value};

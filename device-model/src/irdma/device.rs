@@ -1,10 +1,13 @@
-//! The irdma engine: BAR0 register file, the hand-off to the worker thread, reset/detach and control.
+//! The irdma engine: BAR0 register dispatch, the hand-off to the worker thread, reset/detach; the shared
+//! state is in `state.rs`, the dump and control commands in `control.rs`.
 //!
 //! Register reads and writes take the state lock briefly and never do DMA; everything that touches client
 //! memory runs on the worker (`worker.rs`), which drops the lock around each DMA (docs/architecture.md).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -13,11 +16,10 @@ use serde_json::{json, Value};
 use vfio_user_proto::dma::{DmaAccess, NoDma};
 use vfio_user_proto::sync::Unpoison;
 
-use super::ccq::Ccq;
-use super::classify::{classify, ClassifyTarget, Segment};
-use super::cqp::Cqp;
+use super::control;
 use super::qhash::QhashTable;
 use super::regs::*;
+use super::state::{bump, Counters, Regs, ResultLog, Shared, State};
 use super::worker::{Msg, Work, Worker};
 use super::{CreateError, IrdmaConfig};
 use crate::engine::{BarSpec, Engine, Interrupt, NoInterrupt};
@@ -25,146 +27,6 @@ use crate::engine::{BarSpec, Engine, Interrupt, NoInterrupt};
 /// Queue depth between the register path and the worker. Doorbells coalesce (the worker always reads the
 /// latest CQPDB value), so a full queue loses nothing but redundant wake-ups.
 const WORK_QUEUE_DEPTH: usize = 64;
-/// Classification results kept for the dump.
-pub const RESULT_LOG_LEN: usize = 16;
-
-macro_rules! counters {
-    ($($name:ident),* $(,)?) => {
-        /// Event counters, all reset by a function reset.
-        #[derive(Debug, Default)]
-        pub struct Counters { $(pub $name: AtomicU64,)* }
-        impl Counters {
-            pub fn to_json(&self) -> Value {
-                let mut m = serde_json::Map::new();
-                $(m.insert(stringify!($name).into(), self.$name.load(Relaxed).into());)*
-                Value::Object(m)
-            }
-            fn clear(&self) { $(self.$name.store(0, Relaxed);)* }
-        }
-    };
-}
-
-counters!(
-    doorbells,
-    doorbells_ignored,
-    wqes,
-    wqe_errors,
-    cqes,
-    cqe_write_errors,
-    dma_errors,
-    polarity_stalls,
-    ccq_full_waits,
-    ccq_overflows,
-    bad_consumer_index,
-    arms,
-    arms_ignored,
-    interrupts,
-    interrupts_dropped,
-    cqp_creates,
-    cqp_create_errors,
-    cqp_destroys,
-    ro_writes_ignored,
-    bad_mmio,
-    unknown_writes,
-    unsupported_doorbells,
-    classify_listener,
-    classify_established,
-    classify_to_host,
-    loopback_ok,
-    loopback_errors,
-    work_dropped,
-);
-
-pub(super) fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Relaxed);
-}
-
-/// The 32-bit registers that hold state.
-#[derive(Debug, Default)]
-pub(super) struct Regs {
-    pub cqptail: u32,
-    pub cqpdb: u32,
-    pub cqperrcodes: u32,
-    pub ccqpstatus: u32,
-    pub ccqphigh: u32,
-    pub ccqplow: u32,
-    pub ceqctl: Vec<u32>,
-    pub lb_desc_low: u32,
-    pub lb_desc_high: u32,
-    pub lb_status: u32,
-    pub lb_result: u32,
-    pub lb_seq: u32,
-    /// Loopback requests queued and not finished.
-    pub lb_pending: u32,
-}
-
-impl Regs {
-    fn power_on(ceqs: usize) -> Self {
-        Regs { ceqctl: vec![0; ceqs], ..Regs::default() }
-    }
-}
-
-/// Last classification results, oldest overwritten first.
-#[derive(Debug, Default)]
-pub(super) struct ResultLog {
-    entries: [Option<(Segment, ClassifyTarget, &'static str)>; RESULT_LOG_LEN],
-    next: usize,
-}
-
-impl ResultLog {
-    pub fn record(&mut self, seg: Segment, target: ClassifyTarget, source: &'static str) {
-        self.entries[self.next] = Some((seg, target, source));
-        self.next = (self.next + 1) % RESULT_LOG_LEN;
-    }
-
-    fn to_json(&self) -> Value {
-        let order = (self.next..RESULT_LOG_LEN).chain(0..self.next);
-        let items = order.filter_map(|i| self.entries[i].as_ref()).map(
-            |(seg, target, source)| json!({"source": source, "segment": seg.to_json(), "result": target.to_json()}),
-        );
-        Value::Array(items.collect())
-    }
-}
-
-/// Everything a register access or the worker's publish step needs, behind one lock never held over DMA.
-pub(super) struct State {
-    /// Bumped by reset/detach: work from an older epoch is dropped, never published.
-    pub epoch: u64,
-    pub regs: Regs,
-    /// Published copies of the worker's CQP/CCQ, for register decisions and the dump.
-    pub cqp: Option<Cqp>,
-    pub ccq: Option<Ccq>,
-    pub qhash: QhashTable,
-    pub results: ResultLog,
-}
-
-pub(super) struct Shared {
-    pub config: IrdmaConfig,
-    pub state: Mutex<State>,
-    /// Mirror of `State::epoch` for cheap checks between DMA accesses.
-    pub epoch: AtomicU64,
-    pub counters: Counters,
-    pub dma: RwLock<Arc<dyn DmaAccess>>,
-    pub irq: RwLock<Arc<dyn Interrupt>>,
-    pub stop: AtomicBool,
-    pub submitted: AtomicU64,
-    pub completed: AtomicU64,
-}
-
-impl Shared {
-    pub fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unpoison()
-    }
-
-    pub fn count_target(&self, target: &ClassifyTarget) {
-        bump(match target {
-            ClassifyTarget::ToHost => &self.counters.classify_to_host,
-            ClassifyTarget::Established { .. } => &self.counters.classify_established,
-            ClassifyTarget::Listener { .. } => &self.counters.classify_listener,
-        });
-    }
-}
-
 /// The irdma PCI function's engine.
 pub struct Irdma {
     shared: Arc<Shared>,
@@ -304,7 +166,7 @@ impl Irdma {
                     // A second create while a CQP runs: refused, the running CQP is untouched.
                     let (major, minor) = CreateError::AlreadyExists.codes();
                     st.regs.ccqpstatus = (IRDMA_CCQPSTATUS_CCQP_DONE.put(1) | IRDMA_CCQPSTATUS_CCQP_ERR.put(1)) as u32;
-                    st.regs.cqperrcodes = errcodes(major, minor);
+                    st.regs.cqperrcodes = cqperrcodes(major, minor);
                     bump(&c.cqp_create_errors);
                 } else {
                     st.regs.ccqpstatus = 0;
@@ -313,7 +175,7 @@ impl Irdma {
                         let (major, minor) = CreateError::Busy.codes();
                         st.regs.ccqpstatus =
                             (IRDMA_CCQPSTATUS_CCQP_DONE.put(1) | IRDMA_CCQPSTATUS_CCQP_ERR.put(1)) as u32;
-                        st.regs.cqperrcodes = errcodes(major, minor);
+                        st.regs.cqperrcodes = cqperrcodes(major, minor);
                     }
                 }
             }
@@ -341,53 +203,6 @@ impl Irdma {
             }
         }
     }
-
-    fn dump(&self) -> Value {
-        let st = self.shared.lock();
-        let r = &st.regs;
-        let hex = |v: u32| format!("{v:#010x}");
-        json!({
-            "engine": "irdma",
-            "registers": {
-                "CQPTAIL": hex(r.cqptail),
-                "CQPDB": hex(r.cqpdb),
-                "CCQPSTATUS": hex(r.ccqpstatus),
-                "CCQPHIGH": hex(r.ccqphigh),
-                "CCQPLOW": hex(r.ccqplow),
-                "CQPERRCODES": hex(r.cqperrcodes),
-                "GLINT_CEQCTL": r.ceqctl.iter().map(|v| hex(*v)).collect::<Vec<_>>(),
-                "EMU_LB_STATUS": hex(r.lb_status),
-                "EMU_LB_RESULT": hex(r.lb_result),
-                "EMU_LB_SEQ": r.lb_seq,
-            },
-            "cqp": st.cqp.map(|c| c.to_json(r.cqpdb)),
-            "ccq": st.ccq.map(|c| c.to_json()),
-            "qhash": {
-                "capacity": st.qhash.capacity(),
-                "len": st.qhash.len(),
-                "entries": st.qhash.to_json(),
-            },
-            "last_results": st.results.to_json(),
-            "counters": self.shared.counters.to_json(),
-        })
-    }
-
-    fn classify_cmd(&self, request: &Value) -> Result<Value, String> {
-        let seg = Segment::from_json(request)?;
-        let target = {
-            let mut st = self.shared.lock();
-            let target = classify(&st.qhash, &seg);
-            st.results.record(seg, target, "control");
-            target
-        };
-        self.shared.count_target(&target);
-        Ok(target.to_json())
-    }
-}
-
-pub(super) fn errcodes(major: u16, minor: u16) -> u32 {
-    (IRDMA_CQPERRCODES_CQP_MAJOR_CODE.put(u64::from(major)) | IRDMA_CQPERRCODES_CQP_MINOR_CODE.put(u64::from(minor)))
-        as u32
 }
 
 impl Engine for Irdma {
@@ -464,13 +279,13 @@ impl Engine for Irdma {
     fn control(&self, request: &Value) -> Result<Value, String> {
         let cmd = request.get("cmd").and_then(Value::as_str).ok_or("request needs a string \"cmd\"")?;
         match cmd {
-            "dump" => Ok(self.dump()),
+            "dump" => Ok(control::dump(&self.shared)),
             "counters" => Ok(self.shared.counters.to_json()),
             "reset" => {
                 self.reset();
                 Ok(json!({"ok": true}))
             }
-            "classify" => self.classify_cmd(request),
+            "classify" => control::classify(&self.shared, request),
             other => Err(format!("unknown irdma command {other:?} (dump, counters, reset, classify)")),
         }
     }

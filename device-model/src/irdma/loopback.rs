@@ -3,6 +3,8 @@
 //!
 //! The layout and the codes are the project's ABI, defined once in `emu_abi::irdma`.
 
+#![forbid(unsafe_code)]
+
 use emu_abi::irdma::{LbErrCode, LbKind, LbResult, LbSegment, LbStatus};
 use thiserror::Error;
 

@@ -2,13 +2,17 @@
 //!
 //! Register map, layouts, error codes and decisions: docs/irdma-device.md.
 
+#![forbid(unsafe_code)]
+
 pub mod ccq;
 pub mod classify;
+mod control;
 pub mod cqp;
 pub mod device;
 pub mod loopback;
 pub mod qhash;
 pub mod regs;
+mod state;
 mod worker;
 pub mod wqe;
 

@@ -2,6 +2,8 @@
 //!
 //! Registers are 32 bits wide. Fields are `Field` values so every bit position has one definition.
 
+#![forbid(unsafe_code)]
+
 /// A bit field `[hi:lo]` of a 32- or 64-bit word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Field {
@@ -93,6 +95,12 @@ pub use emu_abi::irdma::{
     IRDMA_EMU_LB_BASE, IRDMA_EMU_LB_DESC_HIGH, IRDMA_EMU_LB_DESC_LOW, IRDMA_EMU_LB_DOORBELL, IRDMA_EMU_LB_RESULT,
     IRDMA_EMU_LB_SEQ, IRDMA_EMU_LB_STATUS,
 };
+
+/// The CQPERRCODES value for a (major, minor) pair.
+pub fn cqperrcodes(major: u16, minor: u16) -> u32 {
+    (IRDMA_CQPERRCODES_CQP_MAJOR_CODE.put(u64::from(major)) | IRDMA_CQPERRCODES_CQP_MINOR_CODE.put(u64::from(minor)))
+        as u32
+}
 
 /// A decoded register offset. Only 4-byte aligned offsets decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,6 +5,8 @@
 //! Steady-state doorbell processing allocates nothing: WQEs, CQEs and the shadow area live in stack
 //! buffers, the queue is a bounded channel of `Copy` messages, and the qhash table has reserved storage.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,9 +18,9 @@ use vfio_user_proto::sync::Unpoison;
 use super::ccq::{encode_cqe, Ccq, IRDMA_CQ_DBSA_ARM_NEXT, IRDMA_CQ_DBSA_ARM_SEQ_NUM};
 use super::classify::classify;
 use super::cqp::{Cqp, HostContext, IRDMA_CQP_CTX_SIZE};
-use super::device::{bump, errcodes, Shared, State};
 use super::loopback::{decode_descriptor, result_word, status_word, LoopbackError, IRDMA_EMU_LB_DESC_SIZE};
 use super::regs::*;
+use super::state::{bump, Shared, State};
 use super::wqe::{Command, Manage, Wqe, IRDMA_CQP_WQE_SIZE};
 use super::{CreateError, DmaStage, WqeError};
 
@@ -151,7 +153,7 @@ impl Worker {
                 let (major, minor) = e.codes();
                 self.publish(|st| {
                     st.regs.ccqpstatus = (IRDMA_CCQPSTATUS_CCQP_DONE.put(1) | IRDMA_CCQPSTATUS_CCQP_ERR.put(1)) as u32;
-                    st.regs.cqperrcodes = errcodes(major, minor);
+                    st.regs.cqperrcodes = cqperrcodes(major, minor);
                 });
             }
         }
@@ -210,7 +212,7 @@ impl Worker {
                 let (major, minor) = e.codes();
                 self.publish(|st| {
                     st.regs.cqptail |= IRDMA_CQPTAIL_CQP_OP_ERR.put(1) as u32;
-                    st.regs.cqperrcodes = errcodes(major, minor);
+                    st.regs.cqperrcodes = cqperrcodes(major, minor);
                 });
                 return false;
             }
@@ -316,7 +318,7 @@ impl Worker {
             let err = IRDMA_CQPTAIL_CQP_OP_ERR.put(u64::from(status.is_some() && !wrote_cqe));
             st.regs.cqptail = (IRDMA_CQPTAIL_WQTAIL.put(u64::from(tail)) | err) as u32;
             if let Some((major, minor)) = status {
-                st.regs.cqperrcodes = errcodes(major, minor);
+                st.regs.cqperrcodes = cqperrcodes(major, minor);
             }
             target = vector.map(|ceq| msix_vector(st, ceq, self.shared.config.msix_vectors));
         });
@@ -349,7 +351,7 @@ impl Worker {
             Err(_) => {
                 bump(&c.dma_errors);
                 let (major, minor) = WqeError::Dma(DmaStage::ShadowArea).codes();
-                self.publish(|st| st.regs.cqperrcodes = errcodes(major, minor));
+                self.publish(|st| st.regs.cqperrcodes = cqperrcodes(major, minor));
                 return;
             }
         };

@@ -1,5 +1,7 @@
 //! `Function`: one engine as a PCI function served over vfio-user (docs/pci.md for every policy here).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 

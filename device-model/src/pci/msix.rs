@@ -7,6 +7,8 @@
 //! client has written the table since reset: QEMU overlays the table with its own emulation and never writes
 //! ours, so its power-on "all masked" must not gate QEMU's interrupts.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 

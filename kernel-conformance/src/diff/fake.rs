@@ -3,6 +3,8 @@
 //! each driver did that the device could see: register reads and writes, and the queue memory at every
 //! barrier and register write.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 

@@ -1,6 +1,8 @@
 //! hfi1 cases: (b) RcvArray programming through the sparse mmap vs trapped writes, (c) expected-receive
 //! setup + clear of a 256 KiB segment. Placement (e) and the worker spin are in `placement.rs`.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

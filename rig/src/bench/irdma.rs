@@ -2,6 +2,8 @@
 //! built with `post_sq` false except the last (one CQPDB write per batch), then the CCQ is polled for the
 //! batch's completions.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -3,6 +3,8 @@
 //! Nothing here asserts a time: the report states what was measured and whether each target was met.
 //! See docs/bench.md.
 
+#![forbid(unsafe_code)]
+
 mod hfi1;
 mod irdma;
 mod placement;

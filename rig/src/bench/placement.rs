@@ -1,6 +1,8 @@
 //! (e) Loopback TID data placement in GB/s against memcpy of the same size, and the hfi1 worker's idle spin
 //! measured on the same path (issue 7: "spin briefly before sleeping, wherever measurement shows that wins").
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,7 @@
 //! What a bench run reports: metrics, targets and their verdicts, per case, and the machine they belong to.
 
+#![forbid(unsafe_code)]
+
 use serde::Serialize;
 
 /// One measured value.

@@ -2,6 +2,8 @@
 //! same message sizes with a tiny echo thread. Both sides make the same system calls per round trip (one send
 //! and one receive each), so the ratio is what framing, decoding and dispatch cost on top of the socket.
 
+#![forbid(unsafe_code)]
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;

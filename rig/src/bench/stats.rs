@@ -1,5 +1,7 @@
 //! Timing: per-operation samples within a wall-time budget, summarised by median, mean and p99.
 
+#![forbid(unsafe_code)]
+
 use std::time::{Duration, Instant};
 
 use serde::Serialize;

@@ -1,6 +1,8 @@
 //! The bench's own logic (statistics, target verdicts, dates, machine facts) and one short run of every case
 //! end to end. No test asserts a time: only that each case ran, checked its data, and reported.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 use super::*;

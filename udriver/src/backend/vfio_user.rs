@@ -2,6 +2,8 @@
 //! Registers are reached through mmapped sparse areas where the server offers them, else by
 //! REGION_READ/REGION_WRITE; DMA memory is shared by passing the memfd in DMA_MAP.
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Mutex;

@@ -5,6 +5,8 @@
 //! has segments classified through the loopback block, checks each outcome, and tears down. The stress mode
 //! has several threads share the CQP (and its backlog) for a while, then proves the table empty.
 
+#![forbid(unsafe_code)]
+
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! Device and receive-context data: probe-time validation of RCV_ARRAY_CNT / RCV_CONTEXTS, the per-context
 //! RcvArray partition (§1.4), `hfi1_rcvctrl` (§1.2) and the state guarded by `exp_lock` (§1.13).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 

@@ -1,6 +1,8 @@
 //! Expected-receive setup and teardown for TID RDMA (§1.9, §1.11): the per-request ring of flows, page
 //! sets, TID allocation, RcvArray programming, the tidarray and npkts, and queueing on shortage.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use super::pageset::{dma_map_flow, dma_unmap_flow, tid_rdma_find_phys_blocks_4k, tid_rdma_find_phys_blocks_8k};

@@ -3,6 +3,8 @@
 //! the TID wait queues. Only types live here; the code that works on them is in the mechanism modules, so
 //! none of those import each other through these types.
 
+#![forbid(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU64};

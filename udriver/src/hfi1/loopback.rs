@@ -3,6 +3,8 @@
 //! (`hfi1_build_tid_rdma_read_resp`), written as descriptors into DMA memory and handed to the receive
 //! engine with one doorbell. Completion is polled with a timeout; every value the device reports is checked.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -2,6 +2,8 @@
 //! WQE setup, with the kernel's names. Lock order: a QP's `s_lock` ([`qp::QpLocked`]) outside, the
 //! context's `exp_lock` ([`ctxt::ExpLocked`]) inside. See docs/udriver-hfi1.md.
 
+#![forbid(unsafe_code)]
+
 pub mod ctxt;
 pub mod exp_rcv;
 pub mod flow;

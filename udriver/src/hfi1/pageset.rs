@@ -2,6 +2,8 @@
 //! hold (§1.8). "Physically contiguous" is judged on IOVAs: page i+1 follows page i when its IOVA is 4096
 //! higher.
 
+#![forbid(unsafe_code)]
+
 use crate::dma::PAGE_SIZE;
 
 /// MAX_EXPECTED_BUFFER = 2 MiB = 512 pages of 4 KiB.

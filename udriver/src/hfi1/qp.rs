@@ -1,6 +1,8 @@
 //! The QP as the TID code sees it: `s_lock` guarding the send state (flags, flow state, PSNs, OPFN
 //! parameters), and the callback that stands in for `hfi1_do_send`.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 

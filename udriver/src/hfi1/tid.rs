@@ -1,5 +1,7 @@
 //! TID groups, the three group sets, `kern_alloc_tids` and RcvArray programming (§1.3, §1.7, §1.10).
 
+#![forbid(unsafe_code)]
+
 use super::hfi::{ExpLocked, Hfi1Devdata};
 pub use super::hfi::{ExpTidSet, TidGroup};
 use super::regs::*;

@@ -1,6 +1,8 @@
 //! The TID RDMA structs the receive setup works on (the kernel's tid_rdma.h): the per-request ring of flows,
 //! each flow's group picks, page sets and tidarray. Only types and the ring arithmetic live here.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use super::hfi::{Hfi1Ctxtdata, Hfi1Qp};

@@ -2,6 +2,8 @@
 //! wakes them. A wakeup runs the QP's `do_send` callback with no lock held, so one QP never takes another
 //! QP's `s_lock` (§1.13).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;

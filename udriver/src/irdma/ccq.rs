@@ -1,6 +1,8 @@
 //! The control CQ: created by a CREATE_CQ WQE on the CQP, consumed with a polarity bit, armed through the
 //! shadow area and CQARM (reference 3.8, 3.9).
 
+#![forbid(unsafe_code)]
+
 use super::cqp::{irdma_cqp_poll_registers, irdma_get_cqp_reg_info, irdma_sc_cqp_get_next_send_wqe_idx};
 use super::cqp::{irdma_sc_cqp_post_sq, queue_pa, sleep, IrdmaRing};
 use super::cqp::{IrdmaScCqp, QueueMemory};

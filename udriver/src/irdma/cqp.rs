@@ -1,6 +1,8 @@
 //! The control QP: init, create and destroy through the registers and the host context (reference 3.4,
 //! 3.5), the SQ ring with its polarity, the doorbell, and completion by register polling (3.6, 3.9).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

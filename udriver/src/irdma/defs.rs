@@ -1,6 +1,8 @@
 //! Descriptor layouts and constants (defs.h / type.h): CQP WQEs, the CQP host context, CCQ CQEs and the CQ
 //! shadow area (reference 3.3, 3.4, 3.6-3.9).
 
+#![forbid(unsafe_code)]
+
 use super::regs::Field;
 
 /// Byte offsets of the qwords of a descriptor (`IRDMA_BYTE_n`).

@@ -1,6 +1,8 @@
 //! Device bring-up (`irdma_sc_dev_init`, PE readiness) and `IrdmaDev`, which owns the CQP, the CCQ and their
 //! DMA memory, and serialises commands under the CQP lock (reference 3.2, 3.5, 3.9).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -4,6 +4,8 @@
 //!
 //! Every value read back is checked: an unknown result kind or a sequence that never moves is an error.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -2,6 +2,8 @@
 //! or to a FIFO backlog while the SQ is full; completions drained from the CCQ free slots and the backlog
 //! moves on. Waiting is by CCQ polling or by interrupt, always bounded (reference 3.6, 3.9).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 

@@ -2,6 +2,8 @@
 //! when asked, executes CQP WQEs the way the reference describes (CQEs into the CCQ, CQPTAIL, interrupts);
 //! and a queue memory that records the order of its stores.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;

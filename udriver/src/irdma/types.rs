@@ -2,6 +2,8 @@
 //! the CQP lock and the commands it serialises. Only types live here; `dev` brings the device up and
 //! `process` runs the commands, and neither imports the other through these types.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;

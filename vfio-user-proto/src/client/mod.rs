@@ -6,6 +6,8 @@
 //! [`Client::dma_map_backed`]; an idle reader thread does that while nobody waits (see `reader`).
 //! Everything the server sends is checked like client input is on the server side.
 
+#![forbid(unsafe_code)]
+
 mod reader;
 
 use std::fs::File;

@@ -13,6 +13,8 @@
 //! keep coming it only wakes every [`QUIET`] to look, so it adds no wake-up to a round trip; a DMA
 //! request that arrives between two calls of a busy caller waits at most about 2 x [`QUIET`].
 
+#![forbid(unsafe_code)]
+
 use std::fs::File;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;

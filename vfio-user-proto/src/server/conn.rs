@@ -3,6 +3,8 @@
 //! Every handler validates the whole request before touching the device and answers with an errno;
 //! the message was read completely beforehand, so after an error reply the stream is still in sync.
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 

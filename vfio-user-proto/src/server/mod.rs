@@ -6,6 +6,8 @@
 //! space is closed (mappings dropped, waiting workers woken with an error), the IRQ eventfds are closed
 //! and the device is detached, which resets it.
 
+#![forbid(unsafe_code)]
+
 mod conn;
 mod outbound;
 

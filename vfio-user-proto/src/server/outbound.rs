@@ -1,6 +1,8 @@
 //! The server's sending side of one connection: replies from the reader thread, and DMA_READ/DMA_WRITE
 //! requests from device worker threads, whose replies the reader thread routes back by message id.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
