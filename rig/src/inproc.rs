@@ -13,6 +13,7 @@ use vfio_user_proto::dma::{DmaAccess, DmaError};
 use vfio_user_proto::sync::Unpoison;
 
 use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
+use udriver::backend;
 use udriver::dma::DmaMemory;
 
 /// One mapping: its length, the memory (an alias of the driver's, see `DmaMemory::alias`, so it stays
@@ -114,12 +115,8 @@ impl InProcess {
     }
 
     fn check(&self, bar: u32, offset: u64, width: u64) -> Result<()> {
-        let size =
-            self.bar_sizes.iter().find(|(i, _)| *i == bar).map(|(_, s)| *s).ok_or(AccessError::NoSuchBar(bar))?;
-        if offset.checked_add(width).is_none_or(|e| e > size) || offset % width != 0 {
-            return Err(AccessError::OutOfRange { what: "register access", bar, offset, size });
-        }
-        Ok(())
+        let size = self.bar_sizes.iter().find(|(i, _)| *i == bar).map(|(_, s)| *s);
+        backend::check_register(bar, size, offset, width)
     }
 
     fn read(&self, bar: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -142,16 +139,9 @@ impl Drop for InProcess {
 impl DeviceAccess for InProcess {
     fn identity(&self) -> DeviceIdentity {
         let mut ids = [0u8; 4];
-        let ok = self.device.region_read(region::CONFIG, 0, &mut ids).is_ok();
+        let config = self.config_read(0, &mut ids).map(|()| ids);
         let msix = self.device.irq_info(vfio_user_proto::device::irq::MSIX).map_or(0, |i| i.count);
-        DeviceIdentity {
-            vendor_id: if ok { u16::from_le_bytes([ids[0], ids[1]]) } else { 0xffff },
-            device_id: if ok { u16::from_le_bytes([ids[2], ids[3]]) } else { 0xffff },
-            bars: self.bar_sizes.clone(),
-            msix_vectors: msix,
-            backend: "in-process",
-            mapped_bars: Vec::new(),
-        }
+        backend::identity("in-process", config, self.bar_sizes.iter().map(|(i, s)| (*i, *s, false)), msix)
     }
     fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.device
@@ -181,10 +171,8 @@ impl DeviceAccess for InProcess {
     }
 
     fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
+        backend::check_dma_map(mem, offset, len, iova)?;
         let end = iova.checked_add(len);
-        if len == 0 || end.is_none() || offset.checked_add(len).is_none_or(|e| e > mem.len() as u64) {
-            return Err(AccessError::BadDmaMap { offset, len, iova });
-        }
         let mut map = self.dma.map.lock().unpoison();
         let overlaps = map.range(..end.unwrap_or(u64::MAX)).next_back().is_some_and(|(b, m)| b + m.len > iova);
         if overlaps {
@@ -204,11 +192,9 @@ impl DeviceAccess for InProcess {
 
     fn enable_msix(&self, nvec: u32) -> Result<()> {
         let max = self.device.irq_info(vfio_user_proto::device::irq::MSIX).map_or(0, |i| i.count);
-        if nvec == 0 || nvec > max {
-            return Err(AccessError::MsixVectors { requested: nvec, available: max });
-        }
+        backend::check_msix_vectors(nvec, max)?;
         // No kernel in between: the driver turns MSI-X on in config space itself.
-        udriver::backend::msix_enable(self)
+        backend::msix_enable(self)
     }
 
     fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {

@@ -17,7 +17,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::mmio::MappedBar;
 use super::wait_eventfd;
 use crate::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
-use crate::dma::DmaMemory;
+use crate::dma::{DmaMemory, PAGE_SIZE};
 
 /// One BAR: its size, where it lives in the device fd, and the parts we could map.
 struct Bar {
@@ -94,9 +94,7 @@ impl VfioBackend {
 
     fn check(&self, bar: u32, offset: u64, width: u64) -> Result<&Bar> {
         let b = self.bar(bar)?;
-        if offset.checked_add(width).is_none_or(|end| end > b.size) || offset % width != 0 {
-            return Err(AccessError::OutOfRange { what: "register access", bar, offset, size: b.size });
-        }
+        super::check_register(bar, Some(b.size), offset, width)?;
         Ok(b)
     }
 
@@ -146,23 +144,14 @@ fn device_fd(device: &VfioDevice) -> BorrowedFd<'_> {
 impl DeviceAccess for VfioBackend {
     fn identity(&self) -> DeviceIdentity {
         let mut ids = [0u8; 4];
-        let (vendor_id, device_id) = match self.config_read_raw(0, &mut ids) {
-            Ok(()) => (u16::from_le_bytes([ids[0], ids[1]]), u16::from_le_bytes([ids[2], ids[3]])),
-            Err(_) => (0xffff, 0xffff),
-        };
-        DeviceIdentity {
-            vendor_id,
-            device_id,
-            bars: self.bars.iter().enumerate().filter_map(|(i, b)| b.as_ref().map(|b| (i as u32, b.size))).collect(),
-            msix_vectors: self.device.get_irq_info(VFIO_PCI_MSIX_IRQ_INDEX).map_or(0, |i| i.count),
-            backend: "vfio",
-            mapped_bars: self
-                .bars
-                .iter()
-                .enumerate()
-                .filter_map(|(i, b)| b.as_ref().filter(|b| !b.maps.is_empty()).map(|_| i as u32))
-                .collect(),
-        }
+        let config = self.config_read_raw(0, &mut ids).map(|()| ids);
+        let bars = self
+            .bars
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.as_ref().map(|b| (i as u32, b.size, !b.maps.is_empty())));
+        let msix = self.device.get_irq_info(VFIO_PCI_MSIX_IRQ_INDEX).map_or(0, |i| i.count);
+        super::identity("vfio", config, bars, msix)
     }
 
     fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -209,8 +198,9 @@ impl DeviceAccess for VfioBackend {
     }
 
     fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
-        let end = offset.checked_add(len).filter(|e| *e <= mem.len() as u64);
-        if end.is_none() || len == 0 || offset % 4096 != 0 || len % 4096 != 0 || iova % 4096 != 0 {
+        super::check_dma_map(mem, offset, len, iova)?;
+        // The IOMMU maps whole pages.
+        if [offset, len, iova].iter().any(|v| v % PAGE_SIZE != 0) {
             return Err(AccessError::BadDmaMap { offset, len, iova });
         }
         let addr = (mem.addr() + offset) as *mut u8;
@@ -226,9 +216,7 @@ impl DeviceAccess for VfioBackend {
 
     fn enable_msix(&self, nvec: u32) -> Result<()> {
         let max = self.device.get_irq_info(VFIO_PCI_MSIX_IRQ_INDEX).map_or(0, |i| i.count);
-        if nvec == 0 || nvec > max {
-            return Err(AccessError::MsixVectors { requested: nvec, available: max });
-        }
+        super::check_msix_vectors(nvec, max)?;
         let fds: Vec<EventFd> = (0..nvec)
             .map(|_| EventFd::new(EFD_NONBLOCK).map_err(|e| AccessError::Io { op: "eventfd", source: e }))
             .collect::<Result<_>>()?;

@@ -75,9 +75,6 @@ impl DmaMemory {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    pub fn is_huge(&self) -> bool {
-        self.huge
-    }
     /// The process virtual address of the mapping (what VFIO_IOMMU_MAP_DMA takes).
     pub fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64

@@ -29,12 +29,17 @@ const OPFN_R_SHIFT: u32 = 10;
 const OPFN_RW_MASK: u64 = 0x3F;
 const OPFN_W_SHIFT: u32 = 4;
 const OPFN_C_MASK: u64 = 0xF;
+/// N and K carry the QPN's low byte and its KDETH QP byte (bits 23:16).
+const OPFN_QP_BYTE_MASK: u32 = 0xFF;
+const OPFN_QP_KDETH_SHIFT: u32 = 16;
+/// M counts 4 KiB pages.
+const OPFN_M_PAGE_SHIFT: u32 = 12;
 
 /// `tid_rdma_opfn_encode`: the 64-bit OPFN capability word (§1.14).
 pub fn tid_rdma_opfn_encode(p: &TidRdmaParams) -> u64 {
-    let max_len_pages = u64::from(p.max_len >> 12).saturating_sub(1) & OPFN_M_MASK;
-    (u64::from(p.qp & 0xFF) << OPFN_N_SHIFT)
-        | (u64::from((p.qp >> 16) & 0xFF) << OPFN_K_SHIFT)
+    let max_len_pages = u64::from(p.max_len >> OPFN_M_PAGE_SHIFT).saturating_sub(1) & OPFN_M_MASK;
+    (u64::from(p.qp & OPFN_QP_BYTE_MASK) << OPFN_N_SHIFT)
+        | (u64::from((p.qp >> OPFN_QP_KDETH_SHIFT) & OPFN_QP_BYTE_MASK) << OPFN_K_SHIFT)
         | (max_len_pages << OPFN_M_SHIFT)
         | ((u64::from(p.timeout) & OPFN_T_MASK) << OPFN_T_SHIFT)
         | ((u64::from(p.urg) & 1) << OPFN_U_SHIFT)
@@ -49,8 +54,9 @@ pub fn tid_rdma_opfn_encode(p: &TidRdmaParams) -> u64 {
 /// value a peer sends decodes without error.
 pub fn tid_rdma_opfn_decode(data: u64) -> TidRdmaParams {
     TidRdmaParams {
-        qp: (((data >> OPFN_K_SHIFT) & 0xFF) << 16) as u32 | ((data >> OPFN_N_SHIFT) & 0xFF) as u32,
-        max_len: ((((data >> OPFN_M_SHIFT) & OPFN_M_MASK) + 1) << 12) as u32,
+        qp: ((((data >> OPFN_K_SHIFT) as u32) & OPFN_QP_BYTE_MASK) << OPFN_QP_KDETH_SHIFT)
+            | (((data >> OPFN_N_SHIFT) as u32) & OPFN_QP_BYTE_MASK),
+        max_len: ((((data >> OPFN_M_SHIFT) & OPFN_M_MASK) + 1) << OPFN_M_PAGE_SHIFT) as u32,
         jkey: ((data >> OPFN_J_SHIFT) & OPFN_J_MASK) as u16,
         max_read: ((data >> OPFN_R_SHIFT) & OPFN_RW_MASK) as u8,
         max_write: ((data >> OPFN_W_SHIFT) & OPFN_RW_MASK) as u8,
