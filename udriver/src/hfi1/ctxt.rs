@@ -6,6 +6,8 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
+use vfio_user_proto::sync::Unpoison;
+
 use super::flow::hfi1_kern_init_ctxt_generations;
 pub use super::hfi::{
     ExpLocked, ExpState, Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params, RcvEntries, RcvHdrState, TidFlowGeneration,
@@ -21,7 +23,6 @@ use super::regs::*;
 use super::Hfi1Error;
 use crate::access::{AccessError, DeviceAccess};
 use crate::dma::DmaBuffer;
-use vfio_user_proto::sync::Unpoison;
 
 impl Hfi1Devdata {
     /// Reads and validates the chip geometry (`chip_rcv_array_count`, `chip_rcv_contexts`) and partitions

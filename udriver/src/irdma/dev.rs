@@ -6,6 +6,8 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use vfio_user_proto::sync::Unpoison;
+
 use super::ccq::{irdma_sc_ccq_arm, irdma_sc_ccq_create, irdma_sc_ccq_destroy, irdma_sc_ccq_init, IrdmaCcqInitInfo};
 pub use super::cqp::IrdmaHwAttrs;
 use super::cqp::*;
@@ -16,7 +18,6 @@ use super::types::{IrdmaCqpState, IrdmaCqpWaitMode};
 pub use super::types::{IrdmaDev, IrdmaDevConfig, IRDMA_GEN2_HW_MAJ_VER, IRDMA_HMC_PROFILE_DEFAULT};
 use super::{IrdmaError, Result};
 use crate::dma::DmaPool;
-use vfio_user_proto::sync::Unpoison;
 
 /// `irdma_sc_dev_init`'s hardware check: the PE doorbell BAR size must be 4 MiB or 8 MiB, else -ENODEV.
 /// Returns the PE_DB_SIZE encoding.

@@ -9,15 +9,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use emu_abi::irdma::LbSegment;
+use vfio_user_proto::sync::Unpoison;
+
 use super::cqp::{sleep, PooledBuffer, QueueMemory};
 use super::regs::IRDMA_BAR;
 use super::{IrdmaError, Result};
 use crate::access::DeviceAccess;
 use crate::dma::DmaPool;
-use vfio_user_proto::sync::Unpoison;
 
 // The block, its descriptor and its codes are the project's own ABI (`emu_abi::irdma`).
-use emu_abi::irdma::LbSegment;
 pub use emu_abi::irdma::{
     LbKind, LbResult, LbStatus, IRDMA_EMU_LB_DESC_HIGH, IRDMA_EMU_LB_DESC_LOW, IRDMA_EMU_LB_DESC_SIZE,
     IRDMA_EMU_LB_DOORBELL, IRDMA_EMU_LB_RESULT, IRDMA_EMU_LB_SEQ, IRDMA_EMU_LB_STATUS,

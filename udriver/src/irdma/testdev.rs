@@ -10,13 +10,14 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use vfio_user_proto::sync::Unpoison;
+
 use super::cqp::QueueMemory;
 use super::defs::*;
 use super::regs::IrdmaRegisters::{self, *};
 use super::regs::*;
 use crate::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
 use crate::dma::{DmaBuffer, DmaMemError, DmaMemory, DmaPool};
-use vfio_user_proto::sync::Unpoison;
 
 pub fn off(reg: IrdmaRegisters) -> u64 {
     IrdmaHw::offset(reg)
