@@ -7,11 +7,8 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
 use vfio_user_proto::device::RegionFd;
 use vfio_user_proto::dma::{DmaAccess, NoDma};
 use vfio_user_proto::sync::Unpoison;
@@ -19,28 +16,23 @@ use vfio_user_proto::sync::Unpoison;
 use super::access_log::AccessLog;
 use super::chip::{Access, Chip};
 use super::counters::Counters;
-use super::loopback::{self, LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
+use super::loopback::{LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
 use super::rcv::{Packet, RxResult};
 use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RXE, TXE};
 use super::shared::{LbRegs, Shared, WORK_TIMEOUT};
 use super::shm::SharedWords;
 use super::wfr::{self, Wfr};
+use super::worker::{run_job, Job};
 use super::{Hfi1Config, Hfi1Error, Personality, Result, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
 use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape, PcieLink};
-
-pub(super) enum Job {
-    Doorbell { desc: u64, epoch: u64 },
-    Inject { packet: Packet, payload: Vec<u8>, epoch: u64, reply: Sender<RxResult> },
-    Stop,
-}
+use crate::worker::WorkQueue;
 
 /// The emulated hfi1 receive side. Dropping it stops its worker thread.
 pub struct Hfi1 {
     config: Hfi1Config,
     shared: Arc<Shared>,
     region_fd: RegionFd,
-    jobs: Sender<Job>,
-    worker: Option<JoinHandle<()>>,
+    worker: WorkQueue<Job>,
 }
 
 impl Hfi1 {
@@ -62,17 +54,13 @@ impl Hfi1 {
             epoch: AtomicU64::new(0),
             dma: RwLock::new(Arc::new(NoDma)),
             irq: RwLock::new(Arc::new(NoInterrupt)),
-            busy: Mutex::new(None),
-            idle: Condvar::new(),
         });
-        let (jobs, rx) = crossbeam_channel::bounded(config.doorbell_queue);
         let worker_shared = Arc::clone(&shared);
-        let spin = config.worker_spin;
-        let worker = std::thread::Builder::new()
-            .name("hfi1-worker".into())
-            .spawn(move || worker(&worker_shared, &rx, spin))
-            .map_err(|e| Hfi1Error::Worker(e.to_string()))?;
-        Ok(Self { config, shared, region_fd, jobs, worker: Some(worker) })
+        let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker_spin, move |job| {
+            run_job(&worker_shared, job)
+        })
+        .map_err(|e| Hfi1Error::Worker(e.to_string()))?;
+        Ok(Self { config, shared, region_fd, worker })
     }
 
     pub fn config(&self) -> &Hfi1Config {
@@ -101,8 +89,9 @@ impl Hfi1 {
             return Err(Hfi1Error::Control(format!("payload of {} bytes exceeds {LB_MAX_PAYLOAD}", payload.len())));
         }
         let (reply, result) = crossbeam_channel::bounded(1);
-        let job = Job::Inject { packet, payload, epoch: self.shared.epoch(), reply };
-        self.jobs.send_timeout(job, WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("worker queue full".into()))?;
+        if !self.worker.submit_timeout(self.shared.epoch(), Job::Inject { packet, payload, reply }, WORK_TIMEOUT) {
+            return Err(Hfi1Error::Worker("worker queue full".into()));
+        }
         result.recv_timeout(WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("no result from the worker".into()))
     }
 
@@ -197,13 +186,10 @@ impl Hfi1 {
         let lb = &self.shared.lb;
         let desc = lb.desc_addr.load(Ordering::Acquire);
         lb.db_submitted.fetch_add(1, Ordering::AcqRel);
-        match self.jobs.try_send(Job::Doorbell { desc, epoch: self.shared.epoch() }) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                lb.db_submitted.fetch_sub(1, Ordering::AcqRel);
-                lb.db_dropped.fetch_add(1, Ordering::AcqRel);
-                self.shared.counters.lb_doorbell_overruns.fetch_add(1, Ordering::Relaxed);
-            }
+        if !self.worker.try_submit(self.shared.epoch(), Job::Doorbell { desc }) {
+            lb.db_submitted.fetch_sub(1, Ordering::AcqRel);
+            lb.db_dropped.fetch_add(1, Ordering::AcqRel);
+            self.shared.counters.lb_doorbell_overruns.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -212,53 +198,10 @@ pub(super) fn counters_json(c: &Counters) -> serde_json::Value {
     c.snapshot().into_iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect()
 }
 
-/// The next job: polled (yielding) for up to `spin` first, then waited for.
-fn next_job(jobs: &Receiver<Job>, spin: Duration) -> Option<Job> {
-    if !spin.is_zero() {
-        let start = std::time::Instant::now();
-        while start.elapsed() < spin {
-            match jobs.try_recv() {
-                Ok(job) => return Some(job),
-                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-                Err(crossbeam_channel::TryRecvError::Empty) => std::thread::yield_now(),
-            }
-        }
-    }
-    jobs.recv().ok()
-}
-
-fn worker(shared: &Shared, jobs: &Receiver<Job>, spin: Duration) {
-    while let Some(job) = next_job(jobs, spin) {
-        match job {
-            Job::Stop => break,
-            Job::Doorbell { desc, epoch } => {
-                shared.set_busy(Some(epoch));
-                if shared.current(epoch) {
-                    loopback::run_doorbell(shared, shared.dma().as_ref(), desc, epoch);
-                }
-                shared.set_busy(None);
-            }
-            Job::Inject { packet, payload, epoch, reply } => {
-                shared.set_busy(Some(epoch));
-                let result = if shared.current(epoch) {
-                    loopback::receive(shared, shared.dma().as_ref(), &packet, &payload, epoch)
-                } else {
-                    RxResult::Aborted
-                };
-                shared.set_busy(None);
-                let _ = reply.try_send(result);
-            }
-        }
-    }
-}
-
 impl Drop for Hfi1 {
     fn drop(&mut self) {
+        // Work in flight sees the new epoch and stops; the queue's own drop then joins the worker.
         self.shared.reset();
-        let _ = self.jobs.send_timeout(Job::Stop, WORK_TIMEOUT);
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
-        }
     }
 }
 
@@ -346,7 +289,7 @@ impl Engine for Hfi1 {
         self.shared.reset();
         *self.shared.dma.write().unpoison() = Arc::new(NoDma);
         *self.shared.irq.write().unpoison() = Arc::new(NoInterrupt);
-        if !self.shared.wait_not_running(old) {
+        if !self.worker.wait_not_running(old, WORK_TIMEOUT) {
             tracing::warn!("hfi1: work in flight did not stop within {WORK_TIMEOUT:?} of detach");
         }
     }

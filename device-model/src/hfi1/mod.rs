@@ -14,6 +14,7 @@ pub mod regs;
 mod shared;
 mod shm;
 pub mod wfr;
+mod worker;
 
 pub use counters::Counters;
 pub use device::Hfi1;

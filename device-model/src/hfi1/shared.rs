@@ -4,7 +4,7 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use emu_abi::hfi1::{
@@ -79,9 +79,6 @@ pub(super) struct Shared {
     pub(super) epoch: AtomicU64,
     pub(super) dma: RwLock<Arc<dyn DmaAccess>>,
     pub(super) irq: RwLock<Arc<dyn Interrupt>>,
-    /// The epoch of the job the worker is running, if any.
-    pub(super) busy: Mutex<Option<u64>>,
-    pub(super) idle: Condvar,
 }
 
 impl Shared {
@@ -138,17 +135,5 @@ impl Shared {
         }
         self.lb.reset();
         self.counters.reset();
-    }
-
-    pub(super) fn set_busy(&self, v: Option<u64>) {
-        *self.busy.lock().unpoison() = v;
-        self.idle.notify_all();
-    }
-
-    /// Waits (bounded) until the worker no longer runs a job of `epoch`.
-    pub(super) fn wait_not_running(&self, epoch: u64) -> bool {
-        let guard = self.busy.lock().unpoison();
-        let (_g, res) = self.idle.wait_timeout_while(guard, WORK_TIMEOUT, |b| b.is_some_and(|e| e <= epoch)).unpoison();
-        !res.timed_out()
     }
 }

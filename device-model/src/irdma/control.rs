@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 
 use super::classify::{classify as classify_segment, Segment};
-use super::state::Shared;
+use super::shared::Shared;
 
 /// The engine's whole state, for the control socket's `dump`.
 pub(super) fn dump(shared: &Shared) -> Value {

@@ -1,5 +1,5 @@
 //! The irdma engine: BAR0 register dispatch, the hand-off to the worker thread, reset/detach; the shared
-//! state is in `state.rs`, the dump and control commands in `control.rs`.
+//! state is in `shared.rs`, the dump and control commands in `control.rs`.
 //!
 //! Register reads and writes take the state lock briefly and never do DMA; everything that touches client
 //! memory runs on the worker (`worker.rs`), which drops the lock around each DMA (docs/architecture.md).
@@ -8,10 +8,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crossbeam_channel::{bounded, Sender};
 use serde_json::{json, Value};
 use vfio_user_proto::dma::{DmaAccess, NoDma};
 use vfio_user_proto::sync::Unpoison;
@@ -19,10 +17,11 @@ use vfio_user_proto::sync::Unpoison;
 use super::control;
 use super::qhash::QhashTable;
 use super::regs::*;
-use super::state::{bump, Counters, Regs, ResultLog, Shared, State};
-use super::worker::{Msg, Work, Worker};
+use super::shared::{bump, Counters, Regs, ResultLog, Shared, State};
+use super::worker::{Work, Worker};
 use super::{CreateError, IrdmaConfig};
 use crate::engine::{BarSpec, Engine, Interrupt, NoInterrupt};
+use crate::worker::WorkQueue;
 
 /// Queue depth between the register path and the worker. Doorbells coalesce (the worker always reads the
 /// latest CQPDB value), so a full queue loses nothing but redundant wake-ups.
@@ -30,8 +29,8 @@ const WORK_QUEUE_DEPTH: usize = 64;
 /// The irdma PCI function's engine.
 pub struct Irdma {
     shared: Arc<Shared>,
-    tx: Sender<Msg>,
-    worker: Mutex<Option<JoinHandle<()>>>,
+    /// `None` if the thread could not start: every command then stays pending and the driver's polls time out.
+    worker: Option<WorkQueue<Work>>,
 }
 
 impl Default for Irdma {
@@ -60,35 +59,22 @@ impl Irdma {
             dma: RwLock::new(Arc::new(NoDma)),
             irq: RwLock::new(Arc::new(NoInterrupt)),
             stop: AtomicBool::new(false),
-            submitted: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
         });
-        let (tx, rx) = bounded(WORK_QUEUE_DEPTH);
-        let worker = Worker::new(shared.clone(), rx);
-        let handle = std::thread::Builder::new().name("irdma-cqp".into()).spawn(move || worker.run());
-        let handle = match handle {
-            Ok(h) => Some(h),
+        let mut worker = Worker::new(shared.clone());
+        let spin = shared.config.worker_spin;
+        let worker = match WorkQueue::spawn("irdma-cqp", WORK_QUEUE_DEPTH, spin, move |msg| worker.handle(msg)) {
+            Ok(q) => Some(q),
             Err(e) => {
-                // Without a worker every command stays pending; the driver sees its polls time out.
                 tracing::error!("irdma: cannot start the worker thread: {e}");
                 None
             }
         };
-        Irdma { shared, tx, worker: Mutex::new(handle) }
+        Irdma { shared, worker }
     }
 
     /// Waits until the worker has handled every queued request. For tests and benchmarks.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.shared.completed.load(Relaxed) >= self.shared.submitted.load(Relaxed) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        }
+        self.worker.as_ref().is_none_or(|q| q.wait_idle(timeout))
     }
 
     pub fn counters(&self) -> Value {
@@ -97,11 +83,9 @@ impl Irdma {
 
     /// Queues work for the worker; never blocks.
     fn submit(&self, st: &State, work: Work) -> bool {
-        self.shared.submitted.fetch_add(1, Relaxed);
-        if self.tx.try_send(Msg { epoch: st.epoch, work }).is_ok() {
+        if self.worker.as_ref().is_some_and(|q| q.try_submit(st.epoch, work)) {
             return true;
         }
-        self.shared.submitted.fetch_sub(1, Relaxed);
         bump(&self.shared.counters.work_dropped);
         false
     }
@@ -293,11 +277,7 @@ impl Engine for Irdma {
 
 impl Drop for Irdma {
     fn drop(&mut self) {
+        // The worker checks this between DMA accesses; the queue's own drop then joins it.
         self.shared.stop.store(true, Relaxed);
-        let _ = self.tx.try_send(Msg { epoch: u64::MAX, work: Work::Stop });
-        let handle = self.worker.lock().unpoison().take();
-        if let Some(h) = handle {
-            let _ = h.join();
-        }
     }
 }

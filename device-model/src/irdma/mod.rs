@@ -12,7 +12,7 @@ pub mod device;
 pub mod loopback;
 pub mod qhash;
 pub mod regs;
-mod state;
+mod shared;
 mod worker;
 pub mod wqe;
 

@@ -139,8 +139,6 @@ pub(super) struct Shared {
     pub dma: RwLock<Arc<dyn DmaAccess>>,
     pub irq: RwLock<Arc<dyn Interrupt>>,
     pub stop: AtomicBool,
-    pub submitted: AtomicU64,
-    pub completed: AtomicU64,
 }
 
 impl Shared {
