@@ -14,7 +14,7 @@ use udriver::access::DeviceAccess;
 use udriver::dma::{DmaBuffer, DmaPool};
 use vfio_user_proto::sync::Unpoison;
 
-use crate::ffi::BarWindow;
+use crate::ffi::{abi_matches, BarWindow};
 
 /// irdma's BAR0 size (GLPCI_LBARCTRL.PE_DB_SIZE 8 MiB).
 pub const IRDMA_BAR0_SIZE: usize = 8 << 20;
@@ -72,7 +72,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl ShimEnv {
     pub fn new(pool: Arc<DmaPool>, delays: Delays) -> Result<Arc<Self>, EnvError> {
-        if !crate::ffi::abi_matches() {
+        if !abi_matches() {
             return Err(EnvError::Abi);
         }
         let bar = BarWindow::new(IRDMA_BAR0_SIZE).map_err(EnvError::BarWindow)?;

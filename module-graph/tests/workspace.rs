@@ -20,38 +20,16 @@ const ROOTS: [&str; 12] = [
     "fuzz/src/lib.rs",
 ];
 
-/// Cycles not broken yet, each with why; the test fails on any other cycle, and on one of these once it is
-/// gone (so the list only shrinks). docs/architecture.md ("Module cycles") tracks them.
-const NOT_YET_BROKEN: [(&str, &str); 3] = [
-    // The framing rework in progress touches both; break them after it lands (parent and child share state).
-    ("vfio-user-proto/src/lib.rs", "client <-> client::reader"),
-    ("vfio-user-proto/src/lib.rs", "server <-> server::conn"),
-    // The C runtime's callbacks (ffi) reach the harness state (env) and back.
-    ("kernel-conformance/src/lib.rs", "env <-> ffi"),
-];
-
 #[test]
 fn no_module_imports_one_that_imports_it_back() {
     let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut problems = Vec::new();
     for root in ROOTS {
         let g = Graph::read(&ws.join(root)).unwrap_or_else(|e| panic!("{root}: {e}"));
-        let mut new = false;
         for cycle in g.cycles() {
-            let members = cycle.join(" <-> ");
-            if !NOT_YET_BROKEN.contains(&(root, members.as_str())) {
-                problems.push(format!("{root}: {members}"));
-                new = true;
-            }
+            problems.push(format!("{root}: {}", cycle.join(" <-> ")));
         }
-        if new {
-            problems.extend(g.cycle_edges().into_iter().map(|e| format!("    {e}")));
-        }
-        for (r, members) in NOT_YET_BROKEN.iter().filter(|(r, _)| *r == root) {
-            if !g.cycles().iter().any(|c| c.join(" <-> ") == *members) {
-                problems.push(format!("{r}: {members} is broken now: take it off NOT_YET_BROKEN"));
-            }
-        }
+        problems.extend(g.cycle_edges().into_iter().map(|e| format!("    {e}")));
     }
     assert!(problems.is_empty(), "module import cycles:\n{}", problems.join("\n"));
 }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
-use crate::client::{ClientDmaBacking, ClientError, DmaProt};
+use super::types::{ClientDmaBacking, ClientError, DmaProt};
 use crate::device::Errno;
 use crate::frame_reader::{FrameReader, Wait};
 use crate::sock::{send_message, Message};
