@@ -146,7 +146,7 @@ LO, HI = -2.0, 4.0  # log10 of score shown
 x = lambda s: LEFT + (min(max(math.log10(max(s, 1e-9)), LO), HI) - LO) / (HI - LO) * PLOT
 svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
        f'<rect width="{W}" height="{H}" fill="white"/>',
-       f'<text x="10" y="22" font-size="15" font-weight="bold">udriver bench {escape(report["date"])}: '
+       f'<text x="10" y="22" font-size="15" font-weight="bold">rig bench {escape(report["date"])}: '
        f'{escape(str(report["machine"]["nproc"]))} x {escape(report["machine"]["cpu_model"])}</text>',
        f'<text x="10" y="42">bar = measured / target, oriented so that right of the line (1x) meets the target; '
        f'log scale</text>']

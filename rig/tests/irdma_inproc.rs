@@ -127,16 +127,7 @@ fn entry(
 
 fn segment(ipv4: bool, ports: (u16, u16), vlan: Option<u16>, syn: bool, ack: bool) -> IrdmaTcpSegment {
     let (local, remote) = if ipv4 { ([IP4_LOCAL, 0, 0, 0], [IP4_REMOTE, 0, 0, 0]) } else { (IP6_LOCAL, IP6_REMOTE) };
-    IrdmaTcpSegment {
-        ipv4,
-        src_ip: remote,
-        dst_ip: local,
-        src_port: ports.1,
-        dst_port: ports.0,
-        vlan_id: vlan,
-        syn,
-        ack,
-    }
+    IrdmaTcpSegment { ipv4, src_ip: remote, dst_ip: local, src_port: ports.1, dst_port: ports.0, vlan, syn, ack }
 }
 
 fn qhash_err(r: udriver::irdma::Result<IrdmaCcqCqeInfo>) -> (i32, u8, u16, u16) {

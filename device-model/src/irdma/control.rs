@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::classify::{classify as classify_segment, Segment};
+use super::classify::{classify as classify_segment, Segment, SegmentJson};
 use super::shared::Shared;
 
 /// The engine's whole state, for the control socket's `dump`.

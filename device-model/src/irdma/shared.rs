@@ -11,7 +11,7 @@ use vfio_user_proto::dma::DmaAccess;
 use vfio_user_proto::sync::Unpoison;
 
 use super::ccq::Ccq;
-use super::classify::{ClassifyTarget, Segment};
+use super::classify::{ClassifyTarget, Segment, SegmentJson};
 use super::cqp::Cqp;
 use super::qhash::QhashTable;
 use super::IrdmaConfig;

@@ -24,27 +24,10 @@ pub use emu_abi::irdma::{
     IRDMA_EMU_LB_DOORBELL, IRDMA_EMU_LB_RESULT, IRDMA_EMU_LB_SEQ, IRDMA_EMU_LB_STATUS,
 };
 
-/// An incoming TCP segment. Addresses are host-order u32 words as in `IrdmaQhashTableInfo` (IPv4 in `[0]`,
-/// IPv6 `[0]` most significant); `dst` is the local end.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct IrdmaTcpSegment {
-    pub ipv4: bool,
-    pub src_ip: [u32; 4],
-    pub dst_ip: [u32; 4],
-    pub src_port: u16,
-    pub dst_port: u16,
-    pub vlan_id: Option<u16>,
-    pub syn: bool,
-    pub ack: bool,
-}
-
-impl IrdmaTcpSegment {
-    /// The 40-byte descriptor.
-    pub fn descriptor(&self) -> [u8; IRDMA_EMU_LB_DESC_SIZE] {
-        let IrdmaTcpSegment { ipv4, src_ip, dst_ip, src_port, dst_port, vlan_id, syn, ack } = *self;
-        LbSegment { ipv4, src_ip, dst_ip, src_port, dst_port, vlan: vlan_id, syn, ack }.encode()
-    }
-}
+/// An incoming TCP segment, as the loopback descriptor carries it (the project's ABI). Addresses are
+/// host-order u32 words as in `IrdmaQhashTableInfo` (IPv4 in `[0]`, IPv6 `[0]` most significant); `dst` is
+/// the local end.
+pub type IrdmaTcpSegment = LbSegment;
 
 /// Where the device sent a segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,7 +97,7 @@ impl IrdmaLoopback {
     /// -ETIMEDOUT if SEQ never moves.
     pub fn classify(&self, seg: &IrdmaTcpSegment) -> Result<IrdmaClassifyResult> {
         let desc = self.desc.lock().unpoison();
-        for (i, chunk) in seg.descriptor().chunks_exact(8).enumerate() {
+        for (i, chunk) in seg.encode().chunks_exact(8).enumerate() {
             let mut q = [0u8; 8];
             q.copy_from_slice(chunk);
             desc.write_u64(8 * i, u64::from_le_bytes(q))?;
@@ -184,7 +167,7 @@ mod tests {
         let w = dev.writes();
         let at = |o| w.iter().find(|(off, _)| *off == o).map(|(_, v)| *v).unwrap();
         let iova = u64::from(at(IRDMA_EMU_LB_DESC_HIGH)) << 32 | u64::from(at(IRDMA_EMU_LB_DESC_LOW));
-        let d = listener_syn().descriptor();
+        let d = listener_syn().encode();
         for (i, chunk) in d.chunks_exact(8).enumerate() {
             assert_eq!(dev.dma_read_u64(iova + 8 * i as u64).to_le_bytes(), chunk, "qword {i}");
         }
