@@ -42,8 +42,24 @@ if kdrv:
             sde = (fs.get("sdes") or "").split(" STE ")[-1].split(" ")[0]
             d = (f"port {fs.get('ports/1/state')}, {fs.get('ports/1/phys_state')}; node GUID {fs.get('node_guid')}; "
                  f"hw_rev {fs.get('hw_rev')}; SDMA engine 0 {sde}")
-        elif name == "kdriver-dmesg":
-            d = "no oops, WARN, BUG or hung task in the kernel log"
+        elif name == "kdriver-user":
+            h = r.get("hfi1_user_host") or {}
+            rounds = h.get("rounds") or []
+            tids = sum(x.get("tids", 0) for x in rounds)
+            placed = sum(x.get("placed", 0) for x in rounds)
+            kib = sum(x.get("payload_bytes", 0) for x in rounds) // 1024
+            neg = sum(1 for x in rounds for n in x.get("negatives", []) if n.get("ok"))
+            d = (f"TID_UPDATE through the kernel: {tids} TIDs in {len(rounds)} rounds matched the RcvArray and the DMA "
+                 f"maps on the host; {placed} packets ({kib} KiB) placed and verified byte for byte in the guest; "
+                 f"{neg} wrong-TID/context/generation packets dropped; nothing valid after TID_FREE")
+        elif name.startswith("kdriver-params"):
+            d = f"modprobe hfi1 {s.get('params')}: the driver says {(s.get('driver_said') or '').split(': ', 2)[-1]!r}; function {s.get('device')}"
+            if s.get("kernel_warning"):
+                d += "; known kernel warning at rmmod (init_one leaks its devdata on this error path)"
+        elif name.startswith("kdriver-dmesg"):
+            d = "no oops, WARN, BUG or hung task in the kernel log" + (" since the invalid-parameter step" if name.endswith("final") else "")
+        elif name == "kdriver-final-probe":
+            d = f"{s['ib_device']} registered again in {s['probe_s']} s: the device model still serves"
         elif name.startswith("kdriver-rmmod"):
             d = "rmmod hfi1 returned; the function is unbound"
         elif name == "find-hfi1-wfr":

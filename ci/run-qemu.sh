@@ -492,7 +492,8 @@ if guest is not None:
             expected.append("demo-irdma-irq")
         if hfi1_wfr == "1":
             expected += ["find-hfi1-wfr", "kdriver-modprobe", "kdriver-sysfs", "kdriver-rmmod", "kdriver-reprobe",
-                         "kdriver-rmmod-again", "kdriver-dmesg"]
+                         "kdriver-rmmod-again", "kdriver-params-beyond-chip", "kdriver-dmesg",
+                         "kdriver-params-invalid", "kdriver-final-probe", "kdriver-dmesg-final"]
             if hu_status != "not started":
                 expected.append("kdriver-user")
     for name in expected:

@@ -14,7 +14,10 @@
 //!                                              <- round_verdict (no entry left valid)
 //! done                                        ->
 //!                                              <- verdict
+//! bye                                         ->
 //! ```
+//! The host closes only after `bye`: QEMU's serial port takes bytes from the socket as the guest's UART
+//! drains them, and a host that closed right after its last line could lose the line's tail.
 //! Either side may send `abort` instead of its next message; the other then stops waiting.
 
 use serde::{Deserialize, Serialize};
@@ -137,11 +140,24 @@ pub struct Injected {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum GuestMsg {
     Hello(Hello),
-    Registered { round: u32, buffers: Vec<BufferReport> },
+    Registered {
+        round: u32,
+        buffers: Vec<BufferReport>,
+    },
     Verified(Verified),
-    Freed { round: u32, buffers: Vec<FreeReport> },
-    Done { ok: bool, error: Option<String> },
-    Abort { error: String },
+    Freed {
+        round: u32,
+        buffers: Vec<FreeReport>,
+    },
+    Done {
+        ok: bool,
+        error: Option<String>,
+    },
+    /// The verdict arrived; the host may close.
+    Bye,
+    Abort {
+        error: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,6 +178,7 @@ impl GuestMsg {
             Self::Verified(_) => "verified",
             Self::Freed { .. } => "freed",
             Self::Done { .. } => "done",
+            Self::Bye => "bye",
             Self::Abort { .. } => "abort",
         }
     }

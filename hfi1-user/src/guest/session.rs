@@ -238,7 +238,10 @@ fn session<C: UserContext, S: Read + Write + AsFd>(
     let ok = res.errors.is_empty() && res.rounds.iter().all(|r| r.ok);
     chan.send(&GuestMsg::Done { ok, error: None }, opts.timeout)?;
     match chan.recv::<HostMsg>("verdict", opts.timeout)? {
-        HostMsg::Verdict { ok, errors } => res.host_verdict = Some(HostVerdict { ok, errors }),
+        HostMsg::Verdict { ok, errors } => {
+            res.host_verdict = Some(HostVerdict { ok, errors });
+            chan.send(&GuestMsg::Bye, opts.timeout)?;
+        }
         HostMsg::Abort { error } => return Err(GuestError::HostAbort(error)),
         other => return Err(GuestError::Unexpected { expected: "verdict", got: other.name() }),
     }

@@ -262,7 +262,11 @@ fn session(
                 let errors = verdict_errors(rep);
                 let verdict = HostMsg::Verdict { ok: errors.is_empty(), errors: capped(errors) };
                 chan.send(&verdict, cfg.step_timeout)?;
-                return Ok(());
+                // Stay connected until the guest has read it (see proto).
+                return match chan.recv::<GuestMsg>("bye", cfg.step_timeout)? {
+                    GuestMsg::Bye => Ok(()),
+                    other => Err(HostError::Unexpected { expected: "bye", got: other.name() }),
+                };
             }
             GuestMsg::Abort { error } => return Err(HostError::GuestAbort(error)),
             other => return Err(HostError::Unexpected { expected: "registered or done", got: other.name() }),
