@@ -15,13 +15,13 @@ use udriver::cli;
     name = "rig",
     version,
     about = "udriver's demos and stress runs against the device model in this process, and the benchmarks",
-    after_help = "Examples:\n  rig --device hfi1 hfi1-demo\n  rig --device irdma stress --seconds 5 --threads 4\n  \
+    after_help = "Examples:\n  rig --in-process hfi1 hfi1-demo\n  rig --in-process irdma stress --seconds 5 --threads 4\n  \
 rig bench --case d"
 )]
 struct Cli {
     /// Which emulated function to build in this process (for the driver commands).
     #[arg(long, global = true, value_enum, value_name = "DEVICE")]
-    device: Option<DeviceArg>,
+    in_process: Option<DeviceArg>,
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -55,9 +55,9 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
     match &cli.command {
         RigCommand::Driver(command) => {
             if command.device().is_some() {
-                return Err("rig builds the device itself: give --device hfi1|irdma, not a PCI address".into());
+                return Err("rig builds the device itself: give --in-process hfi1|irdma, not a PCI address".into());
             }
-            let kind = match cli.device.ok_or("give --device hfi1|irdma")? {
+            let kind = match cli.in_process.ok_or("give --in-process hfi1|irdma")? {
                 DeviceArg::Hfi1 => Kind::Hfi1,
                 DeviceArg::Irdma => Kind::Irdma,
             };
@@ -81,5 +81,27 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     cli::init_tracing();
-    run(&cli).unwrap_or_else(|e| cli::fail(cli.json, &e))
+    run(&cli).unwrap_or_else(|e| cli::fail("rig", cli.json, &e))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent_and_takes_the_documented_forms() {
+        Cli::command().debug_assert();
+        let cases: [&[&str]; 4] = [
+            &["rig", "--in-process", "hfi1", "hfi1-demo"],
+            &["rig", "--in-process", "irdma", "stress", "--seconds", "5", "--threads", "4"],
+            &["rig", "--json", "irdma-demo", "--in-process", "irdma", "--wait", "irq"],
+            &["rig", "bench", "--case", "d", "--case", "a"],
+        ];
+        for args in cases {
+            assert!(Cli::try_parse_from(args).is_ok(), "{args:?}");
+        }
+        assert!(Cli::try_parse_from(["rig", "--in-process", "nic", "info"]).is_err());
+    }
 }

@@ -133,12 +133,12 @@ pub fn init_tracing() {
         .init();
 }
 
-/// Reports a failure the way each output mode expects; exit code 2.
-pub fn fail(json: bool, e: &str) -> ExitCode {
+/// Reports `prog`'s failure the way each output mode expects; exit code 2.
+pub fn fail(prog: &str, json: bool, e: &str) -> ExitCode {
     if json {
         println!("{}", serde_json::json!({ "ok": false, "error": e }));
     } else {
-        eprintln!("udriver: {e}");
+        eprintln!("{prog}: {e}");
     }
     ExitCode::from(2)
 }

@@ -53,6 +53,30 @@ fn main() -> ExitCode {
     cli::init_tracing();
     match open(&cli).and_then(|dev| cli::run(&cli.command, dev, cli.json)) {
         Ok(code) => code,
-        Err(e) => cli::fail(cli.json, &e),
+        Err(e) => cli::fail("udriver", cli.json, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent_and_takes_the_documented_forms() {
+        Cli::command().debug_assert();
+        let cases: [&[&str]; 4] = [
+            &["udriver", "info", "0000:00:03.0"],
+            &["udriver", "--json", "hfi1-demo", "0000:00:03.0"],
+            &["udriver", "--vfio-user", "/tmp/irdma.sock", "irdma-demo", "--wait", "irq"],
+            &["udriver", "--vfio-user", "/tmp/hfi1.sock", "stress", "--seconds", "5", "--threads", "4"],
+        ];
+        for args in cases {
+            assert!(Cli::try_parse_from(args).is_ok(), "{args:?}");
+        }
+        // The in-process rig and the benchmarks are not the guest driver's.
+        assert!(Cli::try_parse_from(["udriver", "--in-process", "hfi1", "info"]).is_err());
+        assert!(Cli::try_parse_from(["udriver", "bench"]).is_err());
     }
 }
