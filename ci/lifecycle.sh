@@ -303,6 +303,9 @@ scenario_dm_killed() {
     log "dm-killed: the run reported: ok/timed-out = $ok"
     [ "$ok" = "False False" ] || FAILED+=("dm-killed: the failure was not reported cleanly ($ok)")
     [ -n "$DM_PID" ] || start_dm # on the stale sockets the killed one left
+    # The new process's first client creates what every process creates once (threads, the DMA space's
+    # mappings): the baseline is taken after it, as in the other scenarios.
+    clean_run dm-killed
     before=$(counts)
     clean_run dm-killed
     settle "$before"
