@@ -8,3 +8,4 @@ pub mod irdma;
 pub mod pci;
 pub mod shutdown;
 pub mod socket_owner;
+pub mod worker;

@@ -12,6 +12,7 @@ pub mod frame_reader;
 pub mod irq;
 pub mod server;
 pub mod sock;
+pub mod sync;
 pub mod wire;
 
 pub use client::{Client, ClientConfig, ClientDmaBacking, ClientError, DmaProt, ServerCaps};

@@ -2,6 +2,8 @@
 //! driver that stalls can be shown where it stood. Kept on the chip personality only; a FLR does not clear it
 //! (it is the session's record, not device state), a new client does.
 
+#![forbid(unsafe_code)]
+
 use std::collections::VecDeque;
 
 use super::wfr::names;
