@@ -3,12 +3,12 @@
 #
 #   ci/bench.sh [--budget-ms N] [--case ID]... [--no-qemu] [--out DIR]
 #
-#   --budget-ms N   wall time per measured variant (udriver bench's default when not given)
-#   --case ID       run only this udriver case (a, b, c, d, e, spin; repeatable); implies --no-qemu
+#   --budget-ms N   wall time per measured variant (rig bench's default when not given)
+#   --case ID       run only this rig bench case (a, b, c, d, e, spin; repeatable); implies --no-qemu
 #   --no-qemu       skip (f), the QEMU end-to-end timing
 #   --out DIR       where results.json and results.svg go (default docs/bench)
 #
-# (a)-(e) and the worker spin come from `udriver bench --json` (release build, one process, ratios measured
+# (a)-(e) and the worker spin come from `rig bench --json` (release build, one process, ratios measured
 # in that run). (f) boots the test guest under TCG twice with ci/run-qemu.sh --timing: with the device model
 # and its two functions, and with --no-devices. It is skipped, with the reason in the results, when the
 # script or QEMU or the guest cannot be had. The plot shows every target as measured/target on a log scale.
@@ -32,16 +32,16 @@ command -v python3 >/dev/null || apt_install python3
 
 bash ci/setup-rust.sh
 TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
-log "cargo build --release -p udriver"
-cargo build --release -p udriver >&2
+log "cargo build --release -p rig"
+cargo build --release -p rig >&2
 WORK=$(mktemp -d /tmp/rdma-emu-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
 ARGS=(bench --json)
 [ -z "$BUDGET" ] || ARGS+=(--budget-ms "$BUDGET")
 for c in "${CASES[@]}"; do ARGS+=(--case "$c"); done
-log "udriver ${ARGS[*]}"
-"$TARGET_DIR/release/udriver" "${ARGS[@]}" >"$WORK/udriver.json"
+log "rig ${ARGS[*]}"
+"$TARGET_DIR/release/rig" "${ARGS[@]}" >"$WORK/udriver.json"
 
 # (f): each run leaves its result JSON (with a "timing" object) in $WORK; a skip leaves its reason.
 qemu_run() { # name [run-qemu.sh options]
@@ -170,7 +170,7 @@ LO, HI = -2.0, 4.0  # log10 of score shown
 x = lambda s: LEFT + (min(max(math.log10(max(s, 1e-9)), LO), HI) - LO) / (HI - LO) * PLOT
 svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
        f'<rect width="{W}" height="{H}" fill="white"/>',
-       f'<text x="10" y="22" font-size="15" font-weight="bold">udriver bench {escape(report["date"])}: '
+       f'<text x="10" y="22" font-size="15" font-weight="bold">rig bench {escape(report["date"])}: '
        f'{escape(str(report["machine"]["nproc"]))} x {escape(report["machine"]["cpu_model"])}</text>',
        f'<text x="10" y="42">bar = measured / target, oriented so that right of the line (1x) meets the target; '
        f'log scale</text>']

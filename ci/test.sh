@@ -30,7 +30,7 @@ log "cargo test"
 cargo test --workspace 2>&1 | tee /tmp/rdma-emu-cargo-test.log
 grep -q "test result:" /tmp/rdma-emu-cargo-test.log || die "cargo test ran no test"
 log "irdma integration tests again, over a real vfio-user socket"
-UDRIVER_IT_BACKEND=vfio-user cargo test -p udriver --test irdma_inproc
+UDRIVER_IT_BACKEND=vfio-user cargo test -p rig --test irdma_inproc
 
 if [ "$E2E" = 1 ]; then
     log "QEMU end-to-end (fd-mapped guest RAM, then DMA_READ/WRITE messages)"

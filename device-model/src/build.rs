@@ -1,6 +1,8 @@
 //! One device as the command line describes it, built into a PCI function: what `main` serves, and what a
 //! replay rebuilds from a recording's header (the same options give the same device).
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,17 +1,18 @@
 //! Command line of the `device-model` binary, following the vfio-user/vhost-user backend program conventions
 //! (`--socket-path PATH` or `--fd FD`), plus one option per device to serve several from one process.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use crate::fault::{FaultKind, FaultSpec};
+use crate::hfi1::RXE_NUM_CONTEXTS;
 use crate::pci::PciIds;
 use crate::trace::{Block, Filter, Format};
 
-/// Most receive contexts the hfi1 chip has (RXE_NUM_CONTEXTS).
-pub const RXE_NUM_CONTEXTS: u32 = 160;
 /// RcvArray sizes come in whole pages of the shared mapping (512 entries of 8 bytes), which also keeps
 /// them a multiple of RCV_INCREMENT (docs/hfi1-device.md).
 pub const RCV_ARRAY_GRANULE: u32 = 512;
@@ -229,7 +230,7 @@ pub struct Args {
     pub irdma_ids: Option<VendorDevice>,
 
     /// Number of hfi1 receive contexts (RCV_CONTEXTS), 1..=160 [default: the engine's].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(RXE_NUM_CONTEXTS)))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=RXE_NUM_CONTEXTS as i64))]
     pub hfi1_contexts: Option<u32>,
 
     /// Number of hfi1 RcvArray entries (RCV_ARRAY_CNT), a multiple of 512 up to 65536 [default: the engine's].

@@ -8,6 +8,8 @@
 //! Replies: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`. A line longer than `MAX_LINE`, bad
 //! JSON or an unknown device gets an error reply and the connection goes on.
 
+#![forbid(unsafe_code)]
+
 use std::io::{self, ErrorKind, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -1,3 +1,5 @@
+#![forbid(unsafe_code)]
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;

@@ -4,6 +4,8 @@
 //! sockets. The PCI layer (`crate::pci`) adds config space and the MSI-X table, and adapts the whole to
 //! `vfio_user_proto::device::Device`.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use vfio_user_proto::device::RegionFd;

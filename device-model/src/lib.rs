@@ -13,3 +13,4 @@ pub mod replay;
 pub mod shutdown;
 pub mod socket_owner;
 pub mod trace;
+pub mod worker;

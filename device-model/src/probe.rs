@@ -1,6 +1,8 @@
 //! What observes and perturbs one device: its trace switches, its armed faults, and the session recording
 //! or replay its engine reports shared-memory reads to. Engines and their PCI function share one `Probe`.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

@@ -2,6 +2,8 @@
 //! accepting, closes its clients and removes its sockets), a second one while that runs exits at once with
 //! the shell's status for death by that signal (128 + signal number).
 
+#![forbid(unsafe_code)]
+
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -7,6 +7,8 @@
 //! removal and the bind happen under an exclusive flock of the socket's directory, so two of them cannot
 //! both find a path stale and unlink each other's new socket.
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixListener;

@@ -14,6 +14,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use vfio_user_proto::sync::Unpoison;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
@@ -108,14 +109,14 @@ struct Backing(Mutex<Vec<u8>>);
 
 impl ClientDmaBacking for Backing {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
-        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let m = self.0.lock().unpoison();
         let start = usize::try_from(offset).map_err(|_| libc::EFAULT)?;
         let src = start.checked_add(buf.len()).and_then(|end| m.get(start..end)).ok_or(libc::EFAULT)?;
         buf.copy_from_slice(src);
         Ok(())
     }
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), Errno> {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.0.lock().unpoison();
         let start = usize::try_from(offset).map_err(|_| libc::EFAULT)?;
         let dst = start.checked_add(data.len()).and_then(|end| m.get_mut(start..end)).ok_or(libc::EFAULT)?;
         dst.copy_from_slice(data);

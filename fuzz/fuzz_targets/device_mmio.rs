@@ -20,6 +20,7 @@ use libfuzzer_sys::fuzz_target;
 use device_model::engine::{Engine, Interrupt};
 use device_model::hfi1::wfr::{self, csr as wcsr};
 use device_model::hfi1::{self, regs as hregs, Hfi1, Hfi1Config, Packet};
+use emu_abi::hfi1::LbDescHeader;
 use device_model::irdma::{self, regs as iregs, Irdma, IrdmaConfig};
 use rdma_emu_fuzz::dma_oracle::GuardedMemory;
 use rdma_emu_fuzz::mmio_input::{build_wqe, irdma_read_hook, Addr, Width, WqeCmd, IDLE_DEADLINE, MAX_OPS, WIN};
@@ -431,19 +432,16 @@ impl Rig {
                 self.hfi_write64(off, value);
             }
             HfiOp::Descriptor { at, packet, payload, len_delta, next } => {
-                let mut d = Vec::with_capacity(24 + payload.len());
-                d.extend_from_slice(&packet.kdeth0.to_le_bytes());
-                d.extend_from_slice(&packet.dest_qp.to_le_bytes());
-                d.extend_from_slice(&packet.psn.to_le_bytes());
-                let len = (payload.len() as i64 + i64::from(len_delta)).clamp(0, u32::MAX as i64) as u32;
-                d.extend_from_slice(&len.to_le_bytes());
-                d.extend_from_slice(&next.map_or(0, Addr::iova).to_le_bytes());
+                let payload_len = (payload.len() as i64 + i64::from(len_delta)).clamp(0, u32::MAX as i64) as u32;
+                let (kdeth0, dest_qp, psn) = (packet.kdeth0, packet.dest_qp, packet.psn);
+                let next = next.map_or(0, Addr::iova);
+                let mut d = LbDescHeader { kdeth0, dest_qp, psn, payload_len, next }.to_bytes().to_vec();
                 d.extend_from_slice(&payload);
                 self.hmem.host_write(at.iova(), &d);
             }
             HfiOp::Doorbell { desc } => {
-                self.hfi_write64(hfi1::LB_DESC_ADDR, desc.iova());
-                self.hfi_write64(hfi1::LB_DOORBELL, 1);
+                self.hfi_write64(hfi1::LB_BASE + hfi1::LB_DESC_ADDR, desc.iova());
+                self.hfi_write64(hfi1::LB_BASE + hfi1::LB_DOORBELL, 1);
             }
             HfiOp::Inject { packet, payload } => {
                 let p = Packet { kdeth0: packet.kdeth0, dest_qp: packet.dest_qp, psn: packet.psn };
@@ -561,8 +559,8 @@ impl Rig {
     fn wait_and_check(&self) {
         let start = Instant::now();
         loop {
-            let done = self.hfi_read64(hfi1::LB_DB_DONE);
-            let submitted = self.hfi_read64(hfi1::LB_DB_SUBMITTED);
+            let done = self.hfi_read64(hfi1::LB_BASE + hfi1::LB_DB_DONE);
+            let submitted = self.hfi_read64(hfi1::LB_BASE + hfi1::LB_DB_SUBMITTED);
             assert!(done <= submitted, "hfi1: LB_DB_DONE {done} > LB_DB_SUBMITTED {submitted}");
             if done == submitted {
                 break;
@@ -570,7 +568,7 @@ impl Rig {
             assert!(start.elapsed() < IDLE_DEADLINE, "hfi1: loopback doorbells not finished after {IDLE_DEADLINE:?}");
             std::thread::sleep(Duration::from_micros(100));
         }
-        let (descs, errs) = (self.hfi_read64(hfi1::LB_DESC_DONE), self.hfi_read64(hfi1::LB_DESC_ERR));
+        let (descs, errs) = (self.hfi_read64(hfi1::LB_BASE + hfi1::LB_DESC_DONE), self.hfi_read64(hfi1::LB_BASE + hfi1::LB_DESC_ERR));
         assert!(errs <= descs, "hfi1: LB_DESC_ERR {errs} > LB_DESC_DONE {descs}");
         let cfg = hfi_config();
         assert_eq!(self.hfi_read64(hregs::RCV_CONTEXTS), cfg.rcv_contexts as u64);

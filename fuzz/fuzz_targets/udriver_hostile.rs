@@ -22,7 +22,7 @@ use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::{Function, PciIds};
 use rdma_emu_fuzz::hostile::Hostile;
 use udriver::access::DeviceAccess;
-use udriver::backend::inproc::InProcess;
+use rig::InProcess;
 use udriver::dma::{DmaBuffer, DmaPool};
 use udriver::hfi1::ctxt::{Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params};
 use udriver::hfi1::exp_rcv::*;

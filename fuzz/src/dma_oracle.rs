@@ -7,6 +7,7 @@
 
 use std::sync::Mutex;
 
+use vfio_user_proto::sync::Unpoison;
 use vfio_user_proto::dma::{DmaAccess, DmaError, HeapMemory};
 
 /// A device write that was not allowed.
@@ -51,7 +52,7 @@ impl GuardedMemory {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unpoison()
     }
 
     /// The harness (playing the driver) stores bytes. Out-of-range stores are dropped, like a driver bug

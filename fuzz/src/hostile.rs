@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use vfio_user_proto::sync::Unpoison;
 use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
-use udriver::backend::inproc::InProcess;
+use rig::InProcess;
 use udriver::dma::DmaMemory;
 
 /// The fuzzer's bytes, consumed one decision at a time; once used up the device behaves.
@@ -86,19 +87,19 @@ impl Hostile {
     }
 
     fn script(&self) -> std::sync::MutexGuard<'_, Script> {
-        self.script.lock().unwrap_or_else(|e| e.into_inner())
+        self.script.lock().unpoison()
     }
 
     fn violation(&self, v: String) {
-        self.violations.lock().unwrap_or_else(|e| e.into_inner()).push(v);
+        self.violations.lock().unpoison().push(v);
     }
 
     pub fn violations(&self) -> Vec<String> {
-        self.violations.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.violations.lock().unpoison().clone()
     }
 
     pub fn live_mappings(&self) -> Vec<(u64, u64)> {
-        self.maps.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(i, m)| (*i, m.len)).collect()
+        self.maps.lock().unpoison().iter().map(|(i, m)| (*i, m.len)).collect()
     }
 
     fn read_action(&self) -> ReadAction {
@@ -122,7 +123,7 @@ impl Hostile {
 
     /// Stores `data` at `off` (wrapped) of the `map`-th live mapping, as a device writing DMA memory.
     fn poke(&self, map: u8, off: u16, data: &[u8]) {
-        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let maps = self.maps.lock().unpoison();
         if maps.is_empty() || data.is_empty() {
             return;
         }
@@ -200,18 +201,18 @@ impl DeviceAccess for Hostile {
         }
         let end = iova.saturating_add(len);
         {
-            let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            let maps = self.maps.lock().unpoison();
             if let Some((b, m)) = maps.range(..end).next_back().filter(|(b, m)| **b + m.len > iova) {
                 self.violation(format!("map {iova:#x}+{len:#x} overlaps live mapping {b:#x}+{:#x}", m.len));
             }
         }
         self.inner.dma_map(mem, offset, len, iova)?;
-        let alias = DmaMemory::alias(mem).map_err(|e| AccessError::Other(e.to_string()))?;
-        self.maps.lock().unwrap_or_else(|e| e.into_inner()).insert(iova, Mapping { len, mem: Arc::new(alias), offset });
+        let alias = DmaMemory::alias(mem)?;
+        self.maps.lock().unpoison().insert(iova, Mapping { len, mem: Arc::new(alias), offset });
         Ok(())
     }
     fn dma_unmap(&self, iova: u64, len: u64) -> Result<()> {
-        let removed = self.maps.lock().unwrap_or_else(|e| e.into_inner()).remove(&iova);
+        let removed = self.maps.lock().unpoison().remove(&iova);
         match removed {
             Some(m) if m.len == len => {}
             Some(m) => self.violation(format!("unmap {iova:#x}+{len:#x} of a mapping of {:#x}", m.len)),

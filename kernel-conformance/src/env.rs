@@ -3,6 +3,8 @@
 //! from a udriver `DmaPool`, so the same kernel code runs in-process, over vfio-user, or against a test
 //! device.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -10,8 +12,9 @@ use std::time::Duration;
 use thiserror::Error;
 use udriver::access::DeviceAccess;
 use udriver::dma::{DmaBuffer, DmaPool};
+use vfio_user_proto::sync::Unpoison;
 
-use crate::ffi::BarWindow;
+use crate::ffi::{abi_matches, BarWindow};
 
 /// irdma's BAR0 size (GLPCI_LBARCTRL.PE_DB_SIZE 8 MiB).
 pub const IRDMA_BAR0_SIZE: usize = 8 << 20;
@@ -64,12 +67,12 @@ pub struct ShimEnv {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock().unpoison()
 }
 
 impl ShimEnv {
     pub fn new(pool: Arc<DmaPool>, delays: Delays) -> Result<Arc<Self>, EnvError> {
-        if !crate::ffi::abi_matches() {
+        if !abi_matches() {
             return Err(EnvError::Abi);
         }
         let bar = BarWindow::new(IRDMA_BAR0_SIZE).map_err(EnvError::BarWindow)?;

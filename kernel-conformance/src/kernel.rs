@@ -2,6 +2,8 @@
 //! 0 / -errno as a `Result`. Every call runs the unmodified ctrl.c code with this device as the shim's
 //! current device.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use thiserror::Error;

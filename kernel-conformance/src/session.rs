@@ -2,6 +2,8 @@
 //! bring-up, quad-hash entries of every kind the device classifies, modify, delete, teardown. Each step
 //! reports what the kernel returned; the first failing step ends the session (teardown still runs).
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use serde_json::{json, Value};

@@ -9,6 +9,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use kernel_conformance::diff::{run_case, Case, Coverage};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
+use vfio_user_proto::sync::Unpoison;
 
 /// Summed over the run, for the closing line (a proptest body cannot return anything).
 static TOTAL: Mutex<(u64, Coverage)> = Mutex::new((0, Coverage::ZERO));
@@ -39,7 +40,7 @@ proptest! {
         let case = Case::arbitrary(&mut Unstructured::new(&bytes)).unwrap();
         match run_case(&case) {
             Ok(c) => {
-                let mut t = TOTAL.lock().unwrap_or_else(|e| e.into_inner());
+                let mut t = TOTAL.lock().unpoison();
                 t.0 += 1;
                 t.1.add(&c);
                 if t.0 == u64::from(cases()) {

@@ -3,42 +3,13 @@
 //! Backends: Linux VFIO inside a guest, a direct vfio-user client of the device model, and an
 //! in-process device model. Everything above this trait is the same code for all of them.
 
-use std::time::Duration;
+#![forbid(unsafe_code)]
 
-use thiserror::Error;
+use std::time::Duration;
 
 use crate::dma::DmaMemory;
 
-#[derive(Debug, Error)]
-pub enum AccessError {
-    #[error("{what} at BAR{bar}+{offset:#x} is outside the BAR (size {size:#x})")]
-    OutOfRange { what: &'static str, bar: u32, offset: u64, size: u64 },
-    #[error("BAR{0} does not exist or is not a memory BAR")]
-    NoSuchBar(u32),
-    #[error("the device failed a {op}: errno {errno}")]
-    Errno { op: &'static str, errno: i32 },
-    #[error("{op} timed out after {timeout:?}")]
-    Timeout { op: &'static str, timeout: Duration },
-    #[error("I/O error during {op}: {source}")]
-    Io { op: &'static str, source: std::io::Error },
-    #[error("{0}")]
-    Other(String),
-}
-
-impl AccessError {
-    /// The negative errno the kernel-named API reports for this failure.
-    pub fn to_errno(&self) -> i32 {
-        match self {
-            AccessError::OutOfRange { .. } | AccessError::NoSuchBar(_) => -libc::EINVAL,
-            AccessError::Errno { errno, .. } => -errno.abs(),
-            AccessError::Timeout { .. } => -libc::ETIMEDOUT,
-            AccessError::Io { source, .. } => -source.raw_os_error().unwrap_or(libc::EIO),
-            AccessError::Other(_) => -libc::EIO,
-        }
-    }
-}
-
-pub type Result<T> = std::result::Result<T, AccessError>;
+pub use crate::error::{AccessError, Result};
 
 /// Identity of the device behind a backend, for `udriver info`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -76,12 +47,12 @@ pub trait DeviceAccess: Send + Sync {
     /// Reads PCI config space. Backends without config access (test fakes) keep this default.
     fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let _ = (offset, buf);
-        Err(AccessError::Other("this backend has no PCI config space access".into()))
+        Err(AccessError::NoConfigSpace)
     }
     /// Writes PCI config space.
     fn config_write(&self, offset: u64, buf: &[u8]) -> Result<()> {
         let _ = (offset, buf);
-        Err(AccessError::Other("this backend has no PCI config space access".into()))
+        Err(AccessError::NoConfigSpace)
     }
 
     /// `pci_enable_device()` + `pci_set_master()`: memory decoding and bus mastering on, the way Linux

@@ -4,8 +4,10 @@
 
 pub mod access;
 pub mod backend;
-pub mod bench;
+pub mod cli;
 pub mod demo;
 pub mod dma;
+pub mod error;
 pub mod hfi1;
 pub mod irdma;
+pub mod pci_ids;

@@ -3,6 +3,8 @@
 //! This is the contract between the protocol layer and the device model. The server owns the socket,
 //! the DMA mappings and the IRQ eventfds; the device owns its registers and state.
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 

@@ -3,7 +3,11 @@
 //! Contract shared by every crate in the workspace: device logic only ever reads or writes bytes at an
 //! IOVA through [`DmaAccess`]. An access outside mapped memory is an error value, never a crash.
 
+#![forbid(unsafe_code)]
+
 use thiserror::Error;
+
+use crate::sync::Unpoison;
 
 /// Why a DMA access failed.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -209,7 +213,7 @@ impl HeapMemory {
 
     /// Adds `len` zeroed bytes at `iova`. Fails (returns false) on overlap or overflow.
     pub fn map(&self, iova: u64, len: usize) -> bool {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.lock().unpoison();
         let Some(end) = iova.checked_add(len as u64) else { return false };
         if len == 0 || inner.ranges.iter().any(|(b, m)| iova < b + m.len() as u64 && *b < end) {
             return false;
@@ -221,7 +225,7 @@ impl HeapMemory {
 
     /// Removes the range starting at `iova`. Returns whether one was there.
     pub fn unmap(&self, iova: u64) -> bool {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.lock().unpoison();
         let before = inner.ranges.len();
         inner.ranges.retain(|(b, _)| *b != iova);
         inner.ranges.len() != before
@@ -229,13 +233,13 @@ impl HeapMemory {
 
     /// How many write calls succeeded so far.
     pub fn write_count(&self) -> u64 {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).writes
+        self.inner.lock().unpoison().writes
     }
 }
 
 impl DmaAccess for HeapMemory {
     fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = self.inner.lock().unpoison();
         let mut done = 0;
         for (idx, off, n) in inner.pieces(iova, buf.len())? {
             buf[done..done + n].copy_from_slice(&inner.ranges[idx].1[off..off + n]);
@@ -245,7 +249,7 @@ impl DmaAccess for HeapMemory {
     }
 
     fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.lock().unpoison();
         let mut done = 0;
         for (idx, off, n) in inner.pieces(iova, buf.len())? {
             inner.ranges[idx].1[off..off + n].copy_from_slice(&buf[done..done + n]);

@@ -8,6 +8,8 @@
 //!
 //! Accesses are split at mapping boundaries and fully checked before any byte moves.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -19,6 +21,7 @@ use thiserror::Error;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress, MmapRegion};
 
 use crate::dma::{bounce_copy, DmaAccess, DmaError, DmaRegion};
+use crate::sync::Unpoison;
 use crate::wire::{dma_map_flags, PAGE_SIZE};
 
 /// The message path for mappings that are not mmapped (DMA_READ/DMA_WRITE to the client).
@@ -178,10 +181,10 @@ impl DmaSpace {
     }
 
     fn read_inner(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
-        self.inner.read().unwrap_or_else(|e| e.into_inner())
+        self.inner.read().unpoison()
     }
     fn write_inner(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
-        self.inner.write().unwrap_or_else(|e| e.into_inner())
+        self.inner.write().unpoison()
     }
 
     /// DMA_MAP. `flags` are `dma_map_flags::*`; `offset` is the file offset, and must be 0 without fd (the

@@ -24,6 +24,8 @@
 //! marked `fds_truncated`, as is one whose descriptors the kernel cut (MSG_CTRUNC). A socket that refuses
 //! SO_PEEK_OFF is read exactly, message by message, throughout.
 
+#![forbid(unsafe_code)]
+
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;

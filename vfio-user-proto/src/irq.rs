@@ -1,6 +1,8 @@
 //! Interrupt state of one connection: the eventfds the client gave in DEVICE_SET_IRQS, per
 //! (index, vector), with mask state and pending-while-masked.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Mutex;
@@ -8,6 +10,7 @@ use std::sync::Mutex;
 use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
 
 use crate::device::{irq_flags, Errno, IrqInfo, IrqTrigger};
+use crate::sync::Unpoison;
 use crate::wire::{irq_set_flags as f, SetIrqs};
 
 #[derive(Default)]
@@ -44,7 +47,7 @@ impl IrqState {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(u32, u32), Vector>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().unpoison()
     }
 
     /// Drops every eventfd and mask state (disconnect).

@@ -13,6 +13,7 @@ pub mod irq;
 pub mod record;
 pub mod server;
 pub mod sock;
+pub mod sync;
 pub mod wire;
 
 pub use client::{Client, ClientConfig, ClientDmaBacking, ClientError, DmaProt, ServerCaps};

@@ -3,6 +3,8 @@
 //! All integers are in host byte order, as the specification says. Decoders take the payload that
 //! follows the 16-byte header and never index past it: a short payload is an error value.
 
+#![forbid(unsafe_code)]
+
 use thiserror::Error;
 
 /// Size of the header every message starts with.

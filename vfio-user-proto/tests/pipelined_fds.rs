@@ -14,6 +14,7 @@ use common::{cmd, fd_count, memfd, regs, wait_for, Running};
 use rustix::event::{eventfd, EventfdFlags};
 use vfio_user_proto::device::{irq, region};
 use vfio_user_proto::sock::{send_message, Message};
+use vfio_user_proto::sync::Unpoison;
 use vfio_user_proto::wire::{
     command as c, dma_map_flags, irq_set_flags as f, DmaMap, DmaUnmap, FourU32, Header, RegionInfoWire, RegionRw,
     SetIrqs, HEADER_SIZE,
@@ -88,7 +89,7 @@ fn device_reads(srv: &Running, iova: u64, len: usize) -> Option<Vec<u8>> {
 static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn server() -> (std::sync::MutexGuard<'static, ()>, Running) {
-    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let turn = TURN.lock().unpoison();
     (turn, Running::start(ServerConfig { dma_timeout: Duration::from_millis(300), ..Default::default() }))
 }
 

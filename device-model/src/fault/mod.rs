@@ -2,6 +2,8 @@
 //! control socket fire on the Nth matching event, or with a seeded probability, at hook points in the PCI
 //! function and the engines. With nothing armed a hook point costs one relaxed atomic load.
 
+#![forbid(unsafe_code)]
+
 mod spec;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -6,6 +6,8 @@
 //! generator seeded with S, default 0: the same session fires the same events). The other keys belong to the
 //! fault (`op=`, `major=`, `ms=`, ...); numbers are decimal or 0x-hex.
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 
 /// What a fault does, and which events count for it.

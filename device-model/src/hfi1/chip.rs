@@ -1,6 +1,8 @@
 //! The RXE state a driver programs: global and per-context CSRs, the flow tables and the RcvArray, with the
 //! register read/write rules. Lives behind one lock that no DMA path holds.
 
+#![forbid(unsafe_code)]
+
 use serde_json::{json, Value};
 
 use super::counters::Counters;
@@ -12,7 +14,8 @@ use super::regs::{
     RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE, UCTXT_REGS,
 };
 use super::shm::SharedWords;
-use super::{LB_BASE, LB_SIZE, RXE_NUM_TID_FLOWS};
+use super::RXE_NUM_TID_FLOWS;
+use emu_abi::hfi1::{LB_BASE, LB_SIZE};
 
 /// Index of a kernel per-context register in [`KCTXT_REGS`].
 pub const fn kreg(offset: u64) -> usize {

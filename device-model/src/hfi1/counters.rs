@@ -1,5 +1,7 @@
 //! Device error and event counters: atomics, so a driver or the control socket reads them while work runs.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 macro_rules! counters {

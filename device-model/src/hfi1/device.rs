@@ -4,128 +4,37 @@
 //! Locks: `chip` (registers, flow tables, RcvArray) is never held across a DMA access; `dma`/`irq` are held
 //! only to clone the handle. The loopback registers a driver polls are atomics.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
-use std::thread::JoinHandle;
-use std::time::Duration;
+#![forbid(unsafe_code)]
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
 use vfio_user_proto::device::RegionFd;
 use vfio_user_proto::dma::{DmaAccess, NoDma};
+use vfio_user_proto::sync::Unpoison;
 
 use super::chip::{Access, Chip};
 use super::counters::Counters;
-use super::loopback::{self, LbRegs, LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
+use super::loopback::{LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
 use super::observe::InjectOutcome;
 use super::rcv::{Packet, RxResult};
 use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RXE, TXE};
+use super::shared::{LbRegs, Shared, WORK_TIMEOUT};
 use super::shm::SharedWords;
 use super::wfr::{self, Wfr};
+use super::worker::{run_job, Job};
 use super::{Hfi1Config, Hfi1Error, Personality, Result, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
 use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape, PcieLink};
 use crate::probe::Probe;
 use crate::trace::RegisterName;
-
-/// How long detach waits for the descriptor in flight, and a control inject for its result.
-pub(super) const WORK_TIMEOUT: Duration = Duration::from_secs(2);
-
-pub(super) enum Job {
-    Doorbell { desc: u64, epoch: u64 },
-    Inject { packet: Packet, payload: Vec<u8>, epoch: u64, reply: Sender<InjectOutcome> },
-    Stop,
-}
-
-/// State shared by the register path and the worker.
-pub(super) struct Shared {
-    chip: Mutex<Chip>,
-    /// The chip's other blocks, on the WFR personality. Lock order: `chip`, then `wfr`.
-    wfr: Option<Mutex<Wfr>>,
-    /// Traces and faults of this device (shared with its PCI function).
-    pub probe: Arc<Probe>,
-    pub counters: Counters,
-    pub lb: LbRegs,
-    /// Bumped (under the chip lock) by every reset and detach; work from an older epoch is dropped.
-    epoch: AtomicU64,
-    dma: RwLock<Arc<dyn DmaAccess>>,
-    irq: RwLock<Arc<dyn Interrupt>>,
-    /// The epoch of the job the worker is running, if any.
-    busy: Mutex<Option<u64>>,
-    idle: Condvar,
-}
-
-impl Shared {
-    pub fn lock_chip(&self) -> MutexGuard<'_, Chip> {
-        self.chip.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn lock_wfr(&self) -> Option<MutexGuard<'_, Wfr>> {
-        self.wfr.as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    pub fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::SeqCst)
-    }
-
-    /// Whether work of `epoch` may still run.
-    pub fn current(&self, epoch: u64) -> bool {
-        self.epoch() == epoch
-    }
-
-    /// Applies `f` to the loopback registers unless a reset came since `epoch` (checked under the chip lock,
-    /// which resets take, so a result never lands in freshly reset registers).
-    pub fn publish(&self, epoch: u64, f: impl FnOnce(&LbRegs)) -> bool {
-        let _chip = self.lock_chip();
-        if !self.current(epoch) {
-            return false;
-        }
-        f(&self.lb);
-        true
-    }
-
-    pub fn raise(&self, vector: u16) {
-        let irq = Arc::clone(&self.irq.read().unwrap_or_else(|e| e.into_inner()));
-        irq.raise(vector);
-    }
-
-    fn dma(&self) -> Arc<dyn DmaAccess> {
-        Arc::clone(&self.dma.read().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Power-on state; in-flight and queued work of the old epoch is abandoned.
-    fn reset(&self) {
-        let mut chip = self.lock_chip();
-        self.epoch.fetch_add(1, Ordering::SeqCst);
-        chip.reset();
-        if let Some(mut w) = self.lock_wfr() {
-            w.reset();
-        }
-        self.lb.reset();
-        self.counters.reset();
-    }
-
-    fn set_busy(&self, v: Option<u64>) {
-        *self.busy.lock().unwrap_or_else(|e| e.into_inner()) = v;
-        self.idle.notify_all();
-    }
-
-    /// Waits (bounded) until the worker no longer runs a job of `epoch`.
-    fn wait_not_running(&self, epoch: u64) -> bool {
-        let guard = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        let (_g, res) = self
-            .idle
-            .wait_timeout_while(guard, WORK_TIMEOUT, |b| b.is_some_and(|e| e <= epoch))
-            .unwrap_or_else(|e| e.into_inner());
-        !res.timed_out()
-    }
-}
+use crate::worker::WorkQueue;
 
 /// The emulated hfi1 receive side. Dropping it stops its worker thread.
 pub struct Hfi1 {
     config: Hfi1Config,
     shared: Arc<Shared>,
     region_fd: RegionFd,
-    jobs: Sender<Job>,
-    worker: Option<JoinHandle<()>>,
+    worker: WorkQueue<Job>,
 }
 
 impl Hfi1 {
@@ -147,22 +56,19 @@ impl Hfi1 {
             chip: Mutex::new(chip),
             wfr,
             probe,
+            held_inject: Mutex::new(None),
             counters: Counters::default(),
             lb: LbRegs::default(),
             epoch: AtomicU64::new(0),
             dma: RwLock::new(Arc::new(NoDma)),
             irq: RwLock::new(Arc::new(NoInterrupt)),
-            busy: Mutex::new(None),
-            idle: Condvar::new(),
         });
-        let (jobs, rx) = crossbeam_channel::bounded(config.doorbell_queue);
         let worker_shared = Arc::clone(&shared);
-        let spin = config.worker_spin;
-        let worker = std::thread::Builder::new()
-            .name("hfi1-worker".into())
-            .spawn(move || worker(&worker_shared, &rx, spin))
-            .map_err(|e| Hfi1Error::Worker(e.to_string()))?;
-        Ok(Self { config, shared, region_fd, jobs, worker: Some(worker) })
+        let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker_spin, move |job| {
+            run_job(&worker_shared, job)
+        })
+        .map_err(|e| Hfi1Error::Worker(e.to_string()))?;
+        Ok(Self { config, shared, region_fd, worker })
     }
 
     pub fn config(&self) -> &Hfi1Config {
@@ -197,8 +103,9 @@ impl Hfi1 {
             return Err(Hfi1Error::Control(format!("payload of {} bytes exceeds {LB_MAX_PAYLOAD}", payload.len())));
         }
         let (reply, result) = crossbeam_channel::bounded(1);
-        let job = Job::Inject { packet, payload, epoch: self.shared.epoch(), reply };
-        self.jobs.send_timeout(job, WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("worker queue full".into()))?;
+        if !self.worker.submit_timeout(self.shared.epoch(), Job::Inject { packet, payload, reply }, WORK_TIMEOUT) {
+            return Err(Hfi1Error::Worker("worker queue full".into()));
+        }
         result.recv_timeout(WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("no result from the worker".into()))
     }
 
@@ -283,13 +190,10 @@ impl Hfi1 {
         let lb = &self.shared.lb;
         let desc = lb.desc_addr.load(Ordering::Acquire);
         lb.db_submitted.fetch_add(1, Ordering::AcqRel);
-        match self.jobs.try_send(Job::Doorbell { desc, epoch: self.shared.epoch() }) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                lb.db_submitted.fetch_sub(1, Ordering::AcqRel);
-                lb.db_dropped.fetch_add(1, Ordering::AcqRel);
-                self.shared.counters.lb_doorbell_overruns.fetch_add(1, Ordering::Relaxed);
-            }
+        if !self.worker.try_submit(self.shared.epoch(), Job::Doorbell { desc }) {
+            lb.db_submitted.fetch_sub(1, Ordering::AcqRel);
+            lb.db_dropped.fetch_add(1, Ordering::AcqRel);
+            self.shared.counters.lb_doorbell_overruns.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -298,54 +202,10 @@ pub(super) fn counters_json(c: &Counters) -> serde_json::Value {
     c.snapshot().into_iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect()
 }
 
-/// The next job: polled (yielding) for up to `spin` first, then waited for.
-fn next_job(jobs: &Receiver<Job>, spin: Duration) -> Option<Job> {
-    if !spin.is_zero() {
-        let start = std::time::Instant::now();
-        while start.elapsed() < spin {
-            match jobs.try_recv() {
-                Ok(job) => return Some(job),
-                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-                Err(crossbeam_channel::TryRecvError::Empty) => std::thread::yield_now(),
-            }
-        }
-    }
-    jobs.recv().ok()
-}
-
-fn worker(shared: &Shared, jobs: &Receiver<Job>, spin: Duration) {
-    let mut held = None;
-    while let Some(job) = next_job(jobs, spin) {
-        match job {
-            Job::Stop => break,
-            Job::Doorbell { desc, epoch } => {
-                shared.set_busy(Some(epoch));
-                if shared.current(epoch) {
-                    loopback::run_doorbell(shared, shared.dma().as_ref(), desc, epoch);
-                }
-                shared.set_busy(None);
-            }
-            Job::Inject { packet, payload, epoch, reply } => {
-                shared.set_busy(Some(epoch));
-                let result = if shared.current(epoch) {
-                    loopback::inject(shared, shared.dma().as_ref(), packet, payload, epoch, &mut held)
-                } else {
-                    InjectOutcome::plain(RxResult::Aborted)
-                };
-                shared.set_busy(None);
-                let _ = reply.try_send(result);
-            }
-        }
-    }
-}
-
 impl Drop for Hfi1 {
     fn drop(&mut self) {
+        // Work in flight sees the new epoch and stops; the queue's own drop then joins the worker.
         self.shared.reset();
-        let _ = self.jobs.send_timeout(Job::Stop, WORK_TIMEOUT);
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
-        }
     }
 }
 
@@ -420,16 +280,16 @@ impl Engine for Hfi1 {
     }
 
     fn attach(&self, dma: Arc<dyn DmaAccess>, irq: Arc<dyn Interrupt>) {
-        *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = dma;
-        *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = irq;
+        *self.shared.dma.write().unpoison() = dma;
+        *self.shared.irq.write().unpoison() = irq;
     }
 
     fn detach(&self) {
         let old = self.shared.epoch();
         self.shared.reset();
-        *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoDma);
-        *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoInterrupt);
-        if !self.shared.wait_not_running(old) {
+        *self.shared.dma.write().unpoison() = Arc::new(NoDma);
+        *self.shared.irq.write().unpoison() = Arc::new(NoInterrupt);
+        if !self.worker.wait_not_running(old, WORK_TIMEOUT) {
             tracing::warn!("hfi1: work in flight did not stop within {WORK_TIMEOUT:?} of detach");
         }
     }
@@ -440,7 +300,18 @@ impl Engine for Hfi1 {
     }
 
     fn control(&self, request: &serde_json::Value) -> std::result::Result<serde_json::Value, String> {
-        super::control::handle(self, request).map_err(|e| e.to_string())
+        use super::control::Command;
+        match super::control::parse(request).map_err(|e| e.to_string())? {
+            Command::Inject { packet, payload } => {
+                Ok(self.inject_packet(packet, payload).map_err(|e| e.to_string())?.to_json())
+            }
+            Command::Dump => Ok(self.dump()),
+            Command::Reset => {
+                Engine::reset(self);
+                Ok(serde_json::json!({"ok": true}))
+            }
+            Command::Counters => Ok(counters_json(self.shared_counters())),
+        }
     }
 
     fn probe(&self) -> Arc<Probe> {

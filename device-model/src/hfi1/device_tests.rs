@@ -1,6 +1,8 @@
 //! The hfi1 function through the `Engine` contract only: MMIO, the shared RcvArray file, loopback doorbells
 //! with HeapMemory as the client's memory, control commands, attach/detach/reset.
 
+#![forbid(unsafe_code)]
+
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};

@@ -5,6 +5,8 @@
 //! advances on every accepted packet; KEEP_ON_GEN_ERR / KEEP_AFTER_SEQ_ERR decide whether FLOW_VALID survives a
 //! generation / sequence error; HDR_SUPP_EN is stored only (there is no receive header queue to suppress).
 
+#![forbid(unsafe_code)]
+
 use super::regs::{
     apply_write, RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK, RCV_TID_FLOW_TABLE_CTRL_HDR_SUPP_EN_SMASK,
     RCV_TID_FLOW_TABLE_CTRL_KEEP_AFTER_SEQ_ERR_SMASK, RCV_TID_FLOW_TABLE_CTRL_KEEP_ON_GEN_ERR_SMASK,

@@ -2,47 +2,23 @@
 //! window through which a guest driver, with MMIO and DMA alone, hands TID RDMA data packets to its own
 //! receive engine. See docs/hfi1-device.md for the descriptor layout and the register table.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::Ordering;
 
 use vfio_user_proto::dma::DmaAccess;
 
-use super::device::Shared;
 use super::observe::{self, Fate, InjectOutcome};
 use super::rcv::{place, place_from, Packet, Placement, RxResult};
-use super::regs::TXE;
+use super::shared::Shared;
 
-/// Base of the loopback block: TXE + 0x7F0000, a page the real TXE CSR map leaves unused.
-pub const LB_BASE: u64 = TXE + 0x7F_0000;
-pub const LB_SIZE: u64 = 0x1000;
+pub use emu_abi::hfi1::{
+    LbDescHeader, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR,
+    LB_DESC_HDR_LEN, LB_DOORBELL, LB_LAST_RESULT, LB_MAX_CHAIN, LB_MAX_PAYLOAD, LB_MSIX_VECTOR, LB_SIZE,
+};
 
-/// RW: IOVA of the first descriptor of the next chain.
-pub const LB_DESC_ADDR: u64 = 0x00;
-/// WO (reads 0): any write submits the chain at LB_DESC_ADDR.
-pub const LB_DOORBELL: u64 = 0x08;
-/// RO: doorbells whose chain was fully processed.
-pub const LB_DB_DONE: u64 = 0x10;
-/// RO: doorbells accepted (queued for the worker).
-pub const LB_DB_SUBMITTED: u64 = 0x18;
-/// RO: descriptors processed.
-pub const LB_DESC_DONE: u64 = 0x20;
-/// RO: descriptors whose result was not "placed".
-pub const LB_DESC_ERR: u64 = 0x28;
-/// RO: bits 7:0 = [`RxResult`] code of the last descriptor processed.
-pub const LB_LAST_RESULT: u64 = 0x30;
-/// RO: doorbells dropped because the worker queue was full.
-pub const LB_DB_DROPPED: u64 = 0x38;
-
-/// MSI-X vector raised when a doorbell's chain is done.
-pub const LB_MSIX_VECTOR: u16 = 0;
-/// Descriptor header bytes; the payload follows.
-pub const LB_DESC_HDR_LEN: usize = 24;
-/// Largest payload: the Omni-Path maximum MTU (10 KiB).
-pub const LB_MAX_PAYLOAD: usize = 10240;
-/// Descriptors per doorbell at most; a longer (or cyclic) chain is cut there.
-pub const LB_MAX_CHAIN: usize = 4096;
-
-/// A loopback descriptor header (little-endian): kdeth0 u32 @0, dest_qp u32 @4, psn u32 @8,
-/// payload_len u32 @12, next u64 @16 (0 ends the chain), payload @24.
+/// A loopback descriptor as the receive engine takes it: the header's packet words, the payload length and
+/// the next descriptor's IOVA. The byte layout is `LbDescHeader`'s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Descriptor {
     pub packet: Packet,
@@ -52,68 +28,17 @@ pub struct Descriptor {
 
 impl Descriptor {
     pub fn parse(b: &[u8; LB_DESC_HDR_LEN]) -> Self {
-        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let mut next = [0u8; 8];
-        next.copy_from_slice(&b[16..24]);
+        let h = LbDescHeader::parse(b);
         Self {
-            packet: Packet { kdeth0: u32_at(0), dest_qp: u32_at(4), psn: u32_at(8) },
-            payload_len: u32_at(12),
-            next: u64::from_le_bytes(next),
+            packet: Packet { kdeth0: h.kdeth0, dest_qp: h.dest_qp, psn: h.psn },
+            payload_len: h.payload_len,
+            next: h.next,
         }
     }
 
     pub fn to_bytes(&self) -> [u8; LB_DESC_HDR_LEN] {
-        let mut b = [0u8; LB_DESC_HDR_LEN];
-        b[0..4].copy_from_slice(&self.packet.kdeth0.to_le_bytes());
-        b[4..8].copy_from_slice(&self.packet.dest_qp.to_le_bytes());
-        b[8..12].copy_from_slice(&self.packet.psn.to_le_bytes());
-        b[12..16].copy_from_slice(&self.payload_len.to_le_bytes());
-        b[16..24].copy_from_slice(&self.next.to_le_bytes());
-        b
-    }
-}
-
-/// The registers a driver polls while the worker runs: atomics, never behind a lock a DMA path holds.
-#[derive(Debug, Default)]
-pub struct LbRegs {
-    pub desc_addr: AtomicU64,
-    pub db_done: AtomicU64,
-    pub db_submitted: AtomicU64,
-    pub desc_done: AtomicU64,
-    pub desc_err: AtomicU64,
-    pub last_result: AtomicU64,
-    pub db_dropped: AtomicU64,
-}
-
-impl LbRegs {
-    /// A register read; `None` for offsets in the block that hold nothing (they read as all-ones).
-    pub fn read(&self, rel: u64) -> Option<u64> {
-        let reg = match rel {
-            LB_DESC_ADDR => &self.desc_addr,
-            LB_DOORBELL => return Some(0),
-            LB_DB_DONE => &self.db_done,
-            LB_DB_SUBMITTED => &self.db_submitted,
-            LB_DESC_DONE => &self.desc_done,
-            LB_DESC_ERR => &self.desc_err,
-            LB_LAST_RESULT => &self.last_result,
-            LB_DB_DROPPED => &self.db_dropped,
-            _ => return None,
-        };
-        Some(reg.load(Ordering::Acquire))
-    }
-
-    pub fn reset(&self) {
-        for r in [
-            &self.desc_addr,
-            &self.db_done,
-            &self.db_submitted,
-            &self.desc_done,
-            &self.desc_err,
-            &self.last_result,
-            &self.db_dropped,
-        ] {
-            r.store(0, Ordering::Release);
-        }
+        let Packet { kdeth0, dest_qp, psn } = self.packet;
+        LbDescHeader { kdeth0, dest_qp, psn, payload_len: self.payload_len, next: self.next }.to_bytes()
     }
 }
 
@@ -320,20 +245,7 @@ fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn descriptor_layout_is_little_endian_at_the_documented_offsets() {
-        let mut b = [0u8; LB_DESC_HDR_LEN];
-        b[0..4].copy_from_slice(&[0x10, 0x80, 0x02, 0x08]);
-        b[4..8].copy_from_slice(&[0x02, 0x18, 0x80, 0x00]);
-        b[8..12].copy_from_slice(&[0x03, 0x28, 0x1A, 0x09]);
-        b[12..16].copy_from_slice(&[0x00, 0x01, 0x00, 0x00]);
-        b[16..24].copy_from_slice(&[0x00, 0x30, 0, 0, 1, 0, 0, 0]);
-        let d = Descriptor::parse(&b);
-        assert_eq!(d.packet, Packet { kdeth0: 0x08028010, dest_qp: 0x00801802, psn: 0x091A2803 });
-        assert_eq!((d.payload_len, d.next), (256, 0x1_0000_3000));
-        assert_eq!(d.to_bytes(), b);
-    }
+    use crate::hfi1::shared::LbRegs;
 
     #[test]
     fn loopback_registers_read_and_reset() {

@@ -12,8 +12,10 @@ mod observe;
 mod rcv;
 mod rcvarray;
 pub mod regs;
+mod shared;
 mod shm;
 pub mod wfr;
+mod worker;
 
 pub use counters::Counters;
 pub use device::Hfi1;
@@ -25,10 +27,7 @@ pub use loopback::{
 pub use rcv::{full_flow_psn, Packet, RxResult, TIDCTRL_EVEN, TIDCTRL_ODD, TIDCTRL_PAIR};
 pub use rcvarray::{BufSize, RcvEntry};
 
-/// Receive contexts the chip has (RXE_NUM_CONTEXTS).
-pub const RXE_NUM_CONTEXTS: usize = 160;
-/// TID flows per receive context (RXE_NUM_TID_FLOWS).
-pub const RXE_NUM_TID_FLOWS: usize = 32;
+pub use regs::{RXE_NUM_CONTEXTS, RXE_NUM_TID_FLOWS};
 /// RcvArray entries are handed out in groups of 8 (RCV_INCREMENT).
 pub const RCV_INCREMENT: usize = 8;
 /// The largest RcvArray an RCV_TID_CTRL base can reach: (TID_BASE_INDEX mask + 1) << RCV_SHIFT.

@@ -3,6 +3,8 @@
 //! of the registers whose fields a driver developer reads (flows, RcvArray entries, context control, SDMA
 //! status).
 
+#![forbid(unsafe_code)]
+
 use super::loopback::{
     LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR, LB_DOORBELL,
     LB_LAST_RESULT, LB_SIZE,
@@ -16,6 +18,7 @@ use super::wfr::{
 };
 use super::Personality;
 use crate::trace::{flag_names, Block, RegisterName};
+use emu_abi::hfi1::LB_LAST_RESULT_CODE_MASK;
 
 const LB_NAMES: &[(u64, &str)] = &[
     (LB_DESC_ADDR, "LB_DESC_ADDR"),
@@ -30,23 +33,6 @@ const LB_NAMES: &[(u64, &str)] = &[
 
 /// Per-engine SDMA CSRs are 0x100 apart.
 const SEND_DMA_STRIDE: u64 = 0x100;
-/// LB_LAST_RESULT bits 7:0.
-const LB_LAST_RESULT_CODE_MASK: u64 = 0xFF;
-const RESULTS: [RxResult; 13] = [
-    RxResult::Placed,
-    RxResult::BadContext,
-    RxResult::ContextDisabled,
-    RxResult::BadTidCtrl,
-    RxResult::FlowInvalid,
-    RxResult::GenMismatch,
-    RxResult::SeqMismatch,
-    RxResult::TidOutOfRange,
-    RxResult::TidInvalidEntry,
-    RxResult::BufferOverrun,
-    RxResult::DmaError,
-    RxResult::BadDescriptor,
-    RxResult::Aborted,
-];
 
 /// The block of a BAR0 offset of the chip's map.
 fn block_of(offset: u64) -> Block {
@@ -163,7 +149,7 @@ fn decode(offset: u64, v: u64) -> String {
         ));
     } else if offset == LB_BASE + LB_LAST_RESULT {
         let code = (v & LB_LAST_RESULT_CODE_MASK) as u8;
-        let result = RESULTS.iter().find(|r| r.code() == code);
+        let result = RxResult::from_code(code);
         out.push(result.map_or_else(|| format!("result={code}"), |r| format!("result={}", r.name())));
     }
     out.join(" ")

@@ -1,6 +1,8 @@
 //! The receive engine's trace events and packet faults (docs/observe.md): what became of each packet, and the
 //! faults that lose, duplicate or reorder packets, or change a flow's generation behind the driver's back.
 
+#![forbid(unsafe_code)]
+
 use super::chip::Chip;
 use super::rcv::{Packet, RxResult};
 use crate::fault::{FaultKind, Params};

@@ -1,6 +1,8 @@
 //! The receive engine: checks a TID RDMA data packet against its context, flow and RcvArray entry, and
 //! places the payload. Checking happens under the chip lock; the DMA happens after it is dropped.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 
 use vfio_user_proto::dma::{DmaAccess, DmaError};
@@ -96,49 +98,8 @@ impl Packet {
     }
 }
 
-/// What became of one packet. The code is what the loopback LB_LAST_RESULT register shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum RxResult {
-    Placed = 0,
-    BadContext = 1,
-    ContextDisabled = 2,
-    BadTidCtrl = 3,
-    FlowInvalid = 4,
-    GenMismatch = 5,
-    SeqMismatch = 6,
-    TidOutOfRange = 7,
-    TidInvalidEntry = 8,
-    BufferOverrun = 9,
-    DmaError = 10,
-    /// Loopback only: the descriptor could not be read or is malformed.
-    BadDescriptor = 11,
-    /// Loopback only: reset or detach stopped the work.
-    Aborted = 12,
-}
-
-impl RxResult {
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Placed => "placed",
-            Self::BadContext => "bad_context",
-            Self::ContextDisabled => "context_disabled",
-            Self::BadTidCtrl => "bad_tidctrl",
-            Self::FlowInvalid => "flow_invalid",
-            Self::GenMismatch => "gen_mismatch",
-            Self::SeqMismatch => "seq_mismatch",
-            Self::TidOutOfRange => "tid_out_of_range",
-            Self::TidInvalidEntry => "tid_invalid_entry",
-            Self::BufferOverrun => "buffer_overrun",
-            Self::DmaError => "dma_error",
-            Self::BadDescriptor => "bad_descriptor",
-            Self::Aborted => "aborted",
-        }
-    }
-}
+/// What became of one packet (the loopback LB_LAST_RESULT code): part of the project's own ABI.
+pub use emu_abi::hfi1::RxResult;
 
 /// Where an accepted packet's payload goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,6 +6,8 @@
 //! WRITE_ENABLE is judged and adopted into the effective table; a taken value without it (the kernel's
 //! `rcv_array_wc_fill` 0) is dropped, exactly as hardware ignores such a write.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

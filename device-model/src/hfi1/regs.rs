@@ -4,6 +4,13 @@
 //! Registers are data plus masks: each [`RegDef`] carries a read/write mask, a write-1-to-clear mask and a
 //! reset value, and [`apply_write`] is the one write rule for all of them.
 
+#![forbid(unsafe_code)]
+
+/// Receive contexts the chip has (RXE_NUM_CONTEXTS).
+pub const RXE_NUM_CONTEXTS: usize = 160;
+/// TID flows per receive context (RXE_NUM_TID_FLOWS).
+pub const RXE_NUM_TID_FLOWS: usize = 32;
+
 /// Base of the CCE block.
 pub const CCE: u64 = 0x000_0000;
 /// Base of the receive engine.
@@ -288,7 +295,7 @@ pub fn decode(offset: u64, contexts: usize, loopback: Option<(u64, u64)>) -> Csr
         let rel = offset - RXE_UCTXT_BASE;
         let (ctxt, in_page) = ((rel / UCTXT_STRIDE) as usize, rel % UCTXT_STRIDE);
         let flow_base = RCV_TID_FLOW_TABLE - RXE_UCTXT_BASE;
-        if (flow_base..flow_base + 8 * super::RXE_NUM_TID_FLOWS as u64).contains(&in_page) {
+        if (flow_base..flow_base + 8 * RXE_NUM_TID_FLOWS as u64).contains(&in_page) {
             return Csr::Flow { ctxt, flow: ((in_page - flow_base) / 8) as usize };
         }
         if let Some(reg) = UCTXT_REGS.iter().position(|r| r.offset - RXE_UCTXT_BASE == in_page) {

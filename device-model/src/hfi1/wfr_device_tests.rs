@@ -2,6 +2,8 @@
 //! BAR0 layout, MSI-X inside BAR0, interrupts from register writes, FLR, and the RXE shared with the emulated
 //! receive engine.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{Arc, Mutex};
 
 use vfio_user_proto::device::{irq, region, region_flags, Device, DeviceContext, IrqTrigger};

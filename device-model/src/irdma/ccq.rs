@@ -4,6 +4,8 @@
 //! The device keeps one slot free: it writes a CQE only when `(head + 1) % size != consumer`, so
 //! `head == consumer` always means "nothing unconsumed" and an unconsumed CQE is never overwritten.
 
+#![forbid(unsafe_code)]
+
 use serde_json::{json, Value};
 use vfio_user_proto::dma::{DmaAccess, DmaError};
 

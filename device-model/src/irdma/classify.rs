@@ -5,25 +5,17 @@
 //! host stack. Matches are exact: a listener on a specific address does not catch other addresses (the
 //! kernel's CM adds one listener entry per local address).
 
+#![forbid(unsafe_code)]
+
 use std::net::IpAddr;
 
 use serde_json::{json, Value};
 
 use super::qhash::{ip_to_string, EntryType, QhashKey, QhashTable};
 
-/// An incoming TCP segment as the classifier sees it. IP words as in the qhash table (`[0]` most
-/// significant, IPv4 in `[0]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Segment {
-    pub ipv4: bool,
-    pub src_ip: [u32; 4],
-    pub dst_ip: [u32; 4],
-    pub src_port: u16,
-    pub dst_port: u16,
-    pub vlan: Option<u16>,
-    pub syn: bool,
-    pub ack: bool,
-}
+/// An incoming TCP segment as the classifier sees it: the loopback descriptor's content, so one type from
+/// the project's ABI. IP words as in the qhash table (`[0]` most significant, IPv4 in `[0]`).
+pub use emu_abi::irdma::LbSegment as Segment;
 
 /// Where a segment goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,10 +112,16 @@ fn ip(v: &Value, name: &str) -> Result<IpAddr, String> {
         .ok_or_else(|| format!("\"{name}\" must be an IPv4 or IPv6 address string"))
 }
 
-impl Segment {
+/// A segment as the control socket writes it.
+pub trait SegmentJson: Sized {
+    fn from_json(v: &Value) -> Result<Self, String>;
+    fn to_json(&self) -> Value;
+}
+
+impl SegmentJson for Segment {
     /// From control JSON: `src_ip`, `dst_ip` (strings, same family), `src_port`, `dst_port`, optional
     /// `vlan` (0..=4095), optional booleans `syn`, `ack`.
-    pub fn from_json(v: &Value) -> Result<Segment, String> {
+    fn from_json(v: &Value) -> Result<Segment, String> {
         let (src_v4, src_ip) = ip_words(ip(v, "src_ip")?);
         let (dst_v4, dst_ip) = ip_words(ip(v, "dst_ip")?);
         if src_v4 != dst_v4 {
@@ -147,7 +145,7 @@ impl Segment {
         })
     }
 
-    pub fn to_json(&self) -> Value {
+    fn to_json(&self) -> Value {
         json!({
             "src_ip": ip_to_string(self.ipv4, &self.src_ip),
             "dst_ip": ip_to_string(self.ipv4, &self.dst_ip),

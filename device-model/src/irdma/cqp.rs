@@ -4,6 +4,8 @@
 //! The driver's polarity starts at 0 and flips before it writes index 0, so WQEs of the first pass carry
 //! valid = 1, the second pass 0, and so on (G11). The device tracks the value it expects at its tail.
 
+#![forbid(unsafe_code)]
+
 use serde_json::{json, Value};
 
 use super::regs::Field;

@@ -1,178 +1,38 @@
-//! The irdma engine: BAR0 register file, the hand-off to the worker thread, reset/detach and control.
+//! The irdma engine: BAR0 register dispatch, the hand-off to the worker thread, reset/detach; the shared
+//! state is in `shared.rs`, the dump and control commands in `control.rs`.
 //!
 //! Register reads and writes take the state lock briefly and never do DMA; everything that touches client
 //! memory runs on the worker (`worker.rs`), which drops the lock around each DMA (docs/architecture.md).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+#![forbid(unsafe_code)]
 
-use crossbeam_channel::{bounded, Sender};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
 use serde_json::{json, Value};
 use vfio_user_proto::dma::{DmaAccess, NoDma};
+use vfio_user_proto::sync::Unpoison;
 
-use super::ccq::Ccq;
-use super::classify::{classify, ClassifyTarget, Segment};
-use super::cqp::Cqp;
+use super::control;
 use super::qhash::QhashTable;
 use super::regs::*;
-use super::worker::{Msg, Work, Worker};
+use super::shared::{bump, Counters, Regs, ResultLog, Shared, State};
+use super::worker::{Work, Worker};
 use super::{CreateError, IrdmaConfig};
 use crate::engine::{BarSpec, Engine, Interrupt, NoInterrupt};
 use crate::probe::Probe;
 use crate::trace::{Block, Level, RegisterName, Val};
+use crate::worker::WorkQueue;
 
 /// Queue depth between the register path and the worker. Doorbells coalesce (the worker always reads the
 /// latest CQPDB value), so a full queue loses nothing but redundant wake-ups.
 const WORK_QUEUE_DEPTH: usize = 64;
-/// Classification results kept for the dump.
-pub const RESULT_LOG_LEN: usize = 16;
-
-macro_rules! counters {
-    ($($name:ident),* $(,)?) => {
-        /// Event counters, all reset by a function reset.
-        #[derive(Debug, Default)]
-        pub struct Counters { $(pub $name: AtomicU64,)* }
-        impl Counters {
-            pub fn to_json(&self) -> Value {
-                let mut m = serde_json::Map::new();
-                $(m.insert(stringify!($name).into(), self.$name.load(Relaxed).into());)*
-                Value::Object(m)
-            }
-            fn clear(&self) { $(self.$name.store(0, Relaxed);)* }
-        }
-    };
-}
-
-counters!(
-    doorbells,
-    doorbells_ignored,
-    wqes,
-    wqe_errors,
-    cqes,
-    cqe_write_errors,
-    dma_errors,
-    polarity_stalls,
-    ccq_full_waits,
-    ccq_overflows,
-    bad_consumer_index,
-    arms,
-    arms_ignored,
-    interrupts,
-    interrupts_dropped,
-    cqp_creates,
-    cqp_create_errors,
-    cqp_destroys,
-    ro_writes_ignored,
-    bad_mmio,
-    unknown_writes,
-    unsupported_doorbells,
-    classify_listener,
-    classify_established,
-    classify_to_host,
-    loopback_ok,
-    loopback_errors,
-    work_dropped,
-);
-
-pub(super) fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Relaxed);
-}
-
-/// The 32-bit registers that hold state.
-#[derive(Debug, Default)]
-pub(super) struct Regs {
-    pub cqptail: u32,
-    pub cqpdb: u32,
-    pub cqperrcodes: u32,
-    pub ccqpstatus: u32,
-    pub ccqphigh: u32,
-    pub ccqplow: u32,
-    pub ceqctl: Vec<u32>,
-    pub lb_desc_low: u32,
-    pub lb_desc_high: u32,
-    pub lb_status: u32,
-    pub lb_result: u32,
-    pub lb_seq: u32,
-    /// Loopback requests queued and not finished.
-    pub lb_pending: u32,
-}
-
-impl Regs {
-    fn power_on(ceqs: usize) -> Self {
-        Regs { ceqctl: vec![0; ceqs], ..Regs::default() }
-    }
-}
-
-/// Last classification results, oldest overwritten first.
-#[derive(Debug, Default)]
-pub(super) struct ResultLog {
-    entries: [Option<(Segment, ClassifyTarget, &'static str)>; RESULT_LOG_LEN],
-    next: usize,
-}
-
-impl ResultLog {
-    pub fn record(&mut self, seg: Segment, target: ClassifyTarget, source: &'static str) {
-        self.entries[self.next] = Some((seg, target, source));
-        self.next = (self.next + 1) % RESULT_LOG_LEN;
-    }
-
-    fn to_json(&self) -> Value {
-        let order = (self.next..RESULT_LOG_LEN).chain(0..self.next);
-        let items = order.filter_map(|i| self.entries[i].as_ref()).map(
-            |(seg, target, source)| json!({"source": source, "segment": seg.to_json(), "result": target.to_json()}),
-        );
-        Value::Array(items.collect())
-    }
-}
-
-/// Everything a register access or the worker's publish step needs, behind one lock never held over DMA.
-pub(super) struct State {
-    /// Bumped by reset/detach: work from an older epoch is dropped, never published.
-    pub epoch: u64,
-    pub regs: Regs,
-    /// Published copies of the worker's CQP/CCQ, for register decisions and the dump.
-    pub cqp: Option<Cqp>,
-    pub ccq: Option<Ccq>,
-    pub qhash: QhashTable,
-    pub results: ResultLog,
-}
-
-pub(super) struct Shared {
-    pub config: IrdmaConfig,
-    pub state: Mutex<State>,
-    /// Mirror of `State::epoch` for cheap checks between DMA accesses.
-    pub epoch: AtomicU64,
-    pub counters: Counters,
-    pub dma: RwLock<Arc<dyn DmaAccess>>,
-    pub irq: RwLock<Arc<dyn Interrupt>>,
-    pub stop: AtomicBool,
-    pub submitted: AtomicU64,
-    pub completed: AtomicU64,
-    /// Traces and faults of this device (shared with its PCI function).
-    pub probe: Arc<Probe>,
-}
-
-impl Shared {
-    pub fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn count_target(&self, target: &ClassifyTarget) {
-        bump(match target {
-            ClassifyTarget::ToHost => &self.counters.classify_to_host,
-            ClassifyTarget::Established { .. } => &self.counters.classify_established,
-            ClassifyTarget::Listener { .. } => &self.counters.classify_listener,
-        });
-    }
-}
-
 /// The irdma PCI function's engine.
 pub struct Irdma {
     shared: Arc<Shared>,
-    tx: Sender<Msg>,
-    worker: Mutex<Option<JoinHandle<()>>>,
+    /// `None` if the thread could not start: every command then stays pending and the driver's polls time out.
+    worker: Option<WorkQueue<Work>>,
 }
 
 impl Default for Irdma {
@@ -201,36 +61,23 @@ impl Irdma {
             dma: RwLock::new(Arc::new(NoDma)),
             irq: RwLock::new(Arc::new(NoInterrupt)),
             stop: AtomicBool::new(false),
-            submitted: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
             probe: Probe::new("irdma"),
         });
-        let (tx, rx) = bounded(WORK_QUEUE_DEPTH);
-        let worker = Worker::new(shared.clone(), rx);
-        let handle = std::thread::Builder::new().name("irdma-cqp".into()).spawn(move || worker.run());
-        let handle = match handle {
-            Ok(h) => Some(h),
+        let mut worker = Worker::new(shared.clone());
+        let spin = shared.config.worker_spin;
+        let worker = match WorkQueue::spawn("irdma-cqp", WORK_QUEUE_DEPTH, spin, move |msg| worker.handle(msg)) {
+            Ok(q) => Some(q),
             Err(e) => {
-                // Without a worker every command stays pending; the driver sees its polls time out.
                 tracing::error!("irdma: cannot start the worker thread: {e}");
                 None
             }
         };
-        Irdma { shared, tx, worker: Mutex::new(handle) }
+        Irdma { shared, worker }
     }
 
     /// Waits until the worker has handled every queued request. For tests and benchmarks.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.shared.completed.load(Relaxed) >= self.shared.submitted.load(Relaxed) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        }
+        self.worker.as_ref().is_none_or(|q| q.wait_idle(timeout))
     }
 
     pub fn counters(&self) -> Value {
@@ -239,11 +86,9 @@ impl Irdma {
 
     /// Queues work for the worker; never blocks.
     fn submit(&self, st: &State, work: Work) -> bool {
-        self.shared.submitted.fetch_add(1, Relaxed);
-        if self.tx.try_send(Msg { epoch: st.epoch, work }).is_ok() {
+        if self.worker.as_ref().is_some_and(|q| q.try_submit(st.epoch, work)) {
             return true;
         }
-        self.shared.submitted.fetch_sub(1, Relaxed);
         bump(&self.shared.counters.work_dropped);
         false
     }
@@ -295,12 +140,8 @@ impl Irdma {
                 Some(cqp) if value < cqp.ctx.sq_size => {
                     st.regs.cqpdb = value;
                     bump(&c.doorbells);
-                    self.shared.probe.trace.event(
-                        Block::Cqp,
-                        Level::Info,
-                        "doorbell",
-                        &[("head", Val::Dec(value.into()))],
-                    );
+                    let head = [("head", Val::Dec(value.into()))];
+                    self.shared.probe.trace.event(Block::Cqp, Level::Info, "doorbell", &head);
                     self.submit(&st, Work::Doorbell);
                 }
                 _ => bump(&c.doorbells_ignored),
@@ -314,7 +155,7 @@ impl Irdma {
                     // A second create while a CQP runs: refused, the running CQP is untouched.
                     let (major, minor) = CreateError::AlreadyExists.codes();
                     st.regs.ccqpstatus = (IRDMA_CCQPSTATUS_CCQP_DONE.put(1) | IRDMA_CCQPSTATUS_CCQP_ERR.put(1)) as u32;
-                    st.regs.cqperrcodes = errcodes(major, minor);
+                    st.regs.cqperrcodes = cqperrcodes(major, minor);
                     bump(&c.cqp_create_errors);
                 } else {
                     st.regs.ccqpstatus = 0;
@@ -323,7 +164,7 @@ impl Irdma {
                         let (major, minor) = CreateError::Busy.codes();
                         st.regs.ccqpstatus =
                             (IRDMA_CCQPSTATUS_CCQP_DONE.put(1) | IRDMA_CCQPSTATUS_CCQP_ERR.put(1)) as u32;
-                        st.regs.cqperrcodes = errcodes(major, minor);
+                        st.regs.cqperrcodes = cqperrcodes(major, minor);
                     }
                 }
             }
@@ -346,58 +187,11 @@ impl Irdma {
                 let desc_pa = (u64::from(st.regs.lb_desc_high) << 32) | u64::from(st.regs.lb_desc_low);
                 if self.submit(&st, Work::Loopback { desc_pa }) {
                     st.regs.lb_pending += 1;
-                    st.regs.lb_status = IRDMA_EMU_LB_STATUS_BUSY.put(1) as u32;
+                    st.regs.lb_status = emu_abi::irdma::LbStatus::DEFAULT.with_busy(true).raw_value();
                 }
             }
         }
     }
-
-    fn dump(&self) -> Value {
-        let st = self.shared.lock();
-        let r = &st.regs;
-        let hex = |v: u32| format!("{v:#010x}");
-        json!({
-            "engine": "irdma",
-            "registers": {
-                "CQPTAIL": hex(r.cqptail),
-                "CQPDB": hex(r.cqpdb),
-                "CCQPSTATUS": hex(r.ccqpstatus),
-                "CCQPHIGH": hex(r.ccqphigh),
-                "CCQPLOW": hex(r.ccqplow),
-                "CQPERRCODES": hex(r.cqperrcodes),
-                "GLINT_CEQCTL": r.ceqctl.iter().map(|v| hex(*v)).collect::<Vec<_>>(),
-                "EMU_LB_STATUS": hex(r.lb_status),
-                "EMU_LB_RESULT": hex(r.lb_result),
-                "EMU_LB_SEQ": r.lb_seq,
-            },
-            "cqp": st.cqp.map(|c| c.to_json(r.cqpdb)),
-            "ccq": st.ccq.map(|c| c.to_json()),
-            "qhash": {
-                "capacity": st.qhash.capacity(),
-                "len": st.qhash.len(),
-                "entries": st.qhash.to_json(),
-            },
-            "last_results": st.results.to_json(),
-            "counters": self.shared.counters.to_json(),
-        })
-    }
-
-    fn classify_cmd(&self, request: &Value) -> Result<Value, String> {
-        let seg = Segment::from_json(request)?;
-        let target = {
-            let mut st = self.shared.lock();
-            let target = classify(&st.qhash, &seg);
-            st.results.record(seg, target, "control");
-            target
-        };
-        self.shared.count_target(&target);
-        Ok(target.to_json())
-    }
-}
-
-pub(super) fn errcodes(major: u16, minor: u16) -> u32 {
-    (IRDMA_CQPERRCODES_CQP_MAJOR_CODE.put(u64::from(major)) | IRDMA_CQPERRCODES_CQP_MINOR_CODE.put(u64::from(minor)))
-        as u32
 }
 
 impl Engine for Irdma {
@@ -447,13 +241,13 @@ impl Engine for Irdma {
     }
 
     fn attach(&self, dma: Arc<dyn DmaAccess>, irq: Arc<dyn Interrupt>) {
-        *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = dma;
-        *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = irq;
+        *self.shared.dma.write().unpoison() = dma;
+        *self.shared.irq.write().unpoison() = irq;
     }
 
     fn detach(&self) {
-        *self.shared.dma.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoDma);
-        *self.shared.irq.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(NoInterrupt);
+        *self.shared.dma.write().unpoison() = Arc::new(NoDma);
+        *self.shared.irq.write().unpoison() = Arc::new(NoInterrupt);
         self.reset();
     }
 
@@ -489,13 +283,13 @@ impl Engine for Irdma {
     fn control(&self, request: &Value) -> Result<Value, String> {
         let cmd = request.get("cmd").and_then(Value::as_str).ok_or("request needs a string \"cmd\"")?;
         match cmd {
-            "dump" => Ok(self.dump()),
+            "dump" => Ok(control::dump(&self.shared)),
             "counters" => Ok(self.shared.counters.to_json()),
             "reset" => {
                 self.reset();
                 Ok(json!({"ok": true}))
             }
-            "classify" => self.classify_cmd(request),
+            "classify" => control::classify(&self.shared, request),
             other => Err(format!("unknown irdma command {other:?} (dump, counters, reset, classify)")),
         }
     }
@@ -503,11 +297,7 @@ impl Engine for Irdma {
 
 impl Drop for Irdma {
     fn drop(&mut self) {
+        // The worker checks this between DMA accesses; the queue's own drop then joins it.
         self.shared.stop.store(true, Relaxed);
-        let _ = self.tx.try_send(Msg { epoch: u64::MAX, work: Work::Stop });
-        let handle = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(h) = handle {
-            let _ = h.join();
-        }
     }
 }

@@ -2,8 +2,11 @@
 //!
 //! Register map, layouts, error codes and decisions: docs/irdma-device.md.
 
+#![forbid(unsafe_code)]
+
 pub mod ccq;
 pub mod classify;
+mod control;
 pub mod cqp;
 pub mod device;
 pub mod loopback;
@@ -11,6 +14,7 @@ mod names;
 mod observe;
 pub mod qhash;
 pub mod regs;
+mod shared;
 mod worker;
 pub mod wqe;
 
@@ -56,24 +60,23 @@ impl Default for IrdmaConfig {
 /// Largest quad-hash table the device builds.
 pub const IRDMA_EMU_MAX_QHASH_CAPACITY: usize = 1 << 20;
 
-/// Major codes this device reports (CQE MAJERR / CQPERRCODES). The reference lists no codes for these
-/// conditions, so the project defines them (docs/irdma-device.md).
+/// The reference's "no error" major code.
 pub const IRDMA_CQPSQ_MAJ_NO_ERROR: u16 = 0x0000;
-pub const IRDMA_EMU_MAJ_BAD_WQE: u16 = 0x8001;
-pub const IRDMA_EMU_MAJ_QHASH: u16 = 0x8002;
-pub const IRDMA_EMU_MAJ_CQ: u16 = 0x8003;
-pub const IRDMA_EMU_MAJ_DMA: u16 = 0x8004;
-pub const IRDMA_EMU_MAJ_CQP_CREATE: u16 = 0x8005;
+use emu_abi::irdma as abi;
+/// Codes for conditions the reference gives none for: the project's ABI (docs/irdma-device.md).
+pub use emu_abi::irdma::{
+    IRDMA_EMU_MAJ_BAD_WQE, IRDMA_EMU_MAJ_CQ, IRDMA_EMU_MAJ_CQP_CREATE, IRDMA_EMU_MAJ_DMA, IRDMA_EMU_MAJ_QHASH,
+};
 
 /// Which DMA access failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DmaStage {
-    WqeFetch = 1,
-    CqeWrite = 2,
-    HostContext = 3,
-    ShadowArea = 4,
-    CqMemory = 5,
-    LoopbackDescriptor = 6,
+    WqeFetch = abi::IRDMA_EMU_MIN_DMA_WQE_FETCH as isize,
+    CqeWrite = abi::IRDMA_EMU_MIN_DMA_CQE_WRITE as isize,
+    HostContext = abi::IRDMA_EMU_MIN_DMA_HOST_CONTEXT as isize,
+    ShadowArea = abi::IRDMA_EMU_MIN_DMA_SHADOW_AREA as isize,
+    CqMemory = abi::IRDMA_EMU_MIN_DMA_CQ_MEMORY as isize,
+    LoopbackDescriptor = abi::IRDMA_EMU_MIN_DMA_LOOPBACK_DESCRIPTOR as isize,
 }
 
 /// Why a CQP WQE (or the ring around it) failed. Each maps to one (major, minor) pair.
@@ -114,18 +117,18 @@ impl WqeError {
     /// (major, minor) as written to the CQE and CQPERRCODES.
     pub fn codes(&self) -> (u16, u16) {
         match *self {
-            WqeError::UnsupportedOpcode(_) => (IRDMA_EMU_MAJ_BAD_WQE, 0x0001),
-            WqeError::BadManage(_) => (IRDMA_EMU_MAJ_BAD_WQE, 0x0002),
-            WqeError::BadEntryType(_) => (IRDMA_EMU_MAJ_BAD_WQE, 0x0003),
-            WqeError::ReservedBits { .. } => (IRDMA_EMU_MAJ_BAD_WQE, 0x0004),
-            WqeError::BadField(_) => (IRDMA_EMU_MAJ_BAD_WQE, 0x0005),
-            WqeError::QhashDuplicate => (IRDMA_EMU_MAJ_QHASH, 0x0001),
-            WqeError::QhashMissing => (IRDMA_EMU_MAJ_QHASH, 0x0002),
-            WqeError::QhashFull => (IRDMA_EMU_MAJ_QHASH, 0x0003),
-            WqeError::CqIdUnsupported(_) => (IRDMA_EMU_MAJ_CQ, 0x0001),
-            WqeError::CcqExists => (IRDMA_EMU_MAJ_CQ, 0x0002),
-            WqeError::NoSuchCq(_) => (IRDMA_EMU_MAJ_CQ, 0x0003),
-            WqeError::CcqFull => (IRDMA_EMU_MAJ_CQ, 0x0004),
+            WqeError::UnsupportedOpcode(_) => (IRDMA_EMU_MAJ_BAD_WQE, abi::IRDMA_EMU_MIN_UNSUPPORTED_OPCODE),
+            WqeError::BadManage(_) => (IRDMA_EMU_MAJ_BAD_WQE, abi::IRDMA_EMU_MIN_BAD_MANAGE),
+            WqeError::BadEntryType(_) => (IRDMA_EMU_MAJ_BAD_WQE, abi::IRDMA_EMU_MIN_BAD_ENTRY_TYPE),
+            WqeError::ReservedBits { .. } => (IRDMA_EMU_MAJ_BAD_WQE, abi::IRDMA_EMU_MIN_RESERVED_BITS),
+            WqeError::BadField(_) => (IRDMA_EMU_MAJ_BAD_WQE, abi::IRDMA_EMU_MIN_BAD_FIELD),
+            WqeError::QhashDuplicate => (IRDMA_EMU_MAJ_QHASH, abi::IRDMA_EMU_MIN_QHASH_DUPLICATE),
+            WqeError::QhashMissing => (IRDMA_EMU_MAJ_QHASH, abi::IRDMA_EMU_MIN_QHASH_MISSING),
+            WqeError::QhashFull => (IRDMA_EMU_MAJ_QHASH, abi::IRDMA_EMU_MIN_QHASH_FULL),
+            WqeError::CqIdUnsupported(_) => (IRDMA_EMU_MAJ_CQ, abi::IRDMA_EMU_MIN_CQ_ID_UNSUPPORTED),
+            WqeError::CcqExists => (IRDMA_EMU_MAJ_CQ, abi::IRDMA_EMU_MIN_CCQ_EXISTS),
+            WqeError::NoSuchCq(_) => (IRDMA_EMU_MAJ_CQ, abi::IRDMA_EMU_MIN_NO_SUCH_CQ),
+            WqeError::CcqFull => (IRDMA_EMU_MAJ_CQ, abi::IRDMA_EMU_MIN_CCQ_FULL),
             WqeError::Dma(stage) => (IRDMA_EMU_MAJ_DMA, stage as u16),
             WqeError::Injected { major, minor } => (major, minor),
         }
@@ -154,13 +157,13 @@ pub enum CreateError {
 impl CreateError {
     pub fn codes(&self) -> (u16, u16) {
         let minor = match self {
-            CreateError::BadSqSize(_) => 0x0001,
-            CreateError::BadSqBase(_) => 0x0002,
-            CreateError::BadMajorVersion(_) => 0x0003,
-            CreateError::AlreadyExists => 0x0004,
+            CreateError::BadSqSize(_) => abi::IRDMA_EMU_MIN_BAD_SQ_SIZE,
+            CreateError::BadSqBase(_) => abi::IRDMA_EMU_MIN_BAD_SQ_BASE,
+            CreateError::BadMajorVersion(_) => abi::IRDMA_EMU_MIN_BAD_MAJOR_VERSION,
+            CreateError::AlreadyExists => abi::IRDMA_EMU_MIN_CQP_EXISTS,
             CreateError::ContextDma => return WqeError::Dma(DmaStage::HostContext).codes(),
-            CreateError::BadField(_) => 0x0006,
-            CreateError::Busy => 0x0007,
+            CreateError::BadField(_) => abi::IRDMA_EMU_MIN_BAD_CONTEXT_FIELD,
+            CreateError::Busy => abi::IRDMA_EMU_MIN_CREATE_BUSY,
         };
         (IRDMA_EMU_MAJ_CQP_CREATE, minor)
     }

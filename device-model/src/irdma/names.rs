@@ -1,8 +1,11 @@
 //! The one naming path of the irdma engine: each BAR0 register by the name docs/irdma-device.md and the
 //! kernel's icrdma register table give it, its block, and its decoded fields.
 
+#![forbid(unsafe_code)]
+
 use super::regs::*;
 use crate::trace::{flag_names, Block, RegisterName};
+use emu_abi::irdma::{LbKind, LbResult, LbStatus};
 
 /// Name and block of a decoded register.
 fn name_of(reg: Reg, offset: u64) -> (String, Block) {
@@ -53,21 +56,25 @@ fn fields(reg: Reg, v: u64) -> String {
             out.extend(flag_names(v, &[(IRDMA_GLINT_CEQCTL_CAUSE_ENA.mask(), "CAUSE_ENA")]));
         }
         Reg::LbStatus => {
-            out.extend(flag_names(
-                v,
-                &[
-                    (IRDMA_EMU_LB_STATUS_DONE.mask(), "DONE"),
-                    (IRDMA_EMU_LB_STATUS_BUSY.mask(), "BUSY"),
-                    (IRDMA_EMU_LB_STATUS_ERR.mask(), "ERR"),
-                ],
-            ));
-            if IRDMA_EMU_LB_STATUS_ERRCODE.get(v) != 0 {
-                out.push(f("errcode", IRDMA_EMU_LB_STATUS_ERRCODE));
+            let st = LbStatus::new_with_raw_value(v as u32);
+            for (on, name) in [(st.done(), "DONE"), (st.busy(), "BUSY"), (st.err(), "ERR")] {
+                if on {
+                    out.push(name.into());
+                }
+            }
+            if st.errcode() != 0 {
+                out.push(format!("errcode={}", st.errcode()));
             }
         }
         Reg::LbResult => {
-            out.push(format!("kind={}", IRDMA_EMU_LB_RESULT_KIND.get(v)));
-            out.push(format!("qpn={}", IRDMA_EMU_LB_RESULT_QPN.get(v)));
+            let r = LbResult::new_with_raw_value(v as u32);
+            let kind = match r.kind() {
+                Ok(LbKind::ToHost) => "to-host".to_string(),
+                Ok(LbKind::Established) => "established".to_string(),
+                Ok(LbKind::Listener) => "listener".to_string(),
+                Err(k) => format!("{k}"),
+            };
+            out.push(format!("kind={kind} qpn={}", r.qpn()));
         }
         Reg::LbarCtrl => out.push(f("pe_db_size", IRDMA_GLPCI_LBARCTRL_PE_DB_SIZE)),
         _ => {}

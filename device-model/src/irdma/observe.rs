@@ -1,13 +1,15 @@
 //! The CQP worker's trace events and fault hooks (docs/observe.md): what a WQE did, what a CQE carried, and
 //! the faults that fail an operation, delay, drop or corrupt its completion, or stall CQPTAIL.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use super::ccq::{
     IRDMA_CCQ_OPRETVAL, IRDMA_CQ_ERROR, IRDMA_CQ_MAJERR, IRDMA_CQ_MINERR, IRDMA_CQ_VALID, IRDMA_CQ_WQEIDX,
 };
-use super::device::Shared;
+use super::shared::Shared;
 use super::wqe::{
     IRDMA_CQP_OP_CREATE_CQ, IRDMA_CQP_OP_DESTROY_CQ, IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY, IRDMA_CQP_OP_NOP,
 };

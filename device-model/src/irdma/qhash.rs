@@ -3,6 +3,8 @@
 //! An entry is identified by everything the WQE says about the connection (type, IP version, VLAN, both
 //! addresses and ports); the QPN, MAC and QS handle are its data, which MODIFY replaces.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 

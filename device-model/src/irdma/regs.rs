@@ -1,6 +1,8 @@
-//! GEN2 (icrdma) BAR0 register offsets and fields (hardware-facts §3.1–3.2), plus the project's loopback block.
+//! GEN2 (icrdma) BAR0 register offsets and fields (hardware-facts §3.1–3.2), plus where the project's loopback block decodes.
 //!
 //! Registers are 32 bits wide. Fields are `Field` values so every bit position has one definition.
+
+#![forbid(unsafe_code)]
 
 /// A bit field `[hi:lo]` of a 32- or 64-bit word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,30 +90,17 @@ pub const IRDMA_GLINT_CEQCTL_MSIX_INDX: Field = Field::new(10, 0);
 pub const IRDMA_GLINT_CEQCTL_ITR_INDX: Field = Field::new(12, 11);
 pub const IRDMA_GLINT_CEQCTL_CAUSE_ENA: Field = Field::bit(30);
 
-// Project-specific loopback classification block, in an offset range no irdma register uses
-// (see docs/irdma-device.md).
-pub const IRDMA_EMU_LB_BASE: u64 = 0x0060_0000;
-/// RW: low 32 bits of the segment descriptor IOVA.
-pub const IRDMA_EMU_LB_DESC_LOW: u64 = IRDMA_EMU_LB_BASE;
-/// RW: high 32 bits of the segment descriptor IOVA.
-pub const IRDMA_EMU_LB_DESC_HIGH: u64 = IRDMA_EMU_LB_BASE + 0x4;
-/// WO: any write classifies the descriptor at DESC_HIGH:DESC_LOW.
-pub const IRDMA_EMU_LB_DOORBELL: u64 = IRDMA_EMU_LB_BASE + 0x8;
-/// RO: see `IRDMA_EMU_LB_STATUS_*`.
-pub const IRDMA_EMU_LB_STATUS: u64 = IRDMA_EMU_LB_BASE + 0xC;
-/// RO: see `IRDMA_EMU_LB_RESULT_*`.
-pub const IRDMA_EMU_LB_RESULT: u64 = IRDMA_EMU_LB_BASE + 0x10;
-/// RO: number of loopback requests finished (done or error) since reset; wraps.
-pub const IRDMA_EMU_LB_SEQ: u64 = IRDMA_EMU_LB_BASE + 0x14;
+// The project's loopback classification block: its own ABI, defined once in `emu_abi::irdma`.
+pub use emu_abi::irdma::{
+    IRDMA_EMU_LB_BASE, IRDMA_EMU_LB_DESC_HIGH, IRDMA_EMU_LB_DESC_LOW, IRDMA_EMU_LB_DOORBELL, IRDMA_EMU_LB_RESULT,
+    IRDMA_EMU_LB_SEQ, IRDMA_EMU_LB_STATUS,
+};
 
-pub const IRDMA_EMU_LB_STATUS_DONE: Field = Field::bit(0);
-pub const IRDMA_EMU_LB_STATUS_BUSY: Field = Field::bit(1);
-pub const IRDMA_EMU_LB_STATUS_ERRCODE: Field = Field::new(15, 8);
-pub const IRDMA_EMU_LB_STATUS_ERR: Field = Field::bit(31);
-
-/// Where the segment went: `ClassifyTarget` code.
-pub const IRDMA_EMU_LB_RESULT_KIND: Field = Field::new(2, 0);
-pub const IRDMA_EMU_LB_RESULT_QPN: Field = Field::new(25, 8);
+/// The CQPERRCODES value for a (major, minor) pair.
+pub fn cqperrcodes(major: u16, minor: u16) -> u32 {
+    (IRDMA_CQPERRCODES_CQP_MAJOR_CODE.put(u64::from(major)) | IRDMA_CQPERRCODES_CQP_MINOR_CODE.put(u64::from(minor)))
+        as u32
+}
 
 /// A decoded register offset. Only 4-byte aligned offsets decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

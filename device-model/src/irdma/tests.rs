@@ -1,6 +1,8 @@
 //! Device-level tests: a small driver (mirroring the kernel's CQP/CCQ routines) drives the engine through
 //! MMIO, with `HeapMemory` as the client's memory.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -5,24 +5,26 @@
 //! Steady-state doorbell processing allocates nothing: WQEs, CQEs and the shadow area live in stack
 //! buffers, the queue is a bounded channel of `Copy` messages, and the qhash table has reserved storage.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
 use vfio_user_proto::dma::DmaAccess;
+use vfio_user_proto::sync::Unpoison;
 
 use super::ccq::{encode_cqe, Ccq, IRDMA_CQ_DBSA_ARM_NEXT, IRDMA_CQ_DBSA_ARM_SEQ_NUM};
 use super::classify::classify;
 use super::cqp::{Cqp, HostContext, IRDMA_CQP_CTX_SIZE};
-use super::device::{bump, errcodes, Shared, State};
 use super::loopback::{decode_descriptor, result_word, status_word, LoopbackError, IRDMA_EMU_LB_DESC_SIZE};
 use super::observe;
 use super::regs::*;
+use super::shared::{bump, Shared, State};
 use super::wqe::{Command, Manage, Wqe, IRDMA_CQP_WQE_SIZE};
 use super::{CreateError, DmaStage, WqeError};
+use crate::worker::Stamped;
 
-const WORKER_POLL: Duration = Duration::from_millis(100);
 /// Pause between re-reads of the consumer index while the CCQ is full.
 const CCQ_FULL_POLL: Duration = Duration::from_micros(20);
 
@@ -34,18 +36,10 @@ pub(super) enum Work {
     Arm,
     Loopback { desc_pa: u64 },
     Reset,
-    Stop,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Msg {
-    pub epoch: u64,
-    pub work: Work,
 }
 
 pub(super) struct Worker {
     shared: Arc<Shared>,
-    rx: Receiver<Msg>,
     epoch: u64,
     cqp: Option<Cqp>,
     ccq: Option<Ccq>,
@@ -55,41 +49,8 @@ pub(super) struct Worker {
 type Outcome = Result<u32, WqeError>;
 
 impl Worker {
-    pub fn new(shared: Arc<Shared>, rx: Receiver<Msg>) -> Self {
-        Worker { shared, rx, epoch: 0, cqp: None, ccq: None }
-    }
-
-    pub fn run(mut self) {
-        while !self.shared.stop.load(Relaxed) {
-            match self.next_message() {
-                Ok(Msg { work: Work::Stop, .. }) => break,
-                Ok(msg) => {
-                    self.handle(msg);
-                    self.shared.completed.fetch_add(1, Relaxed);
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-        }
-    }
-
-    /// The next message: polled (yielding) for up to `worker_spin` before sleeping, because a driver that
-    /// waits for each completion rings again within microseconds and a futex wake-up costs more.
-    fn next_message(&self) -> Result<Msg, RecvTimeoutError> {
-        let spin = self.shared.config.worker_spin;
-        if !spin.is_zero() {
-            let start = Instant::now();
-            loop {
-                if let Ok(msg) = self.rx.try_recv() {
-                    return Ok(msg);
-                }
-                if start.elapsed() >= spin {
-                    break;
-                }
-                std::thread::yield_now();
-            }
-        }
-        self.rx.recv_timeout(WORKER_POLL)
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Worker { shared, epoch: 0, cqp: None, ccq: None }
     }
 
     /// True while no reset happened since this worker last synchronised.
@@ -97,7 +58,7 @@ impl Worker {
         self.shared.epoch.load(Relaxed) == self.epoch && !self.shared.stop.load(Relaxed)
     }
 
-    fn handle(&mut self, msg: Msg) {
+    pub fn handle(&mut self, msg: Stamped<Work>) {
         let epoch = self.shared.lock().epoch;
         if epoch != self.epoch {
             self.epoch = epoch;
@@ -107,13 +68,13 @@ impl Worker {
         if msg.epoch != self.epoch {
             return;
         }
-        let dma = self.shared.dma.read().unwrap_or_else(|e| e.into_inner()).clone();
-        match msg.work {
+        let dma = self.shared.dma.read().unpoison().clone();
+        match msg.job {
             Work::CqpCreate { ctx_pa } => self.cqp_create(&*dma, ctx_pa),
             Work::CqpDestroy => self.cqp_destroy(),
             Work::Arm => self.arm(&*dma),
             Work::Loopback { desc_pa } => self.loopback(&*dma, desc_pa),
-            Work::Doorbell | Work::Reset | Work::Stop => {}
+            Work::Doorbell | Work::Reset => {}
         }
         self.process_ring(&*dma);
     }
@@ -151,7 +112,7 @@ impl Worker {
                 let (major, minor) = e.codes();
                 self.publish(|st| {
                     st.regs.ccqpstatus = (IRDMA_CCQPSTATUS_CCQP_DONE.put(1) | IRDMA_CCQPSTATUS_CCQP_ERR.put(1)) as u32;
-                    st.regs.cqperrcodes = errcodes(major, minor);
+                    st.regs.cqperrcodes = cqperrcodes(major, minor);
                 });
             }
         }
@@ -210,7 +171,7 @@ impl Worker {
                 let (major, minor) = e.codes();
                 self.publish(|st| {
                     st.regs.cqptail |= IRDMA_CQPTAIL_CQP_OP_ERR.put(1) as u32;
-                    st.regs.cqperrcodes = errcodes(major, minor);
+                    st.regs.cqperrcodes = cqperrcodes(major, minor);
                 });
                 return false;
             }
@@ -333,7 +294,7 @@ impl Worker {
                 st.regs.cqptail = (IRDMA_CQPTAIL_WQTAIL.put(u64::from(tail)) | err) as u32;
             }
             if let Some((major, minor)) = status {
-                st.regs.cqperrcodes = errcodes(major, minor);
+                st.regs.cqperrcodes = cqperrcodes(major, minor);
             }
             target = vector.map(|ceq| msix_vector(st, ceq, self.shared.config.msix_vectors));
         });
@@ -347,7 +308,7 @@ impl Worker {
         match vector {
             Some(v) => {
                 bump(&self.shared.counters.interrupts);
-                self.shared.irq.read().unwrap_or_else(|e| e.into_inner()).raise(v);
+                self.shared.irq.read().unpoison().raise(v);
             }
             None => bump(&self.shared.counters.interrupts_dropped),
         }
@@ -366,7 +327,7 @@ impl Worker {
             Err(_) => {
                 bump(&c.dma_errors);
                 let (major, minor) = WqeError::Dma(DmaStage::ShadowArea).codes();
-                self.publish(|st| st.regs.cqperrcodes = errcodes(major, minor));
+                self.publish(|st| st.regs.cqperrcodes = cqperrcodes(major, minor));
                 return;
             }
         };

@@ -1,5 +1,7 @@
 //! CQP WQE decoding (hardware-facts §3.6, §3.7, §3.9): 64 bytes in, a typed command or a `WqeError` out.
 
+#![forbid(unsafe_code)]
+
 use super::qhash::{EntryType, QhashData, QhashKey};
 use super::regs::Field;
 use super::WqeError;

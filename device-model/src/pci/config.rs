@@ -4,6 +4,8 @@
 //! space: BAR sizing falls out of the BAR masks, status bits out of the W1C masks, and read-only fields stay
 //! put. The device changes read-only state through the `set_*` back door, never through `write`.
 
+#![forbid(unsafe_code)]
+
 use thiserror::Error;
 
 use super::regs::*;

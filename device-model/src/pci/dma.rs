@@ -5,6 +5,8 @@
 //! tearing down. A DMA read that fails in the IOMMU/mapping (an Unsupported Request completion on real
 //! hardware) sets Received Master Abort in PCI_STATUS, which the driver clears by writing 1.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 

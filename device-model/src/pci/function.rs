@@ -1,5 +1,7 @@
 //! `Function`: one engine as a PCI function served over vfio-user (docs/pci.md for every policy here).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -7,6 +9,7 @@ use vfio_user_proto::device::{
     device_flags, irq, irq_flags, region, region_flags, Device, DeviceContext, DeviceInfo, Errno, IrqInfo, RegionInfo,
     SparseArea,
 };
+use vfio_user_proto::sync::Unpoison;
 
 use super::config::{BarLayout, CapLayout, ConfigLayout, ConfigSpace, MsixLayout};
 use super::dma::BusMasterDma;
@@ -266,7 +269,7 @@ impl Function {
     }
 
     fn lock_config(&self) -> MutexGuard<'_, ConfigSpace> {
-        let mut cfg = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cfg = self.config.lock().unpoison();
         let events = self.status_events.swap(0, Ordering::AcqRel);
         if events != 0 {
             cfg.raise_status(PCI_STATUS, events);
@@ -443,7 +446,7 @@ impl Function {
     /// The client's current DMA mappings, for the control socket's `{"cmd":"dma_maps"}`: what a guest kernel
     /// mapped for the device (one 4 KiB page per map under a vIOMMU), to check programmed addresses against.
     pub fn dma_maps(&self) -> serde_json::Value {
-        let dma = self.dma.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let dma = self.dma.lock().unpoison().clone();
         let regions = dma.and_then(|d| vfio_user_proto::dma::DmaAccess::regions(d.as_ref()));
         let maps: Vec<serde_json::Value> = regions
             .unwrap_or_default()
@@ -633,14 +636,14 @@ impl Device for Function {
             self.dma_refused.clone(),
             self.status_events.clone(),
         ));
-        *self.dma.lock().unwrap_or_else(|e| e.into_inner()) = Some(dma.clone());
+        *self.dma.lock().unpoison() = Some(dma.clone());
         self.engine.attach(Arc::new(ProbedDma::new(dma, self.obs.clone())), irq);
     }
 
     fn detach(&self) {
         // Stop bus mastering first so any work still running fails its DMA, then let the engine wind down.
         self.power_on_reset();
-        *self.dma.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.dma.lock().unpoison() = None;
         self.engine.detach();
         if let Some(m) = &self.msix {
             m.detach();

@@ -1,6 +1,8 @@
 //! The PCI function that carries an engine: config space with masks, the MSI-X table and PBA, BAR dispatch,
 //! reset, and the adaptation to `vfio_user_proto::device::Device`. Layout and policies: docs/pci.md.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 mod dma;
 mod function;

@@ -7,10 +7,13 @@
 //! client has written the table since reset: QEMU overlays the table with its own emulation and never writes
 //! ours, so its power-on "all masked" must not gate QEMU's interrupts.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vfio_user_proto::device::{irq, IrqTrigger};
+use vfio_user_proto::sync::Unpoison;
 
 use super::config::MsixLayout;
 use super::regs::*;
@@ -122,7 +125,7 @@ impl Msix {
     }
 
     fn lock(&self) -> MutexGuard<'_, MsixState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unpoison()
     }
 
     /// Bytes of the vector table.

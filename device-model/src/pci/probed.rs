@@ -2,6 +2,8 @@
 //! trace, access log, stuck bits, surprise removal), the engine's DMA (trace, failed reads and writes) and its
 //! interrupts (trace, suppression). docs/observe.md.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 

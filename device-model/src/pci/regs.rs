@@ -1,5 +1,7 @@
 //! PCI / PCI Express configuration-space registers used by the function (names from linux/pci_regs.h).
 
+#![forbid(unsafe_code)]
+
 /// Size of PCI Express configuration space.
 pub const PCI_CFG_SPACE_EXP_SIZE: usize = 4096;
 /// End of the legacy (type 0 header + capabilities) part; extended capabilities start here.

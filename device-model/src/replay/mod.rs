@@ -14,6 +14,8 @@
 //! is read again until it matches or 2 s pass: that is a driver's poll, replayed. Everything else must match
 //! at once.
 
+#![forbid(unsafe_code)]
+
 mod peer;
 
 use std::collections::HashMap;

@@ -1,6 +1,8 @@
 //! The replay's side of the socket: sends the recorded client messages, and sorts what the server sends back
 //! into replies (by message id) and the server's own DMA requests (in order).
 
+#![forbid(unsafe_code)]
+
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;

@@ -3,6 +3,8 @@
 //! engine that asks for it (the hfi1 chip personality) or when the control socket turns it on. A FLR does
 //! not clear it (it is the session's record, not device state); a new client does.
 
+#![forbid(unsafe_code)]
+
 use std::collections::VecDeque;
 
 use super::RegisterName;

@@ -5,6 +5,8 @@
 //! an event's device and block decides: `DEVICE::BLOCK`, then `*::BLOCK`, then `DEVICE`, then the bare level;
 //! among equals the last one wins. Examples: `hfi1::flow=debug`, `irdma=info,irdma::dma=trace`, `off`.
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 
 use super::{Block, Level};

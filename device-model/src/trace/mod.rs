@@ -5,6 +5,8 @@
 //! costs one relaxed atomic load and a compare while its block is off, so tracing off is free (benchmark
 //! case (a), docs/bench.md); formatting happens only for events that pass.
 
+#![forbid(unsafe_code)]
+
 pub mod access_log;
 mod filter;
 mod sink;

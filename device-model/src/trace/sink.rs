@@ -1,5 +1,7 @@
 //! Where trace lines go: stderr, a file, or memory (tests); as text or JSON lines.
 
+#![forbid(unsafe_code)]
+
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};

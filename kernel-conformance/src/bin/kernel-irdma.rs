@@ -2,6 +2,8 @@
 //! an irdma device model: one in this process, or a running `device-model --irdma SOCKET` over vfio-user.
 //! Build it against a modified kernel tree with RDMA_EMU_KERNEL_SRC to try a ctrl.c change on the emulator.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -7,6 +7,8 @@
 //! outstanding WQE with the right completion context (the kernel dereferences it), and the CCQ features
 //! hw.c never turns on (TPH, 64-byte CQEs, PBLs). docs/kernel-conformance.md lists each with its reason.
 
+#![forbid(unsafe_code)]
+
 use arbitrary::{Arbitrary, Result, Unstructured};
 
 use super::fake::CreateResponse;

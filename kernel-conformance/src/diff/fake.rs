@@ -3,11 +3,14 @@
 //! each driver did that the device could see: register reads and writes, and the queue memory at every
 //! barrier and register write.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use udriver::access::{AccessError, DeviceAccess, DeviceIdentity};
 use udriver::dma::DmaMemory;
+use vfio_user_proto::sync::Unpoison;
 
 use crate::env::BarrierObserver;
 
@@ -67,7 +70,7 @@ pub struct Trace(Arc<Mutex<TraceInner>>);
 
 impl Trace {
     fn lock(&self) -> MutexGuard<'_, TraceInner> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.lock().unpoison()
     }
     pub fn set_watches(&self, w: Vec<Watch>) {
         self.lock().watches = w;
@@ -137,7 +140,7 @@ impl FakeIrdma {
         Arc::new(Self { trace, create, regs: Mutex::new(Regs::default()) })
     }
     fn regs(&self) -> MutexGuard<'_, Regs> {
-        self.regs.lock().unwrap_or_else(|e| e.into_inner())
+        self.regs.lock().unpoison()
     }
     /// Makes CQPTAIL report CQP_OP_ERR with these codes (a failing register-polled command).
     pub fn set_op_err(&self, errcodes: u32) {
@@ -197,11 +200,11 @@ impl DeviceAccess for FakeIrdma {
         self.write(offset, value);
         Ok(())
     }
-    fn read64(&self, _bar: u32, offset: u64) -> udriver::access::Result<u64> {
-        Err(AccessError::Other(format!("irdma registers are 32-bit (readq at {offset:#x})")))
+    fn read64(&self, bar: u32, offset: u64) -> udriver::access::Result<u64> {
+        Err(AccessError::BadWidth { bar, offset, width: 8 })
     }
-    fn write64(&self, _bar: u32, offset: u64, _value: u64) -> udriver::access::Result<()> {
-        Err(AccessError::Other(format!("irdma registers are 32-bit (writeq at {offset:#x})")))
+    fn write64(&self, bar: u32, offset: u64, _value: u64) -> udriver::access::Result<()> {
+        Err(AccessError::BadWidth { bar, offset, width: 8 })
     }
     fn dma_map(&self, _mem: &DmaMemory, _offset: u64, _len: u64, _iova: u64) -> udriver::access::Result<()> {
         Ok(())

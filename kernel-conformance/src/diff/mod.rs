@@ -15,6 +15,8 @@
 //!   irdma_sc_ccq_get_cqe_info: `error = readl(cqp->dev->hw_regs[IRDMA_CQPERRCODES])`); CQE steps ignore
 //!   reads of that register.
 
+#![forbid(unsafe_code)]
+
 pub mod case;
 pub mod fake;
 pub mod sides;

@@ -2,6 +2,8 @@
 //! `udriver::irdma`, each on its own fake device and DMA pool, allocating in the same order so that
 //! their IOVAs, and therefore the WQEs that carry them, are equal.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

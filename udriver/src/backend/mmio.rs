@@ -1,10 +1,12 @@
 //! A BAR (or part of one) mapped into our address space: register access without a trap.
 //!
 //! The only `unsafe` of the backends: one shared mapping per `MappedBar`, bounds and alignment checked
-//! before every volatile access, and never exposed as a Rust reference.
+//! before every access, which is a `volatile::VolatilePtr` read or write (never a Rust reference).
 
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
+
+use volatile::VolatilePtr;
 
 use crate::access::{AccessError, Result};
 
@@ -26,12 +28,9 @@ impl MappedBar {
     /// Maps `len` bytes of `fd` at `fd_offset`, standing for BAR bytes `[bar_offset, bar_offset + len)`.
     pub fn new(fd: BorrowedFd<'_>, fd_offset: u64, len: u64, bar_offset: u64) -> Result<Self> {
         use rustix::mm::{mmap, MapFlags, ProtFlags};
-        let len_usize =
-            usize::try_from(len).map_err(|_| AccessError::Other(format!("BAR area too large: {len:#x}")))?;
+        let len_usize = usize::try_from(len).map_err(|_| AccessError::BadBarArea { len, fd_offset })?;
         if len_usize == 0 || fd_offset % 4096 != 0 {
-            return Err(AccessError::Other(format!(
-                "cannot map BAR area of {len:#x} bytes at file offset {fd_offset:#x}"
-            )));
+            return Err(AccessError::BadBarArea { len, fd_offset });
         }
         // SAFETY: a new shared mapping chosen by the kernel (no fixed address), so it aliases nothing in
         // this process; it is unmapped once in Drop.
@@ -39,7 +38,7 @@ impl MappedBar {
             mmap(std::ptr::null_mut(), len_usize, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, fd, fd_offset)
         }
         .map_err(|e| AccessError::Io { op: "mmap BAR", source: e.into() })?;
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(AccessError::Other("mmap returned NULL".into()))?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(AccessError::BadBarArea { len, fd_offset })?;
         Ok(Self { ptr, len: len_usize, bar_offset })
     }
 
@@ -49,35 +48,32 @@ impl MappedBar {
             && offset.checked_add(width).is_some_and(|end| end <= self.bar_offset + self.len as u64)
     }
 
-    fn ptr_at(&self, bar: u32, offset: u64, width: u64) -> Result<*mut u8> {
+    /// The register of type `T` at BAR offset `offset`, after the bounds and alignment checks: the one place
+    /// a pointer into the mapping is made.
+    fn reg<T: Copy>(&self, bar: u32, offset: u64) -> Result<VolatilePtr<'_, T>> {
+        let width = std::mem::size_of::<T>() as u64;
         if !self.covers(offset, width) || offset % width != 0 {
             return Err(AccessError::OutOfRange { what: "mapped access", bar, offset, size: self.len as u64 });
         }
         let rel = (offset - self.bar_offset) as usize;
-        // SAFETY: `rel + width <= len` was checked by `covers`, so the pointer stays inside the mapping.
-        Ok(unsafe { self.ptr.as_ptr().add(rel) })
+        // SAFETY: `rel + width <= len` (checked by `covers`), so the pointer stays inside the mapping, which
+        // lives as long as `self`; the mapping is page-aligned and `offset` a multiple of `width`, so the
+        // pointer is aligned for `T`. Device memory is only ever reached through volatile accesses.
+        Ok(unsafe { VolatilePtr::new(self.ptr.add(rel).cast::<T>()) })
     }
 
     pub fn read32(&self, bar: u32, offset: u64) -> Result<u32> {
-        let p = self.ptr_at(bar, offset, 4)?;
-        // SAFETY: in bounds and 4-byte aligned (checked in ptr_at; the mapping is page-aligned).
-        Ok(u32::from_le(unsafe { p.cast::<u32>().read_volatile() }))
+        Ok(u32::from_le(self.reg::<u32>(bar, offset)?.read()))
     }
     pub fn write32(&self, bar: u32, offset: u64, value: u32) -> Result<()> {
-        let p = self.ptr_at(bar, offset, 4)?;
-        // SAFETY: in bounds and 4-byte aligned (checked in ptr_at).
-        unsafe { p.cast::<u32>().write_volatile(value.to_le()) };
+        self.reg::<u32>(bar, offset)?.write(value.to_le());
         Ok(())
     }
     pub fn read64(&self, bar: u32, offset: u64) -> Result<u64> {
-        let p = self.ptr_at(bar, offset, 8)?;
-        // SAFETY: in bounds and 8-byte aligned (checked in ptr_at).
-        Ok(u64::from_le(unsafe { p.cast::<u64>().read_volatile() }))
+        Ok(u64::from_le(self.reg::<u64>(bar, offset)?.read()))
     }
     pub fn write64(&self, bar: u32, offset: u64, value: u64) -> Result<()> {
-        let p = self.ptr_at(bar, offset, 8)?;
-        // SAFETY: in bounds and 8-byte aligned (checked in ptr_at).
-        unsafe { p.cast::<u64>().write_volatile(value.to_le()) };
+        self.reg::<u64>(bar, offset)?.write(value.to_le());
         Ok(())
     }
 }

@@ -11,12 +11,13 @@ use vfio_bindings::bindings::vfio::{
     VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
 };
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioRegionInfoCap};
+use vfio_user_proto::sync::Unpoison;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::mmio::MappedBar;
 use super::wait_eventfd;
 use crate::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
-use crate::dma::DmaMemory;
+use crate::dma::{DmaMemory, PAGE_SIZE};
 
 /// One BAR: its size, where it lives in the device fd, and the parts we could map.
 struct Bar {
@@ -45,17 +46,14 @@ pub fn sysfs_path(dev: &str) -> PathBuf {
 }
 
 fn vfio_err(op: &'static str, e: vfio_ioctls::VfioError) -> AccessError {
-    AccessError::Other(format!("{op}: {e}"))
+    AccessError::Vfio { op, source: e }
 }
 
 impl VfioBackend {
     pub fn open(dev: &str) -> Result<Self> {
         let sysfs = sysfs_path(dev);
         if !sysfs.join("iommu_group").exists() {
-            return Err(AccessError::Other(format!(
-                "{} has no iommu_group: VFIO needs an IOMMU (boot with intel_iommu=on and a vIOMMU)",
-                sysfs.display()
-            )));
+            return Err(AccessError::NoIommuGroup(sysfs));
         }
         let container = Arc::new(VfioContainer::new(None).map_err(|e| vfio_err("open VFIO container", e))?);
         let device = VfioDevice::new(&sysfs, container.clone(), false).map_err(|e| vfio_err("open VFIO device", e))?;
@@ -96,9 +94,7 @@ impl VfioBackend {
 
     fn check(&self, bar: u32, offset: u64, width: u64) -> Result<&Bar> {
         let b = self.bar(bar)?;
-        if offset.checked_add(width).is_none_or(|end| end > b.size) || offset % width != 0 {
-            return Err(AccessError::OutOfRange { what: "register access", bar, offset, size: b.size });
-        }
+        super::check_register(bar, Some(b.size), offset, width)?;
         Ok(b)
     }
 
@@ -116,7 +112,7 @@ impl VfioBackend {
         let n = rustix::io::pread(self.fd(), &mut *buf, fd_offset)
             .map_err(|e| AccessError::Io { op: "VFIO region read", source: e.into() })?;
         if n != buf.len() {
-            return Err(AccessError::Other(format!("short VFIO region read: {n} of {} bytes", buf.len())));
+            return Err(AccessError::Short { op: "VFIO region read", done: n, wanted: buf.len() });
         }
         Ok(())
     }
@@ -125,7 +121,7 @@ impl VfioBackend {
         let n = rustix::io::pwrite(self.fd(), buf, fd_offset)
             .map_err(|e| AccessError::Io { op: "VFIO region write", source: e.into() })?;
         if n != buf.len() {
-            return Err(AccessError::Other(format!("short VFIO region write: {n} of {} bytes", buf.len())));
+            return Err(AccessError::Short { op: "VFIO region write", done: n, wanted: buf.len() });
         }
         Ok(())
     }
@@ -148,23 +144,14 @@ fn device_fd(device: &VfioDevice) -> BorrowedFd<'_> {
 impl DeviceAccess for VfioBackend {
     fn identity(&self) -> DeviceIdentity {
         let mut ids = [0u8; 4];
-        let (vendor_id, device_id) = match self.config_read_raw(0, &mut ids) {
-            Ok(()) => (u16::from_le_bytes([ids[0], ids[1]]), u16::from_le_bytes([ids[2], ids[3]])),
-            Err(_) => (0xffff, 0xffff),
-        };
-        DeviceIdentity {
-            vendor_id,
-            device_id,
-            bars: self.bars.iter().enumerate().filter_map(|(i, b)| b.as_ref().map(|b| (i as u32, b.size))).collect(),
-            msix_vectors: self.device.get_irq_info(VFIO_PCI_MSIX_IRQ_INDEX).map_or(0, |i| i.count),
-            backend: "vfio",
-            mapped_bars: self
-                .bars
-                .iter()
-                .enumerate()
-                .filter_map(|(i, b)| b.as_ref().filter(|b| !b.maps.is_empty()).map(|_| i as u32))
-                .collect(),
-        }
+        let config = self.config_read_raw(0, &mut ids).map(|()| ids);
+        let bars = self
+            .bars
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.as_ref().map(|b| (i as u32, b.size, !b.maps.is_empty())));
+        let msix = self.device.get_irq_info(VFIO_PCI_MSIX_IRQ_INDEX).map_or(0, |i| i.count);
+        super::identity("vfio", config, bars, msix)
     }
 
     fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -211,9 +198,10 @@ impl DeviceAccess for VfioBackend {
     }
 
     fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
-        let end = offset.checked_add(len).filter(|e| *e <= mem.len() as u64);
-        if end.is_none() || len == 0 || offset % 4096 != 0 || len % 4096 != 0 || iova % 4096 != 0 {
-            return Err(AccessError::Other(format!("bad DMA map {offset:#x}+{len:#x} at IOVA {iova:#x}")));
+        super::check_dma_map(mem, offset, len, iova)?;
+        // The IOMMU maps whole pages.
+        if [offset, len, iova].iter().any(|v| v % PAGE_SIZE != 0) {
+            return Err(AccessError::BadDmaMap { offset, len, iova });
         }
         let addr = (mem.addr() + offset) as *mut u8;
         // SAFETY: `[addr, addr+len)` lies inside `mem`'s mapping (checked above). DmaMemory only ever
@@ -228,23 +216,20 @@ impl DeviceAccess for VfioBackend {
 
     fn enable_msix(&self, nvec: u32) -> Result<()> {
         let max = self.device.get_irq_info(VFIO_PCI_MSIX_IRQ_INDEX).map_or(0, |i| i.count);
-        if nvec == 0 || nvec > max {
-            return Err(AccessError::Other(format!("{nvec} MSI-X vectors requested, device has {max}")));
-        }
+        super::check_msix_vectors(nvec, max)?;
         let fds: Vec<EventFd> = (0..nvec)
             .map(|_| EventFd::new(EFD_NONBLOCK).map_err(|e| AccessError::Io { op: "eventfd", source: e }))
             .collect::<Result<_>>()?;
         self.device.enable_msix(fds.iter().collect()).map_err(|e| vfio_err("VFIO_DEVICE_SET_IRQS", e))?;
-        *self.msix.lock().unwrap_or_else(|e| e.into_inner()) = fds;
+        *self.msix.lock().unpoison() = fds;
         Ok(())
     }
 
     fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {
         // A duplicate, so a waiter on one vector never holds up another vector's waiter or a re-enable.
         let fd = {
-            let fds = self.msix.lock().unwrap_or_else(|e| e.into_inner());
-            let fd =
-                fds.get(vector as usize).ok_or(AccessError::Other(format!("MSI-X vector {vector} is not enabled")))?;
+            let fds = self.msix.lock().unpoison();
+            let fd = fds.get(vector as usize).ok_or(AccessError::VectorNotEnabled(vector))?;
             fd.try_clone().map_err(|e| AccessError::Io { op: "dup eventfd", source: e })?
         };
         // SAFETY: `fd` is our own duplicate and outlives the wait.

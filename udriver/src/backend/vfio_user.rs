@@ -2,6 +2,8 @@
 //! Registers are reached through mmapped sparse areas where the server offers them, else by
 //! REGION_READ/REGION_WRITE; DMA memory is shared by passing the memfd in DMA_MAP.
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Mutex;
@@ -9,6 +11,7 @@ use std::time::Duration;
 
 use vfio_user_proto::client::{Client, ClientConfig, DmaProt};
 use vfio_user_proto::device::{irq, region};
+use vfio_user_proto::sync::Unpoison;
 
 use super::mmio::MappedBar;
 use super::wait_eventfd;
@@ -70,11 +73,9 @@ impl VfioUserBackend {
     }
 
     fn mapped(&self, bar: u32, offset: u64, width: u64) -> Result<Option<&MappedBar>> {
-        let b = self.bars.get(bar as usize).and_then(|b| b.as_ref()).ok_or(AccessError::NoSuchBar(bar))?;
-        if offset.checked_add(width).is_none_or(|e| e > b.size) || offset % width != 0 {
-            return Err(AccessError::OutOfRange { what: "register access", bar, offset, size: b.size });
-        }
-        Ok(b.maps.iter().find(|m| m.covers(offset, width)))
+        let b = self.bars.get(bar as usize).and_then(|b| b.as_ref());
+        super::check_register(bar, b.map(|b| b.size), offset, width)?;
+        Ok(b.and_then(|b| b.maps.iter().find(|m| m.covers(offset, width))))
     }
 
     fn read(&self, bar: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -89,20 +90,13 @@ impl VfioUserBackend {
 impl DeviceAccess for VfioUserBackend {
     fn identity(&self) -> DeviceIdentity {
         let mut ids = [0u8; 4];
-        let ok = self.client.region_read(region::CONFIG, 0, &mut ids).is_ok();
-        DeviceIdentity {
-            vendor_id: if ok { u16::from_le_bytes([ids[0], ids[1]]) } else { 0xffff },
-            device_id: if ok { u16::from_le_bytes([ids[2], ids[3]]) } else { 0xffff },
-            bars: self.bars.iter().enumerate().filter_map(|(i, b)| b.as_ref().map(|b| (i as u32, b.size))).collect(),
-            msix_vectors: self.msix_count,
-            backend: "vfio-user",
-            mapped_bars: self
-                .bars
-                .iter()
-                .enumerate()
-                .filter_map(|(i, b)| b.as_ref().filter(|b| !b.maps.is_empty()).map(|_| i as u32))
-                .collect(),
-        }
+        let config = self.read(region::CONFIG, 0, &mut ids).map(|()| ids);
+        let bars = self
+            .bars
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.as_ref().map(|b| (i as u32, b.size, !b.maps.is_empty())));
+        super::identity("vfio-user", config, bars, self.msix_count)
     }
 
     fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -142,9 +136,7 @@ impl DeviceAccess for VfioUserBackend {
     }
 
     fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
-        if len == 0 || offset.checked_add(len).is_none_or(|e| e > mem.len() as u64) {
-            return Err(AccessError::Other(format!("bad DMA map {offset:#x}+{len:#x} at IOVA {iova:#x}")));
-        }
+        super::check_dma_map(mem, offset, len, iova)?;
         self.client.dma_map_fd(iova, len, mem.fd(), offset, DmaProt::READ_WRITE).map_err(|e| client_err("DMA_MAP", e))
     }
 
@@ -153,9 +145,7 @@ impl DeviceAccess for VfioUserBackend {
     }
 
     fn enable_msix(&self, nvec: u32) -> Result<()> {
-        if nvec == 0 || nvec > self.msix_count {
-            return Err(AccessError::Other(format!("{nvec} MSI-X vectors requested, device has {}", self.msix_count)));
-        }
+        super::check_msix_vectors(nvec, self.msix_count)?;
         let fds: Vec<OwnedFd> = (0..nvec)
             .map(|_| {
                 rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK)
@@ -166,7 +156,7 @@ impl DeviceAccess for VfioUserBackend {
         self.client
             .set_irqs(irq::MSIX, IRQ_SET_EVENTFD_TRIGGER, 0, &borrowed)
             .map_err(|e| client_err("DEVICE_SET_IRQS", e))?;
-        *self.msix.lock().unwrap_or_else(|e| e.into_inner()) = fds;
+        *self.msix.lock().unpoison() = fds;
         // No kernel in between: the driver turns MSI-X on in config space itself.
         super::msix_enable(self)
     }
@@ -174,9 +164,8 @@ impl DeviceAccess for VfioUserBackend {
     fn wait_irq(&self, vector: u32, timeout: Duration) -> Result<bool> {
         // A duplicate, so a waiter on one vector never holds up another vector's waiter or a re-enable.
         let fd = {
-            let fds = self.msix.lock().unwrap_or_else(|e| e.into_inner());
-            let fd =
-                fds.get(vector as usize).ok_or(AccessError::Other(format!("MSI-X vector {vector} is not enabled")))?;
+            let fds = self.msix.lock().unpoison();
+            let fd = fds.get(vector as usize).ok_or(AccessError::VectorNotEnabled(vector))?;
             fd.try_clone().map_err(|e| AccessError::Io { op: "dup eventfd", source: e })?
         };
         wait_eventfd(fd.as_fd(), timeout)

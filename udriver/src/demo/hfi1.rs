@@ -6,6 +6,8 @@
 //! nothing leaked. Only `DeviceAccess` is used, so the demo runs the same over VFIO, vfio-user and
 //! in-process.
 
+#![forbid(unsafe_code)]
+
 mod stress;
 
 use std::sync::Arc;

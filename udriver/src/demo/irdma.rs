@@ -5,6 +5,8 @@
 //! has segments classified through the loopback block, checks each outcome, and tears down. The stress mode
 //! has several threads share the CQP (and its backlog) for a while, then proves the table empty.
 
+#![forbid(unsafe_code)]
+
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -108,7 +110,7 @@ impl Conn {
             dst_ip: local,
             src_port: self.remote_port,
             dst_port: self.local_port,
-            vlan_id: self.vlan,
+            vlan: self.vlan,
             syn: self.listener,
             ack: !self.listener,
         }
@@ -265,7 +267,7 @@ pub fn irdma_demo(dev: Arc<dyn DeviceAccess>, opts: &IrdmaDemoOptions) -> DemoRe
         Ok(Value::Array(out))
     });
     let unknown4 = IrdmaTcpSegment { src_port: 5001, ..conn4.segment() };
-    let other_vlan6 = IrdmaTcpSegment { vlan_id: Some(VLAN + 1), ..listen6.segment() };
+    let other_vlan6 = IrdmaTcpSegment { vlan: Some(VLAN + 1), ..listen6.segment() };
     report.step("classify: SYN to listener, established to its QP, unknown to host", || {
         classify_all(
             &lb,

@@ -1,6 +1,8 @@
 //! The demos `udriver hfi1-demo` and `udriver irdma-demo` run: the driver doing its real work against a
 //! device, each step checked, with a report both readable and machine-readable (`--json`).
 
+#![forbid(unsafe_code)]
+
 pub mod hfi1;
 pub mod irdma;
 

@@ -1,111 +1,28 @@
 //! Device and receive-context data: probe-time validation of RCV_ARRAY_CNT / RCV_CONTEXTS, the per-context
 //! RcvArray partition (§1.4), `hfi1_rcvctrl` (§1.2) and the state guarded by `exp_lock` (§1.13).
 
-use std::ops::{Deref, DerefMut};
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use vfio_user_proto::sync::Unpoison;
 
 use super::flow::hfi1_kern_init_ctxt_generations;
+pub use super::hfi::{
+    ExpLocked, ExpState, Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params, RcvEntries, RcvHdrState, TidFlowGeneration,
+    HFI1_CTRL_CTXT, HFI1_RCVCTRL_CTXT_DIS, HFI1_RCVCTRL_CTXT_ENB, HFI1_RCVCTRL_INTRAVAIL_DIS,
+    HFI1_RCVCTRL_INTRAVAIL_ENB, HFI1_RCVCTRL_NO_EGR_DROP_DIS, HFI1_RCVCTRL_NO_EGR_DROP_ENB,
+    HFI1_RCVCTRL_NO_RHQ_DROP_DIS, HFI1_RCVCTRL_NO_RHQ_DROP_ENB, HFI1_RCVCTRL_ONE_PKT_EGR_DIS,
+    HFI1_RCVCTRL_ONE_PKT_EGR_ENB, HFI1_RCVCTRL_PKEY_DIS, HFI1_RCVCTRL_PKEY_ENB, HFI1_RCVCTRL_TAILUPD_DIS,
+    HFI1_RCVCTRL_TAILUPD_ENB, HFI1_RCVCTRL_TIDFLOW_DIS, HFI1_RCVCTRL_TIDFLOW_ENB, HFI1_RCVCTRL_URGENT_DIS,
+    HFI1_RCVCTRL_URGENT_ENB, MAX_EAGER_ENTRIES, MAX_RCV_ARRAY_CNT, MAX_TID_PAIR_ENTRIES, RXE_NUM_CONTEXTS,
+};
+use super::hfi::{ExpTidSet, TidGroup, TidQueue, TidWorkQueue};
 use super::regs::*;
-use super::tid::{ExpTidSet, TidGroup};
-use super::wait::{TidQueue, TidWorkQueue};
 use super::Hfi1Error;
 use crate::access::{AccessError, DeviceAccess};
 use crate::dma::DmaBuffer;
-
-pub const RXE_NUM_CONTEXTS: u32 = 160;
-pub const MAX_EAGER_ENTRIES: u32 = 2048;
-pub const MAX_TID_PAIR_ENTRIES: u32 = 1024;
-/// The RcvArray entry count the base fields of RCV_EGR_CTRL/RCV_TID_CTRL can address (13 bits of 8 entries).
-pub const MAX_RCV_ARRAY_CNT: u32 = ((RCV_TID_CTRL_TID_BASE_INDEX_MASK as u32) + 1) << RCV_SHIFT;
-pub const HFI1_CTRL_CTXT: u32 = 0;
-
-/// `hfi1_rcvctrl` op bits (hfi.h).
-pub const HFI1_RCVCTRL_TAILUPD_ENB: u32 = 0x1;
-pub const HFI1_RCVCTRL_TAILUPD_DIS: u32 = 0x2;
-pub const HFI1_RCVCTRL_CTXT_ENB: u32 = 0x4;
-pub const HFI1_RCVCTRL_CTXT_DIS: u32 = 0x8;
-pub const HFI1_RCVCTRL_INTRAVAIL_ENB: u32 = 0x10;
-pub const HFI1_RCVCTRL_INTRAVAIL_DIS: u32 = 0x20;
-pub const HFI1_RCVCTRL_PKEY_ENB: u32 = 0x40;
-pub const HFI1_RCVCTRL_PKEY_DIS: u32 = 0x80;
-pub const HFI1_RCVCTRL_TIDFLOW_ENB: u32 = 0x400;
-pub const HFI1_RCVCTRL_TIDFLOW_DIS: u32 = 0x800;
-pub const HFI1_RCVCTRL_ONE_PKT_EGR_ENB: u32 = 0x1000;
-pub const HFI1_RCVCTRL_ONE_PKT_EGR_DIS: u32 = 0x2000;
-pub const HFI1_RCVCTRL_NO_RHQ_DROP_ENB: u32 = 0x4000;
-pub const HFI1_RCVCTRL_NO_RHQ_DROP_DIS: u32 = 0x8000;
-pub const HFI1_RCVCTRL_NO_EGR_DROP_ENB: u32 = 0x10000;
-pub const HFI1_RCVCTRL_NO_EGR_DROP_DIS: u32 = 0x20000;
-pub const HFI1_RCVCTRL_URGENT_ENB: u32 = 0x40000;
-pub const HFI1_RCVCTRL_URGENT_DIS: u32 = 0x80000;
-
-/// Driver parameters the kernel takes from module parameters or port state.
-#[derive(Debug, Clone)]
-pub struct Hfi1Params {
-    /// Receive contexts the driver uses (all kernel contexts); at most what the chip reports.
-    pub num_rcv_contexts: u32,
-    /// Percent of a context's RcvArray entries used for eager buffers (`rcvarr_split`, default 25).
-    pub rcvarr_split: u32,
-    /// Eager buffer size programmed into EGR_BUF_SIZE.
-    pub eager_buffer_size: u32,
-    /// RCV_AVAIL_TIME_OUT reload value (`rcv_intr_timeout_csr`).
-    pub rcv_intr_timeout_csr: u64,
-    /// RCV_HDR_HEAD counter written after enable (`rcv_intr_count`, default 16).
-    pub rcv_intr_count: u64,
-    /// DMA address written to RCV_HDR_TAIL_ADDR of a disabled context (`rcvhdrtail_dummy_dma`).
-    pub rcvhdrtail_dummy_dma: u64,
-    /// `piothreshold` module parameter (default 256).
-    pub piothreshold: u32,
-    /// `dd->vld[15].mtu`.
-    pub vl15_mtu: u32,
-    /// `ibp->sl_to_sc`.
-    pub sl_to_sc: [u8; 32],
-}
-
-impl Default for Hfi1Params {
-    fn default() -> Self {
-        Self {
-            num_rcv_contexts: 1,
-            rcvarr_split: 25,
-            eager_buffer_size: 0x1_0000,
-            rcv_intr_timeout_csr: 0,
-            rcv_intr_count: 16,
-            rcvhdrtail_dummy_dma: 0,
-            piothreshold: 256,
-            vl15_mtu: 2048,
-            sl_to_sc: std::array::from_fn(|sl| sl as u8 & 0x7),
-        }
-    }
-}
-
-/// `dd->rcv_entries`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RcvEntries {
-    pub group_size: u32,
-    /// Groups per context.
-    pub ngroups: u32,
-    /// Groups left over, one each for the first contexts.
-    pub nctxt_extra: u32,
-}
-
-/// `struct hfi1_devdata`, the parts this driver needs.
-pub struct Hfi1Devdata {
-    dev: Arc<dyn DeviceAccess>,
-    pub chip_rcv_array_count: u32,
-    pub chip_rcv_contexts: u32,
-    pub num_rcv_contexts: u32,
-    pub rcv_entries: RcvEntries,
-    pub params: Hfi1Params,
-    /// Whether `rcv_array_wc_fill` stores its zeros (the kernel's `dd->rcvarray_wc` being set). False when
-    /// the backend maps BAR0 as shared memory: there a 0 would replace an entry of another flow that the
-    /// device has not taken yet (docs/hfi1-device.md, "Limit of the rule").
-    pub rcvarray_wc: bool,
-    /// The port workqueue that runs TID wakeups (`ppd->hfi1_wq`).
-    pub wq: TidWorkQueue,
-    /// `n_tidwait`: QPs ever queued for TID resources.
-    pub n_tidwait: AtomicU64,
-}
 
 impl Hfi1Devdata {
     /// Reads and validates the chip geometry (`chip_rcv_array_count`, `chip_rcv_contexts`) and partitions
@@ -157,68 +74,6 @@ impl Hfi1Devdata {
     pub fn device(&self) -> &Arc<dyn DeviceAccess> {
         &self.dev
     }
-}
-
-/// State `hfi1_rcvctrl` keeps in the rcd (the header queue and its counters).
-#[derive(Default)]
-pub struct RcvHdrState {
-    pub rcvhdrq: Option<Arc<DmaBuffer>>,
-    pub rcvhdrtail: Option<Arc<DmaBuffer>>,
-    pub seq_cnt: u32,
-    pub head: u32,
-    pub rcvavail_timeout: u64,
-}
-
-/// `rcd->flows[i]`: the software generation of one hardware flow.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TidFlowGeneration {
-    pub generation: u32,
-}
-
-/// Everything `rcd->exp_lock` protects (§1.13).
-pub struct ExpState {
-    pub flow_mask: u32,
-    pub flows: [TidFlowGeneration; RXE_NUM_TID_FLOWS as usize],
-    /// Every `tid_group` of the context; the three sets hold indices into it.
-    pub groups: Vec<TidGroup>,
-    pub tid_group_list: ExpTidSet,
-    pub tid_used_list: ExpTidSet,
-    pub tid_full_list: ExpTidSet,
-    pub flow_queue: TidQueue,
-    pub rarr_queue: TidQueue,
-}
-
-/// `exp_lock` held: the proof a "must hold exp_lock" function takes, together with its context.
-pub struct ExpLocked<'a> {
-    pub rcd: &'a Hfi1Ctxtdata,
-    st: MutexGuard<'a, ExpState>,
-}
-
-impl Deref for ExpLocked<'_> {
-    type Target = ExpState;
-    fn deref(&self) -> &ExpState {
-        &self.st
-    }
-}
-impl DerefMut for ExpLocked<'_> {
-    fn deref_mut(&mut self) -> &mut ExpState {
-        &mut self.st
-    }
-}
-
-/// `struct hfi1_ctxtdata` (rcd).
-pub struct Hfi1Ctxtdata {
-    pub dd: Arc<Hfi1Devdata>,
-    pub ctxt: u32,
-    pub rcv_array_groups: u32,
-    pub eager_base: u32,
-    /// `egrbufs.alloced`: eager entries owned by this context.
-    pub egrbufs_alloced: u32,
-    pub egrbufs_rcvtid_size: u32,
-    pub expected_base: u32,
-    pub expected_count: u32,
-    hdr: Mutex<RcvHdrState>,
-    exp_lock: Mutex<ExpState>,
 }
 
 impl Hfi1Ctxtdata {
@@ -277,12 +132,12 @@ impl Hfi1Ctxtdata {
 
     /// Takes `exp_lock`. With a QP involved, take the QP's `s_lock` first (§1.13).
     pub fn lock_exp(&self) -> ExpLocked<'_> {
-        ExpLocked { rcd: self, st: self.exp_lock.lock().unwrap_or_else(|e| e.into_inner()) }
+        ExpLocked { rcd: self, st: self.exp_lock.lock().unpoison() }
     }
 
     /// Gives the context its receive header queue (and optional tail shadow) before `hfi1_rcvctrl`.
     pub fn set_rcvhdrq(&self, rcvhdrq: Arc<DmaBuffer>, rcvhdrtail: Option<Arc<DmaBuffer>>) {
-        let mut h = self.hdr.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.hdr.lock().unpoison();
         h.rcvhdrq = Some(rcvhdrq);
         h.rcvhdrtail = rcvhdrtail;
     }
@@ -308,20 +163,20 @@ impl Hfi1Ctxtdata {
 pub fn hfi1_rcvctrl(dd: &Hfi1Devdata, op: u32, rcd: &Hfi1Ctxtdata) -> Result<(), AccessError> {
     let csr = dd.csr();
     let ctxt = rcd.ctxt;
-    let mut h = rcd.hdr.lock().unwrap_or_else(|e| e.into_inner());
+    let mut h = rcd.hdr.lock().unpoison();
     let mut rcvctrl = csr.read_kctxt_csr(ctxt, RCV_CTXT_CTRL)?;
     let mut did_enable = false;
     if op & HFI1_RCVCTRL_CTXT_ENB != 0 && rcvctrl & RCV_CTXT_CTRL_ENABLE_SMASK == 0 {
-        let hdrq = h.rcvhdrq.clone().ok_or(AccessError::Other("context has no receive header queue".into()))?;
-        let hdrq_dma = hdrq.iova(0).ok_or(AccessError::Other("empty receive header queue".into()))?;
+        let hdrq = h.rcvhdrq.clone().ok_or(AccessError::NotSetUp("the receive header queue"))?;
+        let hdrq_dma = hdrq.iova(0).ok_or(AccessError::NotSetUp("the receive header queue (empty)"))?;
         csr.write_kctxt_csr(ctxt, RCV_HDR_ADDR, hdrq_dma)?;
         if let Some(tail) = h.rcvhdrtail.clone() {
-            let tail_dma = tail.iova(0).ok_or(AccessError::Other("empty tail shadow".into()))?;
+            let tail_dma = tail.iova(0).ok_or(AccessError::NotSetUp("the tail shadow (empty)"))?;
             csr.write_kctxt_csr(ctxt, RCV_HDR_TAIL_ADDR, tail_dma)?;
         }
         h.seq_cnt = 1;
         h.head = 0;
-        hdrq.memory().fill(0, hdrq.len(), 0).map_err(|e| AccessError::Other(e.to_string()))?;
+        hdrq.memory().fill(0, hdrq.len(), 0)?;
         h.rcvavail_timeout = dd.params.rcv_intr_timeout_csr;
         rcvctrl |= RCV_CTXT_CTRL_ENABLE_SMASK;
         rcvctrl &= !RCV_CTXT_CTRL_EGR_BUF_SIZE_SMASK;

@@ -1,13 +1,12 @@
 //! Expected-receive setup and teardown for TID RDMA (§1.9, §1.11): the per-request ring of flows, page
 //! sets, TID allocation, RcvArray programming, the tidarray and npkts, and queueing on shortage.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
-use super::ctxt::Hfi1Ctxtdata;
-use super::pageset::{
-    dma_map_flow, dma_unmap_flow, tid_rdma_find_phys_blocks_4k, tid_rdma_find_phys_blocks_8k, TidRdmaPageset,
-};
-use super::qp::{Hfi1Qp, QpLocked};
+use super::pageset::{dma_map_flow, dma_unmap_flow, tid_rdma_find_phys_blocks_4k, tid_rdma_find_phys_blocks_8k};
+use super::qp::QpLocked;
 use super::regs::full_flow_psn;
 use super::sge::RvtSgeState;
 use super::tid::{kern_alloc_tids, kern_program_rcvarray, kern_unprogram_rcvarray};
@@ -17,139 +16,11 @@ use super::wait::{
 };
 use crate::dma::PAGE_SIZE;
 
-pub const TID_RDMA_MIN_SEGMENT_SIZE: u32 = 256 << 10;
-pub const TID_RDMA_MAX_SEGMENT_SIZE: u32 = 256 << 10;
-pub const TID_RDMA_MAX_PAGES: usize = (TID_RDMA_MAX_SEGMENT_SIZE as u64 / PAGE_SIZE) as usize;
-pub const TID_RDMA_MAX_READ_SEGS_PER_REQ: u32 = 6;
-pub const TID_RDMA_MAX_WRITE_SEGS_PER_REQ: u32 = 4;
-pub const MAX_REQ: u32 = 6;
-/// Size of the per-request flow ring: roundup_pow_of_two(MAX_REQ + 1).
-pub const MAX_FLOWS: u16 = 8;
-/// 4 KiB path MTU selects the 4k page-set finder.
-pub const OPA_MTU_4096: u32 = 4096;
-
-/// `CIRC_CNT(head, tail, MAX_FLOWS)`.
-pub fn circ_cnt(head: u16, tail: u16) -> u16 {
-    head.wrapping_sub(tail) & (MAX_FLOWS - 1)
-}
-/// `CIRC_SPACE(head, tail, MAX_FLOWS)`.
-pub fn circ_space(head: u16, tail: u16) -> u16 {
-    tail.wrapping_sub(head).wrapping_sub(1) & (MAX_FLOWS - 1)
-}
-
-/// `struct kern_tid_node`: one group pick of `kern_alloc_tids`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KernTidNode {
-    /// Index into the context's groups.
-    pub grp: usize,
-    /// The group's map when picked.
-    pub map: u8,
-    /// Entries to program in it.
-    pub cnt: u8,
-}
-
-/// `struct flow_state` of one TID flow.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FlowState {
-    pub flags: u32,
-    pub resp_ib_psn: u32,
-    pub generation: u32,
-    pub spsn: u32,
-    pub lpsn: u32,
-    pub r_next_psn: u32,
-    pub ib_spsn: u32,
-    pub ib_lpsn: u32,
-}
-
-/// `struct tid_rdma_flow`: one segment's receive resources.
-#[derive(Debug, Clone, Default)]
-pub struct TidRdmaFlow {
-    pub flow_state: FlowState,
-    pub tid_qpn: u32,
-    pub tid_offset: u32,
-    pub length: u32,
-    pub sent: u32,
-    pub tnode_cnt: u8,
-    pub tidcnt: u8,
-    pub tid_idx: u8,
-    /// Hardware flow index used for this segment.
-    pub idx: u32,
-    pub npagesets: u8,
-    pub npkts: u32,
-    pub pkt: u32,
-    pub resync_npkts: u32,
-    pub tnode: Vec<KernTidNode>,
-    pub pagesets: Vec<TidRdmaPageset>,
-    /// The tidarray sent to the responder.
-    pub tid_entry: Vec<u32>,
-    /// IOVA of each page of the segment (the kernel's `pages[]`), kept for reuse after -EAGAIN.
-    pub pages: Vec<u64>,
-}
-
-/// `enum tid_rdma_req_state`, the states the setup path uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TidRequestState {
-    #[default]
-    Inactive,
-    Active,
-    Sync,
-    Queued,
-}
-
-/// `struct tid_rdma_request`.
-pub struct TidRdmaRequest {
-    pub qp: Arc<Hfi1Qp>,
-    pub rcd: Arc<Hfi1Ctxtdata>,
-    /// The ring of MAX_FLOWS flows, allocated lazily.
-    pub flows: Option<Vec<TidRdmaFlow>>,
-    pub setup_head: u16,
-    pub clear_tail: u16,
-    pub flow_idx: u16,
-    pub acked_tail: u16,
-    /// Segments allowed in flight (remote max_read for READ).
-    pub n_flows: u32,
-    pub seg_len: u32,
-    pub total_len: u32,
-    pub total_segs: u32,
-    pub cur_seg: u32,
-    pub comp_seg: u32,
-    pub ack_seg: u32,
-    pub alloc_seg: u32,
-    /// Index of the SGE `kern_find_pages` is in.
-    pub isge: u8,
-    pub s_next_psn: u32,
-    pub state: TidRequestState,
-}
-
-impl TidRdmaRequest {
-    pub fn new(qp: &Arc<Hfi1Qp>) -> Self {
-        Self {
-            qp: qp.clone(),
-            rcd: qp.rcd.clone(),
-            flows: None,
-            setup_head: 0,
-            clear_tail: 0,
-            flow_idx: 0,
-            acked_tail: 0,
-            n_flows: 0,
-            seg_len: 0,
-            total_len: 0,
-            total_segs: 0,
-            cur_seg: 0,
-            comp_seg: 0,
-            ack_seg: 0,
-            alloc_seg: 0,
-            isge: 0,
-            s_next_psn: 0,
-            state: TidRequestState::Inactive,
-        }
-    }
-
-    /// The flow at ring position `i`.
-    pub fn flow(&self, i: u16) -> Option<&TidRdmaFlow> {
-        self.flows.as_ref()?.get(usize::from(i & (MAX_FLOWS - 1)))
-    }
-}
+pub use super::tid_rdma::{
+    circ_cnt, circ_space, FlowState, KernTidNode, TidRdmaFlow, TidRdmaRequest, TidRequestState, MAX_FLOWS, MAX_REQ,
+    OPA_MTU_4096, TID_RDMA_MAX_PAGES, TID_RDMA_MAX_READ_SEGS_PER_REQ, TID_RDMA_MAX_SEGMENT_SIZE,
+    TID_RDMA_MAX_WRITE_SEGS_PER_REQ, TID_RDMA_MIN_SEGMENT_SIZE,
+};
 
 /// `hfi1_kern_exp_rcv_alloc_flows(req, gfp)`: allocates the flow ring once.
 pub fn hfi1_kern_exp_rcv_alloc_flows(req: &mut TidRdmaRequest) -> Result<(), i32> {

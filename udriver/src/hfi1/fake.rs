@@ -1,6 +1,8 @@
 //! A fake hfi1 BAR0 for tests: registers read back what was written (with RCV_ARRAY_CNT / RCV_CONTEXTS
 //! preset), every 64-bit write and WC flush is logged in order, and DMA mapping is a no-op.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,5 +1,7 @@
 //! Hardware TID flows (§1.5, §1.6): the 32-flow bitmask allocator, generations and the flow-table register.
 
+#![forbid(unsafe_code)]
+
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 

@@ -3,42 +3,27 @@
 //! (`hfi1_build_tid_rdma_read_resp`), written as descriptors into DMA memory and handed to the receive
 //! engine with one doorbell. Completion is polled with a timeout; every value the device reports is checked.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use thiserror::Error;
+use vfio_user_proto::sync::Unpoison;
 
 use super::exp_rcv::TidRdmaFlow;
 use super::regs::*;
 use crate::access::{poll_until, AccessError, DeviceAccess};
 use crate::dma::{DmaBuffer, DmaMemError, DmaPool};
 
-// ---- Loopback block: TXE + 0x7F0000, all registers 64-bit ----
-pub const LB_BASE: u64 = TXE + 0x7F_0000;
-/// RW: IOVA of the first descriptor of the next chain.
-pub const LB_DESC_ADDR: u64 = LB_BASE;
-/// WO: any write queues the chain at LB_DESC_ADDR.
-pub const LB_DOORBELL: u64 = LB_BASE + 0x08;
-/// RO: doorbells whose chain is fully processed.
-pub const LB_DB_DONE: u64 = LB_BASE + 0x10;
-/// RO: doorbells accepted.
-pub const LB_DB_SUBMITTED: u64 = LB_BASE + 0x18;
-/// RO: descriptors processed.
-pub const LB_DESC_DONE: u64 = LB_BASE + 0x20;
-/// RO: descriptors whose result was not "placed".
-pub const LB_DESC_ERR: u64 = LB_BASE + 0x28;
-/// RO: bits 7:0 = result code of the last descriptor.
-pub const LB_LAST_RESULT: u64 = LB_BASE + 0x30;
-pub const LB_LAST_RESULT_CODE_MASK: u64 = 0xFF;
-/// RO: doorbells dropped because the device's queue was full.
-pub const LB_DB_DROPPED: u64 = LB_BASE + 0x38;
+// The loopback block and its descriptor are the project's own ABI (`emu_abi::hfi1`); registers are relative
+// to LB_BASE.
+pub use emu_abi::hfi1::{
+    LbDescHeader, RxResult as LbResult, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR,
+    LB_DESC_DONE, LB_DESC_ERR, LB_DESC_HDR_LEN, LB_DOORBELL, LB_LAST_RESULT, LB_LAST_RESULT_CODE_MASK, LB_MAX_CHAIN,
+    LB_MAX_PAYLOAD,
+};
 
-/// Descriptor header: kdeth0 u32, dest_qp u32, psn u32, payload_len u32, next u64; the payload follows.
-pub const LB_DESC_HDR_LEN: usize = 24;
-/// Largest payload (the Omni-Path maximum MTU).
-pub const LB_MAX_PAYLOAD: usize = 10240;
-/// Descriptors per doorbell at most.
-pub const LB_MAX_CHAIN: usize = 4096;
 /// DMA memory the sender keeps for descriptors; a larger batch takes several doorbells.
 pub const LB_RING_BYTES: usize = 1 << 20;
 
@@ -128,49 +113,6 @@ impl TidDataPacket {
     }
 }
 
-/// What the receive engine reported for a descriptor (`LB_LAST_RESULT`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum LbResult {
-    Placed = 0,
-    BadContext = 1,
-    ContextDisabled = 2,
-    BadTidCtrl = 3,
-    FlowInvalid = 4,
-    GenMismatch = 5,
-    SeqMismatch = 6,
-    TidOutOfRange = 7,
-    TidInvalidEntry = 8,
-    BufferOverrun = 9,
-    DmaError = 10,
-    BadDescriptor = 11,
-    Aborted = 12,
-}
-
-impl LbResult {
-    /// `None` for a code the device should never report.
-    pub fn from_code(code: u8) -> Option<Self> {
-        use LbResult::*;
-        [
-            Placed,
-            BadContext,
-            ContextDisabled,
-            BadTidCtrl,
-            FlowInvalid,
-            GenMismatch,
-            SeqMismatch,
-            TidOutOfRange,
-            TidInvalidEntry,
-            BufferOverrun,
-            DmaError,
-            BadDescriptor,
-            Aborted,
-        ]
-        .into_iter()
-        .find(|r| *r as u8 == code)
-    }
-}
-
 #[derive(Debug, Error)]
 pub enum LbError {
     #[error(transparent)]
@@ -231,11 +173,12 @@ impl Hfi1Loopback {
 
     /// Gives the descriptor memory back to `pool`.
     pub fn release(self, pool: &DmaPool) {
-        self.ring.into_inner().unwrap_or_else(|e| e.into_inner()).release(pool);
+        self.ring.into_inner().unpoison().release(pool);
     }
 
-    fn read(&self, offset: u64) -> Result<u64, AccessError> {
-        self.dev.read64(HFI1_BAR, offset)
+    /// Reads loopback register `reg` (relative to LB_BASE).
+    fn read(&self, reg: u64) -> Result<u64, AccessError> {
+        self.dev.read64(HFI1_BAR, LB_BASE + reg)
     }
 
     /// Sends `descs` in order and waits (at most `timeout` per doorbell) until the device has processed
@@ -244,7 +187,7 @@ impl Hfi1Loopback {
         if let Some(d) = descs.iter().find(|d| d.payload.len() > LB_MAX_PAYLOAD) {
             return Err(LbError::PayloadTooLarge(d.payload.len()));
         }
-        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let ring = self.ring.lock().unpoison();
         let done0 = self.read(LB_DESC_DONE)?;
         let err0 = self.read(LB_DESC_ERR)?;
         let mut doorbells = 0u64;
@@ -280,14 +223,12 @@ impl Hfi1Loopback {
             if let Some(p) = prev {
                 // Link the previous descriptor to this one.
                 let iova = ring.iova(at).ok_or(DmaMemError::OutOfBounds { offset: at, len: size, size: ring.len() })?;
-                ring.write_u64(p + 16, iova)?;
+                ring.write_u64(p + LbDescHeader::NEXT_OFFSET, iova)?;
             }
-            let mut hdr = [0u8; LB_DESC_HDR_LEN];
-            hdr[0..4].copy_from_slice(&d.kdeth0.to_le_bytes());
-            hdr[4..8].copy_from_slice(&d.dest_qp.to_le_bytes());
-            hdr[8..12].copy_from_slice(&d.psn.to_le_bytes());
-            hdr[12..16].copy_from_slice(&(d.payload.len() as u32).to_le_bytes());
-            ring.write(at, &hdr)?;
+            let (kdeth0, dest_qp, psn) = (d.kdeth0, d.dest_qp, d.psn);
+            // `next` stays 0 (end of chain) until a following descriptor links itself in.
+            let hdr = LbDescHeader { kdeth0, dest_qp, psn, payload_len: d.payload.len() as u32, next: 0 };
+            ring.write(at, &hdr.to_bytes())?;
             ring.write(at + LB_DESC_HDR_LEN, d.payload)?;
             prev = Some(at);
             at += size;
@@ -299,8 +240,8 @@ impl Hfi1Loopback {
     fn ring_and_wait(&self, ring: &DmaBuffer, timeout: Duration) -> Result<(), LbError> {
         let head = ring.iova(0).ok_or(DmaMemError::OutOfBounds { offset: 0, len: 1, size: 0 })?;
         let submitted0 = self.read(LB_DB_SUBMITTED)?;
-        self.dev.write64(HFI1_BAR, LB_DESC_ADDR, head)?;
-        self.dev.write64(HFI1_BAR, LB_DOORBELL, 1)?;
+        self.dev.write64(HFI1_BAR, LB_BASE + LB_DESC_ADDR, head)?;
+        self.dev.write64(HFI1_BAR, LB_BASE + LB_DOORBELL, 1)?;
         let target = self.read(LB_DB_SUBMITTED)?;
         if target == submitted0 {
             return Err(LbError::DoorbellDropped);
@@ -315,14 +256,6 @@ impl Hfi1Loopback {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_block_sits_at_txe_plus_0x7f0000() {
-        assert_eq!(
-            (LB_DESC_ADDR, LB_DOORBELL, LB_DB_DONE, LB_DB_DROPPED),
-            (0x1FF_0000, 0x1FF_0008, 0x1FF_0010, 0x1FF_0038)
-        );
-    }
 
     #[test]
     fn dest_qp_carries_context_and_flow_index_in_bits_15_11() {
@@ -392,7 +325,7 @@ mod tests {
         }
         fn read64(&self, _: u32, offset: u64) -> crate::access::Result<u64> {
             let n = self.submitted.load(std::sync::atomic::Ordering::Relaxed);
-            Ok(match offset {
+            Ok(match offset.wrapping_sub(LB_BASE) {
                 LB_DB_SUBMITTED => n,
                 LB_DB_DONE if self.finishes => n,
                 LB_DESC_DONE => n * self.desc_done_per_doorbell,
@@ -400,7 +333,7 @@ mod tests {
             })
         }
         fn write64(&self, _: u32, offset: u64, _: u64) -> crate::access::Result<()> {
-            if offset == LB_DOORBELL && self.accepts {
+            if offset == LB_BASE + LB_DOORBELL && self.accepts {
                 self.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             Ok(())
@@ -452,12 +385,5 @@ mod tests {
         let err = lb.send(&[LbDescriptor { kdeth0: 0, dest_qp: 0, psn: 0, payload: &big }], Duration::from_millis(50));
         assert_eq!(err.unwrap_err().to_errno(), -libc::EMSGSIZE);
         assert_eq!(dev.submitted.load(std::sync::atomic::Ordering::Relaxed), 0);
-    }
-
-    #[test]
-    fn result_codes_decode_and_unknown_codes_do_not() {
-        assert_eq!(LbResult::from_code(5), Some(LbResult::GenMismatch));
-        assert_eq!(LbResult::from_code(12), Some(LbResult::Aborted));
-        assert_eq!(LbResult::from_code(13), None);
     }
 }

@@ -2,15 +2,19 @@
 //! WQE setup, with the kernel's names. Lock order: a QP's `s_lock` ([`qp::QpLocked`]) outside, the
 //! context's `exp_lock` ([`ctxt::ExpLocked`]) inside. See docs/udriver-hfi1.md.
 
+#![forbid(unsafe_code)]
+
 pub mod ctxt;
 pub mod exp_rcv;
 pub mod flow;
+pub mod hfi;
 pub mod loopback;
 pub mod pageset;
 pub mod qp;
 pub mod regs;
 pub mod sge;
 pub mod tid;
+pub mod tid_rdma;
 pub mod wait;
 pub mod wqe;
 

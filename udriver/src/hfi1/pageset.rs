@@ -2,11 +2,15 @@
 //! hold (§1.8). "Physically contiguous" is judged on IOVAs: page i+1 follows page i when its IOVA is 4096
 //! higher.
 
+#![forbid(unsafe_code)]
+
 use crate::dma::PAGE_SIZE;
 
 /// MAX_EXPECTED_BUFFER = 2 MiB = 512 pages of 4 KiB.
 pub const MAX_EXPECTED_BUFFER: u64 = 2 << 20;
 pub const MAX_EXPECTED_PAGES: u32 = (MAX_EXPECTED_BUFFER / PAGE_SIZE) as u32;
+/// Bits of a page set's DMA address: the RcvArray ADDR field holds 36 bits of 4 KiB units (§1.3).
+pub const TID_RDMA_PAGESET_ADDR_BITS: u32 = 48;
 
 /// `struct tid_rdma_pageset`. A set with `count` 0 is a filler that keeps the set count even.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -129,7 +133,7 @@ pub fn tid_rdma_find_phys_blocks_8k(pages: &[u64], list: &mut Vec<TidRdmaPageset
 pub fn dma_map_flow(pages: &[u64], list: &mut [TidRdmaPageset]) -> Result<(), i32> {
     for pset in list.iter_mut().filter(|p| p.count > 0) {
         let addr = *pages.get(usize::from(pset.idx)).ok_or(-libc::EINVAL)?;
-        if addr >> 48 != 0 {
+        if addr >> TID_RDMA_PAGESET_ADDR_BITS != 0 {
             return Err(-libc::ENOMEM);
         }
         pset.addr = addr;

@@ -1,66 +1,18 @@
 //! The QP as the TID code sees it: `s_lock` guarding the send state (flags, flow state, PSNs, OPFN
 //! parameters), and the callback that stands in for `hfi1_do_send`.
 
-use std::ops::{Deref, DerefMut};
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-use super::ctxt::Hfi1Ctxtdata;
-use super::regs::{KERN_GENERATION_RESERVED, RXE_NUM_TID_FLOWS};
-use super::wait::QueueId;
+use vfio_user_proto::sync::Unpoison;
 
-// rdmavt s_flags used here.
-pub const RVT_S_WAIT_KMEM: u32 = 0x0000_2000;
-// hfi1 s_flags (qp.h).
-pub const HFI1_S_AHG_VALID: u32 = 0x8000_0000;
-pub const HFI1_S_AHG_CLEAR: u32 = 0x4000_0000;
-pub const HFI1_S_WAIT_PIO_DRAIN: u32 = 0x2000_0000;
-pub const HFI1_S_WAIT_TID_SPACE: u32 = 0x1000_0000;
-pub const HFI1_S_WAIT_TID_RESP: u32 = 0x0800_0000;
-pub const HFI1_S_WAIT_HALT: u32 = 0x0400_0000;
-pub const HFI1_S_MIN_BIT_MASK: u32 = 0x0100_0000;
-
-/// `enum ib_qp_type`, the ones `hfi1_setup_wqe` distinguishes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IbQpType {
-    Smi,
-    Gsi,
-    Rc,
-    Uc,
-    Ud,
-    /// Any other type (e.g. XRC): no checks.
-    Other,
-}
-
-/// `struct tid_flow_state`: the hardware flow a QP holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TidFlowState {
-    pub generation: u32,
-    pub psn: u32,
-    /// RXE_NUM_TID_FLOWS = no flow held.
-    pub index: u32,
-    pub last_index: u32,
-}
-
-impl Default for TidFlowState {
-    fn default() -> Self {
-        Self { generation: KERN_GENERATION_RESERVED, psn: 0, index: RXE_NUM_TID_FLOWS, last_index: RXE_NUM_TID_FLOWS }
-    }
-}
-
-/// `struct tid_rdma_params` as negotiated through OPFN.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TidRdmaParams {
-    pub qp: u32,
-    pub max_len: u32,
-    pub jkey: u16,
-    pub max_read: u8,
-    pub max_write: u8,
-    pub timeout: u8,
-    pub urg: u8,
-    pub capcode: u8,
-    pub version: u8,
-}
+pub use super::hfi::{
+    DoSend, Hfi1Ctxtdata, Hfi1Qp, IbQpType, QpLocked, QpSendState, TidFlowState, TidRdmaParams, HFI1_S_AHG_CLEAR,
+    HFI1_S_AHG_VALID, HFI1_S_MIN_BIT_MASK, HFI1_S_WAIT_HALT, HFI1_S_WAIT_PIO_DRAIN, HFI1_S_WAIT_TID_RESP,
+    HFI1_S_WAIT_TID_SPACE, RVT_S_WAIT_KMEM,
+};
 
 const OPFN_N_SHIFT: u32 = 56;
 const OPFN_K_SHIFT: u32 = 48;
@@ -77,12 +29,17 @@ const OPFN_R_SHIFT: u32 = 10;
 const OPFN_RW_MASK: u64 = 0x3F;
 const OPFN_W_SHIFT: u32 = 4;
 const OPFN_C_MASK: u64 = 0xF;
+/// N and K carry the QPN's low byte and its KDETH QP byte (bits 23:16).
+const OPFN_QP_BYTE_MASK: u32 = 0xFF;
+const OPFN_QP_KDETH_SHIFT: u32 = 16;
+/// M counts 4 KiB pages.
+const OPFN_M_PAGE_SHIFT: u32 = 12;
 
 /// `tid_rdma_opfn_encode`: the 64-bit OPFN capability word (§1.14).
 pub fn tid_rdma_opfn_encode(p: &TidRdmaParams) -> u64 {
-    let max_len_pages = u64::from(p.max_len >> 12).saturating_sub(1) & OPFN_M_MASK;
-    (u64::from(p.qp & 0xFF) << OPFN_N_SHIFT)
-        | (u64::from((p.qp >> 16) & 0xFF) << OPFN_K_SHIFT)
+    let max_len_pages = u64::from(p.max_len >> OPFN_M_PAGE_SHIFT).saturating_sub(1) & OPFN_M_MASK;
+    (u64::from(p.qp & OPFN_QP_BYTE_MASK) << OPFN_N_SHIFT)
+        | (u64::from((p.qp >> OPFN_QP_KDETH_SHIFT) & OPFN_QP_BYTE_MASK) << OPFN_K_SHIFT)
         | (max_len_pages << OPFN_M_SHIFT)
         | ((u64::from(p.timeout) & OPFN_T_MASK) << OPFN_T_SHIFT)
         | ((u64::from(p.urg) & 1) << OPFN_U_SHIFT)
@@ -97,8 +54,9 @@ pub fn tid_rdma_opfn_encode(p: &TidRdmaParams) -> u64 {
 /// value a peer sends decodes without error.
 pub fn tid_rdma_opfn_decode(data: u64) -> TidRdmaParams {
     TidRdmaParams {
-        qp: (((data >> OPFN_K_SHIFT) & 0xFF) << 16) as u32 | ((data >> OPFN_N_SHIFT) & 0xFF) as u32,
-        max_len: ((((data >> OPFN_M_SHIFT) & OPFN_M_MASK) + 1) << 12) as u32,
+        qp: ((((data >> OPFN_K_SHIFT) as u32) & OPFN_QP_BYTE_MASK) << OPFN_QP_KDETH_SHIFT)
+            | (((data >> OPFN_N_SHIFT) as u32) & OPFN_QP_BYTE_MASK),
+        max_len: ((((data >> OPFN_M_SHIFT) & OPFN_M_MASK) + 1) << OPFN_M_PAGE_SHIFT) as u32,
         jkey: ((data >> OPFN_J_SHIFT) & OPFN_J_MASK) as u16,
         max_read: ((data >> OPFN_R_SHIFT) & OPFN_RW_MASK) as u8,
         max_write: ((data >> OPFN_W_SHIFT) & OPFN_RW_MASK) as u8,
@@ -110,58 +68,6 @@ pub fn tid_rdma_opfn_decode(data: u64) -> TidRdmaParams {
 }
 
 /// Everything `qp->s_lock` protects that the TID and WQE code touches.
-#[derive(Debug, Clone)]
-pub struct QpSendState {
-    pub s_flags: u32,
-    pub qp_type: IbQpType,
-    pub pmtu: u32,
-    pub log_pmtu: u32,
-    pub flow_state: TidFlowState,
-    /// The tid queue this QP waits on (`priv->tid_wait` non-empty), if any.
-    pub tid_wait: Option<QueueId>,
-    pub tid_enqueue: u32,
-    pub tid_rdma_local: TidRdmaParams,
-    /// Set once OPFN has negotiated TID RDMA; None disables it.
-    pub tid_rdma_remote: Option<TidRdmaParams>,
-    pub s_ssn: u32,
-    pub s_next_psn: u32,
-    pub tid_r_reqs: u32,
-    pub n_requests: u32,
-}
-
-impl QpSendState {
-    pub fn new(qp_type: IbQpType, pmtu: u32) -> Self {
-        Self {
-            s_flags: 0,
-            qp_type,
-            pmtu,
-            log_pmtu: pmtu.max(1).ilog2(),
-            flow_state: TidFlowState::default(),
-            tid_wait: None,
-            tid_enqueue: 0,
-            tid_rdma_local: TidRdmaParams::default(),
-            tid_rdma_remote: None,
-            s_ssn: 1,
-            s_next_psn: 0,
-            tid_r_reqs: 0,
-            n_requests: 0,
-        }
-    }
-}
-
-/// What runs when a QP is woken (`hfi1_do_send`); called with no lock held.
-pub type DoSend = Box<dyn Fn(&Arc<Hfi1Qp>) + Send + Sync>;
-
-/// A QP on one receive context.
-pub struct Hfi1Qp {
-    pub qp_num: u32,
-    pub rcd: Arc<Hfi1Ctxtdata>,
-    s_lock: Mutex<QpSendState>,
-    /// `trigger_work` is queued and has not started yet.
-    pub(crate) trigger_queued: AtomicBool,
-    do_send: DoSend,
-}
-
 impl Hfi1Qp {
     pub fn new(qp_num: u32, rcd: Arc<Hfi1Ctxtdata>, state: QpSendState, do_send: DoSend) -> Arc<Self> {
         Arc::new(Self { qp_num, rcd, s_lock: Mutex::new(state), trigger_queued: AtomicBool::new(false), do_send })
@@ -169,30 +75,12 @@ impl Hfi1Qp {
 
     /// Takes `s_lock`, the outer lock of §1.13.
     pub fn lock(self: &Arc<Self>) -> QpLocked<'_> {
-        QpLocked { qp: self, s: self.s_lock.lock().unwrap_or_else(|e| e.into_inner()) }
+        QpLocked { qp: self, s: self.s_lock.lock().unpoison() }
     }
 
     /// `hfi1_do_send(qp, true)`; must be called without `s_lock`.
     pub fn do_send(self: &Arc<Self>) {
         (self.do_send)(self)
-    }
-}
-
-/// `s_lock` held on `qp`: the proof a "caller holds s_lock" function takes.
-pub struct QpLocked<'a> {
-    pub qp: &'a Arc<Hfi1Qp>,
-    s: MutexGuard<'a, QpSendState>,
-}
-
-impl Deref for QpLocked<'_> {
-    type Target = QpSendState;
-    fn deref(&self) -> &QpSendState {
-        &self.s
-    }
-}
-impl DerefMut for QpLocked<'_> {
-    fn deref_mut(&mut self) -> &mut QpSendState {
-        &mut self.s
     }
 }
 

@@ -1,6 +1,8 @@
 //! hfi1 BAR0 CSRs, the RcvArray entry encoding, the TID flow-table value and the EXP_TID / KDETH fields
 //! (hardware-facts §1.1-1.3, §1.5, §1.10). All CSRs are 64-bit and reached with single 64-bit MMIO accesses.
 
+#![forbid(unsafe_code)]
+
 use crate::access::{AccessError, DeviceAccess};
 
 /// hfi1 CSRs, the RcvArray and PIO space all live in BAR0.

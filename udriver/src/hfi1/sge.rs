@@ -1,5 +1,7 @@
 //! An SGE state over DMA buffers (`struct rvt_sge_state`), walked page by page by `kern_find_pages`.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use crate::dma::{DmaBuffer, PAGE_SIZE};

@@ -1,6 +1,8 @@
 //! hfi1 driver behaviour against the fake BAR0 of `fake.rs`. Expected register values and TID entries come
 //! from hardware-facts §4 (G1-G8) or are derived by hand from the rules it cites.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{Arc, Mutex};
 
 use super::ctxt::*;

@@ -1,6 +1,8 @@
 //! Expected-receive setup/teardown, waiting and WQE setup against the fake BAR0 (G5, G6, G8 and the
 //! acceptance list of issue 4), plus a bounded multi-thread run checking nothing leaks.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,5 +1,7 @@
 //! Wakeup mechanics of §1.12: deduplicated scheduling, the self-wakeup path and the memory wait.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{Arc, Mutex};
 
 use super::exp_rcv::*;

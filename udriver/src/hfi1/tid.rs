@@ -1,50 +1,12 @@
 //! TID groups, the three group sets, `kern_alloc_tids` and RcvArray programming (§1.3, §1.7, §1.10).
 
-use std::collections::VecDeque;
+#![forbid(unsafe_code)]
 
-use super::ctxt::{ExpLocked, Hfi1Devdata};
-use super::exp_rcv::{KernTidNode, TidRdmaFlow};
+use super::hfi::{ExpLocked, Hfi1Devdata};
+pub use super::hfi::{ExpTidSet, TidGroup};
 use super::regs::*;
+use super::tid_rdma::{KernTidNode, TidRdmaFlow};
 use crate::access::AccessError;
-
-/// `struct tid_group`: 8 consecutive RcvArray entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TidGroup {
-    pub base: u32,
-    pub size: u8,
-    pub used: u8,
-    pub map: u8,
-}
-
-impl TidGroup {
-    pub fn new(base: u32, size: u8) -> Self {
-        Self { base, size, used: 0, map: 0 }
-    }
-}
-
-/// `struct exp_tid_set`: an ordered list of group indices plus the kernel's separate count.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ExpTidSet {
-    pub list: VecDeque<usize>,
-    pub count: u32,
-}
-
-impl ExpTidSet {
-    pub fn push_back(&mut self, grp: usize) {
-        self.list.push_back(grp);
-        self.count += 1;
-    }
-    fn remove(&mut self, grp: usize) -> bool {
-        match self.list.iter().position(|g| *g == grp) {
-            Some(pos) => {
-                self.list.remove(pos);
-                self.count = self.count.saturating_sub(1);
-                true
-            }
-            None => false,
-        }
-    }
-}
 
 /// Which of a context's three group sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

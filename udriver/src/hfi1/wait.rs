@@ -2,32 +2,14 @@
 //! wakes them. A wakeup runs the QP's `do_send` callback with no lock held, so one QP never takes another
 //! QP's `s_lock` (§1.13).
 
-use std::collections::VecDeque;
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
-
-use super::ctxt::ExpLocked;
-use super::qp::{Hfi1Qp, QpLocked, HFI1_S_WAIT_TID_SPACE, RVT_S_WAIT_KMEM};
-
-/// Which of a context's two queues.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueId {
-    /// `rcd->flow_queue`: waiting for a hardware flow.
-    Flow,
-    /// `rcd->rarr_queue`: waiting for RcvArray space.
-    Rarr,
-}
-
-/// `struct tid_queue`. Holding an `Arc` is the reference the kernel takes with `rvt_get_qp`.
-#[derive(Default)]
-pub struct TidQueue {
-    pub queue_head: VecDeque<Arc<Hfi1Qp>>,
-    pub enqueue: u32,
-    pub dequeue: u32,
-}
+use super::hfi::{ExpLocked, Hfi1Qp, QpLocked, HFI1_S_WAIT_TID_SPACE, RVT_S_WAIT_KMEM};
+pub use super::hfi::{QueueId, TidQueue, TidWork, TidWorkQueue};
 
 fn queue<'a>(rcd: &'a mut ExpLocked<'_>, id: QueueId) -> &'a mut TidQueue {
     match id {
@@ -125,22 +107,6 @@ pub fn tid_rdma_flush_wait(qp: &mut QpLocked<'_>) {
         dequeue_tid_waiter(&mut exp, id, qp);
     }
     qp.s_flags &= !HFI1_S_WAIT_TID_SPACE;
-}
-
-/// Work items of the port workqueue.
-pub enum TidWork {
-    /// `trigger_work` -> `tid_rdma_trigger_resume`.
-    TriggerResume(Arc<Hfi1Qp>),
-    /// `hfi1_schedule_send`.
-    Send(Arc<Hfi1Qp>),
-    /// The memory-wait timer (`mem_timer`) firing for one QP.
-    Kmem(Arc<Hfi1Qp>),
-}
-
-/// The port workqueue (`ppd->hfi1_wq`): FIFO, run by whoever owns the driver's event loop.
-pub struct TidWorkQueue {
-    tx: Sender<TidWork>,
-    rx: Receiver<TidWork>,
 }
 
 impl Default for TidWorkQueue {

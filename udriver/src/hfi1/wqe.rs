@@ -1,6 +1,8 @@
 //! Send-side WQE setup (§2): rdmavt's generic post step and the `hfi1_setup_wqe` hook, including the
 //! TID RDMA conversion of large RC READ/WRITE requests.
 
+#![forbid(unsafe_code)]
+
 use super::exp_rcv::{hfi1_kern_exp_rcv_alloc_flows, TidRdmaRequest, TidRequestState};
 use super::exp_rcv::{TID_RDMA_MAX_SEGMENT_SIZE, TID_RDMA_MIN_SEGMENT_SIZE};
 use super::qp::{IbQpType, QpLocked};

@@ -1,6 +1,8 @@
 //! The control CQ: created by a CREATE_CQ WQE on the CQP, consumed with a polarity bit, armed through the
 //! shadow area and CQARM (reference 3.8, 3.9).
 
+#![forbid(unsafe_code)]
+
 use super::cqp::{irdma_cqp_poll_registers, irdma_get_cqp_reg_info, irdma_sc_cqp_get_next_send_wqe_idx};
 use super::cqp::{irdma_sc_cqp_post_sq, queue_pa, sleep, IrdmaRing};
 use super::cqp::{IrdmaScCqp, QueueMemory};
@@ -83,7 +85,8 @@ pub fn irdma_sc_ccq_init(hw: IrdmaHw, info: IrdmaCcqInitInfo) -> Result<IrdmaScC
     }
     let ring_len = info.num_elem as usize * IRDMA_CQE_SIZE;
     let cq_pa = queue_pa(info.cq_base.as_ref(), ring_len, IRDMA_CQ0_ALIGNMENT, "CCQ ring")?;
-    let shadow_area_pa = queue_pa(info.shadow_area.as_ref(), IRDMA_SHADOW_AREA_SIZE, 8, "CCQ shadow area")?;
+    let shadow_area_pa =
+        queue_pa(info.shadow_area.as_ref(), IRDMA_SHADOW_AREA_SIZE, IRDMA_SHADOW_AREA_ALIGNMENT, "CCQ shadow area")?;
     Ok(IrdmaScCq {
         hw,
         cq_base: info.cq_base,

@@ -1,16 +1,42 @@
 //! The control QP: init, create and destroy through the registers and the host context (reference 3.4,
 //! 3.5), the SQ ring with its polarity, the doorbell, and completion by register polling (3.6, 3.9).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::defs::*;
-use super::dev::IrdmaHwAttrs;
 use super::regs::IrdmaRegisters::*;
 use super::regs::*;
 use super::{IrdmaError, Result};
 use crate::dma::{DmaBuffer, DmaMemError, DmaPool};
+
+/// The timing parts of `struct irdma_hw_attrs`. The kernel's values are the defaults; tests shrink the
+/// delays so failures are fast.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IrdmaHwAttrs {
+    /// Register polls per CQP create/destroy, and 1/100 of the CCQ polls per command.
+    pub max_done_count: u32,
+    /// Delay between polls (the kernel's max_sleep_count, in µs).
+    pub max_sleep: Duration,
+    /// Retries of the PE readiness check.
+    pub max_pe_ready_count: u32,
+    /// Delay between PE readiness checks.
+    pub pe_ready_delay: Duration,
+}
+
+impl Default for IrdmaHwAttrs {
+    fn default() -> Self {
+        Self {
+            max_done_count: IRDMA_DONE_COUNT,
+            max_sleep: Duration::from_micros(IRDMA_SLEEP_COUNT_US),
+            max_pe_ready_count: IRDMA_MAX_PE_READY_COUNT,
+            pe_ready_delay: Duration::from_secs(1),
+        }
+    }
+}
 
 /// Memory a queue lives in, seen as 64-bit volatile stores and loads. The real path is a `DmaBuffer`; the
 /// trait exists so a test can record the order of stores, which is part of the WQE contract.

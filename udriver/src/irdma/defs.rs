@@ -1,6 +1,8 @@
 //! Descriptor layouts and constants (defs.h / type.h): CQP WQEs, the CQP host context, CCQ CQEs and the CQ
 //! shadow area (reference 3.3, 3.4, 3.6-3.9).
 
+#![forbid(unsafe_code)]
+
 use super::regs::Field;
 
 /// Byte offsets of the qwords of a descriptor (`IRDMA_BYTE_n`).
@@ -25,6 +27,9 @@ pub const IRDMA_CQ0_ALIGNMENT: u64 = 0x100;
 /// NOT FOUND in the reference; 64 B is the context's own size (decision, docs/udriver-irdma.md).
 pub const IRDMA_HOST_CTX_ALIGNMENT: u64 = 64;
 pub const IRDMA_SD_BUF_ALIGNMENT: u64 = 0x80;
+/// The shadow area is read and written a whole qword at a time (qw0 consumer index, qw4 arm word); the
+/// reference gives it no alignment beyond that.
+pub const IRDMA_SHADOW_AREA_ALIGNMENT: u64 = 8;
 pub const IRDMA_UPDATE_SD_BUFF_SIZE: usize = 128;
 /// The newer kernels' value (older ones used 2049).
 pub const IW_CCQ_SIZE: u32 = 2050;

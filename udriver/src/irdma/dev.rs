@@ -1,43 +1,23 @@
 //! Device bring-up (`irdma_sc_dev_init`, PE readiness) and `IrdmaDev`, which owns the CQP, the CCQ and their
 //! DMA memory, and serialises commands under the CQP lock (reference 3.2, 3.5, 3.9).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+
+use vfio_user_proto::sync::Unpoison;
 
 use super::ccq::{irdma_sc_ccq_arm, irdma_sc_ccq_create, irdma_sc_ccq_destroy, irdma_sc_ccq_init, IrdmaCcqInitInfo};
+pub use super::cqp::IrdmaHwAttrs;
 use super::cqp::*;
 use super::defs::*;
-use super::process::{IrdmaCqpState, IrdmaCqpWaitMode};
 use super::regs::IrdmaRegisters::*;
 use super::regs::*;
+use super::types::{IrdmaCqpState, IrdmaCqpWaitMode};
+pub use super::types::{IrdmaDev, IrdmaDevConfig, IRDMA_GEN2_HW_MAJ_VER, IRDMA_HMC_PROFILE_DEFAULT};
 use super::{IrdmaError, Result};
 use crate::dma::DmaPool;
-
-/// The timing parts of `struct irdma_hw_attrs`. The kernel's values are the defaults; tests shrink the
-/// delays so failures are fast.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IrdmaHwAttrs {
-    /// Register polls per CQP create/destroy, and 1/100 of the CCQ polls per command.
-    pub max_done_count: u32,
-    /// Delay between polls (the kernel's max_sleep_count, in µs).
-    pub max_sleep: Duration,
-    /// Retries of the PE readiness check.
-    pub max_pe_ready_count: u32,
-    /// Delay between PE readiness checks.
-    pub pe_ready_delay: Duration,
-}
-
-impl Default for IrdmaHwAttrs {
-    fn default() -> Self {
-        Self {
-            max_done_count: IRDMA_DONE_COUNT,
-            max_sleep: Duration::from_micros(IRDMA_SLEEP_COUNT_US),
-            max_pe_ready_count: IRDMA_MAX_PE_READY_COUNT,
-            pe_ready_delay: Duration::from_secs(1),
-        }
-    }
-}
 
 /// `irdma_sc_dev_init`'s hardware check: the PE doorbell BAR size must be 4 MiB or 8 MiB, else -ENODEV.
 /// Returns the PE_DB_SIZE encoding.
@@ -81,58 +61,6 @@ pub fn icrdma_cfg_ceq(hw: &IrdmaHw, ceq_id: u32, idx: u32, enable: bool) -> Resu
         | IRDMA_GLINT_CEQCTL_ITR_INDX.prep(IRDMA_GLINT_CEQCTL_ITR_INDX_NOITR.into());
     hw.wr32_idx(IRDMA_GLINT_CEQCTL, ceq_id, reg_val as u32)?;
     Ok(())
-}
-
-/// How `IrdmaDev` brings up its control path. The defaults are what `irdma_create_cqp` / `irdma_create_ccq`
-/// use on GEN2.
-#[derive(Clone, Copy, Debug)]
-pub struct IrdmaDevConfig {
-    pub hw_attrs: IrdmaHwAttrs,
-    pub sq_size: u32,
-    pub ccq_size: u32,
-    pub hmc_profile: u8,
-    pub protocol_used: IrdmaProtocolUsed,
-    pub hw_maj_ver: u16,
-    pub hw_min_ver: u16,
-    pub wait_mode: IrdmaCqpWaitMode,
-    /// How long a command may take from submission to completion.
-    pub cqp_timeout: Duration,
-    /// Longest single interrupt wait; waiters re-check their completion at least this often, because
-    /// another waiter may have taken the interrupt and drained their CQE.
-    pub irq_slice: Duration,
-}
-
-/// IRDMA_HMC_PROFILE_DEFAULT.
-pub const IRDMA_HMC_PROFILE_DEFAULT: u8 = 1;
-/// HW_MAJVER of a GEN2 device.
-pub const IRDMA_GEN2_HW_MAJ_VER: u16 = 1;
-
-impl Default for IrdmaDevConfig {
-    fn default() -> Self {
-        Self {
-            hw_attrs: IrdmaHwAttrs::default(),
-            sq_size: IRDMA_CQP_SW_SQSIZE_2048,
-            ccq_size: IW_CCQ_SIZE,
-            hmc_profile: IRDMA_HMC_PROFILE_DEFAULT,
-            protocol_used: IrdmaProtocolUsed::IrdmaRoceProtocolOnly,
-            hw_maj_ver: IRDMA_GEN2_HW_MAJ_VER,
-            hw_min_ver: 0,
-            wait_mode: IrdmaCqpWaitMode::Poll,
-            cqp_timeout: Duration::from_secs(5),
-            irq_slice: Duration::from_millis(10),
-        }
-    }
-}
-
-/// One irdma function's control path: the CQP and CCQ, created, behind the CQP lock.
-pub struct IrdmaDev {
-    pub(crate) hw: IrdmaHw,
-    pub(crate) config: IrdmaDevConfig,
-    /// GLPCI_LBARCTRL.PE_DB_SIZE found at init.
-    pub db_size: u32,
-    /// `dev->cqp_lock`: the CQP, the CCQ and the backlog.
-    pub(crate) cqp_lock: Mutex<IrdmaCqpState>,
-    pub(crate) next_scratch: AtomicU64,
 }
 
 impl IrdmaDev {
@@ -230,7 +158,7 @@ impl IrdmaDev {
 
     /// The CQP lock; nothing in this crate holds it across a wait.
     pub fn lock(&self) -> MutexGuard<'_, IrdmaCqpState> {
-        self.cqp_lock.lock().unwrap_or_else(|e| e.into_inner())
+        self.cqp_lock.lock().unpoison()
     }
 
     /// Tears down as `irdma_destroy_ccq` then `irdma_destroy_cqp` do: completions still in the CCQ are

@@ -4,80 +4,30 @@
 //!
 //! Every value read back is checked: an unknown result kind or a sequence that never moves is an error.
 
+#![forbid(unsafe_code)]
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use emu_abi::irdma::LbSegment;
+use vfio_user_proto::sync::Unpoison;
+
 use super::cqp::{sleep, PooledBuffer, QueueMemory};
-use super::regs::{Field, IRDMA_BAR};
+use super::regs::IRDMA_BAR;
 use super::{IrdmaError, Result};
 use crate::access::DeviceAccess;
 use crate::dma::DmaPool;
 
-pub const IRDMA_EMU_LB_DESC_LOW: u64 = 0x0060_0000;
-pub const IRDMA_EMU_LB_DESC_HIGH: u64 = 0x0060_0004;
-pub const IRDMA_EMU_LB_DOORBELL: u64 = 0x0060_0008;
-pub const IRDMA_EMU_LB_STATUS: u64 = 0x0060_000C;
-pub const IRDMA_EMU_LB_RESULT: u64 = 0x0060_0010;
-pub const IRDMA_EMU_LB_SEQ: u64 = 0x0060_0014;
+// The block, its descriptor and its codes are the project's own ABI (`emu_abi::irdma`).
+pub use emu_abi::irdma::{
+    LbKind, LbResult, LbStatus, IRDMA_EMU_LB_DESC_HIGH, IRDMA_EMU_LB_DESC_LOW, IRDMA_EMU_LB_DESC_SIZE,
+    IRDMA_EMU_LB_DOORBELL, IRDMA_EMU_LB_RESULT, IRDMA_EMU_LB_SEQ, IRDMA_EMU_LB_STATUS,
+};
 
-pub const IRDMA_EMU_LB_STATUS_DONE: Field = Field::bit(0);
-pub const IRDMA_EMU_LB_STATUS_BUSY: Field = Field::bit(1);
-pub const IRDMA_EMU_LB_STATUS_ERRCODE: Field = Field::new(15, 8);
-pub const IRDMA_EMU_LB_STATUS_ERR: Field = Field::bit(31);
-pub const IRDMA_EMU_LB_RESULT_KIND: Field = Field::new(2, 0);
-pub const IRDMA_EMU_LB_RESULT_QPN: Field = Field::new(25, 8);
-
-/// RESULT.KIND values: the matched entry type, 0 for "to host".
-pub const IRDMA_EMU_LB_KIND_TO_HOST: u32 = 0;
-pub const IRDMA_EMU_LB_KIND_ESTABLISHED: u32 = 1;
-pub const IRDMA_EMU_LB_KIND_LISTENER: u32 = 2;
-
-/// Descriptor qword 0 fields; the IP words follow at bytes 8 (source) and 24 (destination).
-pub const IRDMA_EMU_LB_DESC_SIZE: usize = 40;
-pub const IRDMA_EMU_LB_DESC_SRC_PORT: Field = Field::new(15, 0);
-pub const IRDMA_EMU_LB_DESC_DST_PORT: Field = Field::new(31, 16);
-pub const IRDMA_EMU_LB_DESC_VLANID: Field = Field::new(43, 32);
-pub const IRDMA_EMU_LB_DESC_VLAN_VALID: Field = Field::bit(48);
-pub const IRDMA_EMU_LB_DESC_IPV4: Field = Field::bit(49);
-pub const IRDMA_EMU_LB_DESC_SYN: Field = Field::bit(50);
-pub const IRDMA_EMU_LB_DESC_ACK: Field = Field::bit(51);
-const IRDMA_EMU_LB_DESC_SRC_IP: usize = 8;
-const IRDMA_EMU_LB_DESC_DST_IP: usize = 24;
-
-/// An incoming TCP segment. Addresses are host-order u32 words as in `IrdmaQhashTableInfo` (IPv4 in `[0]`,
-/// IPv6 `[0]` most significant); `dst` is the local end.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct IrdmaTcpSegment {
-    pub ipv4: bool,
-    pub src_ip: [u32; 4],
-    pub dst_ip: [u32; 4],
-    pub src_port: u16,
-    pub dst_port: u16,
-    pub vlan_id: Option<u16>,
-    pub syn: bool,
-    pub ack: bool,
-}
-
-impl IrdmaTcpSegment {
-    /// The 40-byte descriptor.
-    pub fn descriptor(&self) -> [u8; IRDMA_EMU_LB_DESC_SIZE] {
-        let qw0 = IRDMA_EMU_LB_DESC_SRC_PORT.prep(self.src_port.into())
-            | IRDMA_EMU_LB_DESC_DST_PORT.prep(self.dst_port.into())
-            | IRDMA_EMU_LB_DESC_VLANID.prep(self.vlan_id.unwrap_or(0).into())
-            | IRDMA_EMU_LB_DESC_VLAN_VALID.prep_bool(self.vlan_id.is_some())
-            | IRDMA_EMU_LB_DESC_IPV4.prep_bool(self.ipv4)
-            | IRDMA_EMU_LB_DESC_SYN.prep_bool(self.syn)
-            | IRDMA_EMU_LB_DESC_ACK.prep_bool(self.ack);
-        let mut d = [0u8; IRDMA_EMU_LB_DESC_SIZE];
-        d[..8].copy_from_slice(&qw0.to_le_bytes());
-        for (base, ip) in [(IRDMA_EMU_LB_DESC_SRC_IP, &self.src_ip), (IRDMA_EMU_LB_DESC_DST_IP, &self.dst_ip)] {
-            for (i, w) in ip.iter().enumerate() {
-                d[base + 4 * i..base + 4 * i + 4].copy_from_slice(&w.to_le_bytes());
-            }
-        }
-        d
-    }
-}
+/// An incoming TCP segment, as the loopback descriptor carries it (the project's ABI). Addresses are
+/// host-order u32 words as in `IrdmaQhashTableInfo` (IPv4 in `[0]`, IPv6 `[0]` most significant); `dst` is
+/// the local end.
+pub type IrdmaTcpSegment = LbSegment;
 
 /// Where the device sent a segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,7 +82,7 @@ impl IrdmaLoopback {
     fn wait_idle(&self, deadline: Instant) -> Result<u32> {
         loop {
             let status = self.rd32(IRDMA_EMU_LB_STATUS)?;
-            if IRDMA_EMU_LB_STATUS_BUSY.get32(status) == 0 {
+            if !LbStatus::new_with_raw_value(status).busy() {
                 return Ok(status);
             }
             if Instant::now() >= deadline {
@@ -146,8 +96,8 @@ impl IrdmaLoopback {
     /// to move and BUSY to clear, and read STATUS and RESULT. -EIO for a device-reported error or a nonsensical result,
     /// -ETIMEDOUT if SEQ never moves.
     pub fn classify(&self, seg: &IrdmaTcpSegment) -> Result<IrdmaClassifyResult> {
-        let desc = self.desc.lock().unwrap_or_else(|e| e.into_inner());
-        for (i, chunk) in seg.descriptor().chunks_exact(8).enumerate() {
+        let desc = self.desc.lock().unpoison();
+        for (i, chunk) in seg.encode().chunks_exact(8).enumerate() {
             let mut q = [0u8; 8];
             q.copy_from_slice(chunk);
             desc.write_u64(8 * i, u64::from_le_bytes(q))?;
@@ -167,15 +117,17 @@ impl IrdmaLoopback {
             sleep(self.poll);
         }
         let status = self.wait_idle(deadline)?;
-        if IRDMA_EMU_LB_STATUS_ERR.get32(status) != 0 || IRDMA_EMU_LB_STATUS_DONE.get32(status) == 0 {
+        let st = LbStatus::new_with_raw_value(status);
+        if st.err() || !st.done() {
             return Err(IrdmaError::BadRegister { reg: "EMU_LB_STATUS", value: status });
         }
         let result = self.rd32(IRDMA_EMU_LB_RESULT)?;
-        let qpn = IRDMA_EMU_LB_RESULT_QPN.get32(result);
-        match IRDMA_EMU_LB_RESULT_KIND.get32(result) {
-            IRDMA_EMU_LB_KIND_TO_HOST if qpn == 0 => Ok(IrdmaClassifyResult::ToHost),
-            IRDMA_EMU_LB_KIND_ESTABLISHED => Ok(IrdmaClassifyResult::Established { qpn }),
-            IRDMA_EMU_LB_KIND_LISTENER => Ok(IrdmaClassifyResult::Listener { qpn }),
+        let r = LbResult::new_with_raw_value(result);
+        let qpn = r.qpn().value();
+        match r.kind() {
+            Ok(LbKind::ToHost) if qpn == 0 => Ok(IrdmaClassifyResult::ToHost),
+            Ok(LbKind::Established) => Ok(IrdmaClassifyResult::Established { qpn }),
+            Ok(LbKind::Listener) => Ok(IrdmaClassifyResult::Listener { qpn }),
             _ => Err(IrdmaError::BadRegister { reg: "EMU_LB_RESULT", value: result }),
         }
     }
@@ -215,7 +167,7 @@ mod tests {
         let w = dev.writes();
         let at = |o| w.iter().find(|(off, _)| *off == o).map(|(_, v)| *v).unwrap();
         let iova = u64::from(at(IRDMA_EMU_LB_DESC_HIGH)) << 32 | u64::from(at(IRDMA_EMU_LB_DESC_LOW));
-        let d = listener_syn().descriptor();
+        let d = listener_syn().encode();
         for (i, chunk) in d.chunks_exact(8).enumerate() {
             assert_eq!(dev.dma_read_u64(iova + 8 * i as u64).to_le_bytes(), chunk, "qword {i}");
         }
@@ -244,26 +196,5 @@ mod tests {
             let r = lb.classify(&listener_syn());
             assert_eq!(r.err().map(|e| e.to_errno()), Some(errno), "{what}");
         }
-    }
-
-    #[test]
-    fn an_ipv6_vlan_syn_descriptor_packs_ports_flags_and_words_in_order() {
-        let seg = IrdmaTcpSegment {
-            ipv4: false,
-            src_ip: [0xFE80_0000, 0, 0, 2],
-            dst_ip: [0xFE80_0000, 0, 0, 1],
-            src_port: 5000,
-            dst_port: 4791,
-            vlan_id: Some(100),
-            syn: true,
-            ack: false,
-        };
-        let d = seg.descriptor();
-        // SRC_PORT 0x1388 | DST_PORT 0x12B7 << 16 | VLANID 100 << 32 | VLAN_VALID 1 << 48 | SYN 1 << 50.
-        assert_eq!(d[..8], 0x0005_0064_12B7_1388u64.to_le_bytes());
-        assert_eq!(d[8..12], 0xFE80_0000u32.to_le_bytes());
-        assert_eq!(d[20..24], 2u32.to_le_bytes());
-        assert_eq!(d[24..28], 0xFE80_0000u32.to_le_bytes());
-        assert_eq!(d[36..40], 1u32.to_le_bytes());
     }
 }

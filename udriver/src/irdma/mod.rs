@@ -4,6 +4,8 @@
 //! Everything the device writes (registers, CQEs) is validated before use: a device that returns garbage
 //! gets an error, never a panic or a hang.
 
+#![forbid(unsafe_code)]
+
 pub mod ccq;
 pub mod cqp;
 pub mod defs;
@@ -12,6 +14,7 @@ pub mod loopback;
 pub mod process;
 pub mod qhash;
 pub mod regs;
+pub mod types;
 
 #[cfg(test)]
 mod testdev;

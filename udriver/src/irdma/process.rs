@@ -2,87 +2,18 @@
 //! or to a FIFO backlog while the SQ is full; completions drained from the CCQ free slots and the backlog
 //! moves on. Waiting is by CCQ polling or by interrupt, always bounded (reference 3.6, 3.9).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::ccq::{irdma_sc_ccq_arm, irdma_sc_ccq_get_cqe_info, IrdmaCcqCqeInfo, IrdmaScCq};
+use super::ccq::{irdma_sc_ccq_arm, irdma_sc_ccq_get_cqe_info, IrdmaCcqCqeInfo};
 use super::cqp::{irdma_sc_cqp_nop, sleep, IrdmaScCqp};
 use super::defs::*;
-use super::dev::IrdmaDev;
 use super::qhash::{irdma_sc_manage_qhash_table_entry, IrdmaQhashTableInfo};
+use super::types::{Done, IrdmaDev};
+pub use super::types::{IrdmaCqpCmd, IrdmaCqpCmdInfo, IrdmaCqpState, IrdmaCqpWaitMode};
 use super::{IrdmaError, Result};
-
-/// The commands this driver issues through `irdma_process_cqp_cmd` (`pcmdinfo->cqp_cmd`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IrdmaCqpCmd {
-    ManageQhashTableEntry(IrdmaQhashTableInfo),
-    Nop,
-}
-
-impl IrdmaCqpCmd {
-    pub fn op_code(&self) -> u8 {
-        match self {
-            IrdmaCqpCmd::ManageQhashTableEntry(_) => IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY,
-            IrdmaCqpCmd::Nop => IRDMA_CQP_OP_NOP,
-        }
-    }
-}
-
-/// `struct cqp_cmds_info`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IrdmaCqpCmdInfo {
-    pub cqp_cmd: IrdmaCqpCmd,
-    pub post_sq: bool,
-    pub scratch: u64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IrdmaCqpWaitMode {
-    /// Poll the CCQ every max_sleep (`irdma_sc_poll_for_cqp_op_done`'s way).
-    Poll,
-    /// Arm the CCQ and wait for MSI-X `vector` (the kernel's CEQ-driven `irdma_cqp_ce_handler`).
-    Event { vector: u32 },
-}
-
-/// The outcome of one command, kept until its waiter collects it.
-#[derive(Debug)]
-enum Done {
-    Cqe(IrdmaCcqCqeInfo),
-    Failed(IrdmaError),
-}
-
-/// Everything `dev->cqp_lock` protects.
-pub struct IrdmaCqpState {
-    pub cqp: IrdmaScCqp,
-    pub ccq: IrdmaScCq,
-    /// `dev->cqp_cmd_head`: commands waiting for SQ space, oldest first.
-    pub cqp_cmd_head: VecDeque<IrdmaCqpCmdInfo>,
-    /// Commands that had to wait in the backlog since bring-up.
-    pub backlogged_ops: u64,
-    done: HashMap<u64, Done>,
-    /// Commands whose waiter gave up; their late completions are dropped.
-    abandoned: HashSet<u64>,
-}
-
-impl IrdmaCqpState {
-    pub(crate) fn new(cqp: IrdmaScCqp, ccq: IrdmaScCq) -> Self {
-        Self {
-            cqp,
-            ccq,
-            cqp_cmd_head: VecDeque::new(),
-            backlogged_ops: 0,
-            done: HashMap::new(),
-            abandoned: HashSet::new(),
-        }
-    }
-
-    fn finish(&mut self, scratch: u64, done: Done) {
-        if !self.abandoned.remove(&scratch) {
-            self.done.insert(scratch, done);
-        }
-    }
-}
 
 /// `irdma_exec_cqp_cmd`: builds the command's WQE and rings the doorbell if asked.
 pub fn irdma_exec_cqp_cmd(cqp: &mut IrdmaScCqp, pcmdinfo: &IrdmaCqpCmdInfo) -> Result<()> {

@@ -1,5 +1,7 @@
 //! Quad-hash table management: the MANAGE_QUAD_HASH_TABLE_ENTRY WQE (reference 3.7).
 
+#![forbid(unsafe_code)]
+
 use super::cqp::{irdma_sc_cqp_get_next_send_wqe_idx, irdma_sc_cqp_post_sq, IrdmaScCqp};
 use super::defs::*;
 use super::regs::Field;

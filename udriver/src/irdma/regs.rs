@@ -1,6 +1,8 @@
 //! GEN2 (icrdma, E810) register map, register fields and the per-generation masks/shifts table (reference 3.1,
 //! 3.2). All irdma registers are 32-bit and sit in BAR0.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use crate::access::{AccessError, DeviceAccess};

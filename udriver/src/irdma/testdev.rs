@@ -2,11 +2,15 @@
 //! when asked, executes CQP WQEs the way the reference describes (CQEs into the CCQ, CQPTAIL, interrupts);
 //! and a queue memory that records the order of its stores.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use vfio_user_proto::sync::Unpoison;
 
 use super::cqp::QueueMemory;
 use super::defs::*;
@@ -83,7 +87,7 @@ impl FakeIrdma {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.st.lock().unwrap_or_else(|e| e.into_inner())
+        self.st.lock().unpoison()
     }
 
     pub fn set_reg(&self, reg: IrdmaRegisters, v: u32) {
@@ -267,11 +271,11 @@ impl DeviceAccess for FakeIrdma {
         }
         Ok(())
     }
-    fn read64(&self, _bar: u32, _offset: u64) -> Result<u64> {
-        Err(AccessError::Other("irdma registers are 32-bit".into()))
+    fn read64(&self, bar: u32, offset: u64) -> Result<u64> {
+        Err(AccessError::BadWidth { bar, offset, width: 8 })
     }
-    fn write64(&self, _bar: u32, _offset: u64, _value: u64) -> Result<()> {
-        Err(AccessError::Other("irdma registers are 32-bit".into()))
+    fn write64(&self, bar: u32, offset: u64, _value: u64) -> Result<()> {
+        Err(AccessError::BadWidth { bar, offset, width: 8 })
     }
     fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
         let fd = mem.fd().try_clone_to_owned().map_err(|source| AccessError::Io { op: "dup", source })?;
@@ -293,7 +297,7 @@ impl DeviceAccess for FakeIrdma {
             if left.is_zero() {
                 return Ok(false);
             }
-            st = self.irq.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+            st = self.irq.wait_timeout(st, left).unpoison().0;
         }
         st.irq_pending -= 1;
         Ok(true)
@@ -317,11 +321,11 @@ impl QueueMemory for RecordingMemory {
         self.inner.read_u64(offset)
     }
     fn write_u64(&self, offset: usize, value: u64) -> std::result::Result<(), DmaMemError> {
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(MemOp::Store { offset, value });
+        self.log.lock().unpoison().push(MemOp::Store { offset, value });
         self.inner.write_u64(offset, value)
     }
     fn dma_wmb(&self) {
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(MemOp::Wmb);
+        self.log.lock().unpoison().push(MemOp::Wmb);
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
     }
     fn len(&self) -> usize {

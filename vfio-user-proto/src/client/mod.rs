@@ -6,7 +6,10 @@
 //! [`Client::dma_map_backed`]; an idle reader thread does that while nobody waits (see `reader`).
 //! Everything the server sends is checked like client input is on the server side.
 
+#![forbid(unsafe_code)]
+
 mod reader;
+mod types;
 
 use std::fs::File;
 use std::os::fd::BorrowedFd;
@@ -18,95 +21,19 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use thiserror::Error;
 
-use crate::device::{DeviceInfo, Errno, IrqInfo, RegionFd, RegionInfo, SparseArea};
+use crate::device::{DeviceInfo, IrqInfo, RegionFd, RegionInfo, SparseArea};
 use crate::frame_reader::{FrameLimits, FrameReader};
-use crate::sock::{recv_message, FrameError, Message, RecvLimits, SCM_MAX_FD};
+use crate::sock::{recv_message, Message, RecvLimits, SCM_MAX_FD};
+use crate::sync::Unpoison;
 use crate::wire::{
-    command as cmd, dma_map_flags, parse_sparse_caps, put_u16, put_u32, put_u64, DmaMap, DmaUnmap, FourU32, Header,
-    Reader, RegionInfoWire, RegionRw, SetIrqs, DEVICE_INFO_SIZE, DMA_MAP_SIZE, DMA_UNMAP_SIZE, IRQ_INFO_SIZE,
-    PAGE_SIZE, REGION_INFO_SIZE, REGION_RW_SIZE, SET_IRQS_SIZE, VERSION_MAJOR, VERSION_MINOR, WRITE_MULTI_MAX_DATA,
+    command as cmd, parse_sparse_caps, put_u16, put_u32, put_u64, DmaMap, DmaUnmap, FourU32, Header, Reader,
+    RegionInfoWire, RegionRw, SetIrqs, DEVICE_INFO_SIZE, DMA_MAP_SIZE, DMA_UNMAP_SIZE, IRQ_INFO_SIZE, PAGE_SIZE,
+    REGION_INFO_SIZE, REGION_RW_SIZE, SET_IRQS_SIZE, VERSION_MAJOR, VERSION_MINOR, WRITE_MULTI_MAX_DATA,
     WRITE_MULTI_MAX_ENTRIES,
 };
 use reader::{Backed, FdBacking, Shared};
-
-/// Client memory the server reaches through DMA_READ/DMA_WRITE; `offset` is relative to the mapping.
-pub trait ClientDmaBacking: Send + Sync {
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno>;
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), Errno>;
-}
-
-/// DMA_MAP protection (`dma_map_flags`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DmaProt(u32);
-
-impl DmaProt {
-    pub const READ: DmaProt = DmaProt(dma_map_flags::READ);
-    pub const WRITE: DmaProt = DmaProt(dma_map_flags::WRITE);
-    pub const READ_WRITE: DmaProt = DmaProt(dma_map_flags::READ | dma_map_flags::WRITE);
-    pub fn bits(self) -> u32 {
-        self.0
-    }
-    pub fn contains(self, other: DmaProt) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct ClientConfig {
-    /// How long one request waits for its reply.
-    pub timeout: Duration,
-    /// Most descriptors we accept in one message (advertised).
-    pub max_msg_fds: u32,
-    /// Largest data count we accept in one message (advertised).
-    pub max_data_xfer_size: u32,
-}
-
-impl Default for ClientConfig {
-    fn default() -> Self {
-        ClientConfig { timeout: Duration::from_secs(5), max_msg_fds: 16, max_data_xfer_size: 1 << 20 }
-    }
-}
-
-#[derive(Debug, Error)]
-pub enum ClientError {
-    #[error("server answered command {command} with errno {errno}")]
-    Remote { command: u16, errno: i32 },
-    #[error("timed out waiting for the reply to command {0}")]
-    Timeout(u16),
-    #[error("connection closed")]
-    Disconnected,
-    #[error("socket error: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("protocol violation by the server: {0}")]
-    Protocol(String),
-    #[error("invalid argument: {0}")]
-    Invalid(&'static str),
-}
-
-impl ClientError {
-    /// Positive errno: the server's for error replies, ETIMEDOUT for timeouts, EIO for transport.
-    pub fn errno(&self) -> i32 {
-        match self {
-            ClientError::Remote { errno, .. } => *errno,
-            ClientError::Timeout(_) => libc::ETIMEDOUT,
-            ClientError::Invalid(_) => libc::EINVAL,
-            _ => libc::EIO,
-        }
-    }
-}
-
-impl From<FrameError> for ClientError {
-    fn from(e: FrameError) -> Self {
-        match e {
-            FrameError::Timeout => ClientError::Timeout(cmd::VERSION),
-            FrameError::Io(e) => ClientError::Io(e),
-            FrameError::Closed | FrameError::Truncated | FrameError::Stopped => ClientError::Disconnected,
-            e @ FrameError::BadSize { .. } => ClientError::Protocol(e.to_string()),
-        }
-    }
-}
+pub use types::{ClientConfig, ClientDmaBacking, ClientError, DmaProt};
 
 /// What the server advertised in its VERSION reply.
 #[derive(Debug, Clone, Copy)]
@@ -363,11 +290,11 @@ impl Client {
     }
 
     fn backed(&self) -> std::sync::RwLockReadGuard<'_, Vec<Backed>> {
-        self.shared.backed.read().unwrap_or_else(|e| e.into_inner())
+        self.shared.backed.read().unpoison()
     }
 
     fn backed_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Backed>> {
-        self.shared.backed.write().unwrap_or_else(|e| e.into_inner())
+        self.shared.backed.write().unpoison()
     }
 
     pub fn dma_unmap(&self, iova: u64, size: u64) -> Result<(), ClientError> {

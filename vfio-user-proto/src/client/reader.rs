@@ -13,6 +13,8 @@
 //! keep coming it only wakes every [`QUIET`] to look, so it adds no wake-up to a round trip; a DMA
 //! request that arrives between two calls of a busy caller waits at most about 2 x [`QUIET`].
 
+#![forbid(unsafe_code)]
+
 use std::fs::File;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
@@ -23,10 +25,11 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
-use crate::client::{ClientDmaBacking, ClientError, DmaProt};
+use super::types::{ClientDmaBacking, ClientError, DmaProt};
 use crate::device::Errno;
 use crate::frame_reader::{FrameReader, Wait};
 use crate::sock::{send_message, Message};
+use crate::sync::Unpoison;
 use crate::wire::{command, DmaRw, Header};
 
 /// How long no request must have been made before the idle reader takes the socket.
@@ -166,12 +169,12 @@ impl Shared {
     }
 
     fn send(&self, header: &Header, parts: &[&[u8]], fds: &[BorrowedFd]) -> std::io::Result<()> {
-        let _g = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.write_lock.lock().unpoison();
         send_message(&self.stream, header, parts, fds)
     }
 
     fn waiters(&self) -> MutexGuard<'_, Waiters> {
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+        self.waiters.lock().unpoison()
     }
 
     /// Sends one request and waits for its reply until `timeout`.
@@ -249,7 +252,7 @@ impl Shared {
                     }
                     w.sleepers += 1;
                     let slice = deadline.saturating_duration_since(Instant::now()).min(FOLLOWER_SLICE);
-                    let (mut w, _) = self.wake.wait_timeout(w, slice).unwrap_or_else(|e| e.into_inner());
+                    let (mut w, _) = self.wake.wait_timeout(w, slice).unpoison();
                     w.sleepers -= 1;
                 }
             }
@@ -430,14 +433,14 @@ impl Shared {
         self.fail();
         // Bytes peeked but left unread would turn the server's end of stream into ECONNRESET. `fail` woke
         // the idle reader, so the role comes free at once.
-        let mut r = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = self.reader.lock().unpoison();
         let _ = r.consume_seen(&self.stream);
         drop(r);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 
     fn backed(&self) -> std::sync::RwLockReadGuard<'_, Vec<Backed>> {
-        self.backed.read().unwrap_or_else(|e| e.into_inner())
+        self.backed.read().unpoison()
     }
 
     /// Finds the backing holding all of `[addr, addr+count)` with permission `need`.

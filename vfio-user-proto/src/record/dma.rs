@@ -1,5 +1,7 @@
 //! The device's DMA as a session records it.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use super::Session;

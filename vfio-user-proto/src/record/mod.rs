@@ -22,6 +22,8 @@
 //! after it. Replies of the client to the server's own DMA_READ/DMA_WRITE are not logged: the DMA records
 //! carry their content. A reader stops cleanly at a truncated last record (a killed recorder).
 
+#![forbid(unsafe_code)]
+
 mod dma;
 pub mod seed;
 mod writer;

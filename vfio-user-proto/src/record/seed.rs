@@ -8,6 +8,8 @@
 //!   eventfds), `u8` n, `u32` length, payload;
 //! - 2 DMA data: `u32` length, bytes (answers for the server's next DMA_READs, in order).
 
+#![forbid(unsafe_code)]
+
 use super::Record;
 use crate::wire::command;
 

@@ -1,5 +1,7 @@
 //! Writing recordings: a [`Recorder`] per served device opens one [`Session`] file per client connection.
 
+#![forbid(unsafe_code)]
+
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};

@@ -3,17 +3,19 @@
 //! Every handler validates the whole request before touching the device and answers with an errno;
 //! the message was read completely beforehand, so after an error reply the stream is still in sync.
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
+use super::config::ServerConfig;
 use crate::device::{region_flags, Device, DeviceInfo, Errno, RegionInfo};
 use crate::dma_space::DmaSpace;
 use crate::irq::IrqState;
 use crate::record::Session;
 use crate::server::outbound::Outbound;
-use crate::server::ServerConfig;
 use crate::sock::Message;
 use crate::wire::{
     command as cmd, dma_unmap_flags, encode_sparse_cap, hdr_flags, put_u16, put_u64, DmaMap, DmaUnmap, FourU32, Header,

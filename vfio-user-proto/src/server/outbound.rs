@@ -1,6 +1,8 @@
 //! The server's sending side of one connection: replies from the reader thread, and DMA_READ/DMA_WRITE
 //! requests from device worker threads, whose replies the reader thread routes back by message id.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
@@ -13,6 +15,7 @@ use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
 use crate::dma::DmaError;
 use crate::dma_space::MessageDma;
 use crate::sock::{send_message, Message};
+use crate::sync::Unpoison;
 use crate::wire::{command, DmaRw, Header, DMA_RW_SIZE};
 
 pub(crate) struct Outbound {
@@ -44,13 +47,13 @@ impl Outbound {
     }
 
     pub(crate) fn send(&self, header: &Header, parts: &[&[u8]], fds: &[BorrowedFd]) -> std::io::Result<()> {
-        let stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let stream = self.stream.lock().unpoison();
         let stream = stream.as_ref().ok_or(std::io::ErrorKind::NotConnected)?;
         send_message(stream, header, parts, fds)
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Sender<Message>>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+        self.pending.lock().unpoison()
     }
 
     /// Hands a reply to the worker waiting for it. `false` if nobody waits for that id.
@@ -63,7 +66,7 @@ impl Outbound {
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.pending().clear();
-        self.stream.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.stream.lock().unpoison().take();
     }
 
     fn request(&self, cmd: u16, parts: &[&[u8]]) -> Result<Message, DmaError> {

@@ -1,6 +1,8 @@
 //! ASIC: the hardware mutex the two HFIs of an ASIC share, the SBus master, the EPROM controller and the QSFP
 //! pins. Scratch, GPIO, thermal and PCIe SerDes registers are plain storage (the parent's fallback).
 
+#![forbid(unsafe_code)]
+
 use super::csr::*;
 
 // ASIC_CFG_SBUS_REQUEST / EXECUTE / ASIC_STS_SBUS_RESULT / COUNTERS fields.

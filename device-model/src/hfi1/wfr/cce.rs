@@ -1,6 +1,8 @@
 //! CCE: chip identity, the freeze/pause state, and the interrupt block (768 sources in twelve 64-bit status,
 //! mask, clear and force registers, routed to MSI-X vectors by CCE_INT_MAP).
 
+#![forbid(unsafe_code)]
+
 use super::csr::*;
 use super::NUM_INTERRUPT_SOURCES;
 

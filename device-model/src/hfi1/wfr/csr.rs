@@ -2,6 +2,8 @@
 //! (chip_registers.h): every register it defines, one definition each. RXE registers live in
 //! `super::super::regs`. Fields are defined next to the behaviour that needs them.
 
+#![forbid(unsafe_code)]
+
 /// Block bases (chip_registers.h).
 pub const CCE: u64 = 0x000_0000;
 pub const ASIC: u64 = 0x040_0000;

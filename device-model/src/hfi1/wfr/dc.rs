@@ -5,6 +5,8 @@
 //! host command at once with HCMD_SUCCESS, keeps the loaded fields in its RAM, and follows CHANGE_PHY_STATE.
 //! No link partner exists, so the port never trains: POLLING stays POLLING.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 
 use super::csr::*;

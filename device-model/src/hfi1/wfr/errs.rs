@@ -2,6 +2,8 @@
 //! storage, and a write-1-to-clear CLEAR (CLR) that reads 0. The driver's interrupt handlers read STATUS,
 //! write CLEAR and read STATUS again until it is 0 (interrupt_clear_down), so CLEAR must really clear.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 
 use super::csr::*;

@@ -5,12 +5,15 @@
 //! storage with its reset value, so the register file as a whole is what a FLR restores. The RXE (receive
 //! contexts, flow tables, RcvArray) stays in `super::chip`; this module never sees those offsets it models.
 
+#![forbid(unsafe_code)]
+
 mod asic;
 mod cce;
 pub mod csr;
 mod dc;
 mod errs;
 pub mod names;
+mod shape;
 mod txe;
 
 pub use txe::{SEND_DMA_STATUS_ENG_CLEANED_UP_SMASK, SEND_DMA_STATUS_ENG_HALTED_SMASK};
@@ -19,84 +22,11 @@ use std::collections::HashMap;
 
 use csr::*;
 
-/// First byte of the PIO send buffers (TXE_PIO_SEND): the top 32 MiB of BAR0, write-only on the chip.
-pub const TXE_PIO_SEND: u64 = TXE + 0x80_0000;
-/// TXE_PIO_SIZE.
-pub const TXE_PIO_SIZE: u64 = 0x200_0000;
-/// BAR0 of the chip: CSRs, RcvArray and user pages below TXE_PIO_SEND, the PIO send buffers above.
-pub const WFR_BAR0_SIZE: u64 = TXE_PIO_SEND + TXE_PIO_SIZE;
-/// MSI-X vectors of the chip (CCE_NUM_MSIX_VECTORS), its table and PBA in BAR0.
-pub const CCE_NUM_MSIX_VECTORS: u16 = 256;
-pub const CCE_MSIX_PBA: u64 = CCE + 0x11_0000;
-/// The PCIe core's vendor registers in extended config space (chip_registers.h PCIE_CFG_REG_PL*, 0x708 up to
-/// 0x8A8): aspm.c read-modify-writes PL3; the Gen3 equalisation ones are written only on RTL silicon.
-pub const PCIE_CFG_REG_PL_BASE: u16 = 0x700;
-pub const PCIE_CFG_REG_PL_LEN: u16 = 0x200;
-/// Most send contexts and SDMA engines the chip has (TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES).
-pub const TXE_NUM_CONTEXTS: u32 = 160;
-pub const TXE_NUM_SDMA_ENGINES: u32 = 16;
-
-/// Interrupt source numbers (chip.h IS_*): 768 sources, 64 per CCE_INT_* register.
-pub const IS_SDMAENG_ERR_START: u32 = 16;
-pub const NUM_INTERRUPT_SOURCES: u32 = 768;
-
-/// Chip size and identity registers: read-only, unchanged by a FLR.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WfrShape {
-    /// SEND_CONTEXTS, 1..=160.
-    pub send_contexts: u32,
-    /// SEND_DMA_ENGINES, 1..=16.
-    pub sdma_engines: u32,
-    /// SEND_PIO_MEM_SIZE in bytes.
-    pub pio_mem_size: u64,
-    /// SEND_DMA_MEM_SIZE in bytes.
-    pub sdma_mem_size: u64,
-    /// DC_DC8051_CFG_LOCAL_GUID.
-    pub guid: u64,
-}
-
-impl Default for WfrShape {
-    /// The chip's maximum send contexts and engines, so the driver's defaults fit as on hardware; the memory
-    /// sizes and GUID are this project's choices (docs/hfi1-kernel-driver.md).
-    fn default() -> Self {
-        WfrShape {
-            send_contexts: TXE_NUM_CONTEXTS,
-            sdma_engines: TXE_NUM_SDMA_ENGINES,
-            pio_mem_size: 0x2_0000,
-            sdma_mem_size: 0x10_0000,
-            guid: 0x0011_7501_0100_0001,
-        }
-    }
-}
-
-impl WfrShape {
-    pub fn validate(&self) -> Result<(), String> {
-        if !(1..=TXE_NUM_CONTEXTS).contains(&self.send_contexts) {
-            return Err(format!("send_contexts {} not in 1..={TXE_NUM_CONTEXTS}", self.send_contexts));
-        }
-        if !(1..=TXE_NUM_SDMA_ENGINES).contains(&self.sdma_engines) {
-            return Err(format!("sdma_engines {} not in 1..={TXE_NUM_SDMA_ENGINES}", self.sdma_engines));
-        }
-        // SEND_CTXT_CTRL's 14-bit BASE field counts 64-byte blocks.
-        if self.pio_mem_size < 0x1000 || self.pio_mem_size > 0x10_0000 || self.pio_mem_size % 64 != 0 {
-            return Err(format!("pio_mem_size {:#x} not a multiple of 64 in 0x1000..=0x100000", self.pio_mem_size));
-        }
-        if self.sdma_mem_size < 64 * u64::from(self.sdma_engines) || self.sdma_mem_size % 64 != 0 {
-            return Err(format!("sdma_mem_size {:#x} too small or unaligned", self.sdma_mem_size));
-        }
-        Ok(())
-    }
-}
-
-/// Interrupt sources a register write raised.
-#[derive(Debug, Default)]
-pub struct Raised(Vec<u32>);
-
-impl Raised {
-    pub fn raise(&mut self, source: u32) {
-        self.0.push(source);
-    }
-}
+pub use shape::{
+    Raised, WfrShape, CCE_MSIX_PBA, CCE_NUM_MSIX_VECTORS, IS_SDMAENG_ERR_START, NUM_INTERRUPT_SOURCES,
+    PCIE_CFG_REG_PL_BASE, PCIE_CFG_REG_PL_LEN, TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES, TXE_PIO_SEND, TXE_PIO_SIZE,
+    WFR_BAR0_SIZE,
+};
 
 /// The CSR file of the chip outside the RXE.
 pub struct Wfr {

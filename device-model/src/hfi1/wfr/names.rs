@@ -1,6 +1,8 @@
 //! The kernel's name of any BAR0 offset of the chip, with the array index or context when it has one
 //! (`SEND_DMA_CTRL[engine 0]`, `RCV_TID_FLOW_TABLE[ctxt 2][3]`), for dumps and access traces.
 
+#![forbid(unsafe_code)]
+
 use super::csr::{self, *};
 use super::{TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES, TXE_PIO_SEND, WFR_BAR0_SIZE};
 use crate::hfi1::regs::{self, *};

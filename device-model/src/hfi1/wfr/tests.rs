@@ -1,6 +1,8 @@
 //! The chip personality's registers against the sequences the Linux hfi1 driver runs on them (the kernel
 //! function each test follows is named in it; expected values are the kernel's conditions).
 
+#![forbid(unsafe_code)]
+
 use super::asic::*;
 use super::cce::*;
 use super::dc::*;

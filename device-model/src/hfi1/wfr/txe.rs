@@ -2,6 +2,8 @@
 //! Nothing is ever sent (no link), so send contexts report no packets in flight and engines never move their
 //! head; what the driver waits for completes at once.
 
+#![forbid(unsafe_code)]
+
 use super::cce::array_index;
 use super::csr::*;
 use super::errs::ErrGroups;

@@ -4,6 +4,8 @@
 //! queue, wakeups through the port workqueue). Afterwards nothing may be left: no TID, group or flow, no
 //! waiter, and no RcvArray entry valid on the device.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

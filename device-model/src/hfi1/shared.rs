@@ -1,0 +1,137 @@
+//! What the hfi1 register path and its worker share: the chip behind one lock (never held across a DMA
+//! access), the loopback registers a driver polls (atomics), the reset epoch, and the DMA/IRQ handles.
+
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use emu_abi::hfi1::{
+    LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR, LB_DOORBELL, LB_LAST_RESULT,
+};
+use vfio_user_proto::dma::DmaAccess;
+use vfio_user_proto::sync::Unpoison;
+
+use super::chip::Chip;
+use super::counters::Counters;
+use super::loopback::HeldInject;
+use super::wfr::Wfr;
+use crate::engine::Interrupt;
+use crate::probe::Probe;
+
+/// How long detach waits for the descriptor in flight, and a control inject for its result.
+pub(super) const WORK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The registers a driver polls while the worker runs: atomics, never behind a lock a DMA path holds.
+#[derive(Debug, Default)]
+pub struct LbRegs {
+    pub desc_addr: AtomicU64,
+    pub db_done: AtomicU64,
+    pub db_submitted: AtomicU64,
+    pub desc_done: AtomicU64,
+    pub desc_err: AtomicU64,
+    pub last_result: AtomicU64,
+    pub db_dropped: AtomicU64,
+}
+
+impl LbRegs {
+    /// A register read; `None` for offsets in the block that hold nothing (they read as all-ones).
+    pub fn read(&self, rel: u64) -> Option<u64> {
+        let reg = match rel {
+            LB_DESC_ADDR => &self.desc_addr,
+            LB_DOORBELL => return Some(0),
+            LB_DB_DONE => &self.db_done,
+            LB_DB_SUBMITTED => &self.db_submitted,
+            LB_DESC_DONE => &self.desc_done,
+            LB_DESC_ERR => &self.desc_err,
+            LB_LAST_RESULT => &self.last_result,
+            LB_DB_DROPPED => &self.db_dropped,
+            _ => return None,
+        };
+        Some(reg.load(Ordering::Acquire))
+    }
+
+    pub fn reset(&self) {
+        for r in [
+            &self.desc_addr,
+            &self.db_done,
+            &self.db_submitted,
+            &self.desc_done,
+            &self.desc_err,
+            &self.last_result,
+            &self.db_dropped,
+        ] {
+            r.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// State shared by the register path and the worker.
+pub(super) struct Shared {
+    pub(super) chip: Mutex<Chip>,
+    /// The chip's other blocks, on the WFR personality. Lock order: `chip`, then `wfr`.
+    pub(super) wfr: Option<Mutex<Wfr>>,
+    /// Traces and faults of this device (shared with its PCI function).
+    pub probe: Arc<Probe>,
+    /// An injected packet `packet-reorder` holds back until the next inject.
+    pub(super) held_inject: Mutex<Option<HeldInject>>,
+    pub counters: Counters,
+    pub lb: LbRegs,
+    /// Bumped (under the chip lock) by every reset and detach; work from an older epoch is dropped.
+    pub(super) epoch: AtomicU64,
+    pub(super) dma: RwLock<Arc<dyn DmaAccess>>,
+    pub(super) irq: RwLock<Arc<dyn Interrupt>>,
+}
+
+impl Shared {
+    pub fn lock_chip(&self) -> MutexGuard<'_, Chip> {
+        self.chip.lock().unpoison()
+    }
+
+    pub(super) fn lock_wfr(&self) -> Option<MutexGuard<'_, Wfr>> {
+        self.wfr.as_ref().map(|w| w.lock().unpoison())
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Whether work of `epoch` may still run.
+    pub fn current(&self, epoch: u64) -> bool {
+        self.epoch() == epoch
+    }
+
+    /// Applies `f` to the loopback registers unless a reset came since `epoch` (checked under the chip lock,
+    /// which resets take, so a result never lands in freshly reset registers).
+    pub fn publish(&self, epoch: u64, f: impl FnOnce(&LbRegs)) -> bool {
+        let _chip = self.lock_chip();
+        if !self.current(epoch) {
+            return false;
+        }
+        f(&self.lb);
+        true
+    }
+
+    pub fn raise(&self, vector: u16) {
+        let irq = Arc::clone(&self.irq.read().unpoison());
+        irq.raise(vector);
+    }
+
+    pub(super) fn dma(&self) -> Arc<dyn DmaAccess> {
+        Arc::clone(&self.dma.read().unpoison())
+    }
+
+    /// Power-on state; in-flight and queued work of the old epoch is abandoned.
+    pub(super) fn reset(&self) {
+        let mut chip = self.lock_chip();
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        chip.reset();
+        if let Some(mut w) = self.lock_wfr() {
+            w.reset();
+        }
+        self.lb.reset();
+        self.counters.reset();
+        self.held_inject.lock().unpoison().take();
+    }
+}

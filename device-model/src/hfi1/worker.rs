@@ -1,0 +1,38 @@
+//! The hfi1 worker's jobs: loopback doorbells and control-socket injects, each run through the receive
+//! engine on the engine's `WorkQueue` thread, dropped (or answered `Aborted`) once a reset came since it
+//! was queued.
+
+#![forbid(unsafe_code)]
+
+use crossbeam_channel::Sender;
+
+use super::loopback;
+use super::observe::InjectOutcome;
+use super::rcv::{Packet, RxResult};
+use super::shared::Shared;
+use crate::worker::Stamped;
+use vfio_user_proto::sync::Unpoison;
+
+pub(super) enum Job {
+    Doorbell { desc: u64 },
+    Inject { packet: Packet, payload: Vec<u8>, reply: Sender<InjectOutcome> },
+}
+
+pub(super) fn run_job(shared: &Shared, Stamped { epoch, job }: Stamped<Job>) {
+    match job {
+        Job::Doorbell { desc } => {
+            if shared.current(epoch) {
+                loopback::run_doorbell(shared, shared.dma().as_ref(), desc, epoch);
+            }
+        }
+        Job::Inject { packet, payload, reply } => {
+            let result = if shared.current(epoch) {
+                let mut held = shared.held_inject.lock().unpoison();
+                loopback::inject(shared, shared.dma().as_ref(), packet, payload, epoch, &mut held)
+            } else {
+                InjectOutcome::plain(RxResult::Aborted)
+            };
+            let _ = reply.try_send(result);
+        }
+    }
+}

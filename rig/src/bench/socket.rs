@@ -1,0 +1,135 @@
+//! (a) A trapped REGION_READ / REGION_WRITE round trip against the floor: a raw UNIX-socket ping-pong of the
+//! same message sizes with a tiny echo thread. Both sides make the same system calls per round trip (one send
+//! and one receive each), so the ratio is what framing, decoding and dispatch cost on top of the socket.
+
+#![forbid(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use device_model::engine::Engine;
+use device_model::hfi1::{regs, Hfi1, Hfi1Config, HFI1_BAR};
+use device_model::pci::PciIds;
+use vfio_user_proto::client::{Client, ClientConfig};
+use vfio_user_proto::device::region;
+use vfio_user_proto::wire::{HEADER_SIZE, REGION_RW_SIZE};
+
+use super::stats::{sample, Samples};
+use super::{Better, Case, Target};
+use crate::served::Served;
+use udriver::access::pci;
+
+/// Bytes of register data per access: hfi1 CSRs are 64-bit.
+const DATA: usize = 8;
+/// REGION_READ: request header + region_rw; reply header + region_rw + data. REGION_WRITE the other way.
+const SMALL: usize = HEADER_SIZE + REGION_RW_SIZE;
+const LARGE: usize = SMALL + DATA;
+/// Rounds alternating the variants, so a burst of load from elsewhere hits all of them alike.
+const ROUNDS: u32 = 16;
+const TARGET_RATIO: f64 = 1.3;
+
+/// Echo peer: reads `req` bytes, answers `rep` bytes, until the socket closes.
+fn echo(mut s: UnixStream, req: usize, rep: usize) {
+    let mut inb = vec![0u8; req];
+    let out = vec![0u8; rep];
+    while s.read_exact(&mut inb).is_ok() {
+        if s.write_all(&out).is_err() {
+            break;
+        }
+    }
+}
+
+struct PingPong {
+    client: UnixStream,
+    req: Vec<u8>,
+    rep: Vec<u8>,
+    peer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PingPong {
+    fn new(req: usize, rep: usize) -> Result<Self, String> {
+        let (client, server) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        client.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+        let peer = std::thread::Builder::new()
+            .name("bench-echo".into())
+            .spawn(move || echo(server, req, rep))
+            .map_err(|e| format!("echo thread: {e}"))?;
+        Ok(Self { client, req: vec![0u8; req], rep: vec![0u8; rep], peer: Some(peer) })
+    }
+
+    fn once(&mut self) -> std::io::Result<()> {
+        self.client.write_all(&self.req)?;
+        self.client.read_exact(&mut self.rep)
+    }
+}
+
+impl Drop for PingPong {
+    fn drop(&mut self) {
+        let _ = self.client.shutdown(std::net::Shutdown::Both);
+        if let Some(p) = self.peer.take() {
+            let _ = p.join();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Variants {
+    raw: Samples,
+    vfio_user: Samples,
+}
+
+fn measure(
+    budget: Duration,
+    req: usize,
+    rep: usize,
+    client: &Client,
+    mut access: impl FnMut(&Client) -> Result<(), String>,
+) -> Result<Variants, String> {
+    let slice = budget / ROUNDS;
+    let mut v = Variants::default();
+    let mut raw = PingPong::new(req, rep)?;
+    for _ in 0..ROUNDS {
+        v.raw.extend(sample(slice, 1000, 100, usize::MAX, || raw.once()).map_err(|e| e.to_string())?);
+        v.vfio_user.extend(sample(slice, 1000, 100, usize::MAX, || access(client))?);
+    }
+    Ok(v)
+}
+
+fn report(case: &mut Case, op: &str, v: &Variants) {
+    let (raw, vu) = (v.raw.median(), v.vfio_user.median());
+    case.metric(&format!("{op}: raw socket ping-pong, median"), raw, "ns");
+    case.metric(&format!("{op}: vfio-user trapped round trip, median"), vu, "ns");
+    case.metric(&format!("{op}: vfio-user trapped round trip, p99"), v.vfio_user.quantile(0.99), "ns");
+    case.metric(&format!("{op}: samples per variant"), v.raw.len().min(v.vfio_user.len()) as f64, "");
+    case.target(Target::new(&format!("{op} / raw ping-pong"), vu / raw.max(1.0), TARGET_RATIO, "x", Better::Lower));
+}
+
+pub fn round_trip(budget: Duration) -> Case {
+    Case::new("a", "trapped REGION_READ/REGION_WRITE round trip vs raw UNIX-socket ping-pong").run(|case| {
+        let engine: Arc<dyn Engine> =
+            Arc::new(Hfi1::new(Hfi1Config::default()).map_err(|e| format!("hfi1 engine: {e}"))?);
+        let served = Served::new(engine, PciIds::hfi1_default()).map_err(|e| e.to_string())?;
+        let client = Client::connect(served.path(), ClientConfig::default()).map_err(|e| format!("connect: {e}"))?;
+        // pci_enable_device: BAR accesses are only decoded with memory space on.
+        let cmd = (pci::COMMAND_MEMORY | pci::COMMAND_MASTER).to_le_bytes();
+        client.region_write(region::CONFIG, pci::COMMAND, &cmd).map_err(|e| format!("enable: {e}"))?;
+
+        let read = measure(budget, SMALL, LARGE, &client, |c| {
+            let mut b = [0u8; DATA];
+            c.region_read(HFI1_BAR, regs::RCV_ARRAY_CNT, &mut b).map_err(|e| e.to_string())
+        })?;
+        let write = measure(budget, LARGE, SMALL, &client, |c| {
+            c.region_write(HFI1_BAR, regs::RCV_VL15, &3u64.to_le_bytes()).map_err(|e| e.to_string())
+        })?;
+        report(case, "REGION_READ 8 B", &read);
+        report(case, "REGION_WRITE 8 B", &write);
+        case.note(format!(
+            "messages: read {SMALL} B out / {LARGE} B back, write {LARGE} B / {SMALL} B; server on its own thread \
+             over a UNIX socket, device = hfi1 function; {ROUNDS} alternating rounds"
+        ));
+        drop(client);
+        Ok(())
+    })
+}

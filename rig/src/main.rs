@@ -1,0 +1,107 @@
+//! `rig`: udriver's commands with the device model in this process (no VM, no socket), and the benchmarks.
+
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use rig::{InProcess, Kind};
+use udriver::cli;
+
+#[derive(Parser)]
+#[command(
+    name = "rig",
+    version,
+    about = "udriver's demos and stress runs against the device model in this process, and the benchmarks",
+    after_help = "Examples:\n  rig --in-process hfi1 hfi1-demo\n  rig --in-process irdma stress --seconds 5 --threads 4\n  \
+rig bench --case d"
+)]
+struct Cli {
+    /// Which emulated function to build in this process (for the driver commands).
+    #[arg(long, global = true, value_enum, value_name = "DEVICE")]
+    in_process: Option<DeviceArg>,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: RigCommand,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DeviceArg {
+    Hfi1,
+    Irdma,
+}
+
+#[derive(Subcommand)]
+enum RigCommand {
+    #[command(flatten)]
+    Driver(cli::Command),
+    /// Benchmarks (a)-(e) of docs/bench.md, each against its own device-model server thread over a real
+    /// vfio-user socket; prints ratios measured in this one run (ci/bench.sh adds the QEMU case and the plot).
+    Bench {
+        /// Wall time spent measuring each variant of a case.
+        #[arg(long, default_value_t = 1500)]
+        budget_ms: u64,
+        /// Run only these cases (repeatable): a, b, c, d, e, spin.
+        #[arg(long = "case", value_name = "ID")]
+        cases: Vec<String>,
+    },
+}
+
+fn run(cli: &Cli) -> Result<ExitCode, String> {
+    match &cli.command {
+        RigCommand::Driver(command) => {
+            if command.device().is_some() {
+                return Err("rig builds the device itself: give --in-process hfi1|irdma, not a PCI address".into());
+            }
+            let kind = match cli.in_process.ok_or("give --in-process hfi1|irdma")? {
+                DeviceArg::Hfi1 => Kind::Hfi1,
+                DeviceArg::Irdma => Kind::Irdma,
+            };
+            let function = rig::function(kind).map_err(|e| e.to_string())?;
+            cli::run(command, Arc::new(InProcess::new(function)), cli.json)
+        }
+        RigCommand::Bench { budget_ms, cases } => {
+            let opts = rig::bench::BenchOptions { budget: Duration::from_millis(*budget_ms), cases: cases.clone() };
+            let report = rig::bench::run(&opts);
+            if cli.json {
+                println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", report.render());
+            }
+            // A missed target is a measurement; a case that could not run or failed its own checks is an error.
+            Ok(if report.cases.iter().any(|c| c.error.is_some()) { ExitCode::from(1) } else { ExitCode::SUCCESS })
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    cli::init_tracing();
+    run(&cli).unwrap_or_else(|e| cli::fail("rig", cli.json, &e))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent_and_takes_the_documented_forms() {
+        Cli::command().debug_assert();
+        let cases: [&[&str]; 4] = [
+            &["rig", "--in-process", "hfi1", "hfi1-demo"],
+            &["rig", "--in-process", "irdma", "stress", "--seconds", "5", "--threads", "4"],
+            &["rig", "--json", "irdma-demo", "--in-process", "irdma", "--wait", "irq"],
+            &["rig", "bench", "--case", "d", "--case", "a"],
+        ];
+        for args in cases {
+            assert!(Cli::try_parse_from(args).is_ok(), "{args:?}");
+        }
+        assert!(Cli::try_parse_from(["rig", "--in-process", "nic", "info"]).is_err());
+    }
+}

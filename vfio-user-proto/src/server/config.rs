@@ -1,0 +1,51 @@
+//! What a server is configured with: the limits it advertises and enforces, and its timeouts.
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::dma_space::MmapLimits;
+use crate::record::Recorder;
+
+/// Room for the fixed parts of any message beyond its data (REGION_WRITE_MULTI's 200 entries are the largest).
+const MSG_OVERHEAD: u32 = 8192;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Most descriptors accepted in one message (advertised as `max_msg_fds`, at most 253).
+    pub max_msg_fds: u32,
+    /// Largest data count of one REGION_READ/WRITE or DMA_READ/WRITE (advertised).
+    pub max_data_xfer_size: u32,
+    /// Most DMA mappings at once (advertised).
+    pub max_dma_maps: u32,
+    /// How long a worker waits for the client's DMA_READ/DMA_WRITE reply, and the socket send timeout.
+    pub dma_timeout: Duration,
+    /// How long a client may stall in the middle of one message before it is disconnected.
+    pub stall_timeout: Duration,
+    /// Most distinct files mmapped for one client, and their total size; beyond them sealed fd maps
+    /// are served by DMA_READ/DMA_WRITE (each mmap holds a descriptor and address space).
+    pub mmap_limits: MmapLimits,
+    /// Records every session to a file of its own (docs/observe.md); `None`: nothing is recorded.
+    pub recorder: Option<Arc<Recorder>>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_msg_fds: 16,
+            max_data_xfer_size: 1 << 20,
+            max_dma_maps: 65535,
+            dma_timeout: Duration::from_secs(5),
+            stall_timeout: Duration::from_secs(5),
+            mmap_limits: MmapLimits::default(),
+            recorder: None,
+        }
+    }
+}
+
+impl ServerConfig {
+    pub(super) fn max_msg_size(&self) -> u32 {
+        self.max_data_xfer_size.saturating_add(MSG_OVERHEAD)
+    }
+}
