@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use vfio_user_proto::dma::DmaAccess;
 
-use super::observe::{self, Fate, InjectOutcome};
+use super::observe::{self, Fate, HeldInject, InjectOutcome};
 use super::rcv::{place, place_from, Packet, Placement, RxResult};
 use super::shared::Shared;
 
@@ -168,13 +168,6 @@ fn run_descriptor(
 /// Receives one packet whose payload the caller holds (control `inject`).
 pub(super) fn receive(shared: &Shared, dma: &dyn DmaAccess, pkt: &Packet, payload: &[u8], epoch: u64) -> RxResult {
     judge(shared, pkt, payload.len() as u64, epoch, "inject", |p| place(dma, p, payload, &shared.counters))
-}
-
-/// A packet `packet-reorder` held back at an inject, until the next one.
-pub(super) struct HeldInject {
-    packet: Packet,
-    payload: Vec<u8>,
-    epoch: u64,
 }
 
 /// A control-socket inject through the packet faults; `held` is the worker's slot for a reordered packet.

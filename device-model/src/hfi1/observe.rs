@@ -122,3 +122,10 @@ impl InjectOutcome {
         v
     }
 }
+
+/// A packet `packet-reorder` held back at an inject, until the next one.
+pub(super) struct HeldInject {
+    pub packet: Packet,
+    pub payload: Vec<u8>,
+    pub epoch: u64,
+}

@@ -15,7 +15,7 @@ use vfio_user_proto::sync::Unpoison;
 
 use super::chip::Chip;
 use super::counters::Counters;
-use super::loopback::HeldInject;
+use super::observe::HeldInject;
 use super::wfr::Wfr;
 use crate::engine::Interrupt;
 use crate::probe::Probe;

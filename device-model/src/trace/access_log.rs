@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use super::RegisterName;
+use super::kinds::RegisterName;
 
 /// Accesses kept for the dump.
 pub const RECENT: usize = 64;
@@ -74,7 +74,7 @@ impl AccessLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::Block;
+    use crate::trace::kinds::Block;
 
     #[test]
     fn keeps_totals_and_the_last_accesses_by_name() {

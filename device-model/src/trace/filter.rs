@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use super::{Block, Level};
+use super::kinds::{Block, Level};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Directive {
