@@ -114,6 +114,11 @@ impl InProcess {
         &self.device
     }
 
+    /// DMA mappings the device can reach now (a driver that leaks none has none after its teardown).
+    pub fn mappings(&self) -> usize {
+        self.dma.map.lock().unpoison().len()
+    }
+
     fn check(&self, bar: u32, offset: u64, width: u64) -> Result<()> {
         let size = self.bar_sizes.iter().find(|(i, _)| *i == bar).map(|(_, s)| *s);
         backend::check_register(bar, size, offset, width)
@@ -172,6 +177,9 @@ impl DeviceAccess for InProcess {
 
     fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
         backend::check_dma_map(mem, offset, len, iova)?;
+        // What the vfio-user server asks the device before mapping (a `dma-map-refuse` fault).
+        let rw = vfio_user_proto::wire::dma_map_flags::READ | vfio_user_proto::wire::dma_map_flags::WRITE;
+        self.device.vet_dma_map(iova, len, rw).map_err(|errno| AccessError::Errno { op: "DMA map", errno })?;
         let end = iova.checked_add(len);
         let mut map = self.dma.map.lock().unpoison();
         let overlaps = map.range(..end.unwrap_or(u64::MAX)).next_back().is_some_and(|(b, m)| b + m.len > iova);

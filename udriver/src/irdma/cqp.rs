@@ -252,6 +252,10 @@ pub struct IrdmaScCqp {
     pub(crate) sq_ring: IrdmaRing,
     /// `scratch_array`; `None` marks a slot with no command outstanding, so a completion for it is garbage.
     scratch_array: Vec<Option<u64>>,
+    /// The post number of each slot's command (1, 2, ...), and the highest post number completed: the device
+    /// completes the SQ in order, so a command posted before one that completed has lost its completion.
+    posted: Vec<u64>,
+    completed_post: u64,
     pub struct_ver: u8,
     pub hw_maj_ver: u16,
     pub hw_min_ver: u16,
@@ -293,6 +297,8 @@ impl IrdmaScCqp {
     /// Retires the command at `wqe_idx` and frees one SQ slot (the SQ tail moves).
     pub(crate) fn complete_wqe(&mut self, wqe_idx: u32) -> Option<u64> {
         let scratch = self.scratch_array.get_mut(wqe_idx as usize)?.take()?;
+        let post = self.posted.get(wqe_idx as usize).copied().unwrap_or_default();
+        self.completed_post = self.completed_post.max(post);
         self.sq_ring.move_tail();
         self.completed_ops += 1;
         Some(scratch)
@@ -323,6 +329,8 @@ pub fn irdma_sc_cqp_init(info: IrdmaCqpInitInfo) -> Result<IrdmaScCqp> {
         polarity: 0,
         sq_ring: IrdmaRing::new(size),
         scratch_array: vec![None; size as usize],
+        posted: vec![0; size as usize],
+        completed_post: 0,
         struct_ver: info.struct_ver,
         hw_maj_ver: info.hw_maj_ver,
         hw_min_ver: info.hw_min_ver,
@@ -468,6 +476,15 @@ pub fn irdma_sc_cqp_get_next_send_wqe_idx<'a>(
     wqe_idx: &mut u32,
 ) -> Result<IrdmaCqpWqe<'a>> {
     let idx = cqp.sq_ring.head;
+    // A slot still outstanding whose command was posted before one that completed lost its completion (the
+    // device completes in order: the CQE was never written, or was unreadable). Its waiter has timed out or
+    // will; the slot is free again, as in the kernel, which reuses it without looking (found with the
+    // `cqe-drop` fault: without this the SQ wedged once it wrapped onto such a slot, docs/observe.md).
+    let i = idx as usize;
+    if cqp.scratch(idx).is_some() && cqp.posted.get(i).is_some_and(|p| *p < cqp.completed_post) {
+        let lost = cqp.scratch_array.get_mut(i).and_then(Option::take);
+        tracing::warn!(slot = idx, scratch = lost, "CQP completion lost; its slot is reused");
+    }
     // A slot still outstanding (completions out of order) counts as full, like a full ring.
     if cqp.sq_ring.is_full() || cqp.scratch(idx).is_some() {
         return Err(IrdmaError::SqFull);
@@ -477,8 +494,11 @@ pub fn irdma_sc_cqp_get_next_send_wqe_idx<'a>(
         cqp.polarity ^= 1;
     }
     cqp.requested_ops += 1;
-    if let Some(slot) = cqp.scratch_array.get_mut(idx as usize) {
+    if let Some(slot) = cqp.scratch_array.get_mut(i) {
         *slot = Some(scratch);
+    }
+    if let Some(p) = cqp.posted.get_mut(i) {
+        *p = cqp.requested_ops;
     }
     *wqe_idx = idx;
     let wqe = cqp.wqe(idx)?;
@@ -516,7 +536,9 @@ pub fn irdma_cqp_poll_registers(cqp: &mut IrdmaScCqp, tail: u32, count: u32) -> 
             return Err(IrdmaError::BadRegister { reg: "CQPTAIL", value: val });
         }
         if newtail != tail {
-            let done = cqp.sq_ring.tail;
+            // The device's tail is one past the WQE it finished (the ring's own tail lags behind it after a
+            // lost completion).
+            let done = (newtail + cqp.sq_size - 1) % cqp.sq_size;
             return match cqp.complete_wqe(done) {
                 Some(_) => Ok(()),
                 None => Err(IrdmaError::BadRegister { reg: "CQPTAIL", value: val }),
