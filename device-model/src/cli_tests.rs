@@ -179,9 +179,69 @@ fn long_help_documents_every_option_and_examples() {
         "Examples:",
         "vfio-user-pci",
         "1b36:1100",
+        "--trace <FILTER>",
+        "--trace-file <PATH>",
+        "--trace-format <FORMAT>",
+        "--fault <SPEC>",
+        "--record <DIR>",
+        "replay",
+        "seeds",
     ] {
         assert!(help.contains(needle), "--help lacks {needle}");
     }
+    // Every trace block and every fault is listed, from their definitions.
+    for b in crate::trace::Block::ALL {
+        assert!(help.contains(&format!("  {:<10} ", b.name())), "--help lacks block {}", b.name());
+    }
+    for k in FaultKind::ALL {
+        assert!(help.contains(&format!("  {:<16} ", k.name())), "--help lacks fault {}", k.name());
+    }
+}
+
+#[test]
+fn trace_fault_and_record_options_are_checked_against_the_served_devices() {
+    let a = parse(&[
+        "--irdma",
+        "/tmp/i",
+        "--trace",
+        "irdma::cqp=debug",
+        "--fault",
+        "irdma:cqe-drop,nth=2",
+        "--record",
+        "/tmp/r",
+    ])
+    .unwrap();
+    assert_eq!(a.trace.as_ref().map(|f| f.to_string()), Some("irdma::cqp=debug".into()));
+    assert_eq!(a.fault.len(), 1);
+    assert_eq!(a.record, Some(PathBuf::from("/tmp/r")));
+    assert!(a.served().is_ok());
+    let refused = [
+        (vec!["--hfi1", "/tmp/h", "--fault", "irdma:cqe-drop"], "irdma is not served"),
+        (vec!["--hfi1", "/tmp/h", "--fault", "cqe-drop"], "name the device"),
+        (vec!["--hfi1", "/tmp/h", "--fault", "hfi1:cqe-drop"], "does not apply"),
+    ];
+    for (args, why) in refused {
+        let e = parse(&args).map(|a| a.served());
+        match e {
+            Ok(Err(CliError::Fault { why: w, .. })) => assert!(w.contains(why), "{args:?}: {w}"),
+            // A fault the spec language refuses is clap's to report.
+            Err(_) => assert!(why == "does not apply", "{args:?}"),
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+    assert!(parse(&["--irdma", "/tmp/i", "--trace", "irdma::nosuch=debug"]).is_err());
+    assert!(parse(&["--irdma", "/tmp/i", "--fault", "irdma:melt"]).is_err());
+}
+
+#[test]
+fn replay_and_seeds_are_tools_that_take_files_and_no_serving_options() {
+    let a = parse(&["replay", "a.vfurec", "dir", "--json"]).unwrap();
+    assert_eq!(a.tool, Some(Tool::Replay { files: vec!["a.vfurec".into(), "dir".into()], json: true, trace: None }));
+    let s = parse(&["seeds", "a.vfurec", "--out", "corpus", "--window", "10"]).unwrap();
+    assert_eq!(s.tool, Some(Tool::Seeds { files: vec!["a.vfurec".into()], out: "corpus".into(), window: 10, max: 32 }));
+    assert!(parse(&["replay"]).is_err(), "needs a file");
+    assert!(parse(&["seeds", "a"]).is_err(), "needs --out");
+    assert!(parse(&["--irdma", "/tmp/i", "replay", "a"]).is_err(), "serving options do not go with a tool");
 }
 
 #[test]

@@ -266,3 +266,105 @@ fn a_function_answers_pci_itself_and_passes_the_rest_to_its_engine() {
     f.region_read(region::CONFIG, 0x82, &mut cmd).unwrap();
     assert_eq!(u16::from_le_bytes(cmd), PCI_MSIX_FLAGS_ENABLE | 3);
 }
+
+fn real_targets() -> (Vec<Arc<dyn ControlTarget>>, Arc<Function>) {
+    let hfi1 = crate::build::DeviceOptions::new(crate::cli::DeviceKind::Hfi1).build(&[]).unwrap();
+    let irdma = crate::build::DeviceOptions::new(crate::cli::DeviceKind::Irdma).build(&[]).unwrap();
+    (vec![hfi1.clone() as Arc<dyn ControlTarget>, irdma as Arc<dyn ControlTarget>], hfi1)
+}
+
+fn ask(targets: &[Arc<dyn ControlTarget>], line: &str) -> Value {
+    handle_request(targets, line.as_bytes())
+}
+
+#[test]
+fn help_lists_every_command_and_the_trace_and_fault_languages() {
+    let (t, _) = real_targets();
+    let h = ask(&t, r#"{"cmd":"help"}"#);
+    assert_eq!(h["ok"], true);
+    for cmd in ["list", "trace", "record", "reset", "pci", "dma_maps", "accesses", "fault", "hfi1", "irdma"] {
+        assert!(h["result"]["commands"].get(cmd).is_some(), "help lacks {cmd}");
+    }
+    let reference = h["result"]["reference"].to_string();
+    for needle in ["cqp-fail", "reg-stuck", "rcvarray", "nth=N", "prob=P"] {
+        assert!(reference.contains(needle), "help lacks {needle}");
+    }
+}
+
+#[test]
+fn trace_sets_one_filter_for_every_device_or_for_one() {
+    let (t, hfi1) = real_targets();
+    let r = ask(&t, r#"{"cmd":"trace","filter":"hfi1::flow=debug,irdma=info"}"#);
+    assert_eq!(r["result"]["devices"]["hfi1"], json!({"flow": "debug"}));
+    assert_eq!(r["result"]["devices"]["irdma"]["cqp"], "info");
+    assert!(hfi1.probe().trace.on(crate::trace::Block::Flow, crate::trace::Level::Debug));
+    let r = ask(&t, r#"{"device":"hfi1","cmd":"trace","filter":"off"}"#);
+    assert_eq!(r["result"]["devices"], json!({"hfi1": {}}));
+    let r = ask(&t, r#"{"cmd":"trace"}"#);
+    assert_eq!(r["result"]["devices"]["hfi1"], json!({}), "one device's filter left the other's");
+    assert_eq!(r["result"]["devices"]["irdma"]["ccq"], "info");
+    for bad in [r#"{"cmd":"trace","filter":"hfi1::nosuch=debug"}"#, r#"{"cmd":"trace","format":"xml"}"#] {
+        assert_eq!(ask(&t, bad)["ok"], false, "{bad}");
+    }
+    let _ = ask(&t, r#"{"cmd":"trace","filter":"off"}"#);
+}
+
+#[test]
+fn fault_arms_lists_and_removes_faults_and_refuses_what_does_not_fit() {
+    let (t, _) = real_targets();
+    let r = ask(&t, r#"{"device":"irdma","cmd":"fault","add":"cqe-delay,ms=5,nth=3"}"#);
+    assert_eq!(r["ok"], true, "{r}");
+    let id = r["result"]["id"].as_u64().unwrap();
+    assert_eq!(r["result"]["faults"][0]["spec"], "irdma:cqe-delay,ms=5,nth=3,count=1");
+    // A register named by the kernel's name is resolved by the engine.
+    let r = ask(&t, r#"{"device":"hfi1","cmd":"fault","add":"reg-stuck,reg=RCV_CTXT_CTRL[ctxt 1],mask=1"}"#);
+    assert_eq!(
+        r["result"]["faults"][0]["spec"],
+        "hfi1:reg-stuck,bar=0,offset=0x1100100,mask=0x1,value=0x0,nth=1,count=forever"
+    );
+    let refused = [
+        r#"{"device":"hfi1","cmd":"fault","add":"cqe-drop"}"#,
+        r#"{"device":"hfi1","cmd":"fault","add":"reg-stuck,reg=NO_SUCH_CSR,mask=1"}"#,
+        r#"{"device":"hfi1","cmd":"fault","add":"irdma:dma-write-fail"}"#,
+        r#"{"device":"irdma","cmd":"fault","add":"cqe-drop,nth=0"}"#,
+        r#"{"device":"irdma","cmd":"fault","remove":999}"#,
+    ];
+    for bad in refused {
+        assert_eq!(ask(&t, bad)["ok"], false, "{bad}");
+    }
+    let r = ask(&t, &format!(r#"{{"device":"irdma","cmd":"fault","remove":{id}}}"#));
+    assert_eq!(r["result"]["faults"], json!([]));
+    let r = ask(&t, r#"{"device":"hfi1","cmd":"fault","clear":true}"#);
+    assert_eq!(r["result"]["faults"], json!([]));
+}
+
+#[test]
+fn record_reports_each_devices_recorder_and_points_them_at_a_directory() {
+    let (t, hfi1) = real_targets();
+    let dir = std::env::temp_dir().join(format!("dm-control-record-{}", std::process::id()));
+    // Without a recorder a device does not appear.
+    assert_eq!(ask(&t, r#"{"cmd":"record"}"#)["result"], json!({}));
+    let rec = vfio_user_proto::record::Recorder::idle("hfi1", json!({}));
+    hfi1.probe().set_recorder(Some(rec.clone()));
+    assert_eq!(ask(&t, r#"{"cmd":"record"}"#)["result"]["hfi1"]["dir"], Value::Null);
+    let r = ask(&t, &format!(r#"{{"cmd":"record","dir":{:?}}}"#, dir.display().to_string()));
+    assert_eq!(r["result"]["hfi1"]["dir"], json!(dir));
+    assert_eq!(rec.dir(), Some(dir.clone()));
+    assert_eq!(ask(&t, r#"{"cmd":"record","stop":true}"#)["result"]["hfi1"]["dir"], Value::Null);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn accesses_are_kept_for_any_device_once_asked() {
+    let (t, hfi1) = real_targets();
+    let r = ask(&t, r#"{"device":"hfi1","cmd":"accesses"}"#);
+    assert_eq!((r["result"]["kept"].as_bool(), r["result"]["reads"].as_u64()), (Some(false), Some(0)));
+    ask(&t, r#"{"device":"hfi1","cmd":"accesses","keep":true}"#);
+    hfi1.region_write(region::CONFIG, 4, &PCI_COMMAND_MEMORY.to_le_bytes()).unwrap();
+    let mut b = [0u8; 8];
+    hfi1.region_read(region::BAR0, 0x1000018, &mut b).unwrap();
+    let r = ask(&t, r#"{"device":"hfi1","cmd":"accesses"}"#);
+    assert_eq!(r["result"]["reads"], 1);
+    assert_eq!(r["result"]["recent"][0]["csr"], "RCV_ARRAY_CNT");
+    assert_eq!(r["result"]["recent"][0]["value"], "0x1000");
+}

@@ -32,6 +32,11 @@ impl Served {
 
     /// Serves an existing function (the caller keeps it, to inspect the device while a client drives it).
     pub fn function(function: Arc<Function>) -> Result<Self, RigError> {
+        Self::with_config(function, ServerConfig::default())
+    }
+
+    /// Serves `function` with a server configured by `config` (a session recorder, say).
+    pub fn with_config(function: Arc<Function>, config: ServerConfig) -> Result<Self, RigError> {
         let path = std::env::temp_dir().join(format!(
             "rdma-emu-rig-{}-{}.sock",
             std::process::id(),
@@ -39,7 +44,7 @@ impl Served {
         ));
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).map_err(|source| RigError::Io { op: "bind", source })?;
-        let server = Server::new(function, ServerConfig::default());
+        let server = Server::new(function, config);
         let stop = server.shutdown_handle();
         let thread = std::thread::Builder::new()
             .name("rig-server".into())

@@ -422,3 +422,60 @@ mod prop {
         }
     }
 }
+
+/// A packet to context 2, flow 3 (G3's generation 0x12345), TID pair 2's even buffer at `offset` bytes.
+fn inject_to_flow_3(dev: &Hfi1, seq: u32, offset: u32, payload: &[u8]) -> serde_json::Value {
+    let req = json!({"cmd": "inject", "ctxt": 2, "flow": 3, "tid": 2, "tidctrl": 1, "offset": offset / 4,
+                     "generation": 0x12345, "sequence": seq,
+                     "payload_hex": payload.iter().map(|b| format!("{b:02x}")).collect::<String>()});
+    dev.control(&req).unwrap()
+}
+
+fn arm(dev: &Hfi1, spec: &str) {
+    dev.probe().faults.arm(crate::fault::FaultSpec::parse(spec).unwrap());
+}
+
+#[test]
+fn injected_packets_can_be_lost_duplicated_or_reordered_and_the_flow_sees_it() {
+    let cases: [(&str, [&str; 3], [Option<&str>; 3]); 4] = [
+        // (fault, results of three in-order injects, what the fault reported on each)
+        ("", ["placed", "placed", "placed"], [None, None, None]),
+        ("packet-drop,nth=2", ["placed", "dropped", "seq_mismatch"], [None, Some("packet-drop"), None]),
+        ("packet-dup", ["seq_mismatch", "placed", "placed"], [Some("packet-dup"), None, None]),
+        ("packet-reorder", ["held", "seq_mismatch", "seq_mismatch"], [Some("packet-reorder"), None, None]),
+    ];
+    for (fault, results, faults) in cases {
+        let mem = heap();
+        let (dev, _) = programmed(mem.clone());
+        if !fault.is_empty() {
+            arm(&dev, fault);
+        }
+        let replies: Vec<serde_json::Value> =
+            (0..3).map(|s| inject_to_flow_3(&dev, s, 64 * s, &[s as u8 + 1; 8])).collect();
+        for (k, reply) in replies.iter().enumerate() {
+            assert_eq!(reply["result"], results[k], "{fault:?} packet {k}: {reply}");
+            assert_eq!(reply["fault"].as_str(), faults[k], "{fault:?} packet {k}: {reply}");
+        }
+        if fault == "packet-dup" {
+            assert_eq!(replies[0]["first"]["result"], "placed", "the first copy was placed");
+        }
+        if fault == "packet-reorder" {
+            // Packet 0, held at the first inject, arrives after packet 1.
+            assert_eq!(replies[1]["released"]["result"], "placed");
+        }
+    }
+}
+
+#[test]
+fn a_flow_generation_fault_changes_the_generation_before_the_packet_is_judged() {
+    let mem = heap();
+    let (dev, _) = programmed(mem.clone());
+    arm(&dev, "flow-generation,ctxt=2,flow=3,add=2");
+    let reply = inject_to_flow_3(&dev, 0, 0, &[7; 8]);
+    assert_eq!(reply["result"], "gen_mismatch");
+    let d = dev.dump();
+    let flow = d["contexts"][2]["flows"].as_array().unwrap().iter().find(|f| f["flow"] == 3).unwrap().clone();
+    assert_eq!(flow["decoded"]["generation"], 0x12345 + 2);
+    assert_eq!(flow["decoded"]["gen_mismatch"], true);
+    assert_eq!(bytes(&mem, EVEN_BUF, 8), [0; 8]);
+}

@@ -40,7 +40,7 @@ use crate::trace::Filter;
 use peer::Peer;
 
 /// How long a reply or a DMA request may take.
-const WAIT: Duration = Duration::from_secs(10);
+const WAIT: Duration = Duration::from_secs(5);
 /// A reply slower than this lets a held DMA answer go (the device may be waiting on it).
 const SLOW: Duration = Duration::from_millis(50);
 /// How long a differing register read is repeated.
