@@ -435,10 +435,12 @@ fn arm(dev: &Hfi1, spec: &str) {
     dev.probe().faults.arm(crate::fault::FaultSpec::parse(spec).unwrap());
 }
 
+/// A fault, the results of three in-order injects, and what the fault reported on each.
+type InjectCase<'a> = (&'a str, [&'a str; 3], [Option<&'a str>; 3]);
+
 #[test]
 fn injected_packets_can_be_lost_duplicated_or_reordered_and_the_flow_sees_it() {
-    let cases: [(&str, [&str; 3], [Option<&str>; 3]); 4] = [
-        // (fault, results of three in-order injects, what the fault reported on each)
+    let cases: [InjectCase; 4] = [
         ("", ["placed", "placed", "placed"], [None, None, None]),
         ("packet-drop,nth=2", ["placed", "dropped", "seq_mismatch"], [None, Some("packet-drop"), None]),
         ("packet-dup", ["seq_mismatch", "placed", "placed"], [Some("packet-dup"), None, None]),
