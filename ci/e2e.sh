@@ -9,7 +9,12 @@
 #   3. with --mode lifecycle (or all): the lifecycle scenarios of ci/lifecycle.sh (QEMU killed mid-demo, guest
 #      reboot, hot-unplug and replug, a stalled and a killed device model), with the device model's
 #      descriptors, threads and RSS printed before and after each.
-# Usage: ci/e2e.sh [--mode shared|no-share|both|lifecycle|all] [extra ci/run-qemu.sh options]
+#   4. with --mode stall (or all): the stock hfi1 driver on a chip whose SEND_DMA_STATUS[engine 0] never
+#      reports ENG_CLEANED_UP (a reg-stuck fault): the run must fail within its deadline, naming the stalled
+#      step and the last CSR accesses.
+# Runs 1 and 2 record every session of the device model (--record) and replay each recording on a fresh device
+# model afterwards (`device-model replay`): a real QEMU session, boot plus demos, must replay clean.
+# Usage: ci/e2e.sh [--mode shared|no-share|both|lifecycle|stall|all] [extra ci/run-qemu.sh options]
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 MODE=both
@@ -24,11 +29,13 @@ log "building the guest"
 bash ci/build-guest.sh --udriver "$UD" --hfi1-user "$HU" >&2
 
 rc=0
-run_mode() { # name, run-qemu options...
-    local name=$1; shift
-    log "end-to-end run: $name"
+REC_ROOT=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/rdma-emu/recordings
+run_mode() { # name, recording subdirectory, run-qemu options...
+    local name=$1 rec="$REC_ROOT/$2"; shift 2
+    log "end-to-end run: $name (sessions recorded in $rec)"
+    rm -rf "$rec"
     if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --hfi1-user "$HU" --hfi1-user-host "$HUH" \
-        --hfi1-wfr --timing "$@" "${EXTRA[@]}"); then
+        --hfi1-wfr --timing --dm-arg --record --dm-arg "$rec" "$@" "${EXTRA[@]}"); then
         # A demo that passes but logs errors (e.g. a teardown the kernel refused) is a failure too.
         if errors=$(python3 -c '
 import json, sys
@@ -41,21 +48,66 @@ sys.exit(1 if bad else 0)' "$out"); then
             log "$name: FAIL: the driver logged errors:"; echo "$errors" >&2
             rc=1
         fi
+        # The whole QEMU session again, on fresh device models, with every reply compared.
+        log "$name: replaying the recorded sessions"
+        if "$DM" replay "$rec" >&2; then
+            log "$name: the recorded QEMU session replays clean ($(du -sh "$rec" | cut -f1) in $rec)"
+        else
+            log "$name: FAIL: the recorded QEMU session does not replay clean"
+            rc=1
+        fi
     else
         log "$name: FAIL (result: $out)"
         rc=1
     fi
 }
+
+# The stock driver spins in softirq when ENG_CLEANED_UP never comes (sdma.c:506): the run must fail within its
+# deadline, the stalled (or failed) kernel-driver step named, and SEND_DMA_STATUS[engine 0] among the last CSR
+# accesses it reports.
+STALL_TIMEOUT=20
+run_stall() {
+    local fault='hfi1-wfr:reg-stuck,reg=SEND_DMA_STATUS[engine 0],mask=0x0200000000000000,value=0'
+    log "end-to-end scenario: a stuck ENG_CLEANED_UP ($fault), --kdriver-timeout $STALL_TIMEOUT"
+    local t0=$EPOCHREALTIME out
+    out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --hfi1-user "$HU" --hfi1-user-host "$HUH" --hfi1-wfr \
+        --hfi1-id none --irdma-id none --kdriver-timeout "$STALL_TIMEOUT" --timeout 300 --quiet \
+        --dm-arg --fault --dm-arg "$fault" "${EXTRA[@]}") && { log "stall: FAIL: the run passed"; rc=1; return; }
+    local took
+    took=$(python3 -c "print(round($EPOCHREALTIME - $t0))")
+    if python3 - "$out" "$took" "$STALL_TIMEOUT" <<'PY' >&2; then
+import json, sys
+path, took, step_timeout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+r = json.load(open(path))
+problems = r.get("problems") or []
+text = "\n".join(problems)
+named = [p for p in problems if "kdriver-" in p and "last CSR accesses" in p]
+print(f"stall: {len(problems)} problems, run took {took} s:")
+for p in problems:
+    print("  " + (p if len(p) < 400 else p[:400] + " ..."))
+ok = (not r.get("ok")) and named and "SEND_DMA_STATUS[engine 0]" in text
+# The guest's step timeout plus the host's 30 s grace, plus boot: well inside the run's own 300 s.
+ok = ok and took < 240
+sys.exit(0 if ok else 1)
+PY
+        log "stall: PASS: failed within its deadline (${took} s), the stalled step and SEND_DMA_STATUS[engine 0] reported"
+    else
+        log "stall: FAIL: the failure did not name the stalled step and SEND_DMA_STATUS[engine 0] (result: $out)"
+        rc=1
+    fi
+}
 EXTRA=("$@")
 case $MODE in
-    shared) run_mode "fd-mapped guest RAM (memfd, share=on)" ;;
-    no-share) run_mode "DMA_READ/WRITE messages (guest RAM not shared)" --no-share ;;
+    shared) run_mode "fd-mapped guest RAM (memfd, share=on)" shared ;;
+    no-share) run_mode "DMA_READ/WRITE messages (guest RAM not shared)" no-share --no-share ;;
+    stall) run_stall ;;
     both|all)
-        run_mode "fd-mapped guest RAM (memfd, share=on)"
-        run_mode "DMA_READ/WRITE messages (guest RAM not shared)" --no-share
+        run_mode "fd-mapped guest RAM (memfd, share=on)" shared
+        run_mode "DMA_READ/WRITE messages (guest RAM not shared)" no-share --no-share
         if [ "$MODE" = all ]; then
             log "end-to-end: lifecycle scenarios"
             bash ci/lifecycle.sh || rc=1
+            run_stall
         fi
         ;;
     *) die "unknown mode $MODE" ;;
