@@ -745,6 +745,58 @@ impl DmaAccess for Gated {
     }
 }
 
+/// Memory whose write to one address lands, then holds the writer until the test releases it.
+struct HeldAfterWrite {
+    inner: Arc<HeapMemory>,
+    gated: u64,
+    release: crossbeam_channel::Receiver<()>,
+}
+impl DmaAccess for HeldAfterWrite {
+    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        self.inner.read(iova, buf)
+    }
+    fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+        let r = self.inner.write(iova, buf);
+        if iova == self.gated {
+            let _ = self.release.recv_timeout(IDLE);
+        }
+        r
+    }
+}
+
+#[test]
+fn an_arm_the_moment_the_create_cq_completion_is_visible_is_accepted() {
+    let mut rig = Rig::new();
+    rig.create_cqp(16);
+    rig.w32(IRDMA_GLINT_CEQCTL, (1 << 30) | (3 << 11));
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let held = HeldAfterWrite { inner: rig.mem.clone(), gated: CCQ_PA + 24, release: rx };
+    rig.dev.attach(Arc::new(held), rig.irqs.clone());
+    rig.post(create_cq_wqe(16, CCQ_PA, Some(0)));
+    rig.w32(IRDMA_CQPDB, rig.head);
+    // irdma_sc_ccq_create_done sees the CQE while the device has yet to publish the rest of the WQE.
+    (rig.ccq_size, rig.ccq_head, rig.ccq_polarity) = (16, 0, true);
+    let deadline = std::time::Instant::now() + IDLE;
+    let cqe = loop {
+        if let Some(cqe) = rig.poll() {
+            break cqe;
+        }
+        assert!(std::time::Instant::now() < deadline, "no CREATE_CQ completion");
+        std::thread::yield_now();
+    };
+    assert_eq!(cqe.error(), None);
+    let qw4 = rig.mem.read_u64(SHADOW_PA + 32).unwrap();
+    rig.mem.write_u64(SHADOW_PA + 32, (qw4 & 0xBFFF) | (1 << 16) | (1 << 14)).unwrap();
+    rig.w32(IRDMA_CQARM, 0);
+    assert_eq!(rig.counter("arms_ignored"), 0, "the arm found the CCQ its completion came from");
+    tx.send(()).unwrap();
+    rig.idle();
+    assert_eq!(rig.counter("arms"), 1);
+    rig.post(nop());
+    rig.ring();
+    assert_eq!(rig.irqs.seen(), [0]);
+}
+
 #[test]
 fn ccqpstatus_reads_are_served_while_the_create_dma_is_in_flight() {
     let rig = Rig::new();

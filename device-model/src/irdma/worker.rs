@@ -214,8 +214,10 @@ impl Worker {
                     bump(&self.shared.counters.dma_errors);
                     return Err(WqeError::Dma(DmaStage::CqMemory));
                 }
-                // From here on completions, this WQE's own included, land in the new CCQ.
+                // From here on completions, this WQE's own included, land in the new CCQ. Published before
+                // that CQE: a driver may arm (CQARM) the moment it sees it, as irdma_sc_ccq_create_done lets it.
                 self.ccq = Some(ccq);
+                self.publish(|_| {});
                 Ok(0)
             }
             Command::DestroyCq { cq_id } => {
