@@ -798,6 +798,32 @@ fn an_arm_the_moment_the_create_cq_completion_is_visible_is_accepted() {
 }
 
 #[test]
+fn cqptail_has_moved_past_a_wqe_by_the_time_its_cqe_is_visible() {
+    let mut rig = Rig::new();
+    rig.create_cqp(16);
+    rig.create_ccq(16);
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let held = HeldAfterWrite { inner: rig.mem.clone(), gated: CCQ_PA + 32 + 24, release: rx };
+    rig.dev.attach(Arc::new(held), rig.irqs.clone());
+    let idx = rig.post(nop());
+    rig.w32(IRDMA_CQPDB, rig.head);
+    let deadline = std::time::Instant::now() + IDLE;
+    let cqe = loop {
+        if let Some(cqe) = rig.poll() {
+            break cqe;
+        }
+        assert!(std::time::Instant::now() < deadline, "no NOP completion");
+        std::thread::yield_now();
+    };
+    assert_eq!(cqe.idx(), u64::from(idx));
+    // irdma_sc_ccq_destroy samples CQPTAIL now, before it posts, and waits for it to move on from there.
+    assert_eq!(rig.r32(IRDMA_CQPTAIL), idx + 1);
+    tx.send(()).unwrap();
+    rig.idle();
+    assert_eq!(rig.r32(IRDMA_CQPTAIL), idx + 1);
+}
+
+#[test]
 fn ccqpstatus_reads_are_served_while_the_create_dma_is_in_flight() {
     let rig = Rig::new();
     let (tx, rx) = crossbeam_channel::bounded(1);

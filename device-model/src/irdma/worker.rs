@@ -251,34 +251,51 @@ impl Worker {
         if status.is_some() {
             bump(&c.wqe_errors);
         }
-        let mut wrote_cqe = false;
         let probe = self.shared.probe.clone();
         observe::delay_completion(&self.shared, self.epoch);
-        if let Some(ccq) = self.ccq.as_mut() {
-            let cqe = encode_cqe(ccq.polarity, completion_context, idx, *outcome.as_ref().unwrap_or(&0), status);
-            let slot = ccq.head;
-            match observe::cqe(&probe, cqe) {
-                // Dropped: the WQE counts as executed, nothing reaches the ring.
-                None => observe::cqe_written(&probe, slot, None, true),
-                Some(cqe) => match ccq.push(dma, cqe) {
-                    Ok(()) => {
-                        bump(&c.cqes);
-                        wrote_cqe = true;
-                        observe::cqe_written(&probe, slot, Some(&cqe), false);
-                    }
-                    Err(_) => {
-                        bump(&c.dma_errors);
-                        bump(&c.cqe_write_errors);
-                        status = Some(WqeError::Dma(DmaStage::CqeWrite).codes());
-                        observe::cqe_written(&probe, slot, None, false);
-                    }
-                },
-            }
-        }
         if let Some(cqp) = self.cqp.as_mut() {
             cqp.advance();
         }
         let tail = self.cqp.map_or(0, |c| c.tail);
+        let stalled = observe::tail_stalled(&probe);
+        let cqe = self.ccq.as_ref().and_then(|ccq| {
+            let cqe = encode_cqe(ccq.polarity, completion_context, idx, *outcome.as_ref().unwrap_or(&0), status);
+            match observe::cqe(&probe, cqe) {
+                Some(cqe) => Some((ccq.head, cqe)),
+                // Dropped: the WQE counts as executed, nothing reaches the ring.
+                None => {
+                    observe::cqe_written(&probe, ccq.head, None, true);
+                    None
+                }
+            }
+        });
+        // CQPTAIL moves before the CQE lands: a driver that has seen the CQE samples the tail past it, as
+        // irdma_sc_ccq_destroy does before it posts and waits for the tail to move.
+        if cqe.is_some()
+            && !self.publish(|st| {
+                if !stalled {
+                    st.regs.cqptail = IRDMA_CQPTAIL_WQTAIL.put(u64::from(tail)) as u32;
+                }
+            })
+        {
+            return false;
+        }
+        let mut wrote_cqe = false;
+        if let (Some((slot, cqe)), Some(ccq)) = (cqe, self.ccq.as_mut()) {
+            match ccq.push(dma, cqe) {
+                Ok(()) => {
+                    bump(&c.cqes);
+                    wrote_cqe = true;
+                    observe::cqe_written(&probe, slot, Some(&cqe), false);
+                }
+                Err(_) => {
+                    bump(&c.dma_errors);
+                    bump(&c.cqe_write_errors);
+                    status = Some(WqeError::Dma(DmaStage::CqeWrite).codes());
+                    observe::cqe_written(&probe, slot, None, false);
+                }
+            }
+        }
         let mut vector = None;
         let mut fire = false;
         if let Some(ccq) = self.ccq.as_mut().filter(|q| wrote_cqe && q.armed) {
@@ -287,7 +304,6 @@ impl Worker {
             vector = Some(ccq.cfg.ceq_id);
         }
         let mut target = None;
-        let stalled = observe::tail_stalled(&probe);
         let published = self.publish(|st| {
             // An error delivered in a CQE is the driver's already; CQP_OP_ERR flags only errors the CQE
             // could not carry, so irdma_cqp_poll_registers never sees a stale one (§3.9).
