@@ -132,6 +132,10 @@ pub trait Engine: Send + Sync + 'static {
     fn register_offset(&self, _name: &str) -> Option<(u32, u64)> {
         None
     }
+    /// Whether the engine's worker has nothing queued or running (a replay waits for it, docs/observe.md).
+    fn idle(&self) -> bool {
+        true
+    }
     /// Whether the PCI function keeps the session's access log from the start (see `trace::access_log`).
     fn keeps_access_log(&self) -> bool {
         false

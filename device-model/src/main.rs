@@ -85,7 +85,7 @@ fn replay_all(files: &[std::path::PathBuf], json: bool, trace: Option<&Filter>) 
             let verdict = if r.ok() { "replays clean" } else { "DIFFERS" };
             println!(
                 "{}: {} {verdict}: {} records, {} messages, {} replies ({} register reads repeated as polls), {} DMA reads, \
-                 {} DMA writes, {} shared-memory reads, {} control commands, {:.2} s{}",
+                 {} DMA writes, {} shared-memory reads, {} control commands, {} device steps, {:.2} s{}",
                 f.display(),
                 r.device,
                 r.records,
@@ -96,6 +96,7 @@ fn replay_all(files: &[std::path::PathBuf], json: bool, trace: Option<&Filter>) 
                 r.dma_writes,
                 r.shared_reads,
                 r.control,
+                r.steps,
                 r.seconds,
                 if r.truncated { " (the recording ends inside a record)" } else { "" }
             );
@@ -104,6 +105,9 @@ fn replay_all(files: &[std::path::PathBuf], json: bool, trace: Option<&Filter>) 
             }
             if r.more_mismatches > 0 {
                 println!("  ... and {} more", r.more_mismatches);
+            }
+            if r.steps_overran > 0 {
+                println!("  {} device steps made beyond where the recording has them", r.steps_overran);
             }
             if r.shared_left > 0 || r.shared_missing > 0 {
                 println!(

@@ -1,13 +1,16 @@
 //! What observes and perturbs one device: its trace switches, its armed faults, and the session recording
-//! or replay its engine reports shared-memory reads to. Engines and their PCI function share one `Probe`.
+//! or replay its engine reports shared-memory reads and its own steps to. Engines and their PCI function
+//! share one `Probe`.
 
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use vfio_user_proto::record::Recorder;
+use vfio_user_proto::sync::Unpoison;
 
 use crate::fault::{FaultKind, Faults, Fired, Params};
 use crate::trace::{Block, Level, Tracer, Val};
@@ -34,12 +37,29 @@ impl SharedReplay {
     }
 }
 
+/// How long a device step waits for a replay to reach it before it goes ahead (the replay has diverged).
+const STEP_WAIT: Duration = Duration::from_secs(5);
+
+/// A replay's hold on the device's own steps: the k-th may begin once the replay reached the k-th recorded.
+#[derive(Debug, Default)]
+struct StepGate {
+    allowed: u64,
+    begun: u64,
+    done: u64,
+    /// Client accesses the replayed device handled.
+    accesses: u64,
+    /// Steps that went ahead without the replay (it had no more, or waited too long).
+    overran: u64,
+}
+
 pub struct Probe {
     pub trace: Tracer,
     pub faults: Faults,
     recorder: RwLock<Option<Arc<Recorder>>>,
     replay: Mutex<Option<SharedReplay>>,
-    /// Set while a recorder or a replay wants shared-memory takes: the hook's one check otherwise.
+    steps: Mutex<Option<StepGate>>,
+    steps_changed: Condvar,
+    /// Set while a recorder or a replay is attached: the hooks' one check otherwise.
     hooked: AtomicBool,
 }
 
@@ -50,6 +70,8 @@ impl Probe {
             faults: Faults::default(),
             recorder: RwLock::new(None),
             replay: Mutex::new(None),
+            steps: Mutex::new(None),
+            steps_changed: Condvar::new(),
             hooked: AtomicBool::new(false),
         })
     }
@@ -77,28 +99,30 @@ impl Probe {
     /// Sessions of this device are recorded by `recorder` (shared-memory reads and control commands go to its
     /// current session).
     pub fn set_recorder(&self, recorder: Option<Arc<Recorder>>) {
-        *self.recorder.write().unwrap_or_else(|e| e.into_inner()) = recorder;
+        *self.recorder.write().unpoison() = recorder;
         self.rehook();
     }
 
     fn rehook(&self) {
-        let hooked = self.recorder().is_some() || self.replay.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        let hooked = self.recorder().is_some()
+            || self.replay.lock().unpoison().is_some()
+            || self.steps.lock().unpoison().is_some();
         self.hooked.store(hooked, Ordering::Release);
     }
 
     pub fn recorder(&self) -> Option<Arc<Recorder>> {
-        self.recorder.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.recorder.read().unpoison().clone()
     }
 
     /// Shared-memory takes come from `replay` instead of memory, from now on.
     pub fn set_replay(&self, replay: Option<SharedReplay>) {
-        *self.replay.lock().unwrap_or_else(|e| e.into_inner()) = replay;
+        *self.replay.lock().unpoison() = replay;
         self.rehook();
     }
 
     /// What is left of the replay source (for the replay's report).
     pub fn take_replay(&self) -> Option<SharedReplay> {
-        let left = self.replay.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let left = self.replay.lock().unpoison().take();
         self.rehook();
         left
     }
@@ -109,7 +133,7 @@ impl Probe {
         if !self.hooked.load(Ordering::Acquire) {
             return actual;
         }
-        if let Some(replay) = self.replay.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if let Some(replay) = self.replay.lock().unpoison().as_mut() {
             return match replay.takes.get_mut(&(region, offset)).and_then(VecDeque::pop_front) {
                 Some(d) => d.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes),
                 None => {
@@ -122,5 +146,106 @@ impl Probe {
             s.shared_read(region, offset, &actual.to_le_bytes());
         }
         actual
+    }
+
+    /// The device is about to publish work of its own (a worker's result, an interrupt); called before it
+    /// takes the lock its registers are read under. Under a replay of a recording that has its steps, waits
+    /// until the replay has reached this one.
+    pub fn step_begin(&self) {
+        if !self.hooked.load(Ordering::Acquire) {
+            return;
+        }
+        let mut steps = self.steps.lock().unpoison();
+        let until = Instant::now() + STEP_WAIT;
+        loop {
+            let held = steps.as_ref().is_some_and(|g| g.begun >= g.allowed);
+            let left = until.saturating_duration_since(Instant::now());
+            if !held || left.is_zero() {
+                break;
+            }
+            steps = self.steps_changed.wait_timeout(steps, left).unpoison().0;
+        }
+        if let Some(g) = steps.as_mut() {
+            if g.begun >= g.allowed {
+                g.overran += 1;
+            }
+            g.begun += 1;
+        }
+    }
+
+    /// The step is published; called under the lock its registers are read under, so that a recording has
+    /// it between the accesses that saw the state before and those that saw it after.
+    pub fn step_done(&self) {
+        if !self.hooked.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(g) = self.steps.lock().unpoison().as_mut() {
+            g.done += 1;
+            self.steps_changed.notify_all();
+            return;
+        }
+        if let Some(s) = self.recorder().and_then(|r| r.current()) {
+            s.device_step();
+        }
+    }
+
+    /// The device handled a client access (a register read or write, a reset); called under the lock its
+    /// registers are accessed under. Recorded after the message it handled, or counted by a replay.
+    pub fn device_access(&self) {
+        if !self.hooked.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(g) = self.steps.lock().unpoison().as_mut() {
+            g.accesses += 1;
+            self.steps_changed.notify_all();
+            return;
+        }
+        if let Some(s) = self.recorder().and_then(|r| r.current()) {
+            s.device_access();
+        }
+    }
+
+    /// Waits up to `wait` until the replayed device has handled `n` client accesses; false if it has not.
+    pub fn wait_accesses(&self, n: u64, wait: Duration) -> bool {
+        let mut steps = self.steps.lock().unpoison();
+        let until = Instant::now() + wait;
+        while steps.as_ref().is_some_and(|g| g.accesses < n) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            steps = self.steps_changed.wait_timeout(steps, left).unpoison().0;
+        }
+        true
+    }
+
+    /// From now on (`on`) the device's steps wait for [`Probe::allow_step`]; off lets them all go.
+    pub fn set_step_gate(&self, on: bool) {
+        *self.steps.lock().unpoison() = on.then(StepGate::default);
+        self.steps_changed.notify_all();
+        self.rehook();
+    }
+
+    /// Lets the device make its next step and waits up to `wait` until it has; false if it did not.
+    pub fn allow_step(&self, wait: Duration) -> bool {
+        let mut steps = self.steps.lock().unpoison();
+        let Some(g) = steps.as_mut() else { return true };
+        g.allowed += 1;
+        let want = g.allowed;
+        self.steps_changed.notify_all();
+        let until = Instant::now() + wait;
+        while steps.as_ref().is_some_and(|g| g.done < want) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            steps = self.steps_changed.wait_timeout(steps, left).unpoison().0;
+        }
+        true
+    }
+
+    /// Steps the device made beyond those the replay allowed.
+    pub fn steps_overran(&self) -> u64 {
+        self.steps.lock().unpoison().as_ref().map_or(0, |g| g.overran)
     }
 }

@@ -95,6 +95,12 @@ impl<J: Send + 'static> WorkQueue<J> {
         false
     }
 
+    /// Whether every queued job has been handled (a job waiting for its DMA reply is not).
+    pub fn idle(&self) -> bool {
+        let p = &self.progress;
+        p.completed.load(Ordering::Acquire) >= p.submitted.load(Ordering::Acquire)
+    }
+
     /// Waits up to `timeout` until every queued job has been handled. For tests and benchmarks.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;

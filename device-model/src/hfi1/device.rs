@@ -329,6 +329,10 @@ impl Engine for Hfi1 {
         super::names::offset_of(&self.config.personality, name).map(|o| (HFI1_BAR, o))
     }
 
+    fn idle(&self) -> bool {
+        self.worker.idle()
+    }
+
     /// The chip personality keeps its log from the start: a stalled stock driver's last steps.
     fn keeps_access_log(&self) -> bool {
         matches!(self.config.personality, Personality::Wfr(_))

@@ -94,7 +94,7 @@ impl Irdma {
     }
 
     fn read_reg(&self, reg: Reg) -> u32 {
-        let st = self.shared.lock();
+        let st = self.shared.access();
         let r = &st.regs;
         match reg {
             Reg::CqpTail => r.cqptail,
@@ -118,7 +118,7 @@ impl Irdma {
 
     fn write_reg(&self, reg: Reg, value: u32) {
         let c = &self.shared.counters;
-        let mut st = self.shared.lock();
+        let mut st = self.shared.access();
         match reg {
             // irdma_sc_cqp_init writes CQPTAIL <- 0 and CCQPSTATUS <- 0 before any CQP exists: honoured.
             Reg::CqpTail | Reg::CcqpStatus if value == 0 && st.cqp.is_none() => {
@@ -252,7 +252,7 @@ impl Engine for Irdma {
     }
 
     fn reset(&self) {
-        let mut st = self.shared.lock();
+        let mut st = self.shared.access();
         st.epoch += 1;
         self.shared.epoch.store(st.epoch, Relaxed);
         st.regs = Regs::power_on(usize::from(self.shared.config.msix_vectors));
@@ -274,6 +274,10 @@ impl Engine for Irdma {
             return RegisterName::unnamed();
         }
         super::names::describe(offset, usize::from(self.shared.config.msix_vectors), value)
+    }
+
+    fn idle(&self) -> bool {
+        self.worker.as_ref().is_none_or(|q| q.idle())
     }
 
     fn register_offset(&self, name: &str) -> Option<(u32, u64)> {

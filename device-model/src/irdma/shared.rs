@@ -149,6 +149,14 @@ impl Shared {
         self.state.lock().unpoison()
     }
 
+    /// The lock for a client's access (a register read or write, a reset), reported under it so that a
+    /// recording orders it with the worker's steps (docs/observe.md, "Record and replay").
+    pub fn access(&self) -> MutexGuard<'_, State> {
+        let st = self.lock();
+        self.probe.device_access();
+        st
+    }
+
     pub fn count_target(&self, target: &ClassifyTarget) {
         bump(match target {
             ClassifyTarget::ToHost => &self.counters.classify_to_host,

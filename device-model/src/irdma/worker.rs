@@ -59,7 +59,7 @@ impl Worker {
     }
 
     pub fn handle(&mut self, msg: Stamped<Work>) {
-        let epoch = self.shared.lock().epoch;
+        let epoch = self.look(|st| st.epoch);
         if epoch != self.epoch {
             self.epoch = epoch;
             self.cqp = None;
@@ -79,16 +79,30 @@ impl Worker {
         self.process_ring(&*dma);
     }
 
-    /// Publishes under the lock if no reset intervened. Returns false when the work is stale.
+    /// Reads what the register path wrote: one device step, as what it reads depends on when.
+    fn look<T>(&self, f: impl FnOnce(&State) -> T) -> T {
+        let probe = &self.shared.probe;
+        probe.step_begin();
+        let st = self.shared.lock();
+        let v = f(&st);
+        probe.step_done();
+        v
+    }
+
+    /// Publishes under the lock if no reset intervened. Returns false when the work is stale. One device
+    /// step either way (docs/observe.md, "Record and replay").
     fn publish(&self, f: impl FnOnce(&mut State)) -> bool {
+        let probe = &self.shared.probe;
+        probe.step_begin();
         let mut st = self.shared.lock();
-        if st.epoch != self.epoch {
-            return false;
+        let current = st.epoch == self.epoch;
+        if current {
+            f(&mut st);
+            st.cqp = self.cqp;
+            st.ccq = self.ccq;
         }
-        f(&mut st);
-        st.cqp = self.cqp;
-        st.ccq = self.ccq;
-        true
+        probe.step_done();
+        current
     }
 
     fn cqp_create(&mut self, dma: &dyn DmaAccess, ctx_pa: u64) {
@@ -144,13 +158,7 @@ impl Worker {
     /// Executes WQEs from the tail up to the latest CQPDB head.
     fn process_ring(&mut self, dma: &dyn DmaAccess) {
         loop {
-            let head = {
-                let st = self.shared.lock();
-                if st.epoch != self.epoch {
-                    return;
-                }
-                st.regs.cqpdb
-            };
+            let Some(head) = self.look(|st| (st.epoch == self.epoch).then_some(st.regs.cqpdb)) else { return };
             let Some(cqp) = self.cqp else { return };
             if cqp.tail == head {
                 return;
@@ -229,16 +237,16 @@ impl Worker {
                 Ok(0)
             }
             Command::ManageQhash(op) => {
-                let mut st = self.shared.lock();
-                if st.epoch != self.epoch {
-                    return Ok(0);
-                }
-                match op.manage {
-                    Manage::Add => st.qhash.add(op.key, op.data),
-                    Manage::Delete => st.qhash.delete(&op.key).map(|_| ()),
-                    Manage::Modify => st.qhash.modify(&op.key, op.data),
-                }
-                .map(|()| 0)
+                // Stale (a reset came): nothing to change, nothing to report.
+                let mut result = Ok(());
+                self.publish(|st| {
+                    result = match op.manage {
+                        Manage::Add => st.qhash.add(op.key, op.data),
+                        Manage::Delete => st.qhash.delete(&op.key).map(|_| ()),
+                        Manage::Modify => st.qhash.modify(&op.key, op.data),
+                    }
+                });
+                result.map(|()| 0)
             }
         }
     }
@@ -322,7 +330,9 @@ impl Worker {
         published
     }
 
+    /// One device step: whether the vector was masked then shows in the PBA.
     fn raise(&self, vector: Option<u16>) {
+        self.shared.probe.step_begin();
         match vector {
             Some(v) => {
                 bump(&self.shared.counters.interrupts);
@@ -330,6 +340,7 @@ impl Worker {
             }
             None => bump(&self.shared.counters.interrupts_dropped),
         }
+        self.shared.probe.step_done();
     }
 
     /// CQARM for the CCQ: accept the arm if the shadow area says ARM_NEXT; fire at once if CQEs are
@@ -381,27 +392,25 @@ impl Worker {
                 Err(LoopbackError::Dma)
             }
         };
-        let mut st = self.shared.lock();
-        if st.epoch != self.epoch {
-            return;
-        }
-        st.regs.lb_pending = st.regs.lb_pending.saturating_sub(1);
-        let pending = st.regs.lb_pending > 0;
-        match seg {
-            Ok(seg) => {
-                let target = classify(&st.qhash, &seg);
-                st.results.record(seg, target, "loopback");
-                st.regs.lb_result = result_word(&target);
-                st.regs.lb_status = status_word(Ok(()), pending);
-                self.shared.count_target(&target);
-                bump(&c.loopback_ok);
+        self.publish(|st| {
+            st.regs.lb_pending = st.regs.lb_pending.saturating_sub(1);
+            let pending = st.regs.lb_pending > 0;
+            match seg {
+                Ok(seg) => {
+                    let target = classify(&st.qhash, &seg);
+                    st.results.record(seg, target, "loopback");
+                    st.regs.lb_result = result_word(&target);
+                    st.regs.lb_status = status_word(Ok(()), pending);
+                    self.shared.count_target(&target);
+                    bump(&c.loopback_ok);
+                }
+                Err(e) => {
+                    st.regs.lb_status = status_word(Err(e), pending);
+                    bump(&c.loopback_errors);
+                }
             }
-            Err(e) => {
-                st.regs.lb_status = status_word(Err(e), pending);
-                bump(&c.loopback_errors);
-            }
-        }
-        st.regs.lb_seq = st.regs.lb_seq.wrapping_add(1);
+            st.regs.lb_seq = st.regs.lb_seq.wrapping_add(1);
+        });
     }
 }
 

@@ -8,11 +8,16 @@
 //! then, in the same order relative to the client's messages. Its reads of client-written shared memory
 //! come from the recording too ([`crate::probe::SharedReplay`]). Control commands are issued where they were.
 //!
-//! A device worker publishes what a DMA access completes a little after the access; the recording cannot say
-//! exactly when. So the answer to the last DMA request is held back until the device is needed to move on
-//! (its next DMA, a control command, a register read that differs), and a register read whose reply differs
-//! is read again until it matches or 2 s pass: that is a driver's poll, replayed. Everything else must match
-//! at once.
+//! A device worker publishes its results a little after the DMA access that completes them. Where the
+//! recording has the device's steps (irdma: each look of its worker at the registers, each publication and
+//! each interrupt raised) and its accesses (when it handled a client message), the replayed device makes
+//! each step exactly where the recorded one did: it waits for the replay to reach the step, and for the
+//! accesses handled before it; a message that arrived before a step but was handled after it is sent after
+//! it. Otherwise (hfi1, older recordings) the answer to the last DMA request is held back until the
+//! device is needed to move on: its next DMA, a control command, a client message that changes state (a
+//! write, a map, a reset: the worker is then let run until it is idle or asks for its next DMA), a register
+//! read that differs. Either way a register read whose reply differs is read again until it matches or 2 s
+//! pass (a read that raced a step, or a driver's poll). Everything else must match at once.
 
 #![forbid(unsafe_code)]
 
@@ -75,6 +80,9 @@ pub struct Report {
     pub dma_reads: u64,
     pub dma_writes: u64,
     pub control: u64,
+    /// The device's own steps made where the recording has them, and those it made on its own.
+    pub steps: u64,
+    pub steps_overran: u64,
     pub shared_reads: u64,
     /// Recorded shared-memory reads the replayed device did not make, and reads it made that the recording
     /// does not have.
@@ -90,7 +98,7 @@ pub struct Report {
 
 impl Report {
     pub fn ok(&self) -> bool {
-        self.mismatches.is_empty() && self.shared_left == 0 && self.shared_missing == 0
+        self.mismatches.is_empty() && self.shared_left == 0 && self.shared_missing == 0 && self.steps_overran == 0
     }
 
     fn mismatch(&mut self, index: usize, what: String) {
@@ -140,6 +148,11 @@ pub fn replay_file(path: &Path, trace: Option<&Filter>) -> Result<Report, Replay
 type Held = Option<(Header, Vec<u8>)>;
 
 struct Run<'a> {
+    records: &'a [Record],
+    /// Records already replayed ahead of the message they follow in the file.
+    done_early: std::collections::HashSet<usize>,
+    /// Client accesses the recorded device had handled so far.
+    accesses: u64,
     peer: Peer,
     function: Arc<Function>,
     held: Held,
@@ -147,6 +160,8 @@ struct Run<'a> {
     /// The recorded client messages still waiting for their recorded reply, by id.
     sent: HashMap<u16, (Header, Vec<u8>, u8)>,
     control: HashMap<u64, (String, JoinHandle<Value>)>,
+    /// The recording has the device's steps: the replayed device makes them where they are.
+    stepped: bool,
 }
 
 /// Replays `records` (a session whose header is `header`).
@@ -164,6 +179,8 @@ pub fn replay(header: &Value, records: &[Record], trace: Option<&Filter>) -> Res
         }
     }
     function.probe().set_replay(Some(shared));
+    let stepped = records.iter().any(|r| matches!(r, Record::DeviceStep));
+    function.probe().set_step_gate(stepped);
 
     let (client, server_end) = UnixStream::pair().map_err(|e| ReplayError::Setup(e.to_string()))?;
     let config = ServerConfig {
@@ -180,15 +197,22 @@ pub fn replay(header: &Value, records: &[Record], trace: Option<&Filter>) -> Res
 
     let mut report = Report { device: options.kind.name().to_string(), records: records.len(), ..Report::default() };
     let mut run = Run {
+        records,
+        done_early: Default::default(),
+        accesses: 0,
         peer,
         function: function.clone(),
         held: None,
         report: &mut report,
         sent: HashMap::new(),
         control: HashMap::new(),
+        stepped,
     };
     let mut diverged = false;
     for (i, r) in records.iter().enumerate() {
+        if run.done_early.remove(&i) {
+            continue;
+        }
         if !run.step(i, r) {
             diverged = true;
             break;
@@ -203,6 +227,8 @@ pub fn replay(header: &Value, records: &[Record], trace: Option<&Filter>) -> Res
         }
     }
     let Run { peer, control, .. } = run;
+    report.steps_overran = function.probe().steps_overran();
+    function.probe().set_step_gate(false);
     peer.close();
     for (_, (_, h)) in control {
         let _ = h.join();
@@ -231,11 +257,66 @@ impl Run<'_> {
         }
     }
 
+    /// Lets a held answer go and, when the recording has no steps to place the device's work by, waits
+    /// (bounded) until the worker has done what it can without new input: it is idle, or waits for its next
+    /// DMA.
+    fn settle(&mut self) {
+        if self.held.is_none() {
+            return;
+        }
+        self.release();
+        if self.stepped {
+            return;
+        }
+        let until = Instant::now() + WAIT;
+        while Instant::now() < until && !self.function.engine().idle() && !self.peer.has_request() {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Replays first what the device did between the arrival of the message (or control request) at
+    /// `i` and its handling: the device steps, DMA and shared-memory reads recorded before the device access
+    /// that follows it. False when the replay cannot go on.
+    fn steps_before_handling(&mut self, i: usize) -> bool {
+        if !self.stepped {
+            return true;
+        }
+        let records = self.records;
+        let mut end = i + 1;
+        while let Some(r) = records.get(end) {
+            match r {
+                Record::DeviceStep
+                | Record::DmaRead { .. }
+                | Record::DmaWrite { .. }
+                | Record::DmaFailed { .. }
+                | Record::SharedRead { .. } => end += 1,
+                _ => break,
+            }
+        }
+        if end == i + 1 || !matches!(records.get(end), Some(Record::DeviceAccess)) {
+            return true;
+        }
+        for (k, r) in records.iter().enumerate().take(end).skip(i + 1) {
+            self.done_early.insert(k);
+            if !self.step(k, r) {
+                return false;
+            }
+        }
+        true
+    }
+
     /// One record; false when the replay cannot go on.
     fn step(&mut self, i: usize, r: &Record) -> bool {
         match r {
             Record::Message { header, payload, fds } => {
                 self.report.messages += 1;
+                if !self.steps_before_handling(i) {
+                    return false;
+                }
+                // A message that changes state finds the device as far along as it was then.
+                if header.command != command::REGION_READ {
+                    self.settle();
+                }
                 let mut payload = payload.clone();
                 if header.command == command::DMA_MAP && payload.len() >= 16 {
                     // No file: the map's offset must be 0, and the device's accesses come to us as messages.
@@ -261,12 +342,32 @@ impl Run<'_> {
                 self.serve_dma(i, command::DMA_WRITE, *iova, *len, None, Some(*hash))
             }
             Record::DmaFailed { .. } => true,
+            Record::DeviceStep => {
+                self.report.steps += 1;
+                self.release();
+                let probe = self.function.probe();
+                let n = self.report.steps;
+                // The accesses handled before the step are handled before it here too.
+                if !probe.wait_accesses(self.accesses, WAIT) {
+                    self.report.mismatch(i, format!("the device did not handle the accesses before its step {n}"));
+                } else if !probe.allow_step(WAIT) {
+                    self.report.mismatch(i, format!("the device did not make its step {n}"));
+                }
+                true
+            }
+            Record::DeviceAccess => {
+                self.accesses += 1;
+                true
+            }
             Record::SharedRead { .. } => {
                 self.report.shared_reads += 1;
                 true
             }
             Record::ControlRequest { id, text } => {
                 self.report.control += 1;
+                if !self.steps_before_handling(i) {
+                    return false;
+                }
                 self.release();
                 let target: Arc<dyn ControlTarget> = self.function.clone();
                 let line = text.clone().into_bytes();
@@ -318,7 +419,7 @@ impl Run<'_> {
         let same = |m: &Message| m.header == *want && m.payload == payload && m.fds.len() == usize::from(fds);
         if !same(&got) && sent.command == command::REGION_READ {
             // A poll: the device publishes a little after the DMA that completes the work.
-            self.release();
+            self.settle();
             let until = Instant::now() + REREAD_FOR;
             while !same(&got) && Instant::now() < until {
                 std::thread::sleep(Duration::from_micros(200));

@@ -123,6 +123,12 @@ impl Peer {
         }
     }
 
+    /// Whether a DMA request is waiting, after sorting what has arrived.
+    pub fn has_request(&mut self) -> bool {
+        while self.pump(Duration::ZERO) {}
+        !self.requests.is_empty()
+    }
+
     /// Requests that arrived and were not asked for.
     pub fn pending_requests(&mut self) -> usize {
         while self.pump(Duration::ZERO) {}

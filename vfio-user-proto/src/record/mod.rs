@@ -16,10 +16,14 @@
 //! | 6 | shared read | `u32` region, `u64` offset, the bytes the device took from client-written shared memory |
 //! | 7 | control request | `u64` id, JSON text |
 //! | 8 | control reply | `u64` id, JSON text |
+//! | 9 | device step | empty: the device read or published state of its own (a worker's look at the registers, its result, an interrupt) |
+//! | 10 | device access | empty: the device handled the client message logged last (a register access, a reset) |
 //!
 //! Client messages are logged when they arrive, before the device acts on them; DMA reads once their data
 //! is known, before the device uses it; DMA writes before they land, so a client reacting to one is logged
-//! after it. Replies of the client to the server's own DMA_READ/DMA_WRITE are not logged: the DMA records
+//! after it. Device steps and accesses are logged under the lock the device's registers are accessed under
+//! (by a device that reports them), so that a step logged after a message that arrived is known to have come
+//! before or after the device handled it. Replies of the client to the server's own DMA_READ/DMA_WRITE are not logged: the DMA records
 //! carry their content. A reader stops cleanly at a truncated last record (a killed recorder).
 
 #![forbid(unsafe_code)]
@@ -53,6 +57,8 @@ mod tag {
     pub const SHARED_READ: u8 = 6;
     pub const CONTROL_REQUEST: u8 = 7;
     pub const CONTROL_REPLY: u8 = 8;
+    pub const DEVICE_STEP: u8 = 9;
+    pub const DEVICE_ACCESS: u8 = 10;
 }
 
 /// One event of a session.
@@ -98,6 +104,11 @@ pub enum Record {
         id: u64,
         text: String,
     },
+    /// The device read or published state of its own here (where a replay lets the replayed device do the
+    /// same).
+    DeviceStep,
+    /// The device handled the client message logged last before this (it arrived earlier).
+    DeviceAccess,
 }
 
 #[derive(Debug, Error)]
@@ -191,6 +202,8 @@ impl Record {
                     tag::CONTROL_REPLY
                 }
             }
+            Record::DeviceStep => tag::DEVICE_STEP,
+            Record::DeviceAccess => tag::DEVICE_ACCESS,
         };
         (tag, b)
     }
@@ -231,6 +244,8 @@ impl Record {
                     Record::ControlReply { id, text }
                 }
             }
+            tag::DEVICE_STEP if body.is_empty() => Record::DeviceStep,
+            tag::DEVICE_ACCESS if body.is_empty() => Record::DeviceAccess,
             _ => return None,
         })
     }

@@ -16,6 +16,8 @@ fn every_kind() -> Vec<Record> {
         Record::DmaWrite { iova: 0x2000, len: 32, hash: content_hash(&[7; 32]) },
         Record::DmaFailed { iova: 0x3000, len: 8, write: true },
         Record::SharedRead { region: 0, offset: 0x120_0000, data: 0x8000_0010_0001_2345u64.to_le_bytes().to_vec() },
+        Record::DeviceStep,
+        Record::DeviceAccess,
         Record::ControlRequest { id: 1, text: r#"{"device":"hfi1","cmd":"dump"}"#.into() },
         Record::ControlReply { id: 1, text: r#"{"ok":true}"#.into() },
     ]

@@ -202,6 +202,12 @@ impl Session {
     pub fn control_reply(&self, id: u64, text: &str) {
         self.put(super::tag::CONTROL_REPLY, &[&id.to_le_bytes(), text.as_bytes()]);
     }
+    pub fn device_step(&self) {
+        self.put(super::tag::DEVICE_STEP, &[]);
+    }
+    pub fn device_access(&self) {
+        self.put(super::tag::DEVICE_ACCESS, &[]);
+    }
 
     /// Flushes and closes the file; later events are dropped.
     pub fn finish(&self) {
