@@ -176,6 +176,29 @@ fn a_failed_cqp_operation_is_eio_with_the_devices_codes_and_the_retry_succeeds()
 }
 
 #[test]
+fn a_failed_wqe_fetch_is_eio_with_the_dma_codes_and_the_retry_succeeds() {
+    // docs/irdma-device.md, "Error codes": 0x8004 DMA, minor 1 the WQE fetch.
+    const MAJ_DMA: u16 = 0x8004;
+    const MIN_WQE_FETCH: u16 = 0x0001;
+    for backend in BACKENDS {
+        let rig = Rig::new(backend);
+        let dev = rig.up();
+        // The next DMA read of the device is the next command's WQE fetch (a polled CCQ is never full here).
+        let id = rig.fault("dma-read-fail");
+        let r = irdma_manage_qhash(&dev, &listener(ADD, 4791));
+        assert!(
+            matches!(r, Err(IrdmaError::CqeError { maj: MAJ_DMA, min: MIN_WQE_FETCH, .. })),
+            "{backend:?}: {r:?}"
+        );
+        assert_eq!(errno(r), -libc::EIO);
+        assert_eq!(rig.fired(id), 1);
+        assert_eq!(rig.dump()["qhash"]["len"], 0, "{backend:?}: the unread WQE changed nothing");
+        irdma_manage_qhash(&dev, &listener(ADD, 4791)).unwrap();
+        teardown(&rig, dev, &[4791], &format!("{backend:?}"));
+    }
+}
+
+#[test]
 fn a_late_completion_within_the_timeout_succeeds_and_one_beyond_it_is_etimedout_then_dropped() {
     for backend in BACKENDS {
         let rig = Rig::new(backend);
