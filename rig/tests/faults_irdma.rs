@@ -186,10 +186,7 @@ fn a_failed_wqe_fetch_is_eio_with_the_dma_codes_and_the_retry_succeeds() {
         // The next DMA read of the device is the next command's WQE fetch (a polled CCQ is never full here).
         let id = rig.fault("dma-read-fail");
         let r = irdma_manage_qhash(&dev, &listener(ADD, 4791));
-        assert!(
-            matches!(r, Err(IrdmaError::CqeError { maj: MAJ_DMA, min: MIN_WQE_FETCH, .. })),
-            "{backend:?}: {r:?}"
-        );
+        assert!(matches!(r, Err(IrdmaError::CqeError { maj: MAJ_DMA, min: MIN_WQE_FETCH, .. })), "{backend:?}: {r:?}");
         assert_eq!(errno(r), -libc::EIO);
         assert_eq!(rig.fired(id), 1);
         assert_eq!(rig.dump()["qhash"]["len"], 0, "{backend:?}: the unread WQE changed nothing");

@@ -63,6 +63,10 @@ fn a_recorded_irdma_demo_with_control_commands_replays_clean() {
     assert!(r.ok(), "{:#?}", r.mismatches);
     assert!(r.messages > 50 && r.dma_reads > 10 && r.dma_writes > 10, "{r:?}");
     assert_eq!(r.control, 1);
+    // The reset of the detach after the client left is no access of the session.
+    let (_, records, _) = load(&path).unwrap();
+    let last_reply = records.iter().rposition(|r| matches!(r, Record::Reply { .. })).unwrap();
+    assert!(!records[last_reply..].contains(&Record::DeviceAccess));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -150,11 +150,13 @@ impl Server {
         out.close();
         dma.close();
         irq.clear();
-        if std::panic::catch_unwind(AssertUnwindSafe(|| self.device.detach())).is_err() {
-            tracing::error!("device panicked in detach");
-        }
+        // The session ends with the client: what the device does while it detaches belongs to no session (a
+        // replay's device detaches only once the replay is over).
         if let (Some(r), Some(_)) = (&self.config.recorder, &session) {
             r.end();
+        }
+        if std::panic::catch_unwind(AssertUnwindSafe(|| self.device.detach())).is_err() {
+            tracing::error!("device panicked in detach");
         }
         let _ = stream.shutdown(std::net::Shutdown::Both);
         result
