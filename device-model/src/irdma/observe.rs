@@ -1,5 +1,5 @@
-//! The CQP worker's trace events and fault hooks (docs/observe.md): what a WQE did, what a CQE carried, and
-//! the faults that fail an operation, delay, drop or corrupt its completion, or stall CQPTAIL.
+//! The CQP worker's trace events and fault hooks (docs/observe.md): what a WQE did, what a CQE carried, what
+//! a quad-hash operation changed, and the faults that fail an operation, delay, drop or corrupt its completion, or stall CQPTAIL.
 
 #![forbid(unsafe_code)]
 
@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 use super::ccq::{
     IRDMA_CCQ_OPRETVAL, IRDMA_CQ_ERROR, IRDMA_CQ_MAJERR, IRDMA_CQ_MINERR, IRDMA_CQ_VALID, IRDMA_CQ_WQEIDX,
 };
+use super::qhash::ip_to_string;
 use super::shared::Shared;
 use super::wqe::{
-    IRDMA_CQP_OP_CREATE_CQ, IRDMA_CQP_OP_DESTROY_CQ, IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY, IRDMA_CQP_OP_NOP,
+    Manage, QhashOp, IRDMA_CQP_OP_CREATE_CQ, IRDMA_CQP_OP_DESTROY_CQ, IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY,
+    IRDMA_CQP_OP_NOP,
 };
 use super::WqeError;
 use crate::fault::{CqeField, FaultKind};
@@ -57,6 +59,38 @@ pub fn wqe(probe: &Probe, idx: u32, opcode: u8, outcome: &Result<u32, WqeError>)
         ("result", Val::Owned(result)),
     ];
     probe.trace.emit(Block::Cqp, &crate::trace::Event { kind: "wqe", head: None, fields: &fields });
+}
+
+/// A quad-hash operation, at `info`: `irdma qhash manage=add type=IRDMA_QHASH_TYPE_TCP_SYN
+/// dest=10.0.0.1:4791 src=0.0.0.0:0 vlan=none qpn=5 result=ok entries=1`.
+pub fn qhash(probe: &Probe, op: &QhashOp, result: &Result<(), WqeError>, entries: usize) {
+    if !probe.trace.on(Block::Qhash, Level::Info) {
+        return;
+    }
+    let k = &op.key;
+    let manage = match op.manage {
+        Manage::Add => "add",
+        Manage::Delete => "delete",
+        Manage::Modify => "modify",
+    };
+    let result = match result {
+        Ok(()) => "ok".to_string(),
+        Err(e) => {
+            let (major, minor) = e.codes();
+            format!("{major:#06x}/{minor:#06x} ({e})")
+        }
+    };
+    let fields = [
+        ("manage", Val::Str(manage)),
+        ("type", Val::Str(k.entry_type.name())),
+        ("dest", Val::Owned(format!("{}:{}", ip_to_string(k.ipv4, &k.dest_ip), k.dest_port))),
+        ("src", Val::Owned(format!("{}:{}", ip_to_string(k.ipv4, &k.src_ip), k.src_port))),
+        ("vlan", k.vlan.map_or(Val::Str("none"), |v| Val::Dec(u64::from(v)))),
+        ("qpn", Val::Dec(u64::from(op.data.qpn))),
+        ("result", Val::Owned(result)),
+        ("entries", Val::Dec(entries as u64)),
+    ];
+    probe.trace.emit(Block::Qhash, &crate::trace::Event { kind: "qhash", head: None, fields: &fields });
 }
 
 /// `cqe-delay`: waits the fault's delay before the completion is published, in slices, giving up at reset

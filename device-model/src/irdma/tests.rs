@@ -438,6 +438,40 @@ fn qhash_operations_complete_with_the_documented_codes() {
 }
 
 #[test]
+fn quad_hash_operations_are_traced_with_their_key_and_result() {
+    use crate::trace::{Filter, Sink};
+    let mut rig = Rig::new();
+    let sink = Sink::memory();
+    let probe = rig.dev.probe();
+    probe.trace.set_sink(sink.clone());
+    probe.trace.set_filter(&Filter::parse("irdma::qhash=info").unwrap());
+    rig.create_cqp(16);
+    rig.create_ccq(16);
+    rig.post(qhash_wqe(ADD, SYN, 4791, 0, 5));
+    rig.post(qhash_wqe(ADD, SYN, 4791, 0, 6));
+    rig.post(qhash_wqe(DELETE, ESTABLISHED, 4791, 5000, 0));
+    rig.ring();
+    let lines = sink.take_lines();
+    let tail = |i: usize| lines[i].split("] ").nth(1).unwrap_or_default().to_string();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(
+        tail(0),
+        "irdma qhash manage=add type=IRDMA_QHASH_TYPE_TCP_SYN dest=10.0.0.1:4791 src=0.0.0.0:0 vlan=none qpn=5 \
+         result=ok entries=1"
+    );
+    assert!(tail(1).contains("qpn=6 result=0x8002/0x0001 ("), "the duplicate add: {}", tail(1));
+    assert!(tail(1).ends_with("entries=1"));
+    assert!(
+        tail(2).starts_with(
+            "irdma qhash manage=delete type=IRDMA_QHASH_TYPE_TCP_ESTABLISHED dest=10.0.0.1:4791 src=10.0.0.2:5000"
+        ),
+        "{}",
+        tail(2)
+    );
+    assert!(tail(2).contains("result=0x8002/0x0002 ("), "deleting a missing entry: {}", tail(2));
+}
+
+#[test]
 fn all_six_entry_types_ipv6_and_vlan_are_stored() {
     let mut rig = Rig::new();
     rig.create_cqp(16);

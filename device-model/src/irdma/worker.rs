@@ -238,14 +238,17 @@ impl Worker {
             }
             Command::ManageQhash(op) => {
                 // Stale (a reset came): nothing to change, nothing to report.
-                let mut result = Ok(());
-                self.publish(|st| {
+                let (mut result, mut entries) = (Ok(()), 0);
+                if self.publish(|st| {
                     result = match op.manage {
                         Manage::Add => st.qhash.add(op.key, op.data),
                         Manage::Delete => st.qhash.delete(&op.key).map(|_| ()),
                         Manage::Modify => st.qhash.modify(&op.key, op.data),
-                    }
-                });
+                    };
+                    entries = st.qhash.len();
+                }) {
+                    observe::qhash(&self.shared.probe, &op, &result, entries);
+                }
                 result.map(|()| 0)
             }
         }
