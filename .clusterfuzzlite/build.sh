@@ -42,6 +42,10 @@ for t in "${TARGETS[@]}"; do
     if compgen -G "corpus/$t/seed-*" >/dev/null; then
         zip -jq "$OUT/${t}_seed_corpus.zip" corpus/"$t"/seed-*
     fi
+    # Seeds cut from recorded sessions (device-model seeds, docs/fuzzing.md).
+    if compgen -G "corpus/$t/rec-*" >/dev/null; then
+        zip -jq "$OUT/${t}_seed_corpus.zip" corpus/"$t"/rec-*
+    fi
     # Regression inputs are seeds too: each once crashed a target.
     if compgen -G "regressions/$t/*" >/dev/null; then
         zip -jq "$OUT/${t}_seed_corpus.zip" regressions/"$t"/*

@@ -7,14 +7,19 @@
 //! in the middle of a message), each in its own sendmsg or several in one (a pipelining client). The server's own DMA_READ/DMA_WRITE requests are answered.
 //! Oracles: no panic; every request answered (or the connection closed) within a deadline; the serving
 //! thread returns after the client is gone; no descriptor left open afterwards.
+//!
+//! An input that starts with `vfio_user_proto::record::seed::SEED_MAGIC` is a seed made from a recorded
+//! session (`device-model seeds`, docs/fuzzing.md): its client messages go out as recorded, with fresh
+//! descriptors of the recorded kinds, and the server's DMA_READs get the data the device read then.
 #![no_main]
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use arbitrary::Arbitrary;
+use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 
 use device_model::hfi1::{Hfi1, Hfi1Config};
@@ -24,6 +29,7 @@ use device_model::pci::{Function, PciIds};
 use rdma_emu_fuzz::fds::{leaked_since, open_fds};
 use rdma_emu_fuzz::wire_client::{Answer, Peer};
 use vfio_user_proto::device::region;
+use vfio_user_proto::record::seed::{Seed, SeedDevice, SeedFds, SeedItem};
 use vfio_user_proto::sock::Message;
 use vfio_user_proto::wire::{command as cmd, hdr_flags, put_u16, put_u32, put_u64, Header};
 use vfio_user_proto::{Server, ServerConfig};
@@ -158,8 +164,9 @@ struct Served {
     server: Server,
 }
 
-fn servers() -> &'static Option<[Served; 2]> {
-    static S: OnceLock<Option<[Served; 2]>> = OnceLock::new();
+/// hfi1, irdma and the hfi1 chip personality (seeds of the stock driver's sessions), in `SeedDevice` order.
+fn servers() -> &'static Option<[Served; 3]> {
+    static S: OnceLock<Option<[Served; 3]>> = OnceLock::new();
     S.get_or_init(|| {
         let config = ServerConfig {
             max_msg_fds: 8,
@@ -179,9 +186,16 @@ fn servers() -> &'static Option<[Served; 2]> {
             max_ccq_size: 4096,
             ..Default::default()
         });
+        // The chip's own shape: a seed of the stock driver's probe reaches the same CSRs as it did.
+        let wfr = Hfi1::new(Hfi1Config::wfr()).ok()?;
         let f_hfi = Function::try_new(Arc::new(hfi), PciIds::hfi1_default()).ok()?;
         let f_ird = Function::try_new(Arc::new(ird), PciIds::irdma_default()).ok()?;
-        Some([Served { server: Server::new(f_hfi, config.clone()) }, Served { server: Server::new(f_ird, config) }])
+        let f_wfr = Function::try_new(Arc::new(wfr), PciIds::hfi1_wfr_default()).ok()?;
+        Some([
+            Served { server: Server::new(f_hfi, config.clone()) },
+            Served { server: Server::new(f_ird, config.clone()) },
+            Served { server: Server::new(f_wfr, config) },
+        ])
     })
 }
 
@@ -207,6 +221,11 @@ fn make_fd(kind: &FdKind) -> Option<OwnedFd> {
 /// Answers the server's DMA_READ (with zeros) and DMA_WRITE (accepted), as a client without fd-backed
 /// memory would.
 fn answer_dma(peer: &Peer, m: Message) {
+    answer_dma_from(peer, m, &mut VecDeque::new())
+}
+
+/// As [`answer_dma`], a DMA_READ answered with the next of `data` (cut or zero-filled to the count asked).
+fn answer_dma_from(peer: &Peer, m: Message, data: &mut VecDeque<Vec<u8>>) {
     let h = m.header;
     if h.no_reply() {
         return;
@@ -216,7 +235,9 @@ fn answer_dma(peer: &Peer, m: Message) {
             let count = u64::from_le_bytes(m.payload[8..16].try_into().unwrap_or([0; 8]));
             if count <= u64::from(MAX_XFER) {
                 let mut p = m.payload[..16].to_vec();
-                p.resize(16 + count as usize, 0);
+                let mut bytes = data.pop_front().unwrap_or_default();
+                bytes.resize(count as usize, 0);
+                p.extend_from_slice(&bytes);
                 Some(p)
             } else {
                 None
@@ -392,8 +413,12 @@ fn send_batch(peer: &Peer, batch: &[(Header, Outgoing)]) -> bool {
 
 /// The oracle for one request: answered, or the connection closed, within the deadline. `false`: closed.
 fn await_answer(peer: &Peer, h: &Header) -> bool {
+    await_answer_with(peer, h, answer_dma)
+}
+
+fn await_answer_with(peer: &Peer, h: &Header, on_request: impl FnMut(&Peer, Message)) -> bool {
     let sent_at = std::time::Instant::now();
-    match peer.await_reply(h.msg_id, REPLY_DEADLINE, answer_dma) {
+    match peer.await_reply(h.msg_id, REPLY_DEADLINE, on_request) {
         Some(Answer::Reply(m)) => {
             assert_eq!(m.header.command, h.command, "reply to {} names another command", h.msg_id);
             true
@@ -411,7 +436,59 @@ fn await_answer(peer: &Peer, h: &Header) -> bool {
 
 fn run(input: Input) {
     let Some(servers) = servers() else { return };
-    let served = &servers[input.irdma as usize];
+    session(&servers[input.irdma as usize], |peer| drive_ops(peer, input));
+}
+
+fn run_seed(seed: Seed) {
+    let Some(servers) = servers() else { return };
+    let index = match seed.device {
+        SeedDevice::Hfi1 => 0,
+        SeedDevice::Irdma => 1,
+        SeedDevice::Hfi1Wfr => 2,
+    };
+    session(&servers[index], |peer| drive_seed(peer, seed.items));
+}
+
+/// A seed's messages in order (at most `MAX_OPS`), each awaited unless it wants no reply; the server's
+/// DMA_READs take the seed's DMA data in order.
+fn drive_seed(peer: &Peer, items: Vec<SeedItem>) {
+    let mut data: VecDeque<Vec<u8>> = items
+        .iter()
+        .filter_map(|i| match i {
+            SeedItem::DmaData(d) => Some(d.clone()),
+            SeedItem::Message { .. } => None,
+        })
+        .collect();
+    let messages = items.into_iter().filter_map(|i| match i {
+        SeedItem::Message { command, flags, fds, payload } => Some((command, flags, fds, payload)),
+        SeedItem::DmaData(_) => None,
+    });
+    for (id, (command, flags, fds, payload)) in (1u16..).zip(messages.take(MAX_OPS)) {
+        let fds: Vec<OwnedFd> = match fds {
+            SeedFds::None => Vec::new(),
+            SeedFds::Memfd(pages) => memfd(pages, false).into_iter().collect(),
+            SeedFds::Eventfds(n) => {
+                (0..n).filter_map(|_| rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).ok()).collect()
+            }
+        };
+        let mut h = Header::command(id, command, payload.len());
+        h.flags |= flags & (hdr_flags::KNOWN | 0x40);
+        let borrowed: Vec<BorrowedFd> = fds.iter().map(|f| f.as_fd()).collect();
+        if !peer.send(&h, &payload, &borrowed) {
+            return;
+        }
+        if h.no_reply() || h.is_reply() {
+            continue;
+        }
+        if !await_answer_with(peer, &h, |p, m| answer_dma_from(p, m, &mut data)) {
+            return;
+        }
+    }
+}
+
+/// One client connection: `drive` talks to the server over `peer`, then the client leaves and the
+/// disconnect oracles run.
+fn session(served: &'static Served, drive: impl FnOnce(&Peer)) {
     let fds_before = open_fds();
     let Ok((client, server_end)) = UnixStream::pair() else { return };
     let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -422,6 +499,28 @@ fn run(input: Input) {
         r
     });
     let peer = Peer::new(client, MAX_XFER + 8192);
+    drive(&peer);
+    // Disconnect, keep answering DMA until the server notices, then require it to be done.
+    let _ = peer.stream.shutdown(std::net::Shutdown::Write);
+    let deadline = std::time::Instant::now() + CLOSE_DEADLINE;
+    while done_rx.try_recv().is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve_connection still running {CLOSE_DEADLINE:?} after disconnect"
+        );
+        if let Ok(Some(m)) = peer.recv(Duration::from_millis(5)) {
+            if m.header.is_command() {
+                answer_dma(&peer, m);
+            }
+        }
+    }
+    drop(peer);
+    let _ = serving.join();
+    let leaked = leaked_since(&fds_before, Duration::from_secs(2));
+    assert!(leaked.is_empty(), "descriptors left open after the connection: {leaked:?}");
+}
+
+fn drive_ops(peer: &Peer, input: Input) {
     let mut ops = input.ops;
     if input.negotiate {
         ops.insert(0, Op::Version { major: 0, minor: 1, caps: Caps::None, nul: true });
@@ -445,12 +544,12 @@ fn run(input: Input) {
                         (h, out)
                     })
                     .collect();
-                if !send_batch(&peer, &batch) {
+                if !send_batch(peer, &batch) {
                     break;
                 }
                 let mut closed = false;
                 for (h, _) in batch.iter().filter(|(h, _)| !h.no_reply() && !h.is_reply()) {
-                    if !await_answer(&peer, h) {
+                    if !await_answer(peer, h) {
                         closed = true;
                         break;
                     }
@@ -492,30 +591,20 @@ fn run(input: Input) {
                 if h.no_reply() || h.is_reply() {
                     continue;
                 }
-                if !await_answer(&peer, &h) {
+                if !await_answer(peer, &h) {
                     break;
                 }
             }
         }
     }
-    // Disconnect, keep answering DMA until the server notices, then require it to be done.
-    let _ = peer.stream.shutdown(std::net::Shutdown::Write);
-    let deadline = std::time::Instant::now() + CLOSE_DEADLINE;
-    while done_rx.try_recv().is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "serve_connection still running {CLOSE_DEADLINE:?} after disconnect"
-        );
-        if let Ok(Some(m)) = peer.recv(Duration::from_millis(5)) {
-            if m.header.is_command() {
-                answer_dma(&peer, m);
-            }
-        }
-    }
-    drop(peer);
-    let _ = serving.join();
-    let leaked = leaked_since(&fds_before, Duration::from_secs(2));
-    assert!(leaked.is_empty(), "descriptors left open after the connection: {leaked:?}");
 }
 
-fuzz_target!(|input: Input| run(input));
+// A seed from a recording, or (anything else) the ops an `Arbitrary` input decodes to, as before.
+fuzz_target!(|data: &[u8]| match Seed::decode(data) {
+    Some(seed) => run_seed(seed),
+    None => {
+        if let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) {
+            run(input)
+        }
+    }
+});
