@@ -72,6 +72,7 @@ run_stall() {
     local t0=$EPOCHREALTIME out
     out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --hfi1-user "$HU" --hfi1-user-host "$HUH" --hfi1-wfr \
         --hfi1-id none --irdma-id none --kdriver-timeout "$STALL_TIMEOUT" --timeout 300 --quiet \
+        --result "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/rdma-emu/result-stall.json" \
         --dm-arg --fault --dm-arg "$fault" "${EXTRA[@]}") && { log "stall: FAIL: the run passed"; rc=1; return; }
     local took
     took=$(python3 -c "print(round($EPOCHREALTIME - $t0))")
