@@ -81,7 +81,8 @@ pub fn hfi1_kern_init_ctxt_generations(rcd: &Hfi1Ctxtdata) -> Result<(), AccessE
 }
 
 /// `hfi1_kern_setup_hw_flow(rcd, qp)`: gives `qp` a hardware flow. -EAGAIN queues the QP on `flow_queue`;
-/// it is woken when a flow frees. -EINVAL if `rcd` is not the QP's context. A failed flow-table write releases the flow and returns its errno.
+/// it is woken when a flow frees. -EINVAL if `rcd` is not the QP's context. A failed flow-table write
+/// releases the flow, takes the QP off the queue, wakes the next waiter and returns its errno.
 pub fn hfi1_kern_setup_hw_flow(rcd: &Hfi1Ctxtdata, qp: &mut QpLocked<'_>) -> Result<(), i32> {
     if !std::ptr::eq(rcd, &*qp.qp.rcd) {
         return Err(-libc::EINVAL);
@@ -108,7 +109,13 @@ pub fn hfi1_kern_setup_hw_flow(rcd: &Hfi1Ctxtdata, qp: &mut QpLocked<'_>) -> Res
     let generation = match kern_setup_hw_flow(&mut exp, index) {
         Ok(g) => g,
         Err(e) => {
+            // The flow goes back, and the QP leaves the queue as a success would, so it cannot hold up the
+            // waiters behind it.
             exp.flow_mask &= !(1 << index);
+            dequeue_tid_waiter(&mut exp, QueueId::Flow, qp);
+            let fqp = first_qp(&mut exp, QueueId::Flow);
+            drop(exp);
+            tid_rdma_schedule_tid_wakeup(fqp);
             return Err(e.to_errno());
         }
     };
