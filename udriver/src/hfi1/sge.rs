@@ -36,9 +36,18 @@ impl RvtSge {
     }
 }
 
+impl std::fmt::Debug for RvtSge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RvtSge")
+            .field("iova", &self.buf.iova(self.offset))
+            .field("sge_length", &self.sge_length)
+            .finish()
+    }
+}
+
 /// `struct rvt_sge_state`: the current SGE plus the list. Unlike rdmavt, `sg_list` holds every SGE
 /// (the first too), so SGE `isge` is `sg_list[isge]`.
-#[derive(Clone)]
+#[derive(Clone, Debug, Default)]
 pub struct RvtSgeState {
     pub sge: Option<RvtSge>,
     pub sg_list: Vec<RvtSge>,

@@ -400,8 +400,11 @@ fn a_new_hardware_flow_takes_a_rarr_waiter_off_the_rarr_queue_and_counts_on_the_
     assert_eq!((counts(&exp.rarr_queue), counts(&exp.flow_queue)), ((2, 0), (0, 1)));
 }
 
+/// Decision: tid_rdma.c:1610 frees the flows unconditionally (its callers have cleared them, e.g.
+/// hfi1_kern_read_tid_flow_free); udriver refuses while segments are set up, as their RcvArray entries and
+/// TID groups would stay taken for ever.
 #[test]
-fn free_flows_refuses_while_segments_are_programmed() {
+fn decision_free_flows_refuses_with_ebusy_while_segments_are_programmed() {
     let r = rig(1);
     let qp = quiet_qp(&r, 1, 4096);
     let buf = frag(&r, &[2]);
@@ -488,19 +491,71 @@ fn decision_a_failed_device_write_takes_the_qp_off_its_queue_and_wakes_the_next_
     }
 }
 
+/// Decision: tid_rdma.c:1596-1604 stops clear_all at the first failing clear, whose only failure there is
+/// "nothing to clear". udriver's clear also reports a failed RcvArray write, after releasing the flow in
+/// software; clear_all goes on, so every flow is released even when the device stops answering.
+#[test]
+fn decision_clear_all_releases_every_flow_even_when_device_writes_fail() {
+    let r = rig(2);
+    let qp = quiet_qp(&r, 1, 4096);
+    let buf = frag(&r, &[1; 6]);
+    let mut req = req_for(&qp, 2 * PG, 4);
+    let mut ss = ss_over(&buf);
+    for _ in 0..3 {
+        setup_segment(&qp, &mut req, &mut ss).unwrap();
+    }
+    r.fake.fail_writes_from(Some(RCV_ARRAY));
+    assert_eq!(hfi1_kern_exp_rcv_clear_all(&mut req, &mut qp.lock()), Err(-libc::EIO));
+    assert_eq!(circ_cnt(req.setup_head, req.clear_tail), 0, "all three flows released");
+    assert_eq!(assert_groups_consistent(&r.rcd), (2, 0, 0));
+}
+
+/// Decision: tid_rdma.c:1087-1118 kern_find_pages walks seg_len / PAGE_SIZE pages into qpriv->pages, an
+/// array of TID_RDMA_MAX_PAGES (tid_rdma.c:371); udriver stops at TID_RDMA_MAX_PAGES (64) pages whatever
+/// seg_len says, so a segment is at most 256 KiB.
+#[test]
+fn decision_kern_find_pages_stops_at_64_pages_whatever_seg_len_says() {
+    let r = rig(4);
+    let qp = quiet_qp(&r, 1, 4096);
+    let buf = Arc::new(r.pool.alloc_contiguous(128 * PAGE_SIZE as usize).unwrap());
+    let mut req = req_for(&qp, 128 * PG, 4);
+    let mut ss = ss_over(&buf);
+    setup_segment(&qp, &mut req, &mut ss).unwrap();
+    setup_segment(&qp, &mut req, &mut ss).unwrap();
+    let (f0, f1) = (req.flow(0).unwrap(), req.flow(1).unwrap());
+    assert_eq!((f0.pages.len(), f0.length, f1.pages.len()), (64, 64 * PG, 64));
+    assert_eq!(f1.pages[0], buf.pages()[64]);
+    hfi1_kern_exp_rcv_clear_all(&mut req, &mut qp.lock()).unwrap();
+}
+
+/// Decision: opfn.c:257-258 negotiates TID RDMA only at pmtu 4096 or 8192, so kern_program_rcv_group's
+/// `pmtu_pg = pmtu >> PAGE_SHIFT` (tid_rdma.c:1308, 1351) is never 0 in the kernel. udriver's setup can be
+/// called for any QP: below 4 KiB it counts one page per packet.
+#[test]
+fn decision_a_path_mtu_below_4_kib_counts_one_page_per_packet() {
+    let r = rig(1);
+    let qp = quiet_qp(&r, 1, 2048);
+    let buf = frag(&r, &[1; 4]);
+    let mut req = req_for(&qp, 4 * PG, 4);
+    setup_segment(&qp, &mut req, &mut ss_over(&buf)).unwrap();
+    assert_eq!(req.flow(0).unwrap().npkts, 4);
+    hfi1_kern_exp_rcv_clear_all(&mut req, &mut qp.lock()).unwrap();
+}
+
 // ---------------------------------------------------------------- WQE setup (G8)
 
 fn wqe(qp: &Arc<Hfi1Qp>, opcode: IbWrOpcode, length: u32, sg_list: Vec<RvtSge>) -> RvtSwqe {
     RvtSwqe {
         opcode,
         remote_addr: 0x10_0000,
+        rkey: 0,
         length,
         ssn: 0,
         psn: 0,
         lpsn: 0,
         sg_list,
         ah: None,
-        priv_: Some(Box::new(Hfi1SwqePriv { tid_req: TidRdmaRequest::new(qp) })),
+        priv_: Some(Box::new(Hfi1SwqePriv::new(TidRdmaRequest::new(qp)))),
     }
 }
 
@@ -586,6 +641,64 @@ fn large_rc_read_and_write_become_tid_rdma_with_golden_g8_psns() {
     let mut w = wqe(&qp, IbWrOpcode::RdmaRead, 128 << 10, sge());
     rvt_post_one_wr(&mut qp.lock(), &mut w, &mut false).unwrap();
     assert_eq!((w.opcode, w.lpsn), (IbWrOpcode::RdmaRead, 131));
+}
+
+/// tid_rdma.c:3291-3295: no TID RDMA when the remote LID, without its LMC bits, is the port's LID, or when
+/// the QP does not use 9B headers.
+#[test]
+fn setup_tid_rdma_wqe_leaves_a_loopback_lid_or_a_16b_header_qp_on_rdma() {
+    let fake = super::fake::FakeHfi1::new(8, 1);
+    let params = super::ctxt::Hfi1Params { rcvarr_split: 0, lid: 4, lmc: 2, ..Default::default() };
+    let dd = super::ctxt::Hfi1Devdata::probe(fake.clone(), params).unwrap();
+    let rcd = super::ctxt::Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 0).unwrap();
+    let pool = crate::dma::DmaPool::new(fake, false);
+    let buf = Arc::new(pool.alloc_contiguous(1 << 20).unwrap());
+    let remote = TidRdmaParams { max_len: 256 << 10, max_read: 6, ..Default::default() };
+    // (remote LID, header type, becomes TID RDMA READ)
+    let cases = [
+        (4, HFI1_PKT_TYPE_9B, false),
+        (7, HFI1_PKT_TYPE_9B, false),
+        (8, HFI1_PKT_TYPE_9B, true),
+        (3, HFI1_PKT_TYPE_9B, true),
+        (8, HFI1_PKT_TYPE_16B, false),
+    ];
+    for (dlid, hdr_type, tid) in cases {
+        let mut st = QpSendState::new(IbQpType::Rc, 4096);
+        (st.remote_dlid, st.hdr_type, st.tid_rdma_remote) = (dlid, hdr_type, Some(remote));
+        let qp = Hfi1Qp::new(1, rcd.clone(), st, Box::new(|_| {}));
+        let mut w = wqe(&qp, IbWrOpcode::RdmaRead, 1 << 20, vec![RvtSge::new(buf.clone(), 0, 1 << 20).unwrap()]);
+        rvt_post_one_wr(&mut qp.lock(), &mut w, &mut false).unwrap();
+        assert_eq!(w.opcode == IbWrOpcode::TidRdmaRead, tid, "dlid {dlid} hdr_type {hdr_type}");
+    }
+}
+
+/// Decision: tid_rdma.c:3331 takes `seg_len = min(remote->max_len, length)`; OPFN lets a peer claim up to
+/// 2048 pages (tid_rdma.c:178), which would overrun the kernel's 64-entry page array. udriver caps the
+/// segment at TID_RDMA_MAX_SEGMENT_SIZE. The last PSN is the kernel's: psn + ceil(length / pmtu) - 1.
+#[test]
+fn decision_a_peer_advertising_segments_above_256_kib_gets_256_kib_segments() {
+    let r = rig(1);
+    let buf = Arc::new(r.pool.alloc_contiguous(1 << 20).unwrap());
+    let remote = TidRdmaParams { max_len: 2048 << 12, max_read: 6, ..Default::default() };
+    let qp = tid_qp(&r, Some(remote));
+    let mut w = wqe(&qp, IbWrOpcode::RdmaRead, 1 << 20, vec![RvtSge::new(buf.clone(), 0, 1 << 20).unwrap()]);
+    rvt_post_one_wr(&mut qp.lock(), &mut w, &mut false).unwrap();
+    let req = &w.priv_.as_ref().unwrap().tid_req;
+    assert_eq!((w.opcode, w.lpsn, req.seg_len, req.total_segs), (IbWrOpcode::TidRdmaRead, 355, 256 << 10, 4));
+}
+
+/// Decision: rdmavt's rvt_qp_valid_operation dereferences a UD/GSI work request's AH before the driver
+/// sees it (sw/rdmavt/qp.c:1886), and hfi1_setup_wqe reads it unchecked (qp.c:295). udriver's WQE can
+/// lack one; hfi1_setup_wqe refuses it with -EINVAL.
+#[test]
+fn decision_a_ud_or_gsi_wqe_without_an_ah_is_refused_with_einval() {
+    let r = rig(1);
+    for ty in [IbQpType::Ud, IbQpType::Gsi] {
+        let qp = Hfi1Qp::new(1, r.rcd.clone(), QpSendState::new(ty, 4096), Box::new(|_| {}));
+        let mut w = wqe(&qp, IbWrOpcode::Send, 256, vec![]);
+        w.ah = None;
+        assert_eq!(hfi1_setup_wqe(&mut qp.lock(), &mut w, &mut false), Err(-libc::EINVAL), "{ty:?}");
+    }
 }
 
 // ---------------------------------------------------------------- concurrency
