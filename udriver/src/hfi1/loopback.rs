@@ -27,11 +27,11 @@ pub use emu_abi::hfi1::{
 /// DMA memory the sender keeps for descriptors; a larger batch takes several doorbells.
 pub const LB_RING_BYTES: usize = 1 << 20;
 
-// ---- KDETH offset modes and the TID RDMA destination QP (§1.5, §1.10) ----
-pub const KDETH_OM_SMALL: u32 = 4;
+// ---- KDETH offset mode and the TID RDMA destination QP (§1.5, §1.10) ----
+/// OFFSET unit of every TID RDMA data packet (exp_rcv.h KDETH_OM_LARGE): tid_rdma.c builds READ responses
+/// and WRITE data with `om = KDETH_OM_LARGE` whatever the entry's size. (The 128 KiB KDETH_OM_MAX_SIZE
+/// rule is user_sdma.c's, for PSM's expected receive; hfi1-user follows it there.)
 pub const KDETH_OM_LARGE: u32 = 64;
-/// An entry this long or longer is addressed in 64-byte units: 4-byte units reach only 0x7FFF · 4.
-pub const KDETH_OM_MAX_SIZE: u32 = (KDETH_OFFSET_MASK + 1) * KDETH_OM_SMALL;
 pub const TID_RDMA_DESTQP_FLOW_SHIFT: u32 = 11;
 pub const TID_RDMA_DESTQP_FLOW_MASK: u32 = 0x1F;
 
@@ -62,7 +62,7 @@ pub struct TidDataPacket {
 
 /// The data packets of a set-up flow, in order, as the responder builds them: the tidarray one entry after
 /// the other, at most `pmtu` bytes per packet, KDETH TID/TIDCTRL from the entry, OFFSET inside the entry in
-/// the entry's offset mode, PSN = `full_flow_psn(generation, spsn + pkt)`. -EINVAL for `pmtu` 0 or a
+/// 64-byte units with OM set, PSN = `full_flow_psn(generation, spsn + pkt)`. -EINVAL for `pmtu` 0 or a
 /// tidarray that does not cover the flow's length.
 pub fn tid_rdma_data_packets(flow: &TidRdmaFlow, dest_qp: u32, pmtu: u32) -> Result<Vec<TidDataPacket>, i32> {
     if pmtu == 0 {
@@ -72,13 +72,12 @@ pub fn tid_rdma_data_packets(flow: &TidRdmaFlow, dest_qp: u32, pmtu: u32) -> Res
     let (mut sent, mut pkt) = (0u32, 0u32);
     for &entry in &flow.tid_entry {
         let tidlen = exp_tid_get_len(entry) << RT_ADDR_SHIFT;
-        let om = if tidlen >= KDETH_OM_MAX_SIZE { KDETH_OM_LARGE } else { KDETH_OM_SMALL };
         let mut tid_offset = 0u32;
         while tid_offset < tidlen && sent < flow.length {
             let len = pmtu.min(tidlen - tid_offset).min(flow.length - sent);
             let seq = flow.flow_state.spsn.wrapping_add(pkt);
             out.push(TidDataPacket {
-                kdeth0: kdeth0(tid_offset / om, om == KDETH_OM_LARGE, exp_tid_get_idx(entry), exp_tid_get_ctrl(entry)),
+                kdeth0: kdeth0(tid_offset / KDETH_OM_LARGE, true, exp_tid_get_idx(entry), exp_tid_get_ctrl(entry)),
                 dest_qp,
                 psn: full_flow_psn(flow.flow_state.generation, seq),
                 seg_offset: sent,
@@ -264,10 +263,13 @@ mod tests {
         assert_eq!(tid_flow_qp(0, 0x25, 0), 5 << 11);
     }
 
+    /// tid_rdma.c hfi1_build_tid_rdma_read_resp: `om = KDETH_OM_LARGE`, KDETH OM = 1 and OFFSET =
+    /// tid_offset / 64 for every entry, 3-page and lone 1-page ones too; `*len = min(pmtu, tidlen -
+    /// tid_offset)`; bth2 = (spsn + pkt) & 0x7FF | generation << 11.
     #[test]
-    fn packets_walk_the_tidarray_with_psns_offsets_and_offset_modes() {
+    fn packets_walk_the_tidarray_in_64_byte_offset_units_as_the_kernels_read_responder() {
         // G6 tidarray: a pair of 3 pages (idx 0, ctrl 3) then a lone page (idx 1, ctrl 1), plus a 32-page
-        // entry that needs 64-byte offset units.
+        // entry.
         let mut flow = TidRdmaFlow {
             tid_entry: vec![exp_tid_entry(0, 3, 3), exp_tid_entry(1, 1, 1), exp_tid_entry(2, 1, 32)],
             length: 36 * 4096,
@@ -289,8 +291,9 @@ mod tests {
             })
             .collect();
         let om = 1 << KDETH_OM_SHIFT;
-        let mut want = vec![(0, 3, 0, 0, 8192), (0, 3, 8192 / 4, 8192, 4096), (1, 1, 0, 12288, 4096)];
-        want.extend((0..16).map(|k| (2, 1, om | (k * 8192 / 64), 16384 + k * 8192, 8192)));
+        // The pair's second packet starts 8192 bytes in: OFFSET 8192 / 64 = 128.
+        let mut want = vec![(0, 3, om, 0, 8192), (0, 3, om | 128, 8192, 4096), (1, 1, om, 12288, 4096)];
+        want.extend((0..16).map(|k| (2, 1, om | (k * 128), 16384 + k * 8192, 8192)));
         assert_eq!(got, want);
         // G4: generation 0x12345, sequence 3 is 0x091A2803; the second packet has sequence spsn + 1 = 3.
         assert_eq!(p[1].psn, 0x091A_2803);
