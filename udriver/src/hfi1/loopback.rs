@@ -11,8 +11,9 @@ use std::time::Duration;
 use thiserror::Error;
 use vfio_user_proto::sync::Unpoison;
 
-use super::exp_rcv::TidRdmaFlow;
+use super::exp_rcv::{TidRdmaFlow, TID_RDMA_MAX_PAGES};
 use super::regs::*;
+use super::tid_rdma::TidRdmaReadReq;
 use crate::access::{poll_until, AccessError, DeviceAccess};
 use crate::dma::{DmaBuffer, DmaMemError, DmaPool};
 
@@ -54,7 +55,10 @@ pub fn kdeth0(offset: u32, om_large: bool, tid: u32, tidctrl: u32) -> u32 {
 pub struct TidDataPacket {
     pub kdeth0: u32,
     pub dest_qp: u32,
+    /// BTH PSN: the flow PSN (generation and sequence).
     pub psn: u32,
+    /// The READ RESP's `verbs_psn`: the IB PSN, `ib_spsn + pkt`.
+    pub verbs_psn: u32,
     /// Byte offset of the payload in the segment.
     pub seg_offset: u32,
     pub len: u32,
@@ -80,6 +84,7 @@ pub fn tid_rdma_data_packets(flow: &TidRdmaFlow, dest_qp: u32, pmtu: u32) -> Res
                 kdeth0: kdeth0(tid_offset / KDETH_OM_LARGE, true, exp_tid_get_idx(entry), exp_tid_get_ctrl(entry)),
                 dest_qp,
                 psn: full_flow_psn(flow.flow_state.generation, seq),
+                verbs_psn: flow.flow_state.ib_spsn.wrapping_add(pkt) & PSN_MASK,
                 seg_offset: sent,
                 len,
             });
@@ -92,6 +97,52 @@ pub fn tid_rdma_data_packets(flow: &TidRdmaFlow, dest_qp: u32, pmtu: u32) -> Res
         return Err(-libc::EINVAL);
     }
     Ok(out)
+}
+
+/// The responder's flow for a READ REQ, as `tid_rdma_rcv_read_request` fills it: the tidarray from the
+/// payload, generation and first sequence from `tid_flow_psn`, the destination QP (`tid_qpn`) and flow
+/// index from `tid_flow_qp`, the IB PSNs from the request's BTH PSN `psn`, `npkts` = ceil(length / pmtu).
+/// -EINVAL where the kernel refuses the request: a payload larger than the flow's tidarray, an entry of
+/// no pages, or entries too short for `reth.length` (a pair's second entry is not listed, its first
+/// entry's LEN covers both); or `pmtu` 0.
+pub fn tid_rdma_rcv_read_request(
+    rreq: &TidRdmaReadReq,
+    payload: &[u32],
+    psn: u32,
+    pmtu: u32,
+) -> Result<TidRdmaFlow, i32> {
+    let len = rreq.reth.length;
+    if payload.len() > TID_RDMA_MAX_PAGES || pmtu == 0 {
+        return Err(-libc::EINVAL);
+    }
+    let mut tidlen = 0u64;
+    for &e in payload {
+        match exp_tid_get_len(e) {
+            0 => return Err(-libc::EINVAL),
+            n => tidlen += u64::from(n),
+        }
+    }
+    if tidlen << RT_ADDR_SHIFT < u64::from(len) {
+        return Err(-libc::EINVAL);
+    }
+    let npkts = len.div_ceil(pmtu);
+    let flow_psn = rreq.tid_flow_psn & PSN_MASK;
+    let mut flow = TidRdmaFlow {
+        tid_entry: payload.to_vec(),
+        tidcnt: payload.len() as u8,
+        tid_qpn: rreq.tid_flow_qp,
+        idx: (rreq.tid_flow_qp >> TID_RDMA_DESTQP_FLOW_SHIFT) & TID_RDMA_DESTQP_FLOW_MASK,
+        length: len,
+        npkts,
+        ..Default::default()
+    };
+    let fs = &mut flow.flow_state;
+    fs.generation = flow_psn >> HFI1_KDETH_BTH_SEQ_SHIFT;
+    fs.spsn = flow_psn & HFI1_KDETH_BTH_SEQ_MASK;
+    fs.lpsn = fs.spsn.wrapping_add(npkts).wrapping_sub(1);
+    fs.ib_spsn = psn;
+    fs.ib_lpsn = psn.wrapping_add(npkts).wrapping_sub(1);
+    Ok(flow)
 }
 
 /// A descriptor to send: header words and the payload.
@@ -298,6 +349,31 @@ mod tests {
         // G4: generation 0x12345, sequence 3 is 0x091A2803; the second packet has sequence spsn + 1 = 3.
         assert_eq!(p[1].psn, 0x091A_2803);
         assert!(p.iter().all(|x| x.dest_qp == 0x1802));
+    }
+
+    /// tid_rdma.c tid_rdma_rcv_read_request: generation = flow_psn >> 11, spsn = flow_psn & 0x7FF, flow index
+    /// from tid_flow_qp bits 15:11, lpsn = spsn + npkts - 1, ib_spsn = the REQ's PSN; refused (returns 1) for
+    /// a LEN 0 entry, entries shorter than the length, or more entries than `tid_entry[]` holds. The
+    /// responses then carry verbs_psn = ib_spsn + pkt (hfi1_build_tid_rdma_read_resp).
+    #[test]
+    fn a_read_request_becomes_the_responders_flow_and_its_responses() {
+        let payload = [exp_tid_entry(0, 3, 3), exp_tid_entry(1, 1, 2)];
+        let mut rreq = TidRdmaReadReq { tid_flow_psn: 0x091A_2803, tid_flow_qp: 0x80_1802, ..Default::default() };
+        rreq.reth.length = 5 * 4096;
+        let f = tid_rdma_rcv_read_request(&rreq, &payload, 200, 4096).unwrap();
+        let fs = f.flow_state;
+        assert_eq!((f.idx, f.tid_qpn, f.npkts, f.tidcnt, f.length), (3, 0x80_1802, 5, 2, 5 * 4096));
+        assert_eq!((fs.generation, fs.spsn, fs.lpsn, fs.ib_spsn, fs.ib_lpsn), (0x12345, 3, 7, 200, 204));
+        let p = tid_rdma_data_packets(&f, f.tid_qpn, 4096).unwrap();
+        let psns: Vec<(u32, u32)> = p.iter().map(|p| (p.psn, p.verbs_psn)).collect();
+        assert_eq!(psns, (0..5).map(|k| (0x091A_2803 + k, 200 + k)).collect::<Vec<_>>());
+        for (bad, why) in [
+            (vec![exp_tid_entry(0, 3, 3), exp_tid_entry(1, 1, 0)], "an entry of no pages"),
+            (vec![exp_tid_entry(0, 3, 3), exp_tid_entry(1, 1, 1)], "4 pages for 5"),
+            (vec![exp_tid_entry(0, 1, 1); TID_RDMA_MAX_PAGES + 1], "more entries than tid_entry[] holds"),
+        ] {
+            assert_eq!(tid_rdma_rcv_read_request(&rreq, &bad, 200, 4096).unwrap_err(), -libc::EINVAL, "{why}");
+        }
     }
 
     #[test]

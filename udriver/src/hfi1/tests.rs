@@ -37,7 +37,8 @@ pub(super) fn ss_over(buf: &Arc<DmaBuffer>) -> RvtSgeState {
 pub(super) fn frag(r: &Rig, runs: &[u64]) -> Arc<DmaBuffer> {
     Arc::new(r.pool.alloc_fragmented(runs).unwrap())
 }
-/// Hardware flow then one segment, as `hfi1_build_tid_rdma_read_req` does.
+/// Hardware flow then one segment: the receive part of `hfi1_build_tid_rdma_read_req`, without its SYNC
+/// rule or READ REQ (those are tested in `tests_read.rs`).
 pub(super) fn setup_segment(qp: &Arc<Hfi1Qp>, req: &mut TidRdmaRequest, ss: &mut RvtSgeState) -> Result<(), i32> {
     let mut g = qp.lock();
     hfi1_kern_setup_hw_flow(&qp.rcd, &mut g)?;

@@ -154,3 +154,28 @@ impl TidRdmaRequest {
         self.flows.as_ref()?.get(usize::from(i & (MAX_FLOWS - 1)))
     }
 }
+
+/// `struct ib_reth`, in host order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IbReth {
+    pub vaddr: u64,
+    pub rkey: u32,
+    pub length: u32,
+}
+
+/// `struct tid_rdma_read_req` (rdma/tid_rdma_defs.h), in host order: the header of a TID RDMA READ REQ after
+/// its BTH. The payload is the flow's tidarray.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TidRdmaReadReq {
+    pub kdeth0: u32,
+    pub kdeth1: u32,
+    pub reth: IbReth,
+    pub tid_flow_psn: u32,
+    pub tid_flow_qp: u32,
+    pub verbs_qp: u32,
+}
+
+impl TidRdmaReadReq {
+    /// `sizeof(struct tid_rdma_read_req) / sizeof(u32)`: 4 + 4 + 16 (packed `ib_reth`) + 3 · 4 bytes.
+    pub const DWORDS: u32 = 9;
+}

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use serde_json::{json, Value};
 
-use super::{errno, fragment_runs, pattern, Port, Transfer, SEG_BYTES, SEG_PAGES};
+use super::port::{errno, fragment_runs, pattern, Port, Transfer, SEG_BYTES, SEG_PAGES};
 use crate::access::DeviceAccess;
 use crate::demo::DemoReport;
 use crate::hfi1::ctxt::{ExpState, Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params};
