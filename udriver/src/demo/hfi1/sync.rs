@@ -23,7 +23,7 @@ use crate::hfi1::loopback::{
 };
 use crate::hfi1::qp::{Hfi1Qp, IbQpType, QpSendState, TidRdmaParams};
 use crate::hfi1::regs::*;
-use crate::hfi1::sge::RvtSge;
+use crate::hfi1::sge::{RvtSge, RvtSgeState};
 use crate::hfi1::tid_rdma::{TidRdmaReadReq, TidRequestState};
 use crate::hfi1::tid_read::{hfi1_make_tid_rdma_read_req, hfi1_rc_rcv_tid_rdma_read_resp};
 use crate::hfi1::wait::tid_rdma_flush_wait;
@@ -218,20 +218,30 @@ impl Reader<'_> {
     /// Everything the request holds goes back, whatever happened.
     fn teardown(mut self) -> Result<(), String> {
         let mut g = self.qp.lock();
-        let Some(p) = self.wqe.priv_.as_mut() else { return Ok(()) };
-        let cleared = hfi1_kern_exp_rcv_clear_all(&mut p.tid_req, &mut g);
-        let flow = hfi1_kern_clear_hw_flow(&self.qp.rcd, &mut g);
+        let mut done = Ok(());
+        if let Some(p) = self.wqe.priv_.as_mut() {
+            done = hfi1_kern_exp_rcv_clear_all(&mut p.tid_req, &mut g);
+        }
+        done = done.and(hfi1_kern_clear_hw_flow(&self.qp.rcd, &mut g));
         tid_rdma_flush_wait(&mut g);
+        // The SGE state holds the buffer too.
+        g.s_sge = RvtSgeState::default();
         drop(g);
-        let freed = hfi1_kern_exp_rcv_free_flows(&mut p.tid_req);
+        if let Some(p) = self.wqe.priv_.as_mut() {
+            done = done.and(hfi1_kern_exp_rcv_free_flows(&mut p.tid_req));
+        }
         // Queued sends and wakeups hold the QP: run them before it goes.
         self.port.dd.wq.run_pending(usize::MAX);
         self.wqe.sg_list.clear();
         self.wqe.priv_ = None;
-        if let Ok(buf) = Arc::try_unwrap(self.buf) {
-            buf.release(&self.port.pool);
-        }
-        cleared.and(flow).and(freed).map_err(errno)
+        let released = match Arc::try_unwrap(self.buf) {
+            Ok(buf) => {
+                buf.release(&self.port.pool);
+                Ok(())
+            }
+            Err(_) => Err("the READ's buffer is still referenced: its DMA mapping would stay".to_string()),
+        };
+        done.map_err(errno).and(released)
     }
 }
 
