@@ -858,6 +858,32 @@ fn cqptail_has_moved_past_a_wqe_by_the_time_its_cqe_is_visible() {
 }
 
 #[test]
+fn cqperrcodes_holds_an_error_cqes_codes_by_the_time_the_cqe_is_visible() {
+    let mut rig = Rig::new();
+    rig.create_cqp(16);
+    rig.create_ccq(16);
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let held = HeldAfterWrite { inner: rig.mem.clone(), gated: CCQ_PA + 32 + 24, release: rx };
+    rig.dev.attach(Arc::new(held), rig.irqs.clone());
+    // Deleting an entry that does not exist: 0x8002/0x0002 (docs/irdma-device.md, "Error codes").
+    rig.post(qhash_wqe(DELETE, SYN, 4791, 0, 0));
+    rig.w32(IRDMA_CQPDB, rig.head);
+    let deadline = std::time::Instant::now() + IDLE;
+    let cqe = loop {
+        if let Some(cqe) = rig.poll() {
+            break cqe;
+        }
+        assert!(std::time::Instant::now() < deadline, "no completion");
+        std::thread::yield_now();
+    };
+    assert_eq!(cqe.error(), Some((0x8002, 0x0002)));
+    // irdma_sc_ccq_get_cqe_info reads CQPERRCODES as soon as it sees the error bit.
+    assert_eq!(rig.r32(IRDMA_CQPERRCODES), 0x8002_0002);
+    tx.send(()).unwrap();
+    rig.idle();
+}
+
+#[test]
 fn ccqpstatus_reads_are_served_while_the_create_dma_is_in_flight() {
     let rig = Rig::new();
     let (tx, rx) = crossbeam_channel::bounded(1);

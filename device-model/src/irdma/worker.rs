@@ -281,11 +281,15 @@ impl Worker {
             }
         });
         // CQPTAIL moves before the CQE lands: a driver that has seen the CQE samples the tail past it, as
-        // irdma_sc_ccq_destroy does before it posts and waits for the tail to move.
+        // irdma_sc_ccq_destroy does before it posts and waits for the tail to move. An error CQE's codes are
+        // in CQPERRCODES by then too (irdma_sc_ccq_get_cqe_info reads it).
         if cqe.is_some()
             && !self.publish(|st| {
                 if !stalled {
                     st.regs.cqptail = IRDMA_CQPTAIL_WQTAIL.put(u64::from(tail)) as u32;
+                }
+                if let Some((major, minor)) = status {
+                    st.regs.cqperrcodes = cqperrcodes(major, minor);
                 }
             })
         {
