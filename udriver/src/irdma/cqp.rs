@@ -252,10 +252,13 @@ pub struct IrdmaScCqp {
     pub(crate) sq_ring: IrdmaRing,
     /// `scratch_array`; `None` marks a slot with no command outstanding, so a completion for it is garbage.
     scratch_array: Vec<Option<u64>>,
-    /// The post number of each slot's command (1, 2, ...), and the highest post number completed: the device
-    /// completes the SQ in order, so a command posted before one that completed has lost its completion.
+    /// The post number of each slot's command (1, 2, ...), the highest post number completed, and whether
+    /// a completion ever came after that of a command posted later (the device completed out of order).
     posted: Vec<u64>,
     completed_post: u64,
+    out_of_order: bool,
+    /// Slots whose command its waiter gave up on (no completion within its timeout).
+    given_up: Vec<bool>,
     pub struct_ver: u8,
     pub hw_maj_ver: u16,
     pub hw_min_ver: u16,
@@ -294,10 +297,23 @@ impl IrdmaScCqp {
     pub fn is_outstanding(&self, scratch: u64) -> bool {
         self.scratch_array.contains(&Some(scratch))
     }
+    /// The waiter of the outstanding command `scratch` gave up on it: its slot may be reused, even if its
+    /// completion never comes.
+    pub(crate) fn give_up(&mut self, scratch: u64) {
+        if let Some(i) = self.scratch_array.iter().position(|s| *s == Some(scratch)) {
+            if let Some(g) = self.given_up.get_mut(i) {
+                *g = true;
+            }
+        }
+    }
     /// Retires the command at `wqe_idx` and frees one SQ slot (the SQ tail moves).
     pub(crate) fn complete_wqe(&mut self, wqe_idx: u32) -> Option<u64> {
         let scratch = self.scratch_array.get_mut(wqe_idx as usize)?.take()?;
+        if let Some(g) = self.given_up.get_mut(wqe_idx as usize) {
+            *g = false;
+        }
         let post = self.posted.get(wqe_idx as usize).copied().unwrap_or_default();
+        self.out_of_order |= post < self.completed_post;
         self.completed_post = self.completed_post.max(post);
         self.sq_ring.move_tail();
         self.completed_ops += 1;
@@ -331,6 +347,8 @@ pub fn irdma_sc_cqp_init(info: IrdmaCqpInitInfo) -> Result<IrdmaScCqp> {
         scratch_array: vec![None; size as usize],
         posted: vec![0; size as usize],
         completed_post: 0,
+        out_of_order: false,
+        given_up: vec![false; size as usize],
         struct_ver: info.struct_ver,
         hw_maj_ver: info.hw_maj_ver,
         hw_min_ver: info.hw_min_ver,
@@ -473,16 +491,21 @@ pub fn irdma_sc_cqp_get_next_send_wqe_idx<'a>(
     wqe_idx: &mut u32,
 ) -> Result<IrdmaCqpWqe<'a>> {
     let idx = cqp.sq_ring.head;
-    // A slot still outstanding whose command was posted before one that completed lost its completion (the
-    // device completes in order: the CQE was never written, or was unreadable). Its waiter has timed out or
-    // will; the slot is free again, as in the kernel, which reuses it without looking (found with the
-    // `cqe-drop` fault: without this the SQ wedged once it wrapped onto such a slot, docs/observe.md).
+    // An outstanding slot is free again, as the kernel (which reuses slots without looking) would have it,
+    // when its completion is known lost: a command posted after it has completed and the device has only
+    // ever completed in order, or its waiter has given up on it. Without this the SQ wedged for good once it
+    // wrapped onto such a slot (found with the `cqe-drop` fault, docs/observe.md). Otherwise (completions
+    // out of order, still waited for) it counts as full: decision 11.
     let i = idx as usize;
-    if cqp.scratch(idx).is_some() && cqp.posted.get(i).is_some_and(|p| *p < cqp.completed_post) {
+    let overtaken = !cqp.out_of_order && cqp.posted.get(i).is_some_and(|p| *p < cqp.completed_post);
+    let given_up = cqp.given_up.get(i).copied().unwrap_or(false);
+    if cqp.scratch(idx).is_some() && (overtaken || given_up) {
         let lost = cqp.scratch_array.get_mut(i).and_then(Option::take);
-        tracing::warn!(slot = idx, scratch = lost, "CQP completion lost; its slot is reused");
+        if let Some(g) = cqp.given_up.get_mut(i) {
+            *g = false;
+        }
+        tracing::warn!(slot = idx, scratch = lost, given_up, "CQP completion lost; its slot is reused");
     }
-    // A slot still outstanding (completions out of order) counts as full, like a full ring.
     if cqp.sq_ring.is_full() || cqp.scratch(idx).is_some() {
         return Err(IrdmaError::SqFull);
     }
@@ -722,6 +745,41 @@ mod tests {
     /// Decision 11: ctrl.c irdma_sc_cqp_get_next_send_wqe_idx checks only IRDMA_RING_FULL_ERR; after
     /// out-of-order completions it would hand out a slot whose command is still outstanding and overwrite
     /// its scratch. udriver reports such a slot as a full SQ.
+    #[test]
+    fn a_lost_completion_frees_its_slot_when_later_ones_came_in_order() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        for s in 0..3 {
+            irdma_sc_cqp_nop(&mut cqp, s, false).unwrap();
+        }
+        // Slot 0's CQE never comes; slots 1 and 2 complete in order: slot 0's completion is lost.
+        retire(&mut cqp, 1);
+        retire(&mut cqp, 2);
+        irdma_sc_cqp_nop(&mut cqp, 3, false).unwrap();
+        let mut idx = 77;
+        let idx = irdma_sc_cqp_get_next_send_wqe_idx(&mut cqp, 4, &mut idx).map(|w| w.idx).unwrap();
+        assert_eq!((idx, cqp.scratch(0)), (0, Some(4)));
+    }
+
+    #[test]
+    fn after_out_of_order_completions_a_slot_is_reused_only_once_its_waiter_gave_up() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        for s in 0..3 {
+            irdma_sc_cqp_nop(&mut cqp, s, false).unwrap();
+        }
+        retire(&mut cqp, 2);
+        retire(&mut cqp, 1);
+        irdma_sc_cqp_nop(&mut cqp, 3, false).unwrap();
+        let mut idx = 77;
+        let r = irdma_sc_cqp_get_next_send_wqe_idx(&mut cqp, 4, &mut idx).map(|w| w.idx);
+        assert!(matches!(r, Err(IrdmaError::SqFull)), "slot 0 is still waited for");
+        cqp.give_up(0);
+        let idx = irdma_sc_cqp_get_next_send_wqe_idx(&mut cqp, 4, &mut idx).map(|w| w.idx).unwrap();
+        assert_eq!((idx, cqp.scratch(0)), (0, Some(4)));
+        assert!(!cqp.is_outstanding(0));
+    }
+
     #[test]
     fn decision_11_a_slot_still_outstanding_after_out_of_order_completions_counts_as_full() {
         let dev = FakeIrdma::scripted();

@@ -149,6 +149,7 @@ fn abandon(st: &mut IrdmaCqpState, scratch: u64) {
     st.cqp_cmd_head.retain(|c| c.scratch != scratch);
     if st.cqp_cmd_head.len() == queued && st.cqp.is_outstanding(scratch) {
         st.abandoned.insert(scratch);
+        st.cqp.give_up(scratch);
     }
     st.done.remove(&scratch);
 }
