@@ -120,12 +120,14 @@ fn run(args: &Args) -> Result<(), String> {
         None => None,
     };
 
+    let config =
+        ServerConfig { busy_poll: Duration::from_micros(args.busy_poll_us.unwrap_or(0)), ..ServerConfig::default() };
     let mut threads = Vec::new();
     let mut stops = Vec::new();
     for ((function, listener), s) in functions.into_iter().zip(listeners).zip(&served) {
         let once = args.once;
         let name = s.kind.name();
-        let server = Server::new(function, ServerConfig::default());
+        let server = Server::new(function, config.clone());
         stops.push(server.shutdown_handle());
         let stop = shutdown.clone();
         let thread = std::thread::Builder::new()

@@ -24,6 +24,9 @@ pub struct ServerConfig {
     /// Most distinct files mmapped for one client, and their total size; beyond them sealed fd maps
     /// are served by DMA_READ/DMA_WRITE (each mmap holds a descriptor and address space).
     pub mmap_limits: MmapLimits,
+    /// After a reply, how long the connection thread polls the socket without blocking while requests
+    /// come in bursts (`server::poll`); zero never polls. Costs a core while it polls.
+    pub busy_poll: Duration,
 }
 
 impl Default for ServerConfig {
@@ -35,6 +38,7 @@ impl Default for ServerConfig {
             dma_timeout: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(5),
             mmap_limits: MmapLimits::default(),
+            busy_poll: Duration::ZERO,
         }
     }
 }
