@@ -16,10 +16,9 @@ use vfio_user_proto::client::{Client, ClientConfig};
 use vfio_user_proto::device::region;
 use vfio_user_proto::wire::{HEADER_SIZE, REGION_RW_SIZE};
 
-use super::stats::{sample, Samples};
-use super::{Better, Case, Target};
 use crate::served::Served;
 use udriver::access::pci;
+use udriver::bench::{sample, Better, Case, Samples, Target};
 
 /// Bytes of register data per access: hfi1 CSRs are 64-bit.
 const DATA: usize = 8;

@@ -1,4 +1,5 @@
 //! What a bench run reports: metrics, targets and their verdicts, per case, and the machine they belong to.
+//! The same format for `rig bench` on the host and `udriver bench` inside the guest.
 
 #![forbid(unsafe_code)]
 
@@ -56,7 +57,7 @@ pub struct Case {
 }
 
 impl Case {
-    pub(super) fn new(id: &str, title: &str) -> Self {
+    pub fn new(id: &str, title: &str) -> Self {
         Self {
             id: id.to_string(),
             title: title.to_string(),
@@ -67,20 +68,20 @@ impl Case {
         }
     }
 
-    pub(super) fn metric(&mut self, name: &str, value: f64, unit: &'static str) {
+    pub fn metric(&mut self, name: &str, value: f64, unit: &'static str) {
         self.metrics.push(Metric { name: name.to_string(), value, unit });
     }
 
-    pub(super) fn target(&mut self, t: Target) {
+    pub fn target(&mut self, t: Target) {
         self.targets.push(t);
     }
 
-    pub(super) fn note(&mut self, n: impl Into<String>) {
+    pub fn note(&mut self, n: impl Into<String>) {
         self.notes.push(n.into());
     }
 
     /// Runs `f` on this case: what it measured stays, and an error it returns is recorded.
-    pub(super) fn run(mut self, f: impl FnOnce(&mut Case) -> Result<(), String>) -> Self {
+    pub fn run(mut self, f: impl FnOnce(&mut Case) -> Result<(), String>) -> Self {
         if let Err(e) = f(&mut self) {
             self.error = Some(e);
         }
@@ -106,7 +107,7 @@ impl Machine {
 }
 
 /// The first `model name` of /proc/cpuinfo, or "unknown".
-pub(super) fn cpu_model(cpuinfo: &str) -> String {
+pub fn cpu_model(cpuinfo: &str) -> String {
     cpuinfo
         .lines()
         .find_map(|l| {
@@ -119,6 +120,8 @@ pub(super) fn cpu_model(cpuinfo: &str) -> String {
 /// Everything one run measured.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct BenchReport {
+    /// What ran it: "rig" (host) or "udriver guest" (inside the guest).
+    pub tool: &'static str,
     /// UTC, `YYYY-MM-DDTHH:MM:SSZ`.
     pub date: String,
     pub machine: Machine,
@@ -139,8 +142,8 @@ impl BenchReport {
     pub fn render(&self) -> String {
         let (met, all) = self.score();
         let mut out = format!(
-            "udriver bench, {} ({} build), {} x {}, kernel {}: {met}/{all} targets met\n",
-            self.date, self.build, self.machine.nproc, self.machine.cpu_model, self.machine.kernel
+            "{} bench, {} ({} build), {} x {}, kernel {}: {met}/{all} targets met\n",
+            self.tool, self.date, self.build, self.machine.nproc, self.machine.cpu_model, self.machine.kernel
         );
         for c in &self.cases {
             out.push_str(&format!("({}) {}\n", c.id, c.title));
@@ -180,7 +183,7 @@ fn fmt_value(v: f64) -> String {
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` of a Unix time (proleptic Gregorian, days-from-civil inverted).
-pub(super) fn utc_string(secs: u64) -> String {
+pub fn utc_string(secs: u64) -> String {
     let days = (secs / 86400) as i64;
     let rem = secs % 86400;
     let z = days + 719_468;
