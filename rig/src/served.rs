@@ -24,6 +24,15 @@ pub struct Served {
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
+/// A socket path of this process's own, unique per call.
+pub(crate) fn socket_path(what: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "rdma-emu-rig-{what}-{}-{}.sock",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
 impl Served {
     /// Serves `engine` as a PCI function with `ids`.
     pub fn new(engine: Arc<dyn Engine>, ids: PciIds) -> Result<Self, RigError> {
@@ -32,14 +41,15 @@ impl Served {
 
     /// Serves an existing function (the caller keeps it, to inspect the device while a client drives it).
     pub fn function(function: Arc<Function>) -> Result<Self, RigError> {
-        let path = std::env::temp_dir().join(format!(
-            "rdma-emu-rig-{}-{}.sock",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        Self::with_config(function, ServerConfig::default())
+    }
+
+    /// Serves `function` with a server configured as `config`.
+    pub fn with_config(function: Arc<Function>, config: ServerConfig) -> Result<Self, RigError> {
+        let path = socket_path("dm");
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).map_err(|source| RigError::Io { op: "bind", source })?;
-        let server = Server::new(function, ServerConfig::default());
+        let server = Server::new(function, config);
         let stop = server.shutdown_handle();
         let thread = std::thread::Builder::new()
             .name("rig-server".into())

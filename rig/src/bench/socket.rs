@@ -1,6 +1,7 @@
-//! (a) A trapped REGION_READ / REGION_WRITE round trip against the floor: a raw UNIX-socket ping-pong of the
-//! same message sizes with a tiny echo thread. Both sides make the same system calls per round trip (one send
-//! and one receive each), so the ratio is what framing, decoding and dispatch cost on top of the socket.
+//! (a) A trapped REGION_READ / REGION_WRITE round trip against the floor, a raw UNIX-socket ping-pong of the
+//! same message sizes with a tiny echo thread (both make one send and one receive per side and round trip, so
+//! the ratio is what framing, decoding and dispatch cost on top of the socket), and against a peer: the same
+//! device served by rust-vmm's `vfio_user` server, through the same client.
 
 #![forbid(unsafe_code)]
 
@@ -14,8 +15,10 @@ use device_model::hfi1::{regs, Hfi1, Hfi1Config, HFI1_BAR};
 use device_model::pci::PciIds;
 use vfio_user_proto::client::{Client, ClientConfig};
 use vfio_user_proto::device::region;
+use vfio_user_proto::server::ServerConfig;
 use vfio_user_proto::wire::{HEADER_SIZE, REGION_RW_SIZE};
 
+use crate::peer::PeerServed;
 use crate::served::Served;
 use udriver::access::pci;
 use udriver::bench::{sample, Better, Case, Samples, Target};
@@ -28,6 +31,10 @@ const LARGE: usize = SMALL + DATA;
 /// Rounds alternating the variants, so a burst of load from elsewhere hits all of them alike.
 const ROUNDS: u32 = 16;
 const TARGET_RATIO: f64 = 1.3;
+/// Ours against rust-vmm's server on the same device (issue 17).
+const TARGET_PEER_RATIO: f64 = 0.8;
+/// The busy-poll budget measured beside the default (`device-model --busy-poll-us`).
+pub const POLL: Duration = Duration::from_micros(50);
 
 /// Echo peer: reads `req` bytes, answers `rep` bytes, until the socket closes.
 fn echo(mut s: UnixStream, req: usize, rep: usize) {
@@ -76,14 +83,26 @@ impl Drop for PingPong {
 #[derive(Default)]
 struct Variants {
     raw: Samples,
+    /// Our server as the device model runs it (`ServerConfig::default()`).
     vfio_user: Samples,
+    /// Our server with the adaptive busy-poll.
+    polled: Samples,
+    peer: Samples,
 }
 
+/// The servers a round trip goes to, each through its own client of ours.
+struct Clients<'a> {
+    ours: &'a Client,
+    polled: &'a Client,
+    peer: &'a Client,
+}
+
+/// The raw ping-pong, our server without and with busy-poll, and the peer, alternating in rounds.
 fn measure(
     budget: Duration,
     req: usize,
     rep: usize,
-    client: &Client,
+    c: &Clients,
     mut access: impl FnMut(&Client) -> Result<(), String>,
 ) -> Result<Variants, String> {
     let slice = budget / ROUNDS;
@@ -91,44 +110,82 @@ fn measure(
     let mut raw = PingPong::new(req, rep)?;
     for _ in 0..ROUNDS {
         v.raw.extend(sample(slice, 1000, 100, usize::MAX, || raw.once()).map_err(|e| e.to_string())?);
-        v.vfio_user.extend(sample(slice, 1000, 100, usize::MAX, || access(client))?);
+        v.vfio_user.extend(sample(slice, 1000, 100, usize::MAX, || access(c.ours))?);
+        v.polled.extend(sample(slice, 1000, 100, usize::MAX, || access(c.polled)).map_err(|e| format!("polled: {e}"))?);
+        v.peer.extend(sample(slice, 1000, 100, usize::MAX, || access(c.peer)).map_err(|e| format!("peer: {e}"))?);
     }
     Ok(v)
 }
 
 fn report(case: &mut Case, op: &str, v: &Variants) {
-    let (raw, vu) = (v.raw.median(), v.vfio_user.median());
+    let (raw, vu, polled, peer) = (v.raw.median(), v.vfio_user.median(), v.polled.median(), v.peer.median());
     case.metric(&format!("{op}: raw socket ping-pong, median"), raw, "ns");
     case.metric(&format!("{op}: vfio-user trapped round trip, median"), vu, "ns");
     case.metric(&format!("{op}: vfio-user trapped round trip, p99"), v.vfio_user.quantile(0.99), "ns");
+    case.metric(&format!("{op}: same with {}-us busy-poll, median", POLL.as_micros()), polled, "ns");
+    case.metric(&format!("{op}: rust-vmm peer server, median"), peer, "ns");
+    case.metric(&format!("{op}: rust-vmm peer server, p99"), v.peer.quantile(0.99), "ns");
+    case.metric(&format!("{op}: busy-poll / rust-vmm peer"), polled / peer.max(1.0), "x");
     case.metric(&format!("{op}: samples per variant"), v.raw.len().min(v.vfio_user.len()) as f64, "");
     case.target(Target::new(&format!("{op} / raw ping-pong"), vu / raw.max(1.0), TARGET_RATIO, "x", Better::Lower));
+    case.target(Target::new(
+        &format!("{op} / rust-vmm peer"),
+        vu / peer.max(1.0),
+        TARGET_PEER_RATIO,
+        "x",
+        Better::Lower,
+    ));
+}
+
+/// PCI_COMMAND memory decoding on: BAR accesses are only decoded with it (pci_enable_device).
+fn enable(client: &Client) -> Result<(), String> {
+    let cmd = (pci::COMMAND_MEMORY | pci::COMMAND_MASTER).to_le_bytes();
+    client.region_write(region::CONFIG, pci::COMMAND, &cmd).map_err(|e| format!("enable: {e}"))
+}
+
+/// An hfi1 function of its own.
+fn hfi1_function() -> Result<Arc<device_model::pci::Function>, String> {
+    let engine: Arc<dyn Engine> = Arc::new(Hfi1::new(Hfi1Config::default()).map_err(|e| format!("hfi1 engine: {e}"))?);
+    device_model::pci::Function::try_new(engine, PciIds::hfi1_default()).map_err(|e| e.to_string())
 }
 
 pub fn round_trip(budget: Duration) -> Case {
-    Case::new("a", "trapped REGION_READ/REGION_WRITE round trip vs raw UNIX-socket ping-pong").run(|case| {
-        let engine: Arc<dyn Engine> =
-            Arc::new(Hfi1::new(Hfi1Config::default()).map_err(|e| format!("hfi1 engine: {e}"))?);
-        let served = Served::new(engine, PciIds::hfi1_default()).map_err(|e| e.to_string())?;
-        let client = Client::connect(served.path(), ClientConfig::default()).map_err(|e| format!("connect: {e}"))?;
-        // pci_enable_device: BAR accesses are only decoded with memory space on.
-        let cmd = (pci::COMMAND_MEMORY | pci::COMMAND_MASTER).to_le_bytes();
-        client.region_write(region::CONFIG, pci::COMMAND, &cmd).map_err(|e| format!("enable: {e}"))?;
+    Case::new("a", "trapped REGION_READ/REGION_WRITE round trip vs raw UNIX-socket ping-pong and rust-vmm's server")
+        .run(|case| {
+            let served = Served::function(hfi1_function()?).map_err(|e| e.to_string())?;
+            let polled_config = ServerConfig { busy_poll: POLL, ..Default::default() };
+            let polled_served = Served::with_config(hfi1_function()?, polled_config).map_err(|e| e.to_string())?;
+            let peer_served = PeerServed::new(hfi1_function()?).map_err(|e| e.to_string())?;
+            let connect = |path: &std::path::Path, what: &str| {
+                Client::connect(path, ClientConfig::default()).map_err(|e| format!("connect to {what}: {e}"))
+            };
+            let client = connect(served.path(), "our server")?;
+            let polled = connect(polled_served.path(), "our polling server")?;
+            let peer = connect(peer_served.path(), "the peer")?;
+            for c in [&client, &polled, &peer] {
+                enable(c)?;
+            }
+            let clients = Clients { ours: &client, polled: &polled, peer: &peer };
 
-        let read = measure(budget, SMALL, LARGE, &client, |c| {
-            let mut b = [0u8; DATA];
-            c.region_read(HFI1_BAR, regs::RCV_ARRAY_CNT, &mut b).map_err(|e| e.to_string())
-        })?;
-        let write = measure(budget, LARGE, SMALL, &client, |c| {
-            c.region_write(HFI1_BAR, regs::RCV_VL15, &3u64.to_le_bytes()).map_err(|e| e.to_string())
-        })?;
-        report(case, "REGION_READ 8 B", &read);
-        report(case, "REGION_WRITE 8 B", &write);
-        case.note(format!(
-            "messages: read {SMALL} B out / {LARGE} B back, write {LARGE} B / {SMALL} B; server on its own thread \
-             over a UNIX socket, device = hfi1 function; {ROUNDS} alternating rounds"
-        ));
-        drop(client);
-        Ok(())
-    })
+            let read = measure(budget, SMALL, LARGE, &clients, |c| {
+                let mut b = [0u8; DATA];
+                c.region_read(HFI1_BAR, regs::RCV_ARRAY_CNT, &mut b).map_err(|e| e.to_string())?;
+                match u64::from_le_bytes(b) {
+                    0 => Err("RCV_ARRAY_CNT read 0".into()),
+                    _ => Ok(()),
+                }
+            })?;
+            let write = measure(budget, LARGE, SMALL, &clients, |c| {
+                c.region_write(HFI1_BAR, regs::RCV_VL15, &3u64.to_le_bytes()).map_err(|e| e.to_string())
+            })?;
+            report(case, "REGION_READ 8 B", &read);
+            report(case, "REGION_WRITE 8 B", &write);
+            case.note(format!(
+                "messages: read {SMALL} B out / {LARGE} B back, write {LARGE} B / {SMALL} B; each server on its own \
+                 thread over a UNIX socket, device = an hfi1 function each; the peer is rust-vmm vfio_user 0.1.7's \
+                 Server over the same pci::Function, driven by the same client; {ROUNDS} alternating rounds"
+            ));
+            drop((client, polled, peer));
+            Ok(())
+        })
 }

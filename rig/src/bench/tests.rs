@@ -21,7 +21,7 @@ fn a_short_run_of_every_case_completes_and_reports_each_target() {
         assert!(c.metrics.iter().all(|m| m.value.is_finite() && m.value >= 0.0), "case {}: {:?}", c.id, c.metrics);
     }
     let targets: Vec<(&str, usize)> = report.cases.iter().map(|c| (c.id.as_str(), c.targets.len())).collect();
-    assert_eq!(targets, [("a", 2), ("b", 1), ("c", 1), ("d", 1), ("e", 1), ("spin", 0)]);
+    assert_eq!(targets, [("a", 4), ("b", 1), ("c", 1), ("d", 1), ("e", 1), ("spin", 0)]);
     let json = serde_json::to_value(&report).unwrap_or_default();
     assert_eq!(json["cases"][0]["targets"][0]["better"], "lower");
     assert_eq!(json["machine"]["nproc"], report.machine.nproc);
