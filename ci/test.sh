@@ -33,8 +33,8 @@ log "irdma integration tests again, over a real vfio-user socket"
 UDRIVER_IT_BACKEND=vfio-user cargo test -p rig --test irdma_inproc
 
 if [ "$E2E" = 1 ]; then
-    log "QEMU end-to-end (fd-mapped guest RAM, then DMA_READ/WRITE messages)"
-    bash ci/e2e.sh
+    log "QEMU end-to-end (fd-mapped guest RAM, then DMA_READ/WRITE messages, then the lifecycle scenarios)"
+    bash ci/e2e.sh --mode all
 fi
 
 if [ "$FUZZ" = 1 ] && [ -d fuzz ]; then

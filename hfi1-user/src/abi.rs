@@ -310,18 +310,13 @@ pub fn tid_flow_offset(flow: u32) -> u64 {
     (UR_RCVTIDFLOWTABLE + u64::from(flow)) * 8
 }
 
-pub const HFI1_KDETH_BTH_SEQ_SHIFT: u32 = 11;
-pub const HFI1_KDETH_BTH_SEQ_MASK: u64 = (1 << HFI1_KDETH_BTH_SEQ_SHIFT) - 1;
-/// tid_rdma.c GENERATION_MASK: the generation is 20 bits above the 11-bit sequence.
-pub const GENERATION_MASK: u32 = 0xFFFFF;
-/// tid_rdma.c KERN_GENERATION_RESERVED = mask_generation(U32_MAX): the kernel's "no generation".
-pub const KERN_GENERATION_RESERVED: u32 = GENERATION_MASK;
-pub const RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK: u64 = 1 << 32;
-pub const RCV_TID_FLOW_TABLE_CTRL_HDR_SUPP_EN_SMASK: u64 = 1 << 33;
-pub const RCV_TID_FLOW_TABLE_CTRL_KEEP_AFTER_SEQ_ERR_SMASK: u64 = 1 << 34;
-pub const RCV_TID_FLOW_TABLE_CTRL_KEEP_ON_GEN_ERR_SMASK: u64 = 1 << 35;
-pub const RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK: u64 = 1 << 37;
-pub const RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK: u64 = 1 << 38;
+// The flow entry's fields are the driver side's: udriver defines them (regs.rs), as the kernel's headers do.
+pub use udriver::hfi1::regs::{
+    GENERATION_MASK, HFI1_KDETH_BTH_SEQ_MASK, HFI1_KDETH_BTH_SEQ_SHIFT, KERN_GENERATION_RESERVED,
+    RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK, RCV_TID_FLOW_TABLE_CTRL_HDR_SUPP_EN_SMASK,
+    RCV_TID_FLOW_TABLE_CTRL_KEEP_AFTER_SEQ_ERR_SMASK, RCV_TID_FLOW_TABLE_CTRL_KEEP_ON_GEN_ERR_SMASK,
+    RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK, RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK,
+};
 const FLOW_STATUS_W1C: u64 =
     RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK | RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK;
 
@@ -344,7 +339,7 @@ pub struct FlowEntry {
 impl FlowEntry {
     pub fn decode(raw: u64) -> Self {
         Self {
-            sequence: (raw & HFI1_KDETH_BTH_SEQ_MASK) as u32,
+            sequence: (raw & u64::from(HFI1_KDETH_BTH_SEQ_MASK)) as u32,
             generation: ((raw >> HFI1_KDETH_BTH_SEQ_SHIFT) & u64::from(GENERATION_MASK)) as u32,
             flow_valid: raw & RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK != 0,
             hdr_supp_en: raw & RCV_TID_FLOW_TABLE_CTRL_HDR_SUPP_EN_SMASK != 0,

@@ -24,7 +24,7 @@ pub struct RoundInjection {
 }
 
 fn next_sequence(seq: u32) -> u32 {
-    (seq + 1) & HFI1_KDETH_BTH_SEQ_MASK as u32
+    (seq + 1) & HFI1_KDETH_BTH_SEQ_MASK
 }
 
 /// The counter each dropped result raises.
