@@ -6,12 +6,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod guest;
 pub mod loopback;
 pub mod qhash;
 pub mod report;
 pub mod stats;
 
-pub use report::{cpu_model, utc_string, BenchReport, Better, Case, Machine, Metric, Target};
+pub use report::{cpu_model, utc_string, BenchReport, Better, Case, Curve, Machine, Metric, Target};
 pub use stats::{sample, sample_prepared, Samples};
 
 #[cfg(test)]
