@@ -8,14 +8,16 @@
 mod hfi1;
 mod irdma;
 mod placement;
+mod scale;
 mod socket;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use udriver::bench::{utc_string, BenchReport, Better, Case, Machine, Metric, Samples, Target};
 
-/// Every case `run` knows, in report order: (a)-(e) of issue 7 and the hfi1 worker spin measurement.
-pub const CASES: [&str; 6] = ["a", "b", "c", "d", "e", "spin"];
+/// Every case `run` knows, in report order: (a)-(e) of issue 7, the hfi1 worker spin measurement, and the
+/// scale curves of issue 17.
+pub const CASES: [&str; 7] = ["a", "b", "c", "d", "e", "spin", "scale"];
 
 /// What to run and for how long.
 #[derive(Debug, Clone)]
@@ -61,6 +63,9 @@ pub fn run(opts: &BenchOptions) -> BenchReport {
     }
     if opts.wants("spin") {
         cases.push(placement::worker_spin(budget));
+    }
+    if opts.wants("scale") {
+        cases.push(scale::scale(budget));
     }
     BenchReport {
         tool: "rig",

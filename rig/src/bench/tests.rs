@@ -19,9 +19,13 @@ fn a_short_run_of_every_case_completes_and_reports_each_target() {
         assert_eq!(c.error, None, "case {}", c.id);
         assert!(!c.metrics.is_empty(), "case {}", c.id);
         assert!(c.metrics.iter().all(|m| m.value.is_finite() && m.value >= 0.0), "case {}: {:?}", c.id, c.metrics);
+        let points = c.curves.iter().flat_map(|cv| cv.points.iter());
+        assert!(points.clone().all(|[x, y]| x.is_finite() && y.is_finite() && *y >= 0.0), "case {}", c.id);
     }
+    let scale = report.cases.iter().find(|c| c.id == "scale").map(|c| c.curves.len());
+    assert_eq!(scale, Some(8), "qhash x3, contexts x2, clients, DMA x2");
     let targets: Vec<(&str, usize)> = report.cases.iter().map(|c| (c.id.as_str(), c.targets.len())).collect();
-    assert_eq!(targets, [("a", 4), ("b", 1), ("c", 1), ("d", 1), ("e", 1), ("spin", 0)]);
+    assert_eq!(targets, [("a", 4), ("b", 1), ("c", 1), ("d", 1), ("e", 1), ("spin", 0), ("scale", 0)]);
     let json = serde_json::to_value(&report).unwrap_or_default();
     assert_eq!(json["cases"][0]["targets"][0]["better"], "lower");
     assert_eq!(json["machine"]["nproc"], report.machine.nproc);

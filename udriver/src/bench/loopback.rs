@@ -32,28 +32,41 @@ const TIDCTRL_EVEN: u32 = 1;
 const TIDCTRL_ODD: u32 = 2;
 const WAIT: Duration = Duration::from_secs(5);
 
-/// The driver's side of an hfi1 function for the benchmarks: probed, one receive context owning the whole
-/// RcvArray, a DMA pool.
+/// The driver's side of an hfi1 function for the benchmarks: probed, receive contexts sharing the whole
+/// RcvArray (no eager split), a DMA pool.
 pub struct Hfi1Driver {
+    /// The first context (the only one of [`Hfi1Driver::probe`]).
     pub rcd: Arc<Hfi1Ctxtdata>,
+    /// Every context, in order.
+    pub rcds: Vec<Arc<Hfi1Ctxtdata>>,
     pub dd: Arc<Hfi1Devdata>,
     pub pool: Arc<DmaPool>,
     pub dev: Arc<dyn DeviceAccess>,
 }
 
 impl Hfi1Driver {
+    /// One receive context owning the whole RcvArray.
     pub fn probe(dev: Arc<dyn DeviceAccess>) -> Result<Self, String> {
+        Self::probe_contexts(dev, 1)
+    }
+
+    /// `contexts` receive contexts, each with its share of the RcvArray.
+    pub fn probe_contexts(dev: Arc<dyn DeviceAccess>, contexts: u32) -> Result<Self, String> {
         dev.pci_enable_device().map_err(|e| format!("pci_enable_device: {e}"))?;
-        let params = Hfi1Params { num_rcv_contexts: 1, rcvarr_split: 0, ..Default::default() };
+        let params = Hfi1Params { num_rcv_contexts: contexts, rcvarr_split: 0, ..Default::default() };
         let dd = Hfi1Devdata::probe(dev.clone(), params).map_err(|e| format!("probe: {e}"))?;
-        let rcd = Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 0).map_err(|e| format!("context: {e}"))?;
+        let rcds = (0..contexts.max(1))
+            .map(|c| Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, c).map_err(|e| format!("context {c}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rcd = rcds.first().cloned().ok_or("no receive context")?;
         let pool = Arc::new(DmaPool::new(dev.clone(), false));
-        Ok(Self { rcd, dd, pool, dev })
+        Ok(Self { rcd, rcds, dd, pool, dev })
     }
 }
 
-/// A receive context enabled, `entries` RcvArray entries over `dst`, and a descriptor chain in `chain` that
-/// places `dst.len()` bytes with `packet`-byte packets; MSI-X vector 0 signals each finished doorbell.
+/// Every receive context of the driver enabled, `entries` RcvArray entries over `dst` (split evenly over the
+/// contexts, in order), and a descriptor chain in `chain` that places `dst.len()` bytes with `packet`-byte
+/// packets; MSI-X vector 0 signals each finished doorbell.
 pub struct Loopback<'a> {
     drv: &'a Hfi1Driver,
     dst: DmaBuffer,
@@ -77,24 +90,34 @@ fn reg(rel: u64) -> u64 {
 }
 
 impl<'a> Loopback<'a> {
-    /// Sets up the context, the entries and the chain. Only once per driver: the context is enabled and its
-    /// header queue given here.
+    /// Sets up the contexts, the entries and the chain. Only once per driver: the contexts are enabled and
+    /// their header queues given here.
     pub fn new(drv: &'a Hfi1Driver, entry_size: usize, entries: usize, packet: usize) -> Result<Self, String> {
-        if entries > drv.rcd.expected_count as usize {
-            return Err(format!("{entries} RcvArray entries wanted, the context has {}", drv.rcd.expected_count));
+        let contexts = drv.rcds.len().max(1);
+        let per_ctxt = entries.div_ceil(contexts);
+        if let Some(small) = drv.rcds.iter().find(|r| per_ctxt > r.expected_count as usize) {
+            return Err(format!(
+                "{per_ctxt} RcvArray entries wanted per context, context {} has {}",
+                small.ctxt, small.expected_count
+            ));
         }
         if packet == 0 || entry_size % packet != 0 {
             return Err(format!("{packet}-byte packets do not divide {entry_size}-byte entries"));
         }
-        let hdrq = drv.pool.alloc_contiguous(PAGE_SIZE as usize).map_err(|e| e.to_string())?;
-        drv.rcd.set_rcvhdrq(Arc::new(hdrq), None);
-        hfi1_rcvctrl(&drv.dd, HFI1_RCVCTRL_CTXT_ENB, &drv.rcd).map_err(|e| format!("rcvctrl: {e}"))?;
+        for rcd in &drv.rcds {
+            let hdrq = drv.pool.alloc_contiguous(PAGE_SIZE as usize).map_err(|e| e.to_string())?;
+            rcd.set_rcvhdrq(Arc::new(hdrq), None);
+            hfi1_rcvctrl(&drv.dd, HFI1_RCVCTRL_CTXT_ENB, rcd).map_err(|e| format!("rcvctrl: {e}"))?;
+        }
         drv.dev.enable_msix(1).map_err(|e| format!("MSI-X: {e}"))?;
         let dst = drv.pool.alloc_contiguous(entry_size * entries).map_err(|e| e.to_string())?;
         let order = trdma_pset_order((entry_size / PAGE_SIZE as usize) as u32);
+        // Entry e of the buffer: context e / per_ctxt, its entry e % per_ctxt.
+        let place = |e: usize| (&drv.rcds[e / per_ctxt], e % per_ctxt);
         for e in 0..entries {
             let pa = dst.iova(e * entry_size).ok_or("entry outside the buffer")?;
-            hfi1_put_tid(&drv.dd, drv.rcd.expected_base + e as u32, PtType::PT_EXPECTED, pa, order)
+            let (rcd, rel) = place(e);
+            hfi1_put_tid(&drv.dd, rcd.expected_base + rel as u32, PtType::PT_EXPECTED, pa, order)
                 .map_err(|e| e.to_string())?;
         }
         let packets = entry_size * entries / packet;
@@ -103,14 +126,14 @@ impl<'a> Loopback<'a> {
         }
         let stride = LB_DESC_HDR_LEN + packet;
         let chain = drv.pool.alloc_contiguous(packets * stride).map_err(|e| e.to_string())?;
-        let ctxt = drv.rcd.ctxt;
         for k in 0..packets {
             let at = k * stride;
             let next = if k + 1 < packets { chain.iova(at + stride).ok_or("chain overflow")? } else { 0 };
             let (entry, offset) = (k * packet / entry_size, k * packet % entry_size);
+            let (rcd, rel) = place(entry);
             let d = LbDescHeader {
-                kdeth0: kdeth0(entry, offset),
-                dest_qp: ctxt,
+                kdeth0: kdeth0(rel, offset),
+                dest_qp: rcd.ctxt,
                 psn: k as u32,
                 payload_len: packet as u32,
                 next,

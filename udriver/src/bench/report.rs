@@ -44,6 +44,28 @@ impl Target {
     }
 }
 
+/// How one cost grows with the work: (x, y) points, x ascending (issue 17's scale curves).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Curve {
+    pub name: String,
+    /// What x counts ("entries in the table", "concurrent clients", ...).
+    pub x: String,
+    pub unit: &'static str,
+    pub points: Vec<[f64; 2]>,
+}
+
+impl Curve {
+    /// (x at the last point / x at the first, y at the last / y at the first): how much the work grew and
+    /// how much the cost grew with it.
+    pub fn growth(&self) -> Option<(f64, f64)> {
+        let (first, last) = (self.points.first()?, self.points.last()?);
+        if first[0] <= 0.0 || first[1] <= 0.0 {
+            return None;
+        }
+        Some((last[0] / first[0], last[1] / first[1]))
+    }
+}
+
 /// One case of the benchmark: its metrics, its targets, and notes on how it was measured.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Case {
@@ -52,6 +74,8 @@ pub struct Case {
     pub metrics: Vec<Metric>,
     pub targets: Vec<Target>,
     pub notes: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub curves: Vec<Curve>,
     /// Set when the case could not run; its metrics are then incomplete.
     pub error: Option<String>,
 }
@@ -64,6 +88,7 @@ impl Case {
             metrics: Vec::new(),
             targets: Vec::new(),
             notes: Vec::new(),
+            curves: Vec::new(),
             error: None,
         }
     }
@@ -74,6 +99,10 @@ impl Case {
 
     pub fn target(&mut self, t: Target) {
         self.targets.push(t);
+    }
+
+    pub fn curve(&mut self, name: &str, x: &str, unit: &'static str, points: Vec<[f64; 2]>) {
+        self.curves.push(Curve { name: name.to_string(), x: x.to_string(), unit, points });
     }
 
     pub fn note(&mut self, n: impl Into<String>) {
@@ -163,6 +192,11 @@ impl BenchReport {
                     t.unit,
                     fmt_value(t.bound)
                 ));
+            }
+            for cv in &c.curves {
+                let pts: Vec<String> =
+                    cv.points.iter().map(|[x, y]| format!("{}: {}", fmt_value(*x), fmt_value(*y))).collect();
+                out.push_str(&format!("    curve {} ({} by {}): {}\n", cv.name, cv.unit, cv.x, pts.join(", ")));
             }
             for n in &c.notes {
                 out.push_str(&format!("    note: {n}\n"));
