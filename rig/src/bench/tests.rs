@@ -23,7 +23,7 @@ fn a_short_run_of_every_case_completes_and_reports_each_target() {
         assert!(points.clone().all(|[x, y]| x.is_finite() && y.is_finite() && *y >= 0.0), "case {}", c.id);
     }
     let scale = report.cases.iter().find(|c| c.id == "scale").map(|c| c.curves.len());
-    assert_eq!(scale, Some(8), "qhash x3, contexts x2, clients, DMA x2");
+    assert_eq!(scale, Some(9), "qhash x3, contexts x2, clients, DMA x3");
     let targets: Vec<(&str, usize)> = report.cases.iter().map(|c| (c.id.as_str(), c.targets.len())).collect();
     assert_eq!(targets, [("a", 4), ("b", 1), ("c", 1), ("d", 1), ("e", 1), ("spin", 0), ("scale", 0)]);
     let json = serde_json::to_value(&report).unwrap_or_default();
