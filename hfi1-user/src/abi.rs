@@ -375,7 +375,8 @@ pub const KDETH_TID_MASK: u32 = 0x3ff;
 pub const KDETH_OM_SMALL_SHIFT: u32 = 2;
 pub const KDETH_OM_LARGE_SHIFT: u32 = 6;
 /// KDETH_OM_MAX_SIZE = 1 << ((KDETH_OM_LARGE / KDETH_OM_SMALL) + 1) = 128 KiB: user_sdma.c uses 64-byte
-/// offset units for every packet into an entry of at least this size, 4-byte units otherwise.
+/// offset units for every packet into an entry of at least this size, 4-byte units otherwise. This is the
+/// user SDMA path's rule only; the kernel's TID RDMA (tid_rdma.c, udriver's loopback) always uses 64-byte units.
 pub const KDETH_OM_MAX_SIZE: u64 = 1 << ((64 / 4) + 1);
 /// The largest OPA MTU (10240 bytes): the most payload one packet carries.
 pub const OPA_MAX_MTU: u32 = 10240;

@@ -24,7 +24,7 @@ fn the_demo_moves_every_byte_of_both_requests_and_rejects_the_wrong_generation_a
             let rep = hfi1_demo(d.dev.clone(), &opts);
             assert!(rep.ok, "{backend:?} pmtu {pmtu}:\n{}", rep.render());
             let names: Vec<&str> = rep.steps.iter().map(|s| s.name.as_str()).collect();
-            assert_eq!(names.len(), 9, "{names:?}");
+            assert_eq!(names.len(), 10, "{names:?}");
             // The flows the demo reports are the ones the device holds.
             for f in detail(&rep, "reserve flows")["flows"].as_array().unwrap() {
                 assert_eq!(f["generation"], f["device_generation"]);
@@ -51,12 +51,14 @@ fn the_demo_moves_every_byte_of_both_requests_and_rejects_the_wrong_generation_a
                 assert_eq!((m["result"].clone(), m["bytes_placed"].clone()), (json!(result), json!(0)), "{step}");
                 assert_eq!((m["status_bit_set"].clone(), m["flow_still_valid"].clone()), (json!(true), json!(true)));
             }
+            check_sync_step(detail(&rep, "a request crossing the flow PSN space"), pmtu);
             let fin = detail(&rep, "clear and free");
             assert_eq!(fin["valid_rcv_entries_on_device"], json!(0));
             assert_eq!((fin["used_groups"].clone(), fin["flow_mask"].clone()), (json!(0), json!(0)));
             // The device agrees: nothing programmed, the rejected packet counted.
             assert!(d.rcv_entries().is_empty());
-            assert_eq!(d.dump()["counters"]["rx_gen_mismatch"], json!(1));
+            // The demo's wrong-generation packet and the two old-generation ones after the SYNC point.
+            assert_eq!(d.dump()["counters"]["rx_gen_mismatch"], json!(3));
             assert_eq!(d.dump()["counters"]["rx_seq_mismatch"], json!(1));
         }
     }

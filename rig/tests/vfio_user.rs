@@ -1,6 +1,8 @@
 //! The driver over a real vfio-user socket: the device model's server on its own thread, udriver's
 //! vfio-user backend on the other side, with the RcvArray mapped (sparse mmap) or every access trapped.
 
+mod hfi1_common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +49,11 @@ fn hfi1_demo_places_and_verifies_data_over_vfio_user_mapped_and_trapped() {
             .map(|s| s.detail["bytes_verified"].as_u64().unwrap())
             .sum();
         assert_eq!(verified, 2 * 3 * 256 * 1024, "three 256 KiB segments each over two buffers");
+        // The SYNC path over the socket: a 32-segment READ crosses the flow PSN space, the flow comes back
+        // with the next generation, and old-generation packets are refused.
+        let sync = rep.steps.iter().find(|s| s.name.starts_with("a request crossing the flow PSN space")).unwrap();
+        assert!(sync.ok, "{}", rep.render());
+        hfi1_common::check_sync_step(&sync.detail, 4096);
     }
 }
 

@@ -204,6 +204,30 @@ mod tests {
         }
     }
 
+    /// The SYNC point of tid_rdma.c as the flow table sees it: kern_clear_hw_flow parks the entry on the
+    /// reserved generation (G3 cleared value), kern_setup_hw_flow arms it with the next generation at
+    /// sequence 0. From the clear on, a packet of the old generation is a generation mismatch, whatever
+    /// its sequence: the one after the last accepted, or 0; the new generation's sequence 0 is accepted.
+    #[test]
+    fn after_the_generation_changes_packets_of_the_old_one_are_refused() {
+        let mut t = table_with(G3_VALUE);
+        for seq in 0..3 {
+            assert_eq!(t.check(2, 3, 0x12345, seq), FlowCheck::Match);
+            t.accept(2, 3);
+        }
+        assert!(t.write(2, 3, G3_CLEARED));
+        assert_eq!(t.check(2, 3, 0x12345, 3), FlowCheck::GenMismatch, "parked on the reserved generation");
+        // kern_set_hw_flow(0x12346): (0x12346 << 11) | 0x6F00000000, status bits written 1 (cleared).
+        assert!(t.write(2, 3, 0x0000_006F_091A_3000));
+        for seq in [3, 0, 2047] {
+            assert_eq!(t.check(2, 3, 0x12345, seq), FlowCheck::GenMismatch, "old generation, sequence {seq}");
+        }
+        let e = FlowEntry::decode(t.read(2, 3).unwrap());
+        assert!(e.gen_mismatch && e.flow_valid && !e.seq_mismatch, "KEEP_ON_GEN_ERR keeps the flow");
+        assert_eq!((e.generation, e.sequence), (0x12346, 0), "an error never advances the sequence");
+        assert_eq!(t.check(2, 3, 0x12346, 0), FlowCheck::Match);
+    }
+
     #[test]
     fn invalid_flow_sets_no_status_and_out_of_range_is_refused() {
         let mut t = table_with(G3_VALUE & !RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK);

@@ -217,6 +217,7 @@ impl<'a> Arbitrary<'a> for Case {
         let create = match u.int_in_range(0..=39u8)? {
             0 => CreateResponse::Error { errcodes: u.arbitrary()? },
             1 => CreateResponse::Never,
+            2 => CreateResponse::Status { value: u.int_in_range(1..=u32::MAX)? },
             _ => CreateResponse::Done,
         };
         let ccq_create_error = if u.ratio(1, 30)? { Some((u.arbitrary()?, u.arbitrary()?)) } else { None };

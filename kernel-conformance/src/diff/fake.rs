@@ -117,6 +117,9 @@ pub enum CreateResponse {
     Error { errcodes: u32 },
     /// Stays 0: the driver times out.
     Never,
+    /// Any other non-zero value, DONE or ERR set or not (a device's garbage): ctrl.c irdma_sc_cqp_create
+    /// stops polling at any non-zero value and judges only CCQP_ERR.
+    Status { value: u32 },
 }
 
 #[derive(Default)]
@@ -175,6 +178,7 @@ impl FakeIrdma {
                     r.cqperrcodes = errcodes;
                 }
                 CreateResponse::Never => {}
+                CreateResponse::Status { value } => r.ccqpstatus = value,
             },
             CCQPLOW => r.ccqpstatus = 0,
             _ => {}

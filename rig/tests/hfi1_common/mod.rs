@@ -251,3 +251,27 @@ pub fn bytes(buf: &DmaBuffer, off: usize, len: usize) -> Vec<u8> {
     buf.read(off, &mut v).expect("read");
     v
 }
+
+/// The SYNC step against tid_rdma.c:1839 (a segment of npkts packets fits while psn + npkts <= 2047): 256 KiB
+/// segments are 64 packets at pmtu 4096 and 32 at 8192, so segment 31 (resp. 63) is the SYNC point; the
+/// flow is parked on the reserved generation (kern_clear_hw_flow) and comes back with the next one
+/// (kern_flow_generation_next), sequence 0; both old-generation packets are refused with nothing placed.
+pub fn check_sync_step(s: &Value, pmtu: u32) {
+    let (segments, npkts) = if pmtu == 4096 { (32, 64) } else { (64, 32) };
+    assert_eq!((s["segments"].clone(), s["packets_per_segment"].clone()), (json!(segments), json!(npkts)), "{s}");
+    assert_eq!((s["sync_segment"].clone(), s["packets"].clone()), (json!(segments - 1), json!(segments * npkts)));
+    assert_eq!(s["bytes_verified"], json!(segments as usize * 256 * 1024));
+    assert_eq!(s["waited_for_pending_segment"], json!(true));
+    assert_eq!(s["old"]["last_spsn"], json!((segments - 2) * npkts), "the last segment of the old generation");
+    let gen = |v: &Value| u32::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+    let (old, new) = (gen(&s["old"]["generation"]), gen(&s["new"]["generation"]));
+    let next = if (old + 1) & 0xFFFFF == 0xFFFFF { 0 } else { (old + 1) & 0xFFFFF };
+    assert_eq!(new, next);
+    assert_eq!(s["new"]["spsn"], json!(0));
+    let dg = &s["device_generation"];
+    assert_eq!((gen(&dg["before_sync"]), gen(&dg["cleared"]), gen(&dg["after_sync"])), (old, 0xFFFFF, new));
+    let stale = &s["old_generation_packets"];
+    assert_eq!((stale["refused"].clone(), stale["bytes_placed"].clone()), (json!(2), json!(0)));
+    assert_eq!(stale["sequences"], json!([0, (segments - 1) * npkts]));
+    assert_eq!((stale["result"].clone(), stale["flow_still_valid"].clone()), (json!("GenMismatch"), json!(true)));
+}

@@ -80,11 +80,9 @@ fn kern_get_phys_blocks(
         }
         return Ok(());
     }
+    // An exhausted SGE state gives no pages, no page sets and, further on, a flow of no TIDs and no
+    // packets, as in the kernel.
     kern_find_pages(flow, isge, seg_len, ss, last);
-    if flow.pages.is_empty() {
-        // Nothing left in the SGE state: there is no segment to receive.
-        return Err(-libc::EINVAL);
-    }
     let n = if pmtu == OPA_MTU_4096 {
         tid_rdma_find_phys_blocks_4k(&flow.pages, &mut flow.pagesets)
     } else {
@@ -96,8 +94,10 @@ fn kern_get_phys_blocks(
 
 /// `hfi1_kern_exp_rcv_setup(req, ss, last)`: sets up the receive side of the next segment of `req`
 /// (§1.9). The caller holds `qp`'s `s_lock` and has reserved the hardware flow with
-/// `hfi1_kern_setup_hw_flow`. -EINVAL: ring full, too many flows in flight, or `ss` exhausted; -ENOMEM:
-/// page sets could not be mapped; -EAGAIN: no RcvArray space now, the QP is queued and woken later.
+/// `hfi1_kern_setup_hw_flow`. -EINVAL: ring full or too many flows in flight; -ENOMEM: the page sets could
+/// not be had (the QP waits for memory); -EAGAIN: no RcvArray space now, the QP is queued and woken later.
+/// An exhausted `ss` sets up an empty flow (npkts 0), as the kernel does. A failed RcvArray write undoes
+/// the programming, leaves the queue as a success would and returns its errno (docs/udriver-hfi1.md).
 pub fn hfi1_kern_exp_rcv_setup(
     req: &mut TidRdmaRequest,
     ss: &mut RvtSgeState,
@@ -117,13 +117,9 @@ pub fn hfi1_kern_exp_rcv_setup(
         return Err(-libc::EINVAL);
     };
     // 2. Pages and page sets.
-    match kern_get_phys_blocks(flow, &mut req.isge, req.seg_len, qp.pmtu, ss, last) {
-        Ok(()) => {}
-        Err(e) if e == -libc::ENOMEM => {
-            hfi1_wait_kmem(qp);
-            return Err(e);
-        }
-        Err(e) => return Err(e),
+    if kern_get_phys_blocks(flow, &mut req.isge, req.seg_len, qp.pmtu, ss, last).is_err() {
+        hfi1_wait_kmem(qp);
+        return Err(-libc::ENOMEM);
     }
     // 3. TIDs, in FIFO order behind earlier waiters.
     let rcd = req.rcd.clone();
@@ -132,9 +128,14 @@ pub fn hfi1_kern_exp_rcv_setup(
         queue_qp_for_tid_wait(&mut exp, QueueId::Rarr, qp);
         return Err(-libc::EAGAIN);
     }
-    // 4. RcvArray, tidarray and npkts. A device error undoes the programming.
+    // 4. RcvArray, tidarray and npkts. A device error undoes the programming; the QP still leaves the
+    // queue and passes the turn on, so a failing QP cannot hold up the waiters behind it.
     if let Err(e) = kern_program_rcvarray(flow, &mut exp, qp.pmtu) {
         let _ = kern_unprogram_rcvarray(flow, &mut exp);
+        dequeue_tid_waiter(&mut exp, QueueId::Rarr, qp);
+        let fqp = first_qp(&mut exp, QueueId::Rarr);
+        drop(exp);
+        tid_rdma_schedule_tid_wakeup(fqp);
         return Err(e.to_errno());
     }
     // 5. Flow PSNs from the QP's hardware flow.

@@ -60,28 +60,30 @@ pub fn kern_clear_hw_flow(rcd: &mut ExpLocked<'_>, flow_idx: u32) -> Result<(), 
     kern_set_hw_flow(rcd.rcd, KERN_GENERATION_RESERVED, flow_idx)
 }
 
-fn random_generation() -> u32 {
+fn random_u32() -> u32 {
     let mut h = RandomState::new().build_hasher();
     h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
-    (h.finish() as u32) & GENERATION_MASK
+    h.finish() as u32
+}
+
+/// `mask_generation(get_random_u32())`: any 20-bit value, the reserved one included, as the kernel takes it.
+pub fn mask_generation(a: u32) -> u32 {
+    a & GENERATION_MASK
 }
 
 /// `hfi1_kern_init_ctxt_generations(rcd)`: random software generations, every hardware entry reserved.
 pub fn hfi1_kern_init_ctxt_generations(rcd: &Hfi1Ctxtdata) -> Result<(), AccessError> {
     let mut exp = rcd.lock_exp();
     for i in 0..RXE_NUM_TID_FLOWS {
-        let mut g = random_generation();
-        if g == KERN_GENERATION_RESERVED {
-            g = kern_flow_generation_next(g);
-        }
-        exp.flows[i as usize].generation = g;
+        exp.flows[i as usize].generation = mask_generation(random_u32());
         kern_set_hw_flow(rcd, KERN_GENERATION_RESERVED, i)?;
     }
     Ok(())
 }
 
 /// `hfi1_kern_setup_hw_flow(rcd, qp)`: gives `qp` a hardware flow. -EAGAIN queues the QP on `flow_queue`;
-/// it is woken when a flow frees. -EINVAL if `rcd` is not the QP's context. A failed flow-table write releases the flow and returns its errno.
+/// it is woken when a flow frees. -EINVAL if `rcd` is not the QP's context. A failed flow-table write
+/// releases the flow, takes the QP off the queue, wakes the next waiter and returns its errno.
 pub fn hfi1_kern_setup_hw_flow(rcd: &Hfi1Ctxtdata, qp: &mut QpLocked<'_>) -> Result<(), i32> {
     if !std::ptr::eq(rcd, &*qp.qp.rcd) {
         return Err(-libc::EINVAL);
@@ -108,7 +110,13 @@ pub fn hfi1_kern_setup_hw_flow(rcd: &Hfi1Ctxtdata, qp: &mut QpLocked<'_>) -> Res
     let generation = match kern_setup_hw_flow(&mut exp, index) {
         Ok(g) => g,
         Err(e) => {
+            // The flow goes back, and the QP leaves the queue as a success would, so it cannot hold up the
+            // waiters behind it.
             exp.flow_mask &= !(1 << index);
+            dequeue_tid_waiter(&mut exp, QueueId::Flow, qp);
+            let fqp = first_qp(&mut exp, QueueId::Flow);
+            drop(exp);
+            tid_rdma_schedule_tid_wakeup(fqp);
             return Err(e.to_errno());
         }
     };
@@ -151,6 +159,15 @@ pub fn hfi1_kern_clear_hw_flow(rcd: &Hfi1Ctxtdata, qp: &mut QpLocked<'_>) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// tid_rdma.c:848-856: `mask_generation(get_random_u32())` keeps a random 0xFFFFF (the reserved
+    /// generation) as it is; only kern_flow_generation_next steps over it.
+    #[test]
+    fn an_initial_generation_is_the_random_value_masked_reserved_value_included() {
+        for (random, gen) in [(u32::MAX, 0xFFFFF), (0x1234_5678, 0x45678), (0xFFF0_0000, 0)] {
+            assert_eq!(mask_generation(random), gen, "{random:#x}");
+        }
+    }
 
     #[test]
     fn generation_advances_and_wraps_past_the_reserved_value() {

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::regs::*;
+use super::sge::RvtSgeState;
 use crate::access::DeviceAccess;
 use crate::dma::DmaBuffer;
 
@@ -64,6 +65,10 @@ pub struct Hfi1Params {
     pub vl15_mtu: u32,
     /// `ibp->sl_to_sc`.
     pub sl_to_sc: [u8; 32],
+    /// The port's LID and LMC (`ppd->lid`, `ppd->lmc`): a QP whose remote LID is the port's own never uses
+    /// TID RDMA. The emulated port has no subnet manager, so the driver is told them.
+    pub lid: u32,
+    pub lmc: u8,
 }
 
 impl Default for Hfi1Params {
@@ -78,6 +83,8 @@ impl Default for Hfi1Params {
             piothreshold: 256,
             vl15_mtu: 2048,
             sl_to_sc: std::array::from_fn(|sl| sl as u8 & 0x7),
+            lid: HFI1_DEFAULT_PORT_LID,
+            lmc: 0,
         }
     }
 }
@@ -255,6 +262,18 @@ pub const HFI1_S_WAIT_TID_RESP: u32 = 0x0800_0000;
 pub const HFI1_S_WAIT_HALT: u32 = 0x0400_0000;
 pub const HFI1_S_MIN_BIT_MASK: u32 = 0x0100_0000;
 
+/// The port LID `Hfi1Params` defaults to (a QP's remote LID defaults to 0, another node).
+pub const HFI1_DEFAULT_PORT_LID: u32 = 1;
+/// `priv->hdr_type` values (hfi.h).
+pub const HFI1_PKT_TYPE_9B: u8 = 0;
+pub const HFI1_PKT_TYPE_16B: u8 = 1;
+/// `qpriv->s_flags`: the flow fell back to software PSN checking (tid_rdma.h).
+pub const HFI1_R_TID_SW_PSN: u32 = 1 << 19;
+/// rdmavt s_flags: waiting for READ/atomic responses before sending more.
+pub const RVT_S_WAIT_RDMAR: u32 = 0x0000_0040;
+/// `HFI1_MAX_RDMA_ATOMIC` (verbs.h): the default `s_max_rd_atomic`.
+pub const HFI1_MAX_RDMA_ATOMIC: u32 = 16;
+
 /// `enum ib_qp_type`, the ones `hfi1_setup_wqe` distinguishes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IbQpType {
@@ -300,6 +319,8 @@ pub struct TidRdmaParams {
 #[derive(Debug, Clone)]
 pub struct QpSendState {
     pub s_flags: u32,
+    /// `qpriv->s_flags` (HFI1_R_TID_SW_PSN).
+    pub priv_s_flags: u32,
     pub qp_type: IbQpType,
     pub pmtu: u32,
     pub log_pmtu: u32,
@@ -313,13 +334,30 @@ pub struct QpSendState {
     pub s_ssn: u32,
     pub s_next_psn: u32,
     pub tid_r_reqs: u32,
+    /// TID RDMA READ requests completed (`qpriv->tid_r_comp`).
+    pub tid_r_comp: u32,
     pub n_requests: u32,
+    /// The SGE state of the request being sent (`qp->s_sge`).
+    pub s_sge: RvtSgeState,
+    /// PSN of the next packet to send (`qp->s_psn`).
+    pub s_psn: u32,
+    /// READ/atomic requests outstanding, and their limit.
+    pub s_num_rd_atomic: u32,
+    pub s_max_rd_atomic: u32,
+    /// TID RDMA READ segments requested whose last response packet has not arrived.
+    pub pending_tid_r_segs: u32,
+    /// `qp->remote_qpn` and the remote LID (`rdma_ah_get_dlid(&qp->remote_ah_attr)`).
+    pub remote_qpn: u32,
+    pub remote_dlid: u32,
+    /// `priv->hdr_type`: HFI1_PKT_TYPE_9B or _16B.
+    pub hdr_type: u8,
 }
 
 impl QpSendState {
     pub fn new(qp_type: IbQpType, pmtu: u32) -> Self {
         Self {
             s_flags: 0,
+            priv_s_flags: 0,
             qp_type,
             pmtu,
             log_pmtu: pmtu.max(1).ilog2(),
@@ -331,7 +369,16 @@ impl QpSendState {
             s_ssn: 1,
             s_next_psn: 0,
             tid_r_reqs: 0,
+            tid_r_comp: 0,
             n_requests: 0,
+            s_sge: RvtSgeState::default(),
+            s_psn: 0,
+            s_num_rd_atomic: 0,
+            s_max_rd_atomic: HFI1_MAX_RDMA_ATOMIC,
+            pending_tid_r_segs: 0,
+            remote_qpn: 0,
+            remote_dlid: 0,
+            hdr_type: HFI1_PKT_TYPE_9B,
         }
     }
 }

@@ -11,8 +11,9 @@ use std::time::Duration;
 use thiserror::Error;
 use vfio_user_proto::sync::Unpoison;
 
-use super::exp_rcv::TidRdmaFlow;
+use super::exp_rcv::{TidRdmaFlow, TID_RDMA_MAX_PAGES};
 use super::regs::*;
+use super::tid_rdma::TidRdmaReadReq;
 use crate::access::{poll_until, AccessError, DeviceAccess};
 use crate::dma::{DmaBuffer, DmaMemError, DmaPool};
 
@@ -27,11 +28,11 @@ pub use emu_abi::hfi1::{
 /// DMA memory the sender keeps for descriptors; a larger batch takes several doorbells.
 pub const LB_RING_BYTES: usize = 1 << 20;
 
-// ---- KDETH offset modes and the TID RDMA destination QP (§1.5, §1.10) ----
-pub const KDETH_OM_SMALL: u32 = 4;
+// ---- KDETH offset mode and the TID RDMA destination QP (§1.5, §1.10) ----
+/// OFFSET unit of every TID RDMA data packet (exp_rcv.h KDETH_OM_LARGE): tid_rdma.c builds READ responses
+/// and WRITE data with `om = KDETH_OM_LARGE` whatever the entry's size. (The 128 KiB KDETH_OM_MAX_SIZE
+/// rule is user_sdma.c's, for PSM's expected receive; hfi1-user follows it there.)
 pub const KDETH_OM_LARGE: u32 = 64;
-/// An entry this long or longer is addressed in 64-byte units: 4-byte units reach only 0x7FFF · 4.
-pub const KDETH_OM_MAX_SIZE: u32 = (KDETH_OFFSET_MASK + 1) * KDETH_OM_SMALL;
 pub const TID_RDMA_DESTQP_FLOW_SHIFT: u32 = 11;
 pub const TID_RDMA_DESTQP_FLOW_MASK: u32 = 0x1F;
 
@@ -54,7 +55,10 @@ pub fn kdeth0(offset: u32, om_large: bool, tid: u32, tidctrl: u32) -> u32 {
 pub struct TidDataPacket {
     pub kdeth0: u32,
     pub dest_qp: u32,
+    /// BTH PSN: the flow PSN (generation and sequence).
     pub psn: u32,
+    /// The READ RESP's `verbs_psn`: the IB PSN, `ib_spsn + pkt`.
+    pub verbs_psn: u32,
     /// Byte offset of the payload in the segment.
     pub seg_offset: u32,
     pub len: u32,
@@ -62,7 +66,7 @@ pub struct TidDataPacket {
 
 /// The data packets of a set-up flow, in order, as the responder builds them: the tidarray one entry after
 /// the other, at most `pmtu` bytes per packet, KDETH TID/TIDCTRL from the entry, OFFSET inside the entry in
-/// the entry's offset mode, PSN = `full_flow_psn(generation, spsn + pkt)`. -EINVAL for `pmtu` 0 or a
+/// 64-byte units with OM set, PSN = `full_flow_psn(generation, spsn + pkt)`. -EINVAL for `pmtu` 0 or a
 /// tidarray that does not cover the flow's length.
 pub fn tid_rdma_data_packets(flow: &TidRdmaFlow, dest_qp: u32, pmtu: u32) -> Result<Vec<TidDataPacket>, i32> {
     if pmtu == 0 {
@@ -72,15 +76,15 @@ pub fn tid_rdma_data_packets(flow: &TidRdmaFlow, dest_qp: u32, pmtu: u32) -> Res
     let (mut sent, mut pkt) = (0u32, 0u32);
     for &entry in &flow.tid_entry {
         let tidlen = exp_tid_get_len(entry) << RT_ADDR_SHIFT;
-        let om = if tidlen >= KDETH_OM_MAX_SIZE { KDETH_OM_LARGE } else { KDETH_OM_SMALL };
         let mut tid_offset = 0u32;
         while tid_offset < tidlen && sent < flow.length {
             let len = pmtu.min(tidlen - tid_offset).min(flow.length - sent);
             let seq = flow.flow_state.spsn.wrapping_add(pkt);
             out.push(TidDataPacket {
-                kdeth0: kdeth0(tid_offset / om, om == KDETH_OM_LARGE, exp_tid_get_idx(entry), exp_tid_get_ctrl(entry)),
+                kdeth0: kdeth0(tid_offset / KDETH_OM_LARGE, true, exp_tid_get_idx(entry), exp_tid_get_ctrl(entry)),
                 dest_qp,
                 psn: full_flow_psn(flow.flow_state.generation, seq),
+                verbs_psn: flow.flow_state.ib_spsn.wrapping_add(pkt) & PSN_MASK,
                 seg_offset: sent,
                 len,
             });
@@ -93,6 +97,52 @@ pub fn tid_rdma_data_packets(flow: &TidRdmaFlow, dest_qp: u32, pmtu: u32) -> Res
         return Err(-libc::EINVAL);
     }
     Ok(out)
+}
+
+/// The responder's flow for a READ REQ, as `tid_rdma_rcv_read_request` fills it: the tidarray from the
+/// payload, generation and first sequence from `tid_flow_psn`, the destination QP (`tid_qpn`) and flow
+/// index from `tid_flow_qp`, the IB PSNs from the request's BTH PSN `psn`, `npkts` = ceil(length / pmtu).
+/// -EINVAL where the kernel refuses the request: a payload larger than the flow's tidarray, an entry of
+/// no pages, or entries too short for `reth.length` (a pair's second entry is not listed, its first
+/// entry's LEN covers both); or `pmtu` 0.
+pub fn tid_rdma_rcv_read_request(
+    rreq: &TidRdmaReadReq,
+    payload: &[u32],
+    psn: u32,
+    pmtu: u32,
+) -> Result<TidRdmaFlow, i32> {
+    let len = rreq.reth.length;
+    if payload.len() > TID_RDMA_MAX_PAGES || pmtu == 0 {
+        return Err(-libc::EINVAL);
+    }
+    let mut tidlen = 0u64;
+    for &e in payload {
+        match exp_tid_get_len(e) {
+            0 => return Err(-libc::EINVAL),
+            n => tidlen += u64::from(n),
+        }
+    }
+    if tidlen << RT_ADDR_SHIFT < u64::from(len) {
+        return Err(-libc::EINVAL);
+    }
+    let npkts = len.div_ceil(pmtu);
+    let flow_psn = rreq.tid_flow_psn & PSN_MASK;
+    let mut flow = TidRdmaFlow {
+        tid_entry: payload.to_vec(),
+        tidcnt: payload.len() as u8,
+        tid_qpn: rreq.tid_flow_qp,
+        idx: (rreq.tid_flow_qp >> TID_RDMA_DESTQP_FLOW_SHIFT) & TID_RDMA_DESTQP_FLOW_MASK,
+        length: len,
+        npkts,
+        ..Default::default()
+    };
+    let fs = &mut flow.flow_state;
+    fs.generation = flow_psn >> HFI1_KDETH_BTH_SEQ_SHIFT;
+    fs.spsn = flow_psn & HFI1_KDETH_BTH_SEQ_MASK;
+    fs.lpsn = fs.spsn.wrapping_add(npkts).wrapping_sub(1);
+    fs.ib_spsn = psn;
+    fs.ib_lpsn = psn.wrapping_add(npkts).wrapping_sub(1);
+    Ok(flow)
 }
 
 /// A descriptor to send: header words and the payload.
@@ -264,10 +314,13 @@ mod tests {
         assert_eq!(tid_flow_qp(0, 0x25, 0), 5 << 11);
     }
 
+    /// tid_rdma.c hfi1_build_tid_rdma_read_resp: `om = KDETH_OM_LARGE`, KDETH OM = 1 and OFFSET =
+    /// tid_offset / 64 for every entry, 3-page and lone 1-page ones too; `*len = min(pmtu, tidlen -
+    /// tid_offset)`; bth2 = (spsn + pkt) & 0x7FF | generation << 11.
     #[test]
-    fn packets_walk_the_tidarray_with_psns_offsets_and_offset_modes() {
+    fn packets_walk_the_tidarray_in_64_byte_offset_units_as_the_kernels_read_responder() {
         // G6 tidarray: a pair of 3 pages (idx 0, ctrl 3) then a lone page (idx 1, ctrl 1), plus a 32-page
-        // entry that needs 64-byte offset units.
+        // entry.
         let mut flow = TidRdmaFlow {
             tid_entry: vec![exp_tid_entry(0, 3, 3), exp_tid_entry(1, 1, 1), exp_tid_entry(2, 1, 32)],
             length: 36 * 4096,
@@ -289,12 +342,38 @@ mod tests {
             })
             .collect();
         let om = 1 << KDETH_OM_SHIFT;
-        let mut want = vec![(0, 3, 0, 0, 8192), (0, 3, 8192 / 4, 8192, 4096), (1, 1, 0, 12288, 4096)];
-        want.extend((0..16).map(|k| (2, 1, om | (k * 8192 / 64), 16384 + k * 8192, 8192)));
+        // The pair's second packet starts 8192 bytes in: OFFSET 8192 / 64 = 128.
+        let mut want = vec![(0, 3, om, 0, 8192), (0, 3, om | 128, 8192, 4096), (1, 1, om, 12288, 4096)];
+        want.extend((0..16).map(|k| (2, 1, om | (k * 128), 16384 + k * 8192, 8192)));
         assert_eq!(got, want);
         // G4: generation 0x12345, sequence 3 is 0x091A2803; the second packet has sequence spsn + 1 = 3.
         assert_eq!(p[1].psn, 0x091A_2803);
         assert!(p.iter().all(|x| x.dest_qp == 0x1802));
+    }
+
+    /// tid_rdma.c tid_rdma_rcv_read_request: generation = flow_psn >> 11, spsn = flow_psn & 0x7FF, flow index
+    /// from tid_flow_qp bits 15:11, lpsn = spsn + npkts - 1, ib_spsn = the REQ's PSN; refused (returns 1) for
+    /// a LEN 0 entry, entries shorter than the length, or more entries than `tid_entry[]` holds. The
+    /// responses then carry verbs_psn = ib_spsn + pkt (hfi1_build_tid_rdma_read_resp).
+    #[test]
+    fn a_read_request_becomes_the_responders_flow_and_its_responses() {
+        let payload = [exp_tid_entry(0, 3, 3), exp_tid_entry(1, 1, 2)];
+        let mut rreq = TidRdmaReadReq { tid_flow_psn: 0x091A_2803, tid_flow_qp: 0x80_1802, ..Default::default() };
+        rreq.reth.length = 5 * 4096;
+        let f = tid_rdma_rcv_read_request(&rreq, &payload, 200, 4096).unwrap();
+        let fs = f.flow_state;
+        assert_eq!((f.idx, f.tid_qpn, f.npkts, f.tidcnt, f.length), (3, 0x80_1802, 5, 2, 5 * 4096));
+        assert_eq!((fs.generation, fs.spsn, fs.lpsn, fs.ib_spsn, fs.ib_lpsn), (0x12345, 3, 7, 200, 204));
+        let p = tid_rdma_data_packets(&f, f.tid_qpn, 4096).unwrap();
+        let psns: Vec<(u32, u32)> = p.iter().map(|p| (p.psn, p.verbs_psn)).collect();
+        assert_eq!(psns, (0..5).map(|k| (0x091A_2803 + k, 200 + k)).collect::<Vec<_>>());
+        for (bad, why) in [
+            (vec![exp_tid_entry(0, 3, 3), exp_tid_entry(1, 1, 0)], "an entry of no pages"),
+            (vec![exp_tid_entry(0, 3, 3), exp_tid_entry(1, 1, 1)], "4 pages for 5"),
+            (vec![exp_tid_entry(0, 1, 1); TID_RDMA_MAX_PAGES + 1], "more entries than tid_entry[] holds"),
+        ] {
+            assert_eq!(tid_rdma_rcv_read_request(&rreq, &bad, 200, 4096).unwrap_err(), -libc::EINVAL, "{why}");
+        }
     }
 
     #[test]

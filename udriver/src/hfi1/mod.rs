@@ -15,6 +15,7 @@ pub mod regs;
 pub mod sge;
 pub mod tid;
 pub mod tid_rdma;
+pub mod tid_read;
 pub mod wait;
 pub mod wqe;
 
@@ -24,6 +25,8 @@ mod fake;
 mod tests;
 #[cfg(test)]
 mod tests_exp;
+#[cfg(test)]
+mod tests_read;
 #[cfg(test)]
 mod tests_wait;
 

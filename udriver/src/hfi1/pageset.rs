@@ -131,13 +131,19 @@ pub fn tid_rdma_find_phys_blocks_8k(pages: &[u64], list: &mut Vec<TidRdmaPageset
 /// `dma_map_flow`: DMA buffers are mapped when allocated, so mapping a set means taking the IOVA of its
 /// first page. Fails when that IOVA does not fit the 48-bit page-set address.
 pub fn dma_map_flow(pages: &[u64], list: &mut [TidRdmaPageset]) -> Result<(), i32> {
-    for pset in list.iter_mut().filter(|p| p.count > 0) {
-        let addr = *pages.get(usize::from(pset.idx)).ok_or(-libc::EINVAL)?;
-        if addr >> TID_RDMA_PAGESET_ADDR_BITS != 0 {
-            return Err(-libc::ENOMEM);
+    for i in 0..list.len() {
+        let Some(pset) = list.get_mut(i).filter(|p| p.count > 0) else { continue };
+        match pages.get(usize::from(pset.idx)) {
+            Some(&addr) if addr >> TID_RDMA_PAGESET_ADDR_BITS == 0 => {
+                pset.addr = addr;
+                pset.mapped = true;
+            }
+            // As the kernel, a failed mapping unmaps the sets mapped so far.
+            _ => {
+                dma_unmap_flow(list);
+                return Err(-libc::ENOMEM);
+            }
         }
-        pset.addr = addr;
-        pset.mapped = true;
     }
     Ok(())
 }

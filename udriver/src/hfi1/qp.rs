@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use vfio_user_proto::sync::Unpoison;
 
 pub use super::hfi::{
-    DoSend, Hfi1Ctxtdata, Hfi1Qp, IbQpType, QpLocked, QpSendState, TidFlowState, TidRdmaParams, HFI1_S_AHG_CLEAR,
-    HFI1_S_AHG_VALID, HFI1_S_MIN_BIT_MASK, HFI1_S_WAIT_HALT, HFI1_S_WAIT_PIO_DRAIN, HFI1_S_WAIT_TID_RESP,
-    HFI1_S_WAIT_TID_SPACE, RVT_S_WAIT_KMEM,
+    DoSend, Hfi1Ctxtdata, Hfi1Qp, IbQpType, QpLocked, QpSendState, TidFlowState, TidRdmaParams, HFI1_DEFAULT_PORT_LID,
+    HFI1_MAX_RDMA_ATOMIC, HFI1_PKT_TYPE_16B, HFI1_PKT_TYPE_9B, HFI1_R_TID_SW_PSN, HFI1_S_AHG_CLEAR, HFI1_S_AHG_VALID,
+    HFI1_S_MIN_BIT_MASK, HFI1_S_WAIT_HALT, HFI1_S_WAIT_PIO_DRAIN, HFI1_S_WAIT_TID_RESP, HFI1_S_WAIT_TID_SPACE,
+    RVT_S_WAIT_KMEM, RVT_S_WAIT_RDMAR,
 };
 
 const OPFN_N_SHIFT: u32 = 56;

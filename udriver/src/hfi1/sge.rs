@@ -36,9 +36,18 @@ impl RvtSge {
     }
 }
 
+impl std::fmt::Debug for RvtSge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RvtSge")
+            .field("iova", &self.buf.iova(self.offset))
+            .field("sge_length", &self.sge_length)
+            .finish()
+    }
+}
+
 /// `struct rvt_sge_state`: the current SGE plus the list. Unlike rdmavt, `sg_list` holds every SGE
 /// (the first too), so SGE `isge` is `sg_list[isge]`.
-#[derive(Clone)]
+#[derive(Clone, Debug, Default)]
 pub struct RvtSgeState {
     pub sge: Option<RvtSge>,
     pub sg_list: Vec<RvtSge>,
@@ -57,5 +66,26 @@ impl RvtSgeState {
     /// Moves the state to SGE `isge` (or to none past the end).
     pub fn select(&mut self, isge: u8) {
         self.sge = self.sg_list.get(usize::from(isge)).cloned();
+    }
+
+    /// `rvt_restart_sge(ss, wqe, len)`: the state over the WQE's `sg_list` again, `len` bytes in
+    /// (`rvt_skip_sge`). Returns the index of the SGE it stopped in, which is where the kernel's advanced
+    /// `sg_list` stands; -EINVAL when `len` passes the end.
+    pub fn restart(&mut self, sg_list: &[RvtSge], len: u32) -> Result<u8, i32> {
+        let mut st = RvtSgeState::new(sg_list.to_vec())?;
+        let (mut left, mut isge) = (len, 0u8);
+        while left > 0 {
+            let Some(sge) = st.sge.as_mut() else { return Err(-libc::EINVAL) };
+            let step = left.min(sge.sge_length);
+            sge.offset += step as usize;
+            sge.sge_length -= step;
+            left -= step;
+            if sge.sge_length == 0 {
+                isge += 1;
+                st.select(isge);
+            }
+        }
+        *self = st;
+        Ok(isge)
     }
 }

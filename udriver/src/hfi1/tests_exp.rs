@@ -214,8 +214,49 @@ fn setup_fails_with_einval_when_the_flow_ring_is_full_or_too_many_flows_are_in_f
     req.seg_len = 2 * PG;
     let mut ss = ss_over(&buf);
     assert_eq!(setup_segment(&qp, &mut req, &mut ss), Ok(()));
-    assert_eq!(setup_segment(&qp, &mut req, &mut ss), Err(-libc::EINVAL), "SGE state exhausted");
-    assert_eq!(qp.lock().tid_wait, None, "not queued for nothing");
+    assert_eq!(setup_segment(&qp, &mut req, &mut ss), Ok(()), "SGE state exhausted: an empty flow");
+}
+
+/// tid_rdma.c:1087-1118, 1461-1538: with the SGE state used up kern_find_pages finds no page, so the flow
+/// has no page set, no TID and npkts 0; lpsn = spsn + 0 - 1; the flow PSN does not move; setup_head does.
+#[test]
+fn an_exhausted_sge_state_sets_up_an_empty_flow_as_the_kernel_does() {
+    let r = rig(1);
+    let qp = quiet_qp(&r, 1, 4096);
+    let buf = frag(&r, &[2]);
+    let mut req = req_for(&qp, 2 * PG, 4);
+    let mut ss = ss_over(&buf);
+    setup_segment(&qp, &mut req, &mut ss).unwrap();
+    let mut g = qp.lock();
+    let mut last = true;
+    hfi1_kern_exp_rcv_setup(&mut req, &mut ss, &mut last, &mut g).unwrap();
+    let f = req.flow(1).unwrap();
+    assert_eq!((f.npagesets, f.tidcnt, f.npkts, f.length, last), (0, 0, 0, 0, false));
+    assert_eq!((f.flow_state.spsn, f.flow_state.lpsn), (2, 1), "the first segment's 2 pages took PSNs 0-1");
+    assert_eq!((g.flow_state.psn, req.setup_head, g.tid_wait), (2, 2, None));
+    hfi1_kern_exp_rcv_clear_all(&mut req, &mut g).unwrap();
+    drop(g);
+    assert_eq!(assert_groups_consistent(&r.rcd), (1, 0, 0));
+}
+
+/// tid_rdma.c:1489-1492: any kern_get_phys_blocks failure is `hfi1_wait_kmem(qp)` and -ENOMEM.
+#[test]
+fn a_segment_whose_pages_cannot_be_mapped_waits_for_memory_with_enomem() {
+    let r = rig(1);
+    let qp = quiet_qp(&r, 1, 4096);
+    let mut req = req_for(&qp, 2 * PG, 4);
+    // Page sets from an earlier attempt, on a page whose IOVA does not fit the 48-bit page-set address.
+    if let Some(f) = req.flows.as_mut().and_then(|f| f.first_mut()) {
+        f.pages = vec![1 << 48, (1 << 48) + u64::from(PG)];
+        f.pagesets = vec![TidRdmaPageset { addr: 0, idx: 0, count: 2, mapped: false }, TidRdmaPageset::default()];
+        f.npagesets = 2;
+    }
+    let buf = frag(&r, &[2]);
+    assert_eq!(setup_segment(&qp, &mut req, &mut ss_over(&buf)), Err(-libc::ENOMEM));
+    let g = qp.lock();
+    assert_ne!(g.s_flags & RVT_S_WAIT_KMEM, 0);
+    assert_eq!((g.tid_wait, req.setup_head), (None, 0));
+    assert!(req.flow(0).unwrap().pagesets.iter().all(|p| !p.mapped));
 }
 
 #[test]
@@ -312,8 +353,10 @@ fn a_newcomer_queues_behind_existing_waiters() {
     assert_eq!(q, vec![2, 3]);
 }
 
+/// tid_rdma.c:669-696: `_tid_rdma_flush_wait(qp, &rcd->flow_queue)` runs first and unlinks the QP from
+/// whatever list it is on, counting the dequeue on the flow queue.
 #[test]
-fn flush_wait_takes_a_qp_off_its_queue() {
+fn flush_wait_unlinks_a_rarr_waiter_and_counts_it_on_the_flow_queue() {
     let r = rig(1);
     let hog = quiet_qp(&r, 1, 4096);
     let hbuf = frag(&r, &[1; 8]);
@@ -327,11 +370,41 @@ fn flush_wait_takes_a_qp_off_its_queue() {
     drop(g);
     let exp = r.rcd.lock_exp();
     assert!(exp.rarr_queue.queue_head.is_empty());
-    assert_eq!(exp.rarr_queue.dequeue, 1);
+    let counts = |q: &TidQueue| (q.enqueue, q.dequeue);
+    assert_eq!((counts(&exp.rarr_queue), counts(&exp.flow_queue)), ((1, 0), (0, 1)));
 }
 
+/// tid_rdma.c:537-551: dequeue_tid_waiter unlinks the QP from whichever list it is on and bumps the
+/// dequeue counter of the queue passed. A QP waiting for RcvArray space that gets a new hardware flow
+/// (hfi1_kern_setup_hw_flow, tid_rdma.c:807) leaves the RcvArray queue and loses its place there.
 #[test]
-fn free_flows_refuses_while_segments_are_programmed() {
+fn a_new_hardware_flow_takes_a_rarr_waiter_off_the_rarr_queue_and_counts_on_the_flow_queue() {
+    let r = rig(1);
+    let hog = quiet_qp(&r, 1, 4096);
+    let hbuf = frag(&r, &[1; 8]);
+    setup_segment(&hog, &mut req_for(&hog, 8 * PG, 4), &mut ss_over(&hbuf)).unwrap();
+    let (a, b) = (quiet_qp(&r, 2, 4096), quiet_qp(&r, 3, 4096));
+    let buf = frag(&r, &[2]);
+    for qp in [&a, &b] {
+        assert_eq!(setup_segment(qp, &mut req_for(qp, 2 * PG, 4), &mut ss_over(&buf)), Err(-libc::EAGAIN));
+    }
+    let mut g = a.lock();
+    hfi1_kern_clear_hw_flow(&r.rcd, &mut g).unwrap();
+    hfi1_kern_setup_hw_flow(&r.rcd, &mut g).unwrap();
+    assert_eq!((g.s_flags & HFI1_S_WAIT_TID_SPACE, g.tid_wait), (0, None));
+    drop(g);
+    let exp = r.rcd.lock_exp();
+    let q: Vec<u32> = exp.rarr_queue.queue_head.iter().map(|q| q.qp_num).collect();
+    assert_eq!(q, vec![3], "QP 2 left the RcvArray queue; QP 3 is its head now");
+    let counts = |q: &TidQueue| (q.enqueue, q.dequeue);
+    assert_eq!((counts(&exp.rarr_queue), counts(&exp.flow_queue)), ((2, 0), (0, 1)));
+}
+
+/// Decision: tid_rdma.c:1610 frees the flows unconditionally (its callers have cleared them, e.g.
+/// hfi1_kern_read_tid_flow_free); udriver refuses while segments are set up, as their RcvArray entries and
+/// TID groups would stay taken for ever.
+#[test]
+fn decision_free_flows_refuses_with_ebusy_while_segments_are_programmed() {
     let r = rig(1);
     let qp = quiet_qp(&r, 1, 4096);
     let buf = frag(&r, &[2]);
@@ -369,19 +442,120 @@ fn a_failing_rcvarray_write_undoes_the_setup_and_leaks_nothing() {
     assert_eq!(r.rcd.lock_exp().flow_mask, 0);
 }
 
+/// Decision "device write errors": the kernel's kern_program_rcvarray and kern_set_hw_flow cannot fail
+/// (void, tid_rdma.c:1406, 735). When udriver's fail, the resources go back and the QP leaves its queue
+/// and wakes the next waiter, as a success would (tid_rdma.c:1528-1532, 807-812).
+#[test]
+fn decision_a_failed_device_write_takes_the_qp_off_its_queue_and_wakes_the_next_waiter() {
+    for failing in [RCV_ARRAY, RCV_TID_FLOW_TABLE] {
+        let r = rig(1);
+        let woken = Arc::new(Mutex::new(Vec::new()));
+        let hog = quiet_qp(&r, 1, 4096);
+        let (a, b) = {
+            let (w1, w2) = (woken.clone(), woken.clone());
+            (
+                mk_qp(&r, 2, 4096, Box::new(move |qp| w1.lock().unwrap().push(qp.qp_num))),
+                mk_qp(&r, 3, 4096, Box::new(move |qp| w2.lock().unwrap().push(qp.qp_num))),
+            )
+        };
+        let queue = if failing == RCV_ARRAY { QueueId::Rarr } else { QueueId::Flow };
+        let hbuf = frag(&r, &[1; 8]);
+        let mut hreq = req_for(&hog, 8 * PG, 4);
+        if queue == QueueId::Rarr {
+            setup_segment(&hog, &mut hreq, &mut ss_over(&hbuf)).unwrap();
+        } else {
+            // Every flow taken: QPs 2 and 3 queue on the flow queue.
+            let mut exp = r.rcd.lock_exp();
+            exp.flow_mask = u32::MAX;
+        }
+        let buf = frag(&r, &[2]);
+        let (mut areq, mut breq) = (req_for(&a, 2 * PG, 4), req_for(&b, 2 * PG, 4));
+        let (mut ass, mut bss) = (ss_over(&buf), ss_over(&buf));
+        assert_eq!(setup_segment(&a, &mut areq, &mut ass), Err(-libc::EAGAIN));
+        assert_eq!(setup_segment(&b, &mut breq, &mut bss), Err(-libc::EAGAIN));
+        if queue == QueueId::Rarr {
+            hfi1_kern_exp_rcv_clear(&mut hreq, &mut hog.lock()).unwrap();
+        } else {
+            r.rcd.lock_exp().flow_mask = 0;
+        }
+        r.fake.fail_writes_from(Some(failing));
+        assert_eq!(setup_segment(&a, &mut areq, &mut ass), Err(-libc::EIO), "{queue:?}");
+        woken.lock().unwrap().clear();
+        r.dd.wq.run_pending(100);
+        let g = a.lock();
+        assert_eq!((g.tid_wait, g.s_flags & HFI1_S_WAIT_TID_SPACE), (None, 0), "{queue:?}");
+        drop(g);
+        assert_eq!(*woken.lock().unwrap(), vec![3], "{queue:?}: the next waiter is woken");
+        r.fake.fail_writes_from(None);
+        assert_eq!(setup_segment(&b, &mut breq, &mut bss), Ok(()), "{queue:?}");
+    }
+}
+
+/// Decision: tid_rdma.c:1596-1604 stops clear_all at the first failing clear, whose only failure there is
+/// "nothing to clear". udriver's clear also reports a failed RcvArray write, after releasing the flow in
+/// software; clear_all goes on, so every flow is released even when the device stops answering.
+#[test]
+fn decision_clear_all_releases_every_flow_even_when_device_writes_fail() {
+    let r = rig(2);
+    let qp = quiet_qp(&r, 1, 4096);
+    let buf = frag(&r, &[1; 6]);
+    let mut req = req_for(&qp, 2 * PG, 4);
+    let mut ss = ss_over(&buf);
+    for _ in 0..3 {
+        setup_segment(&qp, &mut req, &mut ss).unwrap();
+    }
+    r.fake.fail_writes_from(Some(RCV_ARRAY));
+    assert_eq!(hfi1_kern_exp_rcv_clear_all(&mut req, &mut qp.lock()), Err(-libc::EIO));
+    assert_eq!(circ_cnt(req.setup_head, req.clear_tail), 0, "all three flows released");
+    assert_eq!(assert_groups_consistent(&r.rcd), (2, 0, 0));
+}
+
+/// Decision: tid_rdma.c:1087-1118 kern_find_pages walks seg_len / PAGE_SIZE pages into qpriv->pages, an
+/// array of TID_RDMA_MAX_PAGES (tid_rdma.c:371); udriver stops at TID_RDMA_MAX_PAGES (64) pages whatever
+/// seg_len says, so a segment is at most 256 KiB.
+#[test]
+fn decision_kern_find_pages_stops_at_64_pages_whatever_seg_len_says() {
+    let r = rig(4);
+    let qp = quiet_qp(&r, 1, 4096);
+    let buf = Arc::new(r.pool.alloc_contiguous(128 * PAGE_SIZE as usize).unwrap());
+    let mut req = req_for(&qp, 128 * PG, 4);
+    let mut ss = ss_over(&buf);
+    setup_segment(&qp, &mut req, &mut ss).unwrap();
+    setup_segment(&qp, &mut req, &mut ss).unwrap();
+    let (f0, f1) = (req.flow(0).unwrap(), req.flow(1).unwrap());
+    assert_eq!((f0.pages.len(), f0.length, f1.pages.len()), (64, 64 * PG, 64));
+    assert_eq!(f1.pages[0], buf.pages()[64]);
+    hfi1_kern_exp_rcv_clear_all(&mut req, &mut qp.lock()).unwrap();
+}
+
+/// Decision: opfn.c:257-258 negotiates TID RDMA only at pmtu 4096 or 8192, so kern_program_rcv_group's
+/// `pmtu_pg = pmtu >> PAGE_SHIFT` (tid_rdma.c:1308, 1351) is never 0 in the kernel. udriver's setup can be
+/// called for any QP: below 4 KiB it counts one page per packet.
+#[test]
+fn decision_a_path_mtu_below_4_kib_counts_one_page_per_packet() {
+    let r = rig(1);
+    let qp = quiet_qp(&r, 1, 2048);
+    let buf = frag(&r, &[1; 4]);
+    let mut req = req_for(&qp, 4 * PG, 4);
+    setup_segment(&qp, &mut req, &mut ss_over(&buf)).unwrap();
+    assert_eq!(req.flow(0).unwrap().npkts, 4);
+    hfi1_kern_exp_rcv_clear_all(&mut req, &mut qp.lock()).unwrap();
+}
+
 // ---------------------------------------------------------------- WQE setup (G8)
 
 fn wqe(qp: &Arc<Hfi1Qp>, opcode: IbWrOpcode, length: u32, sg_list: Vec<RvtSge>) -> RvtSwqe {
     RvtSwqe {
         opcode,
         remote_addr: 0x10_0000,
+        rkey: 0,
         length,
         ssn: 0,
         psn: 0,
         lpsn: 0,
         sg_list,
         ah: None,
-        priv_: Some(Box::new(Hfi1SwqePriv { tid_req: TidRdmaRequest::new(qp) })),
+        priv_: Some(Box::new(Hfi1SwqePriv::new(TidRdmaRequest::new(qp)))),
     }
 }
 
@@ -467,6 +641,64 @@ fn large_rc_read_and_write_become_tid_rdma_with_golden_g8_psns() {
     let mut w = wqe(&qp, IbWrOpcode::RdmaRead, 128 << 10, sge());
     rvt_post_one_wr(&mut qp.lock(), &mut w, &mut false).unwrap();
     assert_eq!((w.opcode, w.lpsn), (IbWrOpcode::RdmaRead, 131));
+}
+
+/// tid_rdma.c:3291-3295: no TID RDMA when the remote LID, without its LMC bits, is the port's LID, or when
+/// the QP does not use 9B headers.
+#[test]
+fn setup_tid_rdma_wqe_leaves_a_loopback_lid_or_a_16b_header_qp_on_rdma() {
+    let fake = super::fake::FakeHfi1::new(8, 1);
+    let params = super::ctxt::Hfi1Params { rcvarr_split: 0, lid: 4, lmc: 2, ..Default::default() };
+    let dd = super::ctxt::Hfi1Devdata::probe(fake.clone(), params).unwrap();
+    let rcd = super::ctxt::Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 0).unwrap();
+    let pool = crate::dma::DmaPool::new(fake, false);
+    let buf = Arc::new(pool.alloc_contiguous(1 << 20).unwrap());
+    let remote = TidRdmaParams { max_len: 256 << 10, max_read: 6, ..Default::default() };
+    // (remote LID, header type, becomes TID RDMA READ)
+    let cases = [
+        (4, HFI1_PKT_TYPE_9B, false),
+        (7, HFI1_PKT_TYPE_9B, false),
+        (8, HFI1_PKT_TYPE_9B, true),
+        (3, HFI1_PKT_TYPE_9B, true),
+        (8, HFI1_PKT_TYPE_16B, false),
+    ];
+    for (dlid, hdr_type, tid) in cases {
+        let mut st = QpSendState::new(IbQpType::Rc, 4096);
+        (st.remote_dlid, st.hdr_type, st.tid_rdma_remote) = (dlid, hdr_type, Some(remote));
+        let qp = Hfi1Qp::new(1, rcd.clone(), st, Box::new(|_| {}));
+        let mut w = wqe(&qp, IbWrOpcode::RdmaRead, 1 << 20, vec![RvtSge::new(buf.clone(), 0, 1 << 20).unwrap()]);
+        rvt_post_one_wr(&mut qp.lock(), &mut w, &mut false).unwrap();
+        assert_eq!(w.opcode == IbWrOpcode::TidRdmaRead, tid, "dlid {dlid} hdr_type {hdr_type}");
+    }
+}
+
+/// Decision: tid_rdma.c:3331 takes `seg_len = min(remote->max_len, length)`; OPFN lets a peer claim up to
+/// 2048 pages (tid_rdma.c:178), which would overrun the kernel's 64-entry page array. udriver caps the
+/// segment at TID_RDMA_MAX_SEGMENT_SIZE. The last PSN is the kernel's: psn + ceil(length / pmtu) - 1.
+#[test]
+fn decision_a_peer_advertising_segments_above_256_kib_gets_256_kib_segments() {
+    let r = rig(1);
+    let buf = Arc::new(r.pool.alloc_contiguous(1 << 20).unwrap());
+    let remote = TidRdmaParams { max_len: 2048 << 12, max_read: 6, ..Default::default() };
+    let qp = tid_qp(&r, Some(remote));
+    let mut w = wqe(&qp, IbWrOpcode::RdmaRead, 1 << 20, vec![RvtSge::new(buf.clone(), 0, 1 << 20).unwrap()]);
+    rvt_post_one_wr(&mut qp.lock(), &mut w, &mut false).unwrap();
+    let req = &w.priv_.as_ref().unwrap().tid_req;
+    assert_eq!((w.opcode, w.lpsn, req.seg_len, req.total_segs), (IbWrOpcode::TidRdmaRead, 355, 256 << 10, 4));
+}
+
+/// Decision: rdmavt's rvt_qp_valid_operation dereferences a UD/GSI work request's AH before the driver
+/// sees it (sw/rdmavt/qp.c:1886), and hfi1_setup_wqe reads it unchecked (qp.c:295). udriver's WQE can
+/// lack one; hfi1_setup_wqe refuses it with -EINVAL.
+#[test]
+fn decision_a_ud_or_gsi_wqe_without_an_ah_is_refused_with_einval() {
+    let r = rig(1);
+    for ty in [IbQpType::Ud, IbQpType::Gsi] {
+        let qp = Hfi1Qp::new(1, r.rcd.clone(), QpSendState::new(ty, 4096), Box::new(|_| {}));
+        let mut w = wqe(&qp, IbWrOpcode::Send, 256, vec![]);
+        w.ah = None;
+        assert_eq!(hfi1_setup_wqe(&mut qp.lock(), &mut w, &mut false), Err(-libc::EINVAL), "{ty:?}");
+    }
 }
 
 // ---------------------------------------------------------------- concurrency
@@ -596,8 +828,9 @@ fn threads_driving_qps_on_one_context_leak_no_tid_group_or_flow() {
     // The test held flows 0-28; 29-31 were shared.
     assert_eq!(exp.flow_mask, u32::MAX >> 3, "only the flows the test held stay reserved");
     assert!(exp.flow_queue.queue_head.is_empty() && exp.rarr_queue.queue_head.is_empty());
-    assert_eq!(exp.rarr_queue.enqueue, exp.rarr_queue.dequeue);
-    assert_eq!(exp.flow_queue.enqueue, exp.flow_queue.dequeue);
+    // dequeue_tid_waiter counts on the queue passed, not the one left (tid_rdma.c:549): only the sums balance.
+    let (fq, rq) = (&exp.flow_queue, &exp.rarr_queue);
+    assert_eq!(fq.enqueue.wrapping_add(rq.enqueue), fq.dequeue.wrapping_add(rq.dequeue));
     drop(exp);
     // Every expected entry ends invalid (or was never written / only WC-filled).
     let mut last = std::collections::HashMap::new();

@@ -78,14 +78,23 @@ pub struct TidRdmaFlow {
     pub pages: Vec<u64>,
 }
 
-/// `enum tid_rdma_req_state`, the states the setup path uses.
+/// `enum tid_rdma_req_state` (tid_rdma.h).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TidRequestState {
     #[default]
     Inactive,
+    Init,
+    InitResend,
     Active,
-    Sync,
+    Resend,
+    ResendActive,
+    /// `hfi1_kern_exp_rcv_setup` found no RcvArray space; the QP waits on the RcvArray queue.
     Queued,
+    /// The next segment would pass the flow's PSN space: the flow is cleared and a new generation taken
+    /// once the segments in flight have arrived.
+    Sync,
+    RnrNak,
+    Complete,
 }
 
 /// `struct tid_rdma_request`.
@@ -107,6 +116,8 @@ pub struct TidRdmaRequest {
     pub comp_seg: u32,
     pub ack_seg: u32,
     pub alloc_seg: u32,
+    /// READ REQs sent whose responses have not all arrived.
+    pub ack_pending: u32,
     /// Index of the SGE `kern_find_pages` is in.
     pub isge: u8,
     pub s_next_psn: u32,
@@ -131,6 +142,7 @@ impl TidRdmaRequest {
             comp_seg: 0,
             ack_seg: 0,
             alloc_seg: 0,
+            ack_pending: 0,
             isge: 0,
             s_next_psn: 0,
             state: TidRequestState::Inactive,
@@ -141,4 +153,29 @@ impl TidRdmaRequest {
     pub fn flow(&self, i: u16) -> Option<&TidRdmaFlow> {
         self.flows.as_ref()?.get(usize::from(i & (MAX_FLOWS - 1)))
     }
+}
+
+/// `struct ib_reth`, in host order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IbReth {
+    pub vaddr: u64,
+    pub rkey: u32,
+    pub length: u32,
+}
+
+/// `struct tid_rdma_read_req` (rdma/tid_rdma_defs.h), in host order: the header of a TID RDMA READ REQ after
+/// its BTH. The payload is the flow's tidarray.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TidRdmaReadReq {
+    pub kdeth0: u32,
+    pub kdeth1: u32,
+    pub reth: IbReth,
+    pub tid_flow_psn: u32,
+    pub tid_flow_qp: u32,
+    pub verbs_qp: u32,
+}
+
+impl TidRdmaReadReq {
+    /// `sizeof(struct tid_rdma_read_req) / sizeof(u32)`: 4 + 4 + 16 (packed `ib_reth`) + 3 · 4 bytes.
+    pub const DWORDS: u32 = 9;
 }

@@ -41,18 +41,18 @@ pub fn queue_qp_for_tid_wait(rcd: &mut ExpLocked<'_>, queue_id: QueueId, qp: &mu
     rcd.rcd.dd.n_tidwait.fetch_add(1, Ordering::Relaxed);
 }
 
-/// `dequeue_tid_waiter(rcd, queue, qp)`: unlinks `qp` if it waits on this queue and clears WAIT_TID_SPACE.
+/// `dequeue_tid_waiter(rcd, queue, qp)`: unlinks `qp` from whichever queue it waits on, clears
+/// WAIT_TID_SPACE and counts the dequeue on `queue_id`, the queue passed, as tid_rdma.c:537-551 does
+/// (`list_del_init(&priv->tid_wait)`, then `queue->dequeue++`).
 pub fn dequeue_tid_waiter(rcd: &mut ExpLocked<'_>, queue_id: QueueId, qp: &mut QpLocked<'_>) {
-    if qp.tid_wait != Some(queue_id) {
-        return;
+    let Some(on) = qp.tid_wait.take() else { return };
+    let list = &mut queue(rcd, on).queue_head;
+    if let Some(pos) = list.iter().position(|w| Arc::ptr_eq(w, qp.qp)) {
+        list.remove(pos);
     }
-    let q = queue(rcd, queue_id);
-    if let Some(pos) = q.queue_head.iter().position(|w| Arc::ptr_eq(w, qp.qp)) {
-        q.queue_head.remove(pos);
-        q.dequeue = q.dequeue.wrapping_add(1);
-    }
-    qp.tid_wait = None;
     qp.s_flags &= !HFI1_S_WAIT_TID_SPACE;
+    let q = queue(rcd, queue_id);
+    q.dequeue = q.dequeue.wrapping_add(1);
 }
 
 /// `first_qp(rcd, queue)`: the head waiter, with a reference.
@@ -99,14 +99,17 @@ pub fn hfi1_wait_kmem(qp: &mut QpLocked<'_>) {
     }
 }
 
-/// `tid_rdma_flush_wait(qp)`: takes the QP off both queues (QP reset / error).
+/// `hfi1_tid_rdma_flush_wait(qp)` (QP reset / error): `_tid_rdma_flush_wait` on the flow queue, then on the
+/// RcvArray queue (tid_rdma.c:669-696). Each clears WAIT_TID_SPACE and, if the QP is on any list, unlinks it
+/// and counts the dequeue on the queue it was called for: a QP waiting for RcvArray space is counted on the
+/// flow queue, as in the kernel.
 pub fn tid_rdma_flush_wait(qp: &mut QpLocked<'_>) {
     let rcd = qp.qp.rcd.clone();
-    let mut exp = rcd.lock_exp();
     for id in [QueueId::Flow, QueueId::Rarr] {
+        qp.s_flags &= !HFI1_S_WAIT_TID_SPACE;
+        let mut exp = rcd.lock_exp();
         dequeue_tid_waiter(&mut exp, id, qp);
     }
-    qp.s_flags &= !HFI1_S_WAIT_TID_SPACE;
 }
 
 impl Default for TidWorkQueue {

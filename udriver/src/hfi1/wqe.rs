@@ -5,7 +5,7 @@
 
 use super::exp_rcv::{hfi1_kern_exp_rcv_alloc_flows, TidRdmaRequest, TidRequestState};
 use super::exp_rcv::{TID_RDMA_MAX_SEGMENT_SIZE, TID_RDMA_MIN_SEGMENT_SIZE};
-use super::qp::{IbQpType, QpLocked};
+use super::qp::{IbQpType, QpLocked, HFI1_PKT_TYPE_9B};
 use super::sge::RvtSge;
 use crate::dma::PAGE_SIZE;
 
@@ -43,12 +43,22 @@ pub struct RvtAh {
 /// `struct hfi1_swqe_priv`.
 pub struct Hfi1SwqePriv {
     pub tid_req: TidRdmaRequest,
+    /// What `ss` describes once a TID RDMA READ REQ is built: its payload, the flow's tidarray words.
+    pub ss: Vec<u32>,
+}
+
+impl Hfi1SwqePriv {
+    pub fn new(tid_req: TidRdmaRequest) -> Self {
+        Self { tid_req, ss: Vec::new() }
+    }
 }
 
 /// `struct rvt_swqe`.
 pub struct RvtSwqe {
     pub opcode: IbWrOpcode,
     pub remote_addr: u64,
+    /// `rdma_wr.rkey`.
+    pub rkey: u32,
     pub length: u32,
     pub ssn: u32,
     pub psn: u32,
@@ -69,9 +79,15 @@ pub fn hfi1_check_sge_align(sg_list: &[RvtSge]) -> bool {
     sg_list.iter().all(RvtSge::page_aligned)
 }
 
-/// `setup_tid_rdma_wqe(qp, wqe)`: turns an eligible RC READ/WRITE into TID RDMA when OPFN enabled it.
-/// The segment is also capped at TID_RDMA_MAX_SEGMENT_SIZE, whatever max_len the peer advertised.
+/// `setup_tid_rdma_wqe(qp, wqe)`: turns an eligible RC READ/WRITE into TID RDMA when OPFN enabled it, unless
+/// the remote LID is the port's own or the QP does not use 9B headers. The segment is also capped at
+/// TID_RDMA_MAX_SEGMENT_SIZE, whatever max_len the peer advertised (docs/udriver-hfi1.md).
 pub fn setup_tid_rdma_wqe(qp: &mut QpLocked<'_>, wqe: &mut RvtSwqe) {
+    let params = &qp.qp.rcd.dd.params;
+    let lmc_mask = 1u32.checked_shl(u32::from(params.lmc)).map_or(0, |m| m.wrapping_sub(1));
+    if qp.remote_dlid & !lmc_mask == params.lid || qp.hdr_type != HFI1_PKT_TYPE_9B {
+        return;
+    }
     let Some(remote) = qp.tid_rdma_remote else { return };
     let new_opcode = match wqe.opcode {
         IbWrOpcode::RdmaRead if hfi1_check_sge_align(&wqe.sg_list) => IbWrOpcode::TidRdmaRead,

@@ -7,7 +7,7 @@ use super::cqp::{irdma_cqp_poll_registers, irdma_get_cqp_reg_info, irdma_sc_cqp_
 use super::cqp::{irdma_sc_cqp_post_sq, queue_pa, sleep, IrdmaRing};
 use super::cqp::{IrdmaScCqp, QueueMemory};
 use super::defs::*;
-use super::regs::IrdmaRegisters::IRDMA_CQARM;
+use super::regs::IrdmaRegisters::{IRDMA_CQARM, IRDMA_CQPERRCODES};
 use super::regs::{IrdmaHw, IRDMA_CQPSQ_CQ_CEQID, IRDMA_CQPSQ_CQ_CQID};
 use super::{IrdmaError, Result};
 
@@ -190,6 +190,12 @@ pub fn irdma_sc_ccq_get_cqe_info(ccq: &mut IrdmaScCq, cqp: &mut IrdmaScCqp, info
     }
     ccq.cq_base.dma_rmb();
     let ctx = ccq.cq_base.read_u64(base + IRDMA_BYTE_8)?;
+    let error = IRDMA_CQ_ERROR.get(qw3) != 0;
+    if error {
+        // The kernel reads CQPERRCODES here, only for its debug log.
+        let codes = cqp.hw.rd32(IRDMA_CQPERRCODES)?;
+        tracing::debug!(cqperrcodes = format_args!("{codes:#010x}"), "CQP error CQE");
+    }
     let qw2 = ccq.cq_base.read_u64(base + IRDMA_BYTE_16)?;
     // Consume the slot before judging it, so one bad entry cannot wedge the ring.
     ccq.cq_ring.move_head();
@@ -207,7 +213,6 @@ pub fn irdma_sc_ccq_get_cqe_info(ccq: &mut IrdmaScCq, cqp: &mut IrdmaScCqp, info
     if wqe_idx >= cqp.sq_size || cqp.scratch(wqe_idx).is_none() {
         return Err(IrdmaError::BadCqe(format!("WQE index {wqe_idx} is not an outstanding SQ entry")));
     }
-    let error = IRDMA_CQ_ERROR.get(qw3) != 0;
     // The opcode comes from the WQE we posted, not from the CQE.
     let op_code = IRDMA_CQPSQ_OPCODE.get(cqp.wqe(wqe_idx)?.get_64bit_val(IRDMA_BYTE_24)?) as u8;
     let scratch = cqp.complete_wqe(wqe_idx).unwrap_or_default();
@@ -240,8 +245,9 @@ pub fn irdma_sc_ccq_arm(ccq: &IrdmaScCq) -> Result<()> {
 
 /// `irdma_sc_poll_for_cqp_op_done(cqp, op_code, info)`, with the CCQ explicit. Polls the CCQ for up to
 /// 100 x max_done_count + 1 attempts, sleeping max_sleep when it is empty. A CQE with the error bit (any op but
-/// QUERY_STAG) gives -EIO with `info` filled; another op's completion is consumed and skipped, as the kernel
-/// does; a garbage CQE gives -EIO at once; running out of attempts gives -ETIMEDOUT.
+/// QUERY_STAG) gives -EIO with `info` filled; another op's completion and a garbage CQE are consumed and
+/// skipped, as ctrl.c irdma_sc_poll_for_cqp_op_done polls on past any CQE that is not the wanted op; running
+/// out of attempts gives -ETIMEDOUT.
 pub fn irdma_sc_poll_for_cqp_op_done(
     cqp: &mut IrdmaScCqp,
     ccq: &mut IrdmaScCq,
@@ -255,6 +261,12 @@ pub fn irdma_sc_poll_for_cqp_op_done(
         match irdma_sc_ccq_get_cqe_info(ccq, cqp, &mut cqe) {
             Err(IrdmaError::NoCqe) => {
                 sleep(cqp.hw_attrs.max_sleep);
+                continue;
+            }
+            // The kernel takes any consumed CQE as a completion and polls on unless it is the wanted op;
+            // a garbage one (decision 10: consumed, frees nothing) is skipped the same way.
+            Err(IrdmaError::BadCqe(why)) => {
+                tracing::debug!(expected = op_code, %why, "garbage CQE skipped");
                 continue;
             }
             Err(e) => return Err(e),
@@ -354,6 +366,19 @@ mod tests {
         assert_eq!((info.error, info.maj_err_code, info.min_err_code, info.wqe_idx), (true, 0xF001, 1, 5));
     }
 
+    /// ctrl.c irdma_sc_ccq_get_cqe_info: `if (info->error) { ... error = readl(...IRDMA_CQPERRCODES) }`.
+    #[test]
+    fn decoding_an_error_cqe_reads_cqperrcodes_once_and_a_good_cqe_does_not() {
+        for (qw3, reads) in [(0x8080_0005_F001_0001u64, 1), (0x8000_0005_0000_0000, 0)] {
+            let mut r = rig(8, 8);
+            r.nops(6);
+            r.write_cqe(0, r.cqp.cqp_compl_ctx, 0, qw3);
+            let mut info = IrdmaCcqCqeInfo::default();
+            irdma_sc_ccq_get_cqe_info(&mut r.ccq, &mut r.cqp, &mut info).unwrap();
+            assert_eq!(r.dev.reads_of(IRDMA_CQPERRCODES), reads, "qw3 {qw3:#x}");
+        }
+    }
+
     #[test]
     fn a_cqe_whose_valid_bit_is_not_the_ccq_polarity_is_not_consumed() {
         let mut r = rig(8, 8);
@@ -450,6 +475,70 @@ mod tests {
         assert_eq!(r.cqp.sq_ring().tail(), 2, "the skipped NOP completion still frees its slot");
     }
 
+    /// A CCQ ring whose first CQE (WQE 0, our completion context) becomes valid at the `visible_at`-th read
+    /// of its header: counts the driver's polls.
+    struct LateCqe {
+        ctx: u64,
+        reads: std::sync::atomic::AtomicU64,
+        visible_at: u64,
+        pa: u64,
+    }
+
+    impl QueueMemory for LateCqe {
+        fn read_u64(&self, offset: usize) -> std::result::Result<u64, crate::dma::DmaMemError> {
+            Ok(match offset {
+                8 => self.ctx,
+                24 if self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 >= self.visible_at => {
+                    IRDMA_CQ_VALID.prep(1)
+                }
+                _ => 0,
+            })
+        }
+        fn write_u64(&self, _: usize, _: u64) -> std::result::Result<(), crate::dma::DmaMemError> {
+            Ok(())
+        }
+        fn len(&self) -> usize {
+            4 * IRDMA_CQE_SIZE
+        }
+        fn iova(&self, offset: usize) -> Option<u64> {
+            Some(self.pa + offset as u64)
+        }
+    }
+
+    /// Item 9 (fixed in issue 12): ctrl.c irdma_sc_poll_for_cqp_op_done `if (cnt++ > 100 * max_done_count)`
+    /// allows 100 * max_done_count + 1 polls; irdma_sc_cqp_create's `if (cnt++ > max_done_count)` allows
+    /// max_done_count + 1 reads of CCQPSTATUS.
+    #[test]
+    fn the_kernels_cnt_plus_plus_loops_allow_one_poll_more_than_their_limit() {
+        let max = 3u32;
+        for (visible_at, ok) in [(u64::from(100 * max + 1), true), (u64::from(100 * max + 2), false)] {
+            let mut r = rig(4, 4);
+            r.cqp.hw_attrs.max_done_count = max;
+            r.nops(1);
+            let late = LateCqe { ctx: r.cqp.cqp_compl_ctx, reads: Default::default(), visible_at, pa: 0x10_0000 };
+            let info = IrdmaCcqInitInfo {
+                cq_base: Box::new(late),
+                shadow_area: Box::new(r._pool.alloc_contiguous(IRDMA_SHADOW_AREA_SIZE).unwrap()),
+                num_elem: 4,
+                shadow_read_threshold: IRDMA_CCQ_SHADOW_READ_THRESHOLD,
+                ceq_id: 0,
+                ceq_id_valid: true,
+                ceqe_mask: false,
+                vsi_idx: 0,
+                cq_ctx: 0x1000,
+            };
+            let mut ccq = irdma_sc_ccq_init(IrdmaHw::new(r.dev.clone()), info).unwrap();
+            let mut cqe = IrdmaCcqCqeInfo::default();
+            let res = irdma_sc_poll_for_cqp_op_done(&mut r.cqp, &mut ccq, IRDMA_CQP_OP_NOP, &mut cqe);
+            assert_eq!(res.is_ok(), ok, "CQE visible at poll {visible_at}: {res:?}");
+        }
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        cqp.hw_attrs.max_done_count = max;
+        assert_eq!(errno(crate::irdma::cqp::irdma_sc_cqp_create(&mut cqp, &mut 0, &mut 0)), -libc::ETIMEDOUT);
+        assert_eq!(dev.reads_of(crate::irdma::regs::IrdmaRegisters::IRDMA_CCQPSTATUS), max as usize + 1);
+    }
+
     #[test]
     fn poll_for_op_done_times_out_on_a_device_that_never_completes() {
         let mut r = rig(4, 4);
@@ -461,14 +550,25 @@ mod tests {
         assert_eq!(errno(res), -libc::ETIMEDOUT);
     }
 
+    /// ctrl.c irdma_sc_poll_for_cqp_op_done leaves its loop only on an error CQE, the wanted op or the
+    /// attempt limit; garbage CQEs are skipped (decision 10: they free no SQ slot).
     #[test]
-    fn poll_for_op_done_returns_a_garbage_cqe_error_at_once() {
-        let mut r = rig(4, 4);
+    fn poll_for_op_done_polls_on_past_garbage_cqes_to_the_real_completion() {
+        let mut r = rig(8, 8);
         r.nops(1);
         r.write_cqe(0, 0xDEAD, 0, 0x8000_0000_0000_0000);
+        r.write_cqe(1, r.cqp.cqp_compl_ctx, 0, 0x8000_0005_0000_0000);
+        r.write_cqe(2, r.cqp.cqp_compl_ctx, 0x77, 0x8000_0000_0000_0000);
         let mut info = IrdmaCcqCqeInfo::default();
+        irdma_sc_poll_for_cqp_op_done(&mut r.cqp, &mut r.ccq, IRDMA_CQP_OP_NOP, &mut info).unwrap();
+        assert_eq!((info.scratch, info.op_ret_val, info.wqe_idx), (0x100, 0x77, 0));
+        assert_eq!((r.ccq.cq_ring().head(), r.cqp.sq_ring().tail()), (3, 1), "3 CQEs consumed, 1 slot freed");
+        // Garbage alone never completes: the poll runs out of attempts.
+        r.cqp.hw_attrs.max_done_count = 1;
+        r.nops(1);
+        r.write_cqe(3, 0xDEAD, 0, 0x8000_0001_0000_0000);
         let res = irdma_sc_poll_for_cqp_op_done(&mut r.cqp, &mut r.ccq, IRDMA_CQP_OP_NOP, &mut info);
-        assert!(matches!(res, Err(IrdmaError::BadCqe(_))));
+        assert_eq!(errno(res), -libc::ETIMEDOUT);
     }
 
     #[test]

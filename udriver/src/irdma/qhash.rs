@@ -275,10 +275,21 @@ mod tests {
         let info = IrdmaQhashTableInfo { vsi, user_pri: 3, ..g9_ipv6_vlan_listener() };
         irdma_sc_manage_qhash_table_entry(&mut cqp, &info, 0, false).unwrap();
         assert_eq!(wqe(&cqp, 0)[2], 0x0000_0064_0000_03FF);
-        let bad = IrdmaQhashTableInfo { user_pri: 8, ..info };
-        let r = irdma_sc_manage_qhash_table_entry(&mut cqp, &bad, 0, false);
-        assert_eq!(r.err().map(|e| e.to_errno()), Some(-libc::EINVAL));
-        assert_eq!(cqp.sq_ring().head(), 1, "a rejected entry takes no SQ slot");
+    }
+
+    /// Decision 20: ctrl.c irdma_sc_manage_qhash_table_entry indexes `vsi->qos[info->user_pri]` unchecked
+    /// (IRDMA_MAX_USER_PRIORITY = 8 entries); udriver refuses a priority past them before taking a slot.
+    #[test]
+    fn decision_20_a_user_priority_past_the_8_qos_entries_is_refused_before_a_slot_is_taken() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        for user_pri in [8, 9, u8::MAX] {
+            let bad = IrdmaQhashTableInfo { user_pri, ..g9_ipv6_vlan_listener() };
+            let r = irdma_sc_manage_qhash_table_entry(&mut cqp, &bad, 0, false);
+            assert!(matches!(r, Err(IrdmaError::Inval(_))), "user_pri {user_pri}");
+            assert_eq!(r.err().map(|e| e.to_errno()), Some(-libc::EINVAL));
+        }
+        assert_eq!((cqp.sq_ring().head(), cqp.requested_ops), (0, 0), "no SQ slot taken");
     }
 
     #[test]

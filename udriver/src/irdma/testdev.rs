@@ -45,6 +45,7 @@ struct State {
     regs: HashMap<u64, u32>,
     scripted: HashMap<u64, VecDeque<u32>>,
     writes: Vec<(u64, u32)>,
+    reads: HashMap<u64, usize>,
     maps: Vec<Map>,
     execute: bool,
     hold: bool,
@@ -110,6 +111,10 @@ impl FakeIrdma {
     }
     pub fn writes_to(&self, reg: IrdmaRegisters) -> Vec<u32> {
         self.lock().writes.iter().filter(|(o, _)| *o == off(reg)).map(|(_, v)| *v).collect()
+    }
+    /// How often `reg` was read.
+    pub fn reads_of(&self, reg: IrdmaRegisters) -> usize {
+        self.lock().reads.get(&off(reg)).copied().unwrap_or(0)
     }
     pub fn clear_writes(&self) {
         self.lock().writes.clear();
@@ -257,6 +262,7 @@ impl DeviceAccess for FakeIrdma {
     }
     fn read32(&self, _bar: u32, offset: u64) -> Result<u32> {
         let mut st = self.lock();
+        *st.reads.entry(offset).or_default() += 1;
         if let Some(v) = st.scripted.get_mut(&offset).and_then(VecDeque::pop_front) {
             return Ok(v);
         }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use serde_json::{json, Value};
 
-use super::{errno, fragment_runs, pattern, Port, Transfer, SEG_BYTES, SEG_PAGES};
+use super::port::{errno, fragment_runs, pattern, Port, Transfer, SEG_BYTES, SEG_PAGES};
 use crate::access::DeviceAccess;
 use crate::demo::DemoReport;
 use crate::hfi1::ctxt::{ExpState, Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params};
@@ -232,7 +232,9 @@ fn leak_check(port: &Port, xfers: &[Transfer]) -> Result<Value, String> {
     let idle = exp.groups.iter().all(|g| g.used == 0 && g.map == 0);
     let queues = [&exp.flow_queue, &exp.rarr_queue];
     let queued: usize = queues.iter().map(|q| q.queue_head.len()).sum();
-    let balanced = queues.iter().all(|q| q.enqueue == q.dequeue);
+    // dequeue_tid_waiter counts on the queue passed, not the one left (tid_rdma.c:549): only the sums balance.
+    let balanced = queues.iter().map(|q| q.enqueue).fold(0u32, u32::wrapping_add)
+        == queues.iter().map(|q| q.dequeue).fold(0u32, u32::wrapping_add);
     let flow_mask = exp.flow_mask;
     drop(exp);
     let valid = port.valid_rcv_entries(WAIT_TIMEOUT)?;
