@@ -32,6 +32,11 @@
 #   --hfi1-user PATH      static hfi1-user put into the guest: with --hfi1-wfr the guest runs it on /dev/hfi1_0
 #   --hfi1-user-host PATH its host side, started before QEMU on the guest's second serial port; it checks the
 #                         device model's RcvArray against the kernel's TIDs and injects the data
+#   --bench               run the in-guest benchmark (`udriver bench`) instead of the demos: besides our two
+#                         functions, an hfi1 function behind rust-vmm's vfio-user server and one behind ours
+#                         with busy-poll on (both served by `rig serve-peers`), and QEMU's edu device
+#   --rig PATH            rig binary for --bench (default target/{release,debug}/rig)
+#   --bench-budget-ms N   wall time per measured variant inside the guest (default 1000)
 #   --append "PARAMS"     extra guest kernel parameters
 #   --result FILE         result JSON (default $CARGO_TARGET_DIR or target/, then rdma-emu/result-<mode>.json)
 #   --logs DIR            log directory (default a new /tmp/rdma-emu-run.XXXXXX); kept on failure
@@ -42,7 +47,7 @@
 # Exit status 0 only if every step the guest ran is ok. Prints the result file's path on stdout.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,39s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,44s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 DEVICE_MODEL=${RDMA_EMU_DEVICE_MODEL:-}
 UDRIVER=${RDMA_EMU_UDRIVER:-}
@@ -53,6 +58,9 @@ HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST=""
 # Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
+BENCH=0 RIG=${RDMA_EMU_RIG:-} BENCH_BUDGET_MS=1000
+# The in-guest benchmark's extra functions: rig serve-peers' device IDs (rig/src/peer.rs) and QEMU's edu.
+PEER_ID=1b36:1102 POLLED_ID=1b36:1103 EDU_ID=1234:11e8
 need() { [ "$1" -ge 2 ] || usage; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -77,6 +85,9 @@ while [ $# -gt 0 ]; do
         --kdriver-timeout) need $#; KDRIVER_TIMEOUT=$2; shift 2 ;;
         --hfi1-user) need $#; HFI1_USER=$2; shift 2 ;;
         --hfi1-user-host) need $#; HFI1_USER_HOST=$2; shift 2 ;;
+        --bench) BENCH=1; shift ;;
+        --rig) need $#; RIG=$2; shift 2 ;;
+        --bench-budget-ms) need $#; BENCH_BUDGET_MS=$2; shift 2 ;;
         --append) need $#; APPEND_EXTRA=$2; shift 2 ;;
         --result) need $#; RESULT=$2; shift 2 ;;
         --logs) need $#; LOG_DIR=$2; shift 2 ;;
@@ -100,6 +111,9 @@ is_uint "$KDRIVER_TIMEOUT" && [ "$KDRIVER_TIMEOUT" -ge 1 ] || die "--kdriver-tim
 [ -z "$HFI1_USER_HOST" ] || [ "$HFI1_WFR" = 1 ] || die "--hfi1-user-host needs --hfi1-wfr"
 [ -z "$HFI1_USER_HOST" ] || [ -x "$HFI1_USER_HOST" ] || die "--hfi1-user-host $HFI1_USER_HOST is not executable"
 case "$ACCEL" in auto|tcg|kvm) ;; *) die "--accel must be auto, tcg or kvm" ;; esac
+is_uint "$BENCH_BUDGET_MS" && [ "$BENCH_BUDGET_MS" -ge 1 ] || die "--bench-budget-ms must be a number of milliseconds"
+[ "$BENCH" = 0 ] || [ "$DEVICES" = 1 ] || die "--bench needs the devices"
+[ "$BENCH" = 0 ] || [ -z "$SOCKETS_DIR" ] || die "--bench starts its own servers: not with --sockets"
 command -v python3 >/dev/null || apt_install python3
 
 if [ "$DEVICES" = 0 ]; then MODE=no-devices; elif [ "$SHARE" = 1 ]; then MODE=share; else MODE=no-share; fi
@@ -186,7 +200,14 @@ stop_qemu() {
     pid=$(cat "$LOG_DIR/qemu.pid" 2>/dev/null) || return 0
     kill -TERM "$pid" 2>/dev/null || true
 }
-trap 'stop_device_model' EXIT
+PEERS_PID=""
+stop_peers() {
+    [ -n "$PEERS_PID" ] || return 0
+    kill -TERM "$PEERS_PID" 2>/dev/null || true
+    wait "$PEERS_PID" 2>/dev/null || true
+    PEERS_PID=""
+}
+trap 'stop_device_model; stop_peers' EXIT
 # QEMU runs in the background and is waited for, so a signal is handled at once, not after QEMU's timeout.
 trap 'log "interrupted; logs kept in $LOG_DIR"; stop_qemu; exit 130' INT TERM
 
@@ -237,6 +258,23 @@ elif [ "$DEVICES" = 1 ]; then
     DM_START_S=$(python3 -c "print(round($EPOCHREALTIME - $T_DM, 3))")
     log "device model ready in ${DM_START_S}s (pid $DM_PID, control socket $CONTROL_SOCK)"
 fi
+PEER_SOCK="$LOG_DIR/peer.sock" POLLED_SOCK="$LOG_DIR/polled.sock"
+if [ "$BENCH" = 1 ]; then
+    if [ -z "$RIG" ]; then
+        for c in "$TARGET_DIR/release/rig" "$TARGET_DIR/debug/rig"; do [ -x "$c" ] && { RIG=$c; break; }; done
+    fi
+    [ -n "$RIG" ] && [ -x "$RIG" ] || fail "--bench needs the rig binary (cargo build --release -p rig, or --rig PATH)"
+    rm -f "$PEER_SOCK" "$POLLED_SOCK"
+    "$RIG" serve-peers --peer "$PEER_SOCK" --polled "$POLLED_SOCK" </dev/null >"$LOG_DIR/serve-peers.log" 2>&1 &
+    PEERS_PID=$!
+    for _ in $(seq 1 100); do
+        [ -S "$PEER_SOCK" ] && [ -S "$POLLED_SOCK" ] && break
+        kill -0 "$PEERS_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    [ -S "$PEER_SOCK" ] && [ -S "$POLLED_SOCK" ] || fail "rig serve-peers did not listen within 10 s: $(tail -n 5 "$LOG_DIR/serve-peers.log")"
+    log "rig serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, busy-polled $POLLED_ID"
+fi
 
 # --- QEMU -------------------------------------------------------------------------------------------------
 MEM=512M
@@ -254,6 +292,7 @@ fi
 if [ "$HFI1_WFR" = 1 ] && [ "$DEVICES" = 1 ]; then
     APPEND="$APPEND rdma_emu.hfi1_wfr=8086:24f0 rdma_emu.hfi1_params=\"$HFI1_PARAMS\" rdma_emu.kdriver_timeout=$KDRIVER_TIMEOUT"
 fi
+[ "$BENCH" = 1 ] && APPEND="$APPEND rdma_emu.bench=1 rdma_emu.bench_budget_ms=$BENCH_BUDGET_MS rdma_emu.peer=$PEER_ID rdma_emu.polled=$POLLED_ID rdma_emu.edu=$EDU_ID"
 [ -n "$APPEND_EXTRA" ] && APPEND="$APPEND $APPEND_EXTRA"
 
 QCMD=("$QEMU" -accel "$ACCEL")
@@ -281,6 +320,13 @@ if [ "$DEVICES" = 1 ]; then
         QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"$dev\"$bus,\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}")
     done
     [ "$HFI1_WFR" = 1 ] && QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"hfi1-wfr\",\"socket\":{\"path\":\"$WFR_SOCK\",\"type\":\"unix\"}}")
+    if [ "$BENCH" = 1 ]; then
+        for p in peer polled; do
+            sock=$PEER_SOCK; [ "$p" = polled ] && sock=$POLLED_SOCK
+            QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"$p\",\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}")
+        done
+        QCMD+=(-device edu)
+    fi
 fi
 QCMD+=("${QEMU_EXTRA[@]}")
 printf '%q ' "${QCMD[@]}" >"$LOG_DIR/qemu-command.txt"
@@ -416,16 +462,17 @@ with open(sys.argv[2], "w") as out:
 PY
 fi
 stop_device_model
+stop_peers
 trap - EXIT
 
 # --- result -----------------------------------------------------------------------------------------------
 set +e
 python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
-    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" <<'EOF'
+    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" "$BENCH" <<'EOF'
 import json, os, sys
 
 (log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
- dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status) = sys.argv[1:]
+ dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status, bench) = sys.argv[1:]
 qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
 
 def read(name):
@@ -468,7 +515,7 @@ def parse_output(text):
 
 steps = guest.get("steps", []) if isinstance(guest, dict) else []
 for s in steps:
-    if s.get("name", "").startswith("demo-") and "stdout" in s:
+    if (s.get("name", "").startswith("demo-") or s.get("name") == "bench") and "stdout" in s:
         out, err = parse_output(s.get("stdout", ""))
         s["output"] = out
         # udriver's report has its own verdict ({"demo", "ok", "steps": [{"name", "ok", ...}]}): honour it too.
@@ -508,7 +555,9 @@ if guest is not None:
         problems.append("the guest ran no step")
     names = {s.get("name") for s in steps}
     expected = ["mount", "modules", "iommu"]
-    if mode != "no-devices":
+    if bench == "1":
+        expected.append("bench")
+    elif mode != "no-devices":
         for dev in ("hfi1", "irdma"):
             if dev in guest.get("devices", {}):
                 expected.append(f"demo-{dev}")
@@ -624,6 +673,7 @@ result = {
     "guest": guest,
     "hfi1_wfr_step_accesses": step_accesses() if hfi1_wfr == "1" else None,
     "hfi1_user_host": hfi1_user_host,
+    "bench": next((s.get("output") for s in steps if s.get("name") == "bench"), None),
 }
 tmp = result_path + ".tmp"
 with open(tmp, "w") as f:

@@ -22,6 +22,8 @@ pub const MAX_RCV_ARRAY_ENTRIES: u32 = crate::hfi1::MAX_RCV_ARRAY_COUNT as u32;
 pub const MAX_QHASH_CAPACITY: u32 = 65536;
 /// Largest `--worker-spin-us`: the hfi1 engine's limit ([`crate::hfi1::MAX_WORKER_SPIN`]).
 pub const MAX_WORKER_SPIN_US: u64 = crate::hfi1::MAX_WORKER_SPIN.as_micros() as u64;
+/// Largest `--busy-poll-us`: longer than any gap between a guest's trapped accesses in a burst.
+pub const MAX_BUSY_POLL_US: u64 = 1000;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -245,6 +247,12 @@ pub struct Args {
     /// (both engines) [default: 50]. 0 suits a host with fewer free cores than busy device workers.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=MAX_WORKER_SPIN_US))]
     pub worker_spin_us: Option<u64>,
+
+    /// After each reply, how long a connection's thread polls its socket without blocking while requests come
+    /// in bursts, in microseconds, 0..=1000 [default: 0, off]. Saves a wake-up per trapped access while a
+    /// client waits for each reply, at the cost of a busy core (docs/bench.md, case (a) and the guest mode).
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=MAX_BUSY_POLL_US))]
+    pub busy_poll_us: Option<u64>,
 
     /// Serve one client per socket, then exit once every socket has had its client.
     #[arg(long)]

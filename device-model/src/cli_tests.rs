@@ -174,6 +174,7 @@ fn long_help_documents_every_option_and_examples() {
         "--hfi1-rcvarray-entries <N>",
         "--irdma-qhash-capacity <N>",
         "--worker-spin-us <US>",
+        "--busy-poll-us <US>",
         "--once",
         "--log-level <LEVEL>",
         "Examples:",
@@ -253,4 +254,14 @@ fn worker_spin_is_microseconds_from_zero_to_the_engine_limit() {
         assert_eq!(got, want.map(Some), "--worker-spin-us {given}");
     }
     assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().worker_spin_us, None);
+}
+
+#[test]
+fn busy_poll_is_microseconds_up_to_a_millisecond_and_off_unless_given() {
+    let table: [(&str, Option<u64>); 4] = [("0", Some(0)), ("50", Some(50)), ("1000", Some(1000)), ("1001", None)];
+    for (given, want) in table {
+        let got = parse(&["--hfi1", "/tmp/h", "--busy-poll-us", given]).ok().map(|a| a.busy_poll_us);
+        assert_eq!(got, want.map(Some), "--busy-poll-us {given}");
+    }
+    assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().busy_poll_us, None);
 }

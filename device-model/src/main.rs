@@ -5,6 +5,7 @@ use std::os::unix::net::UnixListener;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use device_model::build::DeviceOptions;
@@ -200,12 +201,14 @@ fn run(args: &Args) -> Result<(), String> {
         None => None,
     };
 
+    let config =
+        ServerConfig { busy_poll: Duration::from_micros(args.busy_poll_us.unwrap_or(0)), ..ServerConfig::default() };
     let mut threads = Vec::new();
     let mut stops = Vec::new();
     for (((function, listener), s), recorder) in functions.into_iter().zip(listeners).zip(&served).zip(recorders) {
         let once = args.once;
         let name = s.kind.name();
-        let server = Server::new(function, ServerConfig { recorder: Some(recorder), ..ServerConfig::default() });
+        let server = Server::new(function, ServerConfig { recorder: Some(recorder), ..config.clone() });
         stops.push(server.shutdown_handle());
         let stop = shutdown.clone();
         let thread = std::thread::Builder::new()

@@ -29,6 +29,22 @@ struct State {
     model: Vec<(u64, Vec<u8>)>,
     violations: Vec<Violation>,
     device_writes: u64,
+    /// Ranges anyone wrote since the last reset `(start, end)`: what [`GuardedMemory::reset`] zeroes.
+    dirty: Vec<(u64, u64)>,
+}
+
+impl State {
+    fn touch(&mut self, iova: u64, len: usize) {
+        let end = iova.saturating_add(len as u64);
+        // Coalesce with the last range: inputs mostly write next to what they wrote before.
+        if let Some(last) = self.dirty.last_mut() {
+            if iova <= last.1 && end >= last.0 {
+                *last = (last.0.min(iova), last.1.max(end));
+                return;
+            }
+        }
+        self.dirty.push((iova, end));
+    }
 }
 
 pub struct GuardedMemory {
@@ -47,8 +63,36 @@ impl GuardedMemory {
                 model.push((iova, vec![0u8; len]));
             }
         }
-        let state = Mutex::new(State { allowed: Vec::new(), model, violations: Vec::new(), device_writes: 0 });
+        let state =
+            Mutex::new(State { allowed: Vec::new(), model, violations: Vec::new(), device_writes: 0, dirty: Vec::new() });
         GuardedMemory { mem, state, on_read }
+    }
+
+    /// Back to the state `new` left: every byte written since zeroed again (memory and the harness's copy),
+    /// no allowance, no violation. A fuzz worker keeps one memory across inputs: allocating and faulting in
+    /// fresh windows per input cost more than the device code under test.
+    pub fn reset(&self) {
+        let mut st = self.lock();
+        let dirty = std::mem::take(&mut st.dirty);
+        let zeros = vec![0u8; 4096];
+        for (start, end) in dirty {
+            for (base, model) in st.model.iter_mut() {
+                let (lo, hi) = (start.max(*base), end.min(*base + model.len() as u64));
+                if lo >= hi {
+                    continue;
+                }
+                model[(lo - *base) as usize..(hi - *base) as usize].fill(0);
+                let mut at = lo;
+                while at < hi {
+                    let n = ((hi - at) as usize).min(zeros.len());
+                    let _ = self.mem.write(at, &zeros[..n]);
+                    at += n as u64;
+                }
+            }
+        }
+        st.allowed.clear();
+        st.violations.clear();
+        st.device_writes = 0;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -62,6 +106,7 @@ impl GuardedMemory {
             return false;
         }
         let mut st = self.lock();
+        st.touch(iova, data.len());
         let mut at = 0usize;
         while at < data.len() {
             let cur = iova + at as u64;
@@ -100,8 +145,9 @@ impl GuardedMemory {
     /// Returns the first byte that changed outside them.
     pub fn check_snapshot(&self) -> Option<u64> {
         let st = self.lock();
+        let mut now = Vec::new();
         for (base, model) in &st.model {
-            let mut now = vec![0u8; model.len()];
+            now.resize(model.len(), 0);
             if self.mem.read(*base, &mut now).is_err() {
                 return Some(*base);
             }
@@ -145,6 +191,7 @@ impl DmaAccess for GuardedMemory {
         self.mem.write(iova, buf)?;
         let mut st = self.lock();
         st.device_writes += 1;
+        st.touch(iova, buf.len());
         // Keep the model in step with allowed writes so the snapshot compares only unexpected changes.
         let mut at = 0usize;
         while at < buf.len() {
@@ -202,6 +249,26 @@ mod tests {
         // Write through the inner memory directly, as a device path that skipped the check would.
         m.mem.write(0x1234, &[9]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(m.check_snapshot(), Some(0x1234));
+    }
+
+    #[test]
+    fn reset_zeroes_what_host_and_device_wrote_and_forgets_allowances_and_violations() {
+        let m = GuardedMemory::new(&[(0x1000, 0x1000), (0x4000, 0x1000)], None);
+        assert!(m.host_write(0x1ff0, &[7; 16]));
+        m.allow(0x4000, 0x100);
+        assert_eq!(m.write(0x4010, &[3; 8]), Ok(()));
+        assert!(m.write(0x4800, &[3; 8]).is_err());
+        m.reset();
+        assert!(m.violations().is_empty());
+        assert_eq!(m.device_writes(), 0);
+        let mut b = [1u8; 16];
+        for at in [0x1ff0, 0x4010] {
+            assert!(m.host_read(at, &mut b));
+            assert_eq!(b, [0; 16], "{at:#x}");
+        }
+        assert_eq!(m.check_snapshot(), None);
+        // The allowance is gone with the reset.
+        assert!(m.write(0x4010, &[3; 8]).is_err());
     }
 
     #[test]

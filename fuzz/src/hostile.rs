@@ -145,7 +145,7 @@ impl Hostile {
                 real()
             }
             ReadAction::Slow => {
-                std::thread::sleep(Duration::from_micros(200));
+                std::thread::sleep(Duration::from_micros(50));
                 real()
             }
         }

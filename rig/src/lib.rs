@@ -1,11 +1,13 @@
 //! The device model and udriver in one process, for tests, benchmarks and fuzzing: the in-process backend
-//! (`inproc`), a device-model function served on a private vfio-user socket (`served`), the benchmarks
-//! (`bench`), and the integration tests that need both sides (`tests/`). udriver itself links none of this.
+//! (`inproc`), a device-model function served on a private vfio-user socket (`served`) or by rust-vmm's
+//! server (`peer`), the benchmarks (`bench`), and the integration tests that need both sides (`tests/`).
+//! udriver itself links none of this.
 
 #![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod inproc;
+pub mod peer;
 pub mod served;
 
 use std::sync::Arc;
@@ -27,6 +29,9 @@ pub enum RigError {
     Pci(#[from] PciError),
     #[error("{op}: {source}")]
     Io { op: &'static str, source: std::io::Error },
+    /// rust-vmm's server (the benchmarks' peer) failed.
+    #[error("peer server: {0}")]
+    Peer(String),
 }
 
 /// Which of the project's functions to build.

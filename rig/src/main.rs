@@ -45,9 +45,23 @@ enum RigCommand {
         /// Wall time spent measuring each variant of a case.
         #[arg(long, default_value_t = 1500)]
         budget_ms: u64,
-        /// Run only these cases (repeatable): a, b, c, d, e, spin.
+        /// Run only these cases (repeatable): a, b, c, d, e, spin, scale.
         #[arg(long = "case", value_name = "ID")]
         cases: Vec<String>,
+    },
+    /// The in-guest benchmark's extra hfi1 functions, until killed: one served by rust-vmm's vfio-user server
+    /// (PCI 1b36:1102) and one by ours with busy-poll on (1b36:1103), for QEMU's vfio-user-pci
+    /// (ci/run-qemu.sh --bench).
+    ServePeers {
+        /// Socket of the function behind rust-vmm's server.
+        #[arg(long, value_name = "SOCKET")]
+        peer: std::path::PathBuf,
+        /// Socket of the function behind our server with busy-poll.
+        #[arg(long, value_name = "SOCKET")]
+        polled: std::path::PathBuf,
+        /// The busy-poll budget of the second function, in microseconds.
+        #[arg(long, default_value_t = 50)]
+        busy_poll_us: u64,
     },
 }
 
@@ -75,6 +89,10 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             // A missed target is a measurement; a case that could not run or failed its own checks is an error.
             Ok(if report.cases.iter().any(|c| c.error.is_some()) { ExitCode::from(1) } else { ExitCode::SUCCESS })
         }
+        RigCommand::ServePeers { peer, polled, busy_poll_us } => {
+            rig::peer::serve_peers(peer, polled, Duration::from_micros(*busy_poll_us)).map_err(|e| e.to_string())?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -93,11 +111,12 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent_and_takes_the_documented_forms() {
         Cli::command().debug_assert();
-        let cases: [&[&str]; 4] = [
+        let cases: [&[&str]; 5] = [
             &["rig", "--in-process", "hfi1", "hfi1-demo"],
             &["rig", "--in-process", "irdma", "stress", "--seconds", "5", "--threads", "4"],
             &["rig", "--json", "irdma-demo", "--in-process", "irdma", "--wait", "irq"],
             &["rig", "bench", "--case", "d", "--case", "a"],
+            &["rig", "serve-peers", "--peer", "/tmp/p.sock", "--polled", "/tmp/q.sock", "--busy-poll-us", "20"],
         ];
         for args in cases {
             assert!(Cli::try_parse_from(args).is_ok(), "{args:?}");

@@ -24,6 +24,15 @@ pub struct Served {
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
+/// A socket path of this process's own, unique per call.
+pub(crate) fn socket_path(what: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "rdma-emu-rig-{what}-{}-{}.sock",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
 impl Served {
     /// Serves `engine` as a PCI function with `ids`.
     pub fn new(engine: Arc<dyn Engine>, ids: PciIds) -> Result<Self, RigError> {
@@ -35,13 +44,9 @@ impl Served {
         Self::with_config(function, ServerConfig::default())
     }
 
-    /// Serves `function` with a server configured by `config` (a session recorder, say).
+    /// Serves `function` with a server configured as `config` (a session recorder, say).
     pub fn with_config(function: Arc<Function>, config: ServerConfig) -> Result<Self, RigError> {
-        let path = std::env::temp_dir().join(format!(
-            "rdma-emu-rig-{}-{}.sock",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        let path = socket_path("dm");
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).map_err(|source| RigError::Io { op: "bind", source })?;
         let server = Server::new(function, config);

@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod demo;
 pub mod dma;

@@ -319,11 +319,41 @@ fn a_panicking_device_costs_only_its_connection() {
 }
 
 #[test]
+fn a_busy_polling_server_serves_bursts_message_dma_and_idle_gaps_alike() {
+    let srv = Running::start(ServerConfig {
+        busy_poll: Duration::from_millis(1),
+        max_data_xfer_size: 0x1000,
+        ..Default::default()
+    });
+    let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
+    for i in 0..200 {
+        w32(&c, regs::SCRATCH, i);
+        assert_eq!(r32(&c, regs::SCRATCH), i);
+    }
+    // The device's DMA_READ/WRITE replies reach the worker while the connection thread polls.
+    let mem = Arc::new(VecBacking(Mutex::new(pattern(0x4000))));
+    c.dma_map_backed(0x4000_0000, 0x4000, mem, DmaProt::READ_WRITE).unwrap();
+    assert_eq!(run_job(&c, cmd::SUM, 0x4000_0000, 0x4000), (status::DONE, pattern_sum(0x4000)));
+    // Idle longer than the budget (polling disarms), then a burst again.
+    std::thread::sleep(Duration::from_millis(20));
+    for i in 0..20 {
+        w32(&c, regs::SCRATCH, i + 7);
+        assert_eq!(r32(&c, regs::SCRATCH), i + 7);
+    }
+}
+
+#[test]
 fn shutdown_makes_serve_return_promptly_even_with_an_idle_client_connected() {
+    for busy_poll in [Duration::ZERO, Duration::from_millis(1)] {
+        shutdown_with_an_idle_client(ServerConfig { busy_poll, ..Default::default() });
+    }
+}
+
+fn shutdown_with_an_idle_client(config: ServerConfig) {
     let dir = common::TempDir::new();
     let path = dir.0.join("sock");
     let device = common::TestDevice::new();
-    let server = vfio_user_proto::Server::new(device.clone(), ServerConfig::default());
+    let server = vfio_user_proto::Server::new(device.clone(), config);
     let stop = server.shutdown_handle();
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
     let t = std::thread::spawn(move || server.serve(listener));

@@ -84,6 +84,13 @@ impl Irdma {
         self.shared.counters.to_json()
     }
 
+    /// What invariant checks read, without serialising a whole dump: (quad-hash entries, its capacity, the SQ
+    /// size of a live CQP). For tests and fuzzing.
+    pub fn shape(&self) -> (usize, usize, Option<u32>) {
+        let st = self.shared.lock();
+        (st.qhash.len(), st.qhash.capacity(), st.cqp.as_ref().map(|c| c.ctx.sq_size))
+    }
+
     /// Queues work for the worker; never blocks.
     fn submit(&self, st: &State, work: Work) -> bool {
         if self.worker.as_ref().is_some_and(|q| q.try_submit(st.epoch, work)) {

@@ -11,13 +11,12 @@ use device_model::hfi1::{Hfi1, Hfi1Config};
 use device_model::pci::PciIds;
 use serde_json::json;
 
-use super::stats::{sample, sample_prepared, Samples};
-use super::{Better, Case, Target};
 use crate::served::Served;
 use udriver::access::DeviceAccess;
 use udriver::backend::vfio_user::VfioUserBackend;
-use udriver::dma::{DmaPool, IOVA_BASE, PAGE_SIZE};
-use udriver::hfi1::ctxt::{Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params};
+use udriver::bench::loopback::Hfi1Driver;
+use udriver::bench::{sample, sample_prepared, Better, Case, Samples, Target};
+use udriver::dma::{IOVA_BASE, PAGE_SIZE};
 use udriver::hfi1::exp_rcv::{
     hfi1_kern_exp_rcv_alloc_flows, hfi1_kern_exp_rcv_clear, hfi1_kern_exp_rcv_setup, TidRdmaRequest,
 };
@@ -27,8 +26,7 @@ use udriver::hfi1::regs::PtType;
 use udriver::hfi1::sge::{RvtSge, RvtSgeState};
 use udriver::hfi1::tid::{hfi1_put_tid, trdma_pset_order};
 
-/// A TID RDMA segment at most (TID_RDMA_MAX_SEGMENT_SIZE).
-pub const SEGMENT: usize = 256 * 1024;
+pub use udriver::bench::loopback::SEGMENT;
 const SEGMENT_PAGES: usize = SEGMENT / PAGE_SIZE as usize;
 const PMTU: u32 = 4096;
 /// Mapped stores are a few ns each: time them in batches so the clock read does not dominate.
@@ -40,12 +38,16 @@ const TARGET_SETUP_CLEAR_NS: f64 = 5000.0;
 /// The hfi1 function served over vfio-user and the driver attached to it in direct mode, one receive
 /// context owning the whole RcvArray. Fields drop in order: driver state first, the server last.
 pub struct Rig {
-    pub rcd: Arc<Hfi1Ctxtdata>,
-    pub dd: Arc<Hfi1Devdata>,
-    pub pool: Arc<DmaPool>,
-    pub dev: Arc<dyn DeviceAccess>,
+    pub drv: Hfi1Driver,
     _served: Served,
     pub engine: Arc<Hfi1>,
+}
+
+impl std::ops::Deref for Rig {
+    type Target = Hfi1Driver;
+    fn deref(&self) -> &Hfi1Driver {
+        &self.drv
+    }
 }
 
 impl Rig {
@@ -55,15 +57,11 @@ impl Rig {
             Served::new(engine.clone() as Arc<dyn Engine>, PciIds::hfi1_default()).map_err(|e| e.to_string())?;
         let backend = VfioUserBackend::connect(served.path(), map_bars).map_err(|e| format!("connect: {e}"))?;
         let dev: Arc<dyn DeviceAccess> = Arc::new(backend);
-        dev.pci_enable_device().map_err(|e| format!("pci_enable_device: {e}"))?;
-        if map_bars && dev.identity().mapped_bars.is_empty() {
+        let drv = Hfi1Driver::probe(dev)?;
+        if map_bars && drv.dev.identity().mapped_bars.is_empty() {
             return Err("the server offered no mappable RcvArray".into());
         }
-        let params = Hfi1Params { num_rcv_contexts: 1, rcvarr_split: 0, ..Default::default() };
-        let dd = Hfi1Devdata::probe(dev.clone(), params).map_err(|e| format!("probe: {e}"))?;
-        let rcd = Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 0).map_err(|e| format!("context: {e}"))?;
-        let pool = Arc::new(DmaPool::new(dev.clone(), false));
-        Ok(Self { rcd, dd, pool, dev, _served: served, engine })
+        Ok(Self { drv, _served: served, engine })
     }
 
     /// Valid entries of the device's effective RcvArray (its control dump), taking every mapped store.

@@ -8,20 +8,16 @@
 mod hfi1;
 mod irdma;
 mod placement;
-mod report;
+mod scale;
 mod socket;
-mod stats;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-#[cfg(test)]
-use report::cpu_model;
-use report::utc_string;
-pub use report::{BenchReport, Better, Case, Machine, Metric, Target};
-pub use stats::Samples;
+pub use udriver::bench::{utc_string, BenchReport, Better, Case, Machine, Metric, Samples, Target};
 
-/// Every case `run` knows, in report order: (a)-(e) of issue 7 and the hfi1 worker spin measurement.
-pub const CASES: [&str; 6] = ["a", "b", "c", "d", "e", "spin"];
+/// Every case `run` knows, in report order: (a)-(e) of issue 7, the hfi1 worker spin measurement, and the
+/// scale curves of issue 17.
+pub const CASES: [&str; 7] = ["a", "b", "c", "d", "e", "spin", "scale"];
 
 /// What to run and for how long.
 #[derive(Debug, Clone)]
@@ -68,7 +64,11 @@ pub fn run(opts: &BenchOptions) -> BenchReport {
     if opts.wants("spin") {
         cases.push(placement::worker_spin(budget));
     }
+    if opts.wants("scale") {
+        cases.push(scale::scale(budget));
+    }
     BenchReport {
+        tool: "rig",
         date: utc_string(now),
         machine: Machine::this(),
         build: if cfg!(debug_assertions) { "debug" } else { "release" },

@@ -28,6 +28,9 @@ pub struct ServerConfig {
     pub mmap_limits: MmapLimits,
     /// Records every session to a file of its own (docs/observe.md); `None`: nothing is recorded.
     pub recorder: Option<Arc<Recorder>>,
+    /// After a reply, how long the connection thread polls the socket without blocking while requests
+    /// come in bursts (`server::poll`); zero never polls. Costs a core while it polls.
+    pub busy_poll: Duration,
 }
 
 impl Default for ServerConfig {
@@ -40,6 +43,7 @@ impl Default for ServerConfig {
             stall_timeout: Duration::from_secs(5),
             mmap_limits: MmapLimits::default(),
             recorder: None,
+            busy_poll: Duration::ZERO,
         }
     }
 }

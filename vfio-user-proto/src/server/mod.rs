@@ -11,6 +11,7 @@
 mod config;
 mod conn;
 mod outbound;
+mod poll;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::AssertUnwindSafe;
@@ -31,6 +32,7 @@ use crate::wire::{Header, HEADER_SIZE};
 pub use config::ServerConfig;
 use conn::Conn;
 use outbound::Outbound;
+use poll::BusyPoll;
 
 #[derive(Debug, Error)]
 pub enum ServerError {
@@ -191,12 +193,24 @@ impl Server {
         conn: &mut Conn,
         out: &Outbound,
     ) -> Result<(), ServerError> {
+        let mut poll = BusyPoll::new(self.config.busy_poll);
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());
             }
-            match reader.next(stream, Wait::Block) {
-                Ok(Some(msg)) => conn.handle(msg)?,
+            let next = match poll.budget() {
+                Some(budget) => Self::poll_for(stream, reader, budget, &mut poll),
+                None => reader.next(stream, Wait::Block).inspect(|m| {
+                    if m.is_some() {
+                        poll.woke();
+                    }
+                }),
+            };
+            match next {
+                Ok(Some(msg)) => {
+                    conn.handle(msg)?;
+                    poll.handled();
+                }
                 Ok(None) => {}
                 Err(FrameError::Closed) | Err(FrameError::Stopped) => return Ok(()),
                 Err(FrameError::BadSize { header, size, max }) => {
@@ -207,6 +221,26 @@ impl Server {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    /// Reads without blocking for up to `budget`; `Ok(None)` (and polling disarmed) if nothing came.
+    fn poll_for(
+        stream: &UnixStream,
+        reader: &mut FrameReader,
+        budget: Duration,
+        poll: &mut BusyPoll,
+    ) -> Result<Option<crate::sock::Message>, FrameError> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(m) = reader.next(stream, Wait::NoWait)? {
+                return Ok(Some(m));
+            }
+            if start.elapsed() >= budget {
+                poll.missed();
+                return Ok(None);
+            }
+            std::hint::spin_loop();
         }
     }
 }

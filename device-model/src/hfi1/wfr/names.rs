@@ -72,8 +72,19 @@ const FAMILIES: &[(u64, u64, u64, &str)] = &[
     (SEND_DMA_CTRL, 0x100, TXE_NUM_SDMA_ENGINES as u64, "engine"),
 ];
 
+/// The name lists by offset, the first list's name where two name one offset (CSR list, then RXE, then the
+/// per-context registers): built once, so naming an access (every access the log records) is a binary
+/// search rather than a walk over every name.
 fn exact(offset: u64) -> Option<&'static str> {
-    all_exact().find(|&(o, _)| o == offset).map(|(_, n)| n)
+    static SORTED: std::sync::OnceLock<Vec<(u64, &'static str)>> = std::sync::OnceLock::new();
+    let sorted = SORTED.get_or_init(|| {
+        let mut v: Vec<(u64, &'static str)> = all_exact().collect();
+        // Stable: among equal offsets the list order stays, and dedup keeps the first.
+        v.sort_by_key(|&(o, _)| o);
+        v.dedup_by_key(|e| e.0);
+        v
+    });
+    sorted.binary_search_by_key(&offset, |&(o, _)| o).ok().and_then(|i| sorted.get(i)).map(|&(_, n)| n)
 }
 
 /// What an offset is, before formatting.

@@ -1,4 +1,5 @@
 //! What a bench run reports: metrics, targets and their verdicts, per case, and the machine they belong to.
+//! The same format for `rig bench` on the host and `udriver bench` inside the guest.
 
 #![forbid(unsafe_code)]
 
@@ -43,6 +44,28 @@ impl Target {
     }
 }
 
+/// How one cost grows with the work: (x, y) points, x ascending (issue 17's scale curves).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Curve {
+    pub name: String,
+    /// What x counts ("entries in the table", "concurrent clients", ...).
+    pub x: String,
+    pub unit: &'static str,
+    pub points: Vec<[f64; 2]>,
+}
+
+impl Curve {
+    /// (x at the last point / x at the first, y at the last / y at the first): how much the work grew and
+    /// how much the cost grew with it.
+    pub fn growth(&self) -> Option<(f64, f64)> {
+        let (first, last) = (self.points.first()?, self.points.last()?);
+        if first[0] <= 0.0 || first[1] <= 0.0 {
+            return None;
+        }
+        Some((last[0] / first[0], last[1] / first[1]))
+    }
+}
+
 /// One case of the benchmark: its metrics, its targets, and notes on how it was measured.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Case {
@@ -51,36 +74,43 @@ pub struct Case {
     pub metrics: Vec<Metric>,
     pub targets: Vec<Target>,
     pub notes: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub curves: Vec<Curve>,
     /// Set when the case could not run; its metrics are then incomplete.
     pub error: Option<String>,
 }
 
 impl Case {
-    pub(super) fn new(id: &str, title: &str) -> Self {
+    pub fn new(id: &str, title: &str) -> Self {
         Self {
             id: id.to_string(),
             title: title.to_string(),
             metrics: Vec::new(),
             targets: Vec::new(),
             notes: Vec::new(),
+            curves: Vec::new(),
             error: None,
         }
     }
 
-    pub(super) fn metric(&mut self, name: &str, value: f64, unit: &'static str) {
+    pub fn metric(&mut self, name: &str, value: f64, unit: &'static str) {
         self.metrics.push(Metric { name: name.to_string(), value, unit });
     }
 
-    pub(super) fn target(&mut self, t: Target) {
+    pub fn target(&mut self, t: Target) {
         self.targets.push(t);
     }
 
-    pub(super) fn note(&mut self, n: impl Into<String>) {
+    pub fn curve(&mut self, name: &str, x: &str, unit: &'static str, points: Vec<[f64; 2]>) {
+        self.curves.push(Curve { name: name.to_string(), x: x.to_string(), unit, points });
+    }
+
+    pub fn note(&mut self, n: impl Into<String>) {
         self.notes.push(n.into());
     }
 
     /// Runs `f` on this case: what it measured stays, and an error it returns is recorded.
-    pub(super) fn run(mut self, f: impl FnOnce(&mut Case) -> Result<(), String>) -> Self {
+    pub fn run(mut self, f: impl FnOnce(&mut Case) -> Result<(), String>) -> Self {
         if let Err(e) = f(&mut self) {
             self.error = Some(e);
         }
@@ -106,7 +136,7 @@ impl Machine {
 }
 
 /// The first `model name` of /proc/cpuinfo, or "unknown".
-pub(super) fn cpu_model(cpuinfo: &str) -> String {
+pub fn cpu_model(cpuinfo: &str) -> String {
     cpuinfo
         .lines()
         .find_map(|l| {
@@ -119,6 +149,8 @@ pub(super) fn cpu_model(cpuinfo: &str) -> String {
 /// Everything one run measured.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct BenchReport {
+    /// What ran it: "rig" (host) or "udriver guest" (inside the guest).
+    pub tool: &'static str,
     /// UTC, `YYYY-MM-DDTHH:MM:SSZ`.
     pub date: String,
     pub machine: Machine,
@@ -139,8 +171,8 @@ impl BenchReport {
     pub fn render(&self) -> String {
         let (met, all) = self.score();
         let mut out = format!(
-            "udriver bench, {} ({} build), {} x {}, kernel {}: {met}/{all} targets met\n",
-            self.date, self.build, self.machine.nproc, self.machine.cpu_model, self.machine.kernel
+            "{} bench, {} ({} build), {} x {}, kernel {}: {met}/{all} targets met\n",
+            self.tool, self.date, self.build, self.machine.nproc, self.machine.cpu_model, self.machine.kernel
         );
         for c in &self.cases {
             out.push_str(&format!("({}) {}\n", c.id, c.title));
@@ -161,6 +193,11 @@ impl BenchReport {
                     fmt_value(t.bound)
                 ));
             }
+            for cv in &c.curves {
+                let pts: Vec<String> =
+                    cv.points.iter().map(|[x, y]| format!("{}: {}", fmt_value(*x), fmt_value(*y))).collect();
+                out.push_str(&format!("    curve {} ({} by {}): {}\n", cv.name, cv.unit, cv.x, pts.join(", ")));
+            }
             for n in &c.notes {
                 out.push_str(&format!("    note: {n}\n"));
             }
@@ -180,7 +217,7 @@ fn fmt_value(v: f64) -> String {
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` of a Unix time (proleptic Gregorian, days-from-civil inverted).
-pub(super) fn utc_string(secs: u64) -> String {
+pub fn utc_string(secs: u64) -> String {
     let days = (secs / 86400) as i64;
     let rem = secs % 86400;
     let z = days + 719_468;
