@@ -21,7 +21,7 @@ MODE=both
 if [ "${1:-}" = "--mode" ]; then MODE=$2; shift 2; fi
 if [ "$MODE" = lifecycle ]; then exec bash ci/lifecycle.sh; fi
 
-mapfile -t BINS < <(bash ci/build.sh)
+build_bins
 DM=${BINS[0]} UD=${BINS[1]} HU=${BINS[2]} HUH=${BINS[3]}
 QEMU=$(bash ci/get-qemu.sh)
 export RDMA_EMU_QEMU=$QEMU

@@ -9,6 +9,15 @@ mkdir -p "$CACHE_DIR"
 log() { printf '\033[1m[%s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '\033[31m[%s] error: %s\033[0m\n' "$(date +%H:%M:%S)" "$*" >&2; exit 1; }
 
+# Runs ci/build.sh and puts its four paths in the array BINS (device-model, static udriver, static hfi1-user,
+# hfi1-user-host). `mapfile < <(...)` would drop the build's exit status; this stops the script instead.
+build_bins() {
+    local out
+    out=$(bash "$REPO_ROOT/ci/build.sh") || die "ci/build.sh failed (exit $?): see the cargo output above"
+    mapfile -t BINS <<<"$out"
+    [ ${#BINS[@]} -eq 4 ] || die "ci/build.sh printed ${#BINS[@]} paths, expected 4"
+}
+
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 

@@ -35,7 +35,7 @@ command -v python3 >/dev/null || apt_install python3
 RSS_SLACK_KIB=16384
 RUN_TIMEOUT=300
 
-mapfile -t BINS < <(bash ci/build.sh)
+build_bins
 DM=${BINS[0]} UD=${BINS[1]}
 QEMU=${RDMA_EMU_QEMU:-$(bash ci/get-qemu.sh)}
 export RDMA_EMU_QEMU=$QEMU

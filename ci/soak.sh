@@ -31,7 +31,7 @@ command -v python3 >/dev/null || apt_install python3
 RSS_SLACK_KIB=32768
 NO_QEMU_ROUND_S=60
 
-mapfile -t BINS < <(bash ci/build.sh)
+build_bins
 DM=${BINS[0]} UD=${BINS[1]}
 # The host-side client: the release build (the static one is for the guest, and works here too).
 HOST_UD=$UD
