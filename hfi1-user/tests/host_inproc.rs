@@ -390,11 +390,9 @@ impl ControlTarget for Wfr {
     }
 }
 
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("hfi1-user-it-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// Removed when the rig is dropped, pass or fail.
+fn tempdir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("hfi1-user-it-{tag}-")).tempdir().unwrap()
 }
 
 fn wait_for(path: &Path) {
@@ -407,7 +405,7 @@ fn wait_for(path: &Path) {
 
 /// The chip as the kernel leaves it after ASSIGN_CTXT, behind a control socket.
 struct Rig {
-    dir: PathBuf,
+    dir: tempfile::TempDir,
     dev: Arc<Hfi1>,
     mem: Arc<HeapMemory>,
     maps: Maps,
@@ -433,14 +431,14 @@ impl Rig {
         let maps: Maps = Arc::new(Mutex::new(Vec::new()));
         let shutdown = Arc::new(AtomicBool::new(false));
         let target: Arc<dyn ControlTarget> = Arc::new(Wfr { dev: dev.clone(), maps: maps.clone() });
-        let server = serve_control(&dir.join("dm.sock"), vec![target], shutdown.clone()).unwrap();
+        let server = serve_control(&dir.path().join("dm.sock"), vec![target], shutdown.clone()).unwrap();
         Self { dir, dev, mem, maps, shutdown, server: Some(server) }
     }
 
     fn host(&self, step_timeout: Duration) -> (PathBuf, std::thread::JoinHandle<HostReport>) {
         let cfg = HostConfig {
-            listen: self.dir.join("serial.sock"),
-            control: self.dir.join("dm.sock"),
+            listen: self.dir.path().join("serial.sock"),
+            control: self.dir.path().join("dm.sock"),
             device: "hfi1-wfr".into(),
             accept_timeout: Duration::from_secs(10),
             hello_timeout: Duration::from_secs(10),

@@ -436,17 +436,15 @@ mod tests {
         }
     }
 
-    fn tempdir(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("hfi1-user-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    /// Removed when the test ends, pass or fail.
+    fn tempdir(tag: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("hfi1-user-{tag}-")).tempdir().unwrap()
     }
 
     #[test]
     fn nothing_connecting_is_an_accept_timeout_and_the_socket_is_removed() {
         let dir = tempdir("accept");
-        let c = cfg(&dir, Duration::from_millis(100));
+        let c = cfg(dir.path(), Duration::from_millis(100));
         let listener = bind(&c.listen).unwrap();
         let start = Instant::now();
         let e = accept(&listener, &c.listen, c.accept_timeout).unwrap_err();
@@ -461,7 +459,7 @@ mod tests {
     #[test]
     fn a_file_in_the_way_is_not_replaced() {
         let dir = tempdir("notsock");
-        let c = cfg(&dir, Duration::from_millis(100));
+        let c = cfg(dir.path(), Duration::from_millis(100));
         std::fs::File::create(&c.listen).unwrap().write_all(b"keep").unwrap();
         assert!(matches!(bind(&c.listen), Err(HostError::NotSocket { .. })));
         assert_eq!(std::fs::read(&c.listen).unwrap(), b"keep");
@@ -470,7 +468,7 @@ mod tests {
     #[test]
     fn early_connection_is_accepted_later() {
         let dir = tempdir("early");
-        let c = cfg(&dir, Duration::from_secs(5));
+        let c = cfg(dir.path(), Duration::from_secs(5));
         let listener = bind(&c.listen).unwrap();
         let _qemu = UnixStream::connect(&c.listen).unwrap();
         std::thread::sleep(Duration::from_millis(50));
