@@ -5,6 +5,8 @@
 //! -ETIMEDOUT when none comes (utils.c irdma_wait_event), irdma_sc_cqp_create -ETIMEDOUT when CCQPSTATUS
 //! never says done (ctrl.c), a failed DMA map -ENOMEM.
 
+mod irdma_common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,8 +19,9 @@ use udriver::access::DeviceAccess;
 use udriver::backend::vfio_user::VfioUserBackend;
 use udriver::dma::DmaPool;
 use udriver::irdma::process::irdma_manage_qhash;
-use udriver::irdma::qhash::IrdmaVsiQos;
 use udriver::irdma::*;
+
+use irdma_common::listener;
 
 /// How the rig reaches the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,24 +131,6 @@ fn flr(rig: &Rig) {
 }
 
 /// A TCP_SYN listener on local port `port`, as `irdma_manage_qhash` fills it.
-fn listener(manage: IrdmaQuadHashManageType, port: u16) -> IrdmaQhashTableInfo {
-    IrdmaQhashTableInfo {
-        vsi: IrdmaVsiQos::default(),
-        manage,
-        entry_type: IrdmaQuadEntryType::IrdmaQhashTypeTcpSyn,
-        vlan_valid: false,
-        ipv4_valid: true,
-        mac_addr: [0x00, 0x11, 0x22, 0x33, 0x44, 0x55],
-        vlan_id: 0,
-        user_pri: 0,
-        qp_num: 5,
-        dest_ip: [0x0A00_0001, 0, 0, 0],
-        src_ip: [0; 4],
-        dest_port: port,
-        src_port: 0,
-    }
-}
-
 const ADD: IrdmaQuadHashManageType = IrdmaQuadHashManageType::IrdmaQhashManageTypeAdd;
 const DELETE: IrdmaQuadHashManageType = IrdmaQuadHashManageType::IrdmaQhashManageTypeDelete;
 

@@ -1,6 +1,8 @@
 //! Sessions of udriver's demos recorded by the device model's server, replayed on a fresh device model: the
 //! replies match; a recording whose DMA contents were changed does not replay clean (docs/observe.md).
 
+mod irdma_common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -88,7 +90,6 @@ fn a_client_write_after_a_completion_finds_the_replayed_device_as_far_along_as_t
     use udriver::dma::DmaPool;
     use udriver::irdma::ccq::irdma_sc_ccq_arm;
     use udriver::irdma::process::irdma_manage_qhash;
-    use udriver::irdma::qhash::IrdmaVsiQos;
     use udriver::irdma::*;
     // MSI-X table (BAR4 at 0, 16 bytes a vector, Vector Control at 12) and PBA (BAR4 0x1000), docs/pci.md.
     const MSIX_BAR: u32 = 4;
@@ -117,21 +118,7 @@ fn a_client_write_after_a_completion_finds_the_replayed_device_as_far_along_as_t
         access.enable_msix(2).unwrap();
         access.write32(0, GLINT_CEQCTL, (1 << 30) | (3 << 11) | 1).unwrap();
         irdma_sc_ccq_arm(&dev.lock().ccq).unwrap();
-        let entry = IrdmaQhashTableInfo {
-            vsi: IrdmaVsiQos::default(),
-            manage: IrdmaQuadHashManageType::IrdmaQhashManageTypeAdd,
-            entry_type: IrdmaQuadEntryType::IrdmaQhashTypeTcpSyn,
-            vlan_valid: false,
-            ipv4_valid: true,
-            mac_addr: [0x00, 0x11, 0x22, 0x33, 0x44, 0x55],
-            vlan_id: 0,
-            user_pri: 0,
-            qp_num: 5,
-            dest_ip: [0x0A00_0001, 0, 0, 0],
-            src_ip: [0; 4],
-            dest_port: 4791,
-            src_port: 0,
-        };
+        let entry = irdma_common::listener(IrdmaQuadHashManageType::IrdmaQhashManageTypeAdd, 4791);
         irdma_manage_qhash(&dev, &entry).unwrap();
         // The CQE is in and the device's interrupt delivered; only then does the client mask the vector.
         idle();

@@ -171,7 +171,6 @@ mod tests {
     use crate::dma::DmaPool;
     use crate::irdma::cqp::irdma_sc_cqp_nop;
     use crate::irdma::dev::IrdmaDevConfig;
-    use crate::irdma::qhash::{IrdmaQuadEntryType, IrdmaQuadHashManageType, IrdmaVsiQos};
     use crate::irdma::regs::IrdmaRegisters::{IRDMA_CQARM, IRDMA_GLINT_CEQCTL};
     use crate::irdma::testdev::*;
     use std::sync::Arc;
@@ -202,22 +201,9 @@ mod tests {
         (dev, irdma)
     }
 
+    /// G9's SYN listener on `port`.
     fn listener(port: u16) -> IrdmaQhashTableInfo {
-        IrdmaQhashTableInfo {
-            vsi: IrdmaVsiQos::default(),
-            manage: IrdmaQuadHashManageType::IrdmaQhashManageTypeAdd,
-            entry_type: IrdmaQuadEntryType::IrdmaQhashTypeTcpSyn,
-            vlan_valid: false,
-            ipv4_valid: true,
-            mac_addr: [0x00, 0x11, 0x22, 0x33, 0x44, 0x55],
-            vlan_id: 0,
-            user_pri: 0,
-            qp_num: 5,
-            dest_ip: [0x0A00_0001, 0, 0, 0],
-            src_ip: [0; 4],
-            dest_port: port,
-            src_port: 0,
-        }
+        IrdmaQhashTableInfo { dest_port: port, ..g9_syn_listener() }
     }
 
     fn errno<T>(r: Result<T>) -> i32 {
