@@ -798,26 +798,37 @@ impl DmaAccess for HeldAfterWrite {
     }
 }
 
+/// Attaches memory that holds the device after its write to `gated`; the sender releases it.
+fn hold_after_write(rig: &Rig, gated: u64) -> crossbeam_channel::Sender<()> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let held = HeldAfterWrite { inner: rig.mem.clone(), gated, release: rx };
+    rig.dev.attach(Arc::new(held), rig.irqs.clone());
+    tx
+}
+
+/// Polls the CCQ until a CQE is visible, while the device may still be held mid-command.
+fn wait_cqe(rig: &mut Rig, what: &str) -> Cqe {
+    let deadline = std::time::Instant::now() + IDLE;
+    loop {
+        if let Some(cqe) = rig.poll() {
+            return cqe;
+        }
+        assert!(std::time::Instant::now() < deadline, "no {what} completion");
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn an_arm_the_moment_the_create_cq_completion_is_visible_is_accepted() {
     let mut rig = Rig::new();
     rig.create_cqp(16);
     rig.w32(IRDMA_GLINT_CEQCTL, (1 << 30) | (3 << 11));
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let held = HeldAfterWrite { inner: rig.mem.clone(), gated: CCQ_PA + 24, release: rx };
-    rig.dev.attach(Arc::new(held), rig.irqs.clone());
+    let tx = hold_after_write(&rig, CCQ_PA + 24);
     rig.post(create_cq_wqe(16, CCQ_PA, Some(0)));
     rig.w32(IRDMA_CQPDB, rig.head);
     // irdma_sc_ccq_create_done sees the CQE while the device has yet to publish the rest of the WQE.
     (rig.ccq_size, rig.ccq_head, rig.ccq_polarity) = (16, 0, true);
-    let deadline = std::time::Instant::now() + IDLE;
-    let cqe = loop {
-        if let Some(cqe) = rig.poll() {
-            break cqe;
-        }
-        assert!(std::time::Instant::now() < deadline, "no CREATE_CQ completion");
-        std::thread::yield_now();
-    };
+    let cqe = wait_cqe(&mut rig, "CREATE_CQ");
     assert_eq!(cqe.error(), None);
     let qw4 = rig.mem.read_u64(SHADOW_PA + 32).unwrap();
     rig.mem.write_u64(SHADOW_PA + 32, (qw4 & 0xBFFF) | (1 << 16) | (1 << 14)).unwrap();
@@ -836,19 +847,10 @@ fn cqptail_has_moved_past_a_wqe_by_the_time_its_cqe_is_visible() {
     let mut rig = Rig::new();
     rig.create_cqp(16);
     rig.create_ccq(16);
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let held = HeldAfterWrite { inner: rig.mem.clone(), gated: CCQ_PA + 32 + 24, release: rx };
-    rig.dev.attach(Arc::new(held), rig.irqs.clone());
+    let tx = hold_after_write(&rig, CCQ_PA + 32 + 24);
     let idx = rig.post(nop());
     rig.w32(IRDMA_CQPDB, rig.head);
-    let deadline = std::time::Instant::now() + IDLE;
-    let cqe = loop {
-        if let Some(cqe) = rig.poll() {
-            break cqe;
-        }
-        assert!(std::time::Instant::now() < deadline, "no NOP completion");
-        std::thread::yield_now();
-    };
+    let cqe = wait_cqe(&mut rig, "NOP");
     assert_eq!(cqe.idx(), u64::from(idx));
     // irdma_sc_ccq_destroy samples CQPTAIL now, before it posts, and waits for it to move on from there.
     assert_eq!(rig.r32(IRDMA_CQPTAIL), idx + 1);
@@ -862,20 +864,11 @@ fn cqperrcodes_holds_an_error_cqes_codes_by_the_time_the_cqe_is_visible() {
     let mut rig = Rig::new();
     rig.create_cqp(16);
     rig.create_ccq(16);
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let held = HeldAfterWrite { inner: rig.mem.clone(), gated: CCQ_PA + 32 + 24, release: rx };
-    rig.dev.attach(Arc::new(held), rig.irqs.clone());
+    let tx = hold_after_write(&rig, CCQ_PA + 32 + 24);
     // Deleting an entry that does not exist: 0x8002/0x0002 (docs/irdma-device.md, "Error codes").
     rig.post(qhash_wqe(DELETE, SYN, 4791, 0, 0));
     rig.w32(IRDMA_CQPDB, rig.head);
-    let deadline = std::time::Instant::now() + IDLE;
-    let cqe = loop {
-        if let Some(cqe) = rig.poll() {
-            break cqe;
-        }
-        assert!(std::time::Instant::now() < deadline, "no completion");
-        std::thread::yield_now();
-    };
+    let cqe = wait_cqe(&mut rig, "DELETE");
     assert_eq!(cqe.error(), Some((0x8002, 0x0002)));
     // irdma_sc_ccq_get_cqe_info reads CQPERRCODES as soon as it sees the error bit.
     assert_eq!(rig.r32(IRDMA_CQPERRCODES), 0x8002_0002);

@@ -726,13 +726,19 @@ mod tests {
         assert_eq!(dev.writes_to(IRDMA_CQPDB).last(), Some(&1));
     }
 
-    #[test]
-    fn next_send_wqe_reports_enomem_when_all_but_one_slot_are_in_use() {
-        let dev = FakeIrdma::scripted();
-        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+    /// A 4-slot SQ with NOPs of scratch 0, 1 and 2 posted and none completed.
+    fn three_nops_outstanding(dev: &Arc<FakeIrdma>) -> (Arc<DmaPool>, IrdmaScCqp) {
+        let (pool, mut cqp) = plain_cqp(dev, 4);
         for s in 0..3 {
             irdma_sc_cqp_nop(&mut cqp, s, false).unwrap();
         }
+        (pool, cqp)
+    }
+
+    #[test]
+    fn next_send_wqe_reports_enomem_when_all_but_one_slot_are_in_use() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = three_nops_outstanding(&dev);
         let mut idx = 77;
         let r = irdma_sc_cqp_get_next_send_wqe_idx(&mut cqp, 3, &mut idx).map(|w| w.idx);
         assert!(matches!(r, Err(IrdmaError::SqFull)));
@@ -748,10 +754,7 @@ mod tests {
     #[test]
     fn a_lost_completion_frees_its_slot_when_later_ones_came_in_order() {
         let dev = FakeIrdma::scripted();
-        let (_pool, mut cqp) = plain_cqp(&dev, 4);
-        for s in 0..3 {
-            irdma_sc_cqp_nop(&mut cqp, s, false).unwrap();
-        }
+        let (_pool, mut cqp) = three_nops_outstanding(&dev);
         // Slot 0's CQE never comes; slots 1 and 2 complete in order: slot 0's completion is lost.
         retire(&mut cqp, 1);
         retire(&mut cqp, 2);
@@ -764,10 +767,7 @@ mod tests {
     #[test]
     fn after_out_of_order_completions_a_slot_is_reused_only_once_its_waiter_gave_up() {
         let dev = FakeIrdma::scripted();
-        let (_pool, mut cqp) = plain_cqp(&dev, 4);
-        for s in 0..3 {
-            irdma_sc_cqp_nop(&mut cqp, s, false).unwrap();
-        }
+        let (_pool, mut cqp) = three_nops_outstanding(&dev);
         retire(&mut cqp, 2);
         retire(&mut cqp, 1);
         irdma_sc_cqp_nop(&mut cqp, 3, false).unwrap();
@@ -783,10 +783,7 @@ mod tests {
     #[test]
     fn decision_11_a_slot_still_outstanding_after_out_of_order_completions_counts_as_full() {
         let dev = FakeIrdma::scripted();
-        let (_pool, mut cqp) = plain_cqp(&dev, 4);
-        for s in 0..3 {
-            irdma_sc_cqp_nop(&mut cqp, s, false).unwrap();
-        }
+        let (_pool, mut cqp) = three_nops_outstanding(&dev);
         retire(&mut cqp, 2);
         retire(&mut cqp, 1);
         irdma_sc_cqp_nop(&mut cqp, 3, false).unwrap();
