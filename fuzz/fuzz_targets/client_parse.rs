@@ -14,9 +14,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vfio_user_proto::sync::Unpoison;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use vfio_user_proto::sync::Unpoison;
 
 use rdma_emu_fuzz::fds::{leaked_since, open_fds};
 use rdma_emu_fuzz::wire_client::Peer;

@@ -20,8 +20,8 @@ use libfuzzer_sys::fuzz_target;
 use device_model::engine::{Engine, Interrupt};
 use device_model::hfi1::wfr::{self, csr as wcsr};
 use device_model::hfi1::{self, regs as hregs, Hfi1, Hfi1Config, Packet};
-use emu_abi::hfi1::LbDescHeader;
 use device_model::irdma::{self, regs as iregs, Irdma, IrdmaConfig};
+use emu_abi::hfi1::LbDescHeader;
 use rdma_emu_fuzz::dma_oracle::GuardedMemory;
 use rdma_emu_fuzz::mmio_input::{build_wqe, irdma_read_hook, Addr, Width, WqeCmd, IDLE_DEADLINE, MAX_OPS, WIN};
 
@@ -159,8 +159,15 @@ enum WfrReg {
 #[derive(Arbitrary, Debug)]
 enum WfrOp {
     /// The driver only writes whole registers; other widths are counted and dropped.
-    Write { reg: WfrReg, value: u64, width: Width },
-    Read { reg: WfrReg, width: Width },
+    Write {
+        reg: WfrReg,
+        value: u64,
+        width: Width,
+    },
+    Read {
+        reg: WfrReg,
+        width: Width,
+    },
     /// RCV_ARRAY, context, flow and injected packets as for the project's function.
     Rxe(HfiOp),
     Reset,
@@ -584,7 +591,8 @@ impl Rig {
                 std::thread::sleep(Duration::from_micros(100));
             }
         }
-        let (descs, errs) = (self.hfi_read64(hfi1::LB_BASE + hfi1::LB_DESC_DONE), self.hfi_read64(hfi1::LB_BASE + hfi1::LB_DESC_ERR));
+        let (descs, errs) =
+            (self.hfi_read64(hfi1::LB_BASE + hfi1::LB_DESC_DONE), self.hfi_read64(hfi1::LB_BASE + hfi1::LB_DESC_ERR));
         assert!(errs <= descs, "hfi1: LB_DESC_ERR {errs} > LB_DESC_DONE {descs}");
         let cfg = hfi_config();
         assert_eq!(self.hfi_read64(hregs::RCV_CONTEXTS), cfg.rcv_contexts as u64);
@@ -618,7 +626,11 @@ impl Rig {
             let d = self.ird.control(&serde_json::json!({"cmd": "dump"}));
             let d = d.as_ref().ok();
             assert_eq!(d.and_then(|d| d["qhash"]["len"].as_u64()), Some(len as u64), "irdma: dump and shape differ");
-            assert_eq!(d.and_then(|d| d["cqp"]["sq_size"].as_u64()), sq_size.map(u64::from), "irdma: dump and shape differ");
+            assert_eq!(
+                d.and_then(|d| d["cqp"]["sq_size"].as_u64()),
+                sq_size.map(u64::from),
+                "irdma: dump and shape differ"
+            );
         }
     }
 

@@ -21,8 +21,8 @@ use device_model::hfi1::{Hfi1, Hfi1Config};
 use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::{Function, PciIds};
 use rdma_emu_fuzz::hostile::Hostile;
-use udriver::access::DeviceAccess;
 use rig::InProcess;
+use udriver::access::DeviceAccess;
 use udriver::dma::{DmaBuffer, DmaPool};
 use udriver::hfi1::ctxt::{Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params};
 use udriver::hfi1::exp_rcv::*;
@@ -292,13 +292,14 @@ fn run_hfi1(dev: Arc<Hostile>, split: u8, pmtu_sel: u8, ops: Vec<HfiOp>) {
                 let mut wqe = RvtSwqe {
                     opcode: opcode(o),
                     remote_addr: u64::from(offset) << 12,
+                    rkey: 0,
                     length,
                     ssn: 0,
                     psn: 0,
                     lpsn: 0,
                     sg_list,
                     ah: ah.map(|(l, sl)| RvtAh { log_pmtu: u32::from(l % 40), sl }),
-                    priv_: Some(Box::new(Hfi1SwqePriv { tid_req: TidRdmaRequest::new(&s.qp) })),
+                    priv_: Some(Box::new(Hfi1SwqePriv::new(TidRdmaRequest::new(&s.qp)))),
                 };
                 let mut call_send = false;
                 let mut g = s.qp.lock();

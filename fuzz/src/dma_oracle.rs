@@ -7,8 +7,8 @@
 
 use std::sync::Mutex;
 
-use vfio_user_proto::sync::Unpoison;
 use vfio_user_proto::dma::{DmaAccess, DmaError, HeapMemory};
+use vfio_user_proto::sync::Unpoison;
 
 /// A device write that was not allowed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,8 +63,13 @@ impl GuardedMemory {
                 model.push((iova, vec![0u8; len]));
             }
         }
-        let state =
-            Mutex::new(State { allowed: Vec::new(), model, violations: Vec::new(), device_writes: 0, dirty: Vec::new() });
+        let state = Mutex::new(State {
+            allowed: Vec::new(),
+            model,
+            violations: Vec::new(),
+            device_writes: 0,
+            dirty: Vec::new(),
+        });
         GuardedMemory { mem, state, on_read }
     }
 

@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vfio_user_proto::sync::Unpoison;
-use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
 use rig::InProcess;
+use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
 use udriver::dma::DmaMemory;
+use vfio_user_proto::sync::Unpoison;
 
 /// The fuzzer's bytes, consumed one decision at a time; once used up the device behaves.
 pub struct Script {
