@@ -241,6 +241,7 @@ struct Rig {
 impl Rig {
     fn new() -> Option<Rig> {
         let engines = ENGINES.get_or_init(|| {
+            rdma_emu_fuzz::timing::precise_sleeps();
             let hfi = Hfi1::new(hfi_config()).ok()?;
             let wfr = Hfi1::new(wfr_config()).ok()?;
             let ird = Irdma::new(IrdmaConfig {

@@ -124,6 +124,7 @@ struct Devices {
 fn devices() -> Option<&'static Devices> {
     static D: OnceLock<Option<Devices>> = OnceLock::new();
     D.get_or_init(|| {
+        rdma_emu_fuzz::timing::precise_sleeps();
         let hfi =
             Hfi1::new(Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8, ..Default::default() })
                 .ok()?;
@@ -389,8 +390,10 @@ fn run_irdma(dev: Arc<Hostile>, sq_sel: u8, ccq_extra: u8, event: bool, ops: Vec
     let sq_size = 4u32 << (sq_sel % 4);
     let config = IrdmaDevConfig {
         hw_attrs: IrdmaHwAttrs {
-            max_done_count: 50,
-            max_sleep: Duration::from_micros(20),
+            // A withheld CCQ completion costs 100 x max_done_count + 1 polls (irdma_sc_poll_for_cqp_op_done),
+            // each a max_sleep: 2,001 x 5 us here. The in-process device completes within microseconds.
+            max_done_count: 20,
+            max_sleep: Duration::from_micros(5),
             max_pe_ready_count: 1,
             pe_ready_delay: Duration::from_micros(10),
         },

@@ -7,6 +7,7 @@ pub mod dma_oracle;
 pub mod fds;
 pub mod hostile;
 pub mod mmio_input;
+pub mod timing;
 pub mod wire_client;
 
 // Under `--cfg fuzzing` every object carries sanitizer-coverage calls whose runtime is libFuzzer, so the
