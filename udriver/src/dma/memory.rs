@@ -101,12 +101,10 @@ impl DmaMemory {
         self.check(offset, buf.len())?;
         let (head, qwords) = Self::spans(offset, buf.len());
         let base = self.ptr.as_ptr();
-        for (i, b) in buf.iter_mut().enumerate() {
-            if i >= head && i < head + 8 * qwords {
-                continue;
-            }
+        let tail = head + 8 * qwords;
+        for i in (0..head).chain(tail..buf.len()) {
             // SAFETY: the range is inside the mapping (checked above); volatile byte reads of shared memory.
-            *b = unsafe { base.add(offset + i).read_volatile() };
+            buf[i] = unsafe { base.add(offset + i).read_volatile() };
         }
         for (q, chunk) in buf[head..head + 8 * qwords].chunks_exact_mut(8).enumerate() {
             // SAFETY: inside the mapping (checked above) and 8-byte aligned (offset + head is, and the
@@ -121,12 +119,10 @@ impl DmaMemory {
         self.check(offset, buf.len())?;
         let (head, qwords) = Self::spans(offset, buf.len());
         let base = self.ptr.as_ptr();
-        for (i, b) in buf.iter().enumerate() {
-            if i >= head && i < head + 8 * qwords {
-                continue;
-            }
+        let tail = head + 8 * qwords;
+        for i in (0..head).chain(tail..buf.len()) {
             // SAFETY: the range is inside the mapping (checked above); volatile byte writes to shared memory.
-            unsafe { base.add(offset + i).write_volatile(*b) };
+            unsafe { base.add(offset + i).write_volatile(buf[i]) };
         }
         for (q, chunk) in buf[head..head + 8 * qwords].chunks_exact(8).enumerate() {
             let mut b = [0u8; 8];
