@@ -149,7 +149,14 @@ impl Ccq {
     /// Writes one CQE at `head` (qw0..2 first, then qw3 with the valid bit, as hardware orders it) and
     /// advances. On a DMA error nothing advances.
     pub fn push(&mut self, dma: &dyn DmaAccess, cqe: [u64; 4]) -> Result<(), DmaError> {
-        let addr = self.slot_addr(self.head);
+        self.write_slot(dma, self.head, cqe)?;
+        self.advance();
+        Ok(())
+    }
+
+    /// Writes `cqe` into `slot`, its valid qword last.
+    pub fn write_slot(&self, dma: &dyn DmaAccess, slot: u32, cqe: [u64; 4]) -> Result<(), DmaError> {
+        let addr = self.slot_addr(slot);
         let mut body = [0u8; 24];
         for (chunk, q) in body.chunks_exact_mut(8).zip(&cqe[..3]) {
             chunk.copy_from_slice(&q.to_le_bytes());
@@ -158,13 +165,16 @@ impl Ccq {
         if self.cfg.extended_cqe {
             dma.write(addr + IRDMA_CQE_SIZE, &[0u8; 32])?;
         }
-        dma.write_u64(addr + 24, cqe[3])?;
+        dma.write_u64(addr + 24, cqe[3])
+    }
+
+    /// Moves the head to the next slot, flipping the polarity at the wrap.
+    pub fn advance(&mut self) {
         self.head = (self.head + 1) % self.size;
         if self.head == 0 {
             self.polarity = !self.polarity;
             self.wraps += 1;
         }
-        Ok(())
     }
 
     pub fn to_json(&self) -> Value {

@@ -860,6 +860,24 @@ fn cqptail_has_moved_past_a_wqe_by_the_time_its_cqe_is_visible() {
 }
 
 #[test]
+fn the_dumped_ccq_head_is_past_a_cqe_by_the_time_the_cqe_is_visible() {
+    let mut rig = Rig::new();
+    rig.create_cqp(16);
+    rig.create_ccq(16);
+    // Slot 0 holds CREATE_CQ's own completion; the NOP's lands in slot 1, held after its valid qword.
+    let tx = hold_after_write(&rig, CCQ_PA + 32 + 24);
+    rig.post(nop());
+    rig.w32(IRDMA_CQPDB, rig.head);
+    wait_cqe(&mut rig, "NOP");
+    let d = rig.dev.control(&json!({"cmd": "dump"})).unwrap();
+    assert_eq!(d["ccq"]["head"], 2, "the device is past the CQE the driver sees");
+    tx.send(()).unwrap();
+    rig.idle();
+    let d = rig.dev.control(&json!({"cmd": "dump"})).unwrap();
+    assert_eq!(d["ccq"]["head"], 2);
+}
+
+#[test]
 fn cqperrcodes_holds_an_error_cqes_codes_by_the_time_the_cqe_is_visible() {
     let mut rig = Rig::new();
     rig.create_cqp(16);

@@ -282,7 +282,12 @@ impl Worker {
         });
         // CQPTAIL moves before the CQE lands: a driver that has seen the CQE samples the tail past it, as
         // irdma_sc_ccq_destroy does before it posts and waits for the tail to move. An error CQE's codes are
-        // in CQPERRCODES by then too (irdma_sc_ccq_get_cqe_info reads it).
+        // in CQPERRCODES by then too (irdma_sc_ccq_get_cqe_info reads it). So does the CCQ's head, which
+        // the control dump shows: a driver that saw the CQE finds the device past it.
+        let before = self.ccq;
+        if let (Some(_), Some(ccq)) = (cqe, self.ccq.as_mut()) {
+            ccq.advance();
+        }
         if cqe.is_some()
             && !self.publish(|st| {
                 if !stalled {
@@ -297,13 +302,15 @@ impl Worker {
         }
         let mut wrote_cqe = false;
         if let (Some((slot, cqe)), Some(ccq)) = (cqe, self.ccq.as_mut()) {
-            match ccq.push(dma, cqe) {
+            match ccq.write_slot(dma, slot, cqe) {
                 Ok(()) => {
                     bump(&c.cqes);
                     wrote_cqe = true;
                     observe::cqe_written(&probe, slot, Some(&cqe), false);
                 }
                 Err(_) => {
+                    // Nothing landed: the head stays (published again below).
+                    *ccq = before.unwrap_or(*ccq);
                     bump(&c.dma_errors);
                     bump(&c.cqe_write_errors);
                     status = Some(WqeError::Dma(DmaStage::CqeWrite).codes());
