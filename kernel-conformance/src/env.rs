@@ -151,7 +151,7 @@ impl ShimEnv {
                 return None;
             }
         };
-        let (va, iova) = (buf.memory().addr() as usize, buf.iova(0)?);
+        let (va, iova) = (buf.addr() as usize, buf.iova(0)?);
         lock(&self.buffers).insert(va, buf);
         Some((va, iova))
     }

@@ -59,7 +59,9 @@ impl Hfi1Driver {
             .map(|c| Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, c).map_err(|e| format!("context {c}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
         let rcd = rcds.first().cloned().ok_or("no receive context")?;
-        let pool = Arc::new(DmaPool::new(dev.clone(), false));
+        // Sub-allocating: one header queue per context would otherwise be one memfd each, and over direct
+        // vfio-user the server maps only 64 files per client (docs/bench.md, "Scale").
+        let pool = Arc::new(DmaPool::sub_allocating(dev.clone(), false));
         Ok(Self { rcd, rcds, dd, pool, dev })
     }
 }
@@ -139,7 +141,7 @@ impl<'a> Loopback<'a> {
                 next,
             };
             chain.write(at, &d.to_bytes()).map_err(|e| e.to_string())?;
-            chain.memory().fill(at + LB_DESC_HDR_LEN, packet, k as u8 ^ 0x5A).map_err(|e| e.to_string())?;
+            chain.fill(at + LB_DESC_HDR_LEN, packet, k as u8 ^ 0x5A).map_err(|e| e.to_string())?;
         }
         // Every doorbell replays the same chain, and LB_DESC_ADDR keeps its value: written once.
         let head = chain.iova(0).ok_or("empty chain")?;

@@ -58,11 +58,32 @@ impl IovaAllocator {
 }
 
 /// Allocates DMA buffers and maps them for one device.
+///
+/// By default every buffer has its own memfd and mapping, so a device access past a buffer's end hits an
+/// unmapped IOVA and fails where it happens: what a driver under test wants. A pool made with
+/// [`DmaPool::sub_allocating`] carves small contiguous buffers out of shared 2 MiB slabs instead (one memfd,
+/// one mapping each), for clients that need many buffers over a transport that limits files: the vfio-user
+/// server mmaps at most 64 files per client and serves the rest by messages (docs/bench.md, "Scale").
 pub struct DmaPool {
     dev: Arc<dyn DeviceAccess>,
     iova: Mutex<IovaAllocator>,
     try_huge: bool,
+    /// `None`: no sub-allocation.
+    slabs: Option<Mutex<Vec<Slab>>>,
 }
+
+/// One shared memfd mapped once; its pages are handed out by IOVA.
+struct Slab {
+    mem: Arc<DmaMemory>,
+    iova: u64,
+    free: IovaAllocator,
+    /// Buffers handed out and not released: the slab is unmapped when the last goes.
+    live: usize,
+}
+
+/// Bytes of a slab, and the largest buffer taken from one.
+pub const SLAB_SIZE: u64 = 2 << 20;
+pub const SLAB_MAX_BUFFER: u64 = 64 << 10;
 
 /// Where the driver's IOVAs start; below it stays unused so a stray zero address faults.
 pub const IOVA_BASE: u64 = 0x1_0000_0000;
@@ -70,7 +91,66 @@ pub const IOVA_LIMIT: u64 = 0x100_0000_0000;
 
 impl DmaPool {
     pub fn new(dev: Arc<dyn DeviceAccess>, try_huge: bool) -> Self {
-        Self { dev, iova: Mutex::new(IovaAllocator::new(IOVA_BASE, IOVA_LIMIT)), try_huge }
+        Self { dev, iova: Mutex::new(IovaAllocator::new(IOVA_BASE, IOVA_LIMIT)), try_huge, slabs: None }
+    }
+
+    /// A pool whose contiguous buffers of at most [`SLAB_MAX_BUFFER`] share [`SLAB_SIZE`] slabs.
+    pub fn sub_allocating(dev: Arc<dyn DeviceAccess>, try_huge: bool) -> Self {
+        Self { slabs: Some(Mutex::new(Vec::new())), ..Self::new(dev, try_huge) }
+    }
+
+    /// A zeroed buffer from a slab with room, or from a new slab.
+    fn alloc_from_slab(&self, slabs: &Mutex<Vec<Slab>>, len: usize, bytes: u64) -> Result<DmaBuffer, DmaMemError> {
+        let mut slabs = slabs.lock().unpoison();
+        let found = slabs.iter_mut().enumerate().find_map(|(i, s)| s.free.alloc(bytes).map(|iova| (i, iova)));
+        let (i, iova) = match found {
+            Some(f) => f,
+            None => {
+                let mem = Arc::new(DmaMemory::new(SLAB_SIZE as usize, self.try_huge)?);
+                let base = self.alloc_iova(SLAB_SIZE)?;
+                if let Err(e) = self.dev.dma_map(&mem, 0, SLAB_SIZE, base) {
+                    self.iova.lock().unpoison().free(base, SLAB_SIZE);
+                    return Err(e.into());
+                }
+                let mut free = IovaAllocator::new(base, base + SLAB_SIZE);
+                let Some(iova) = free.alloc(bytes) else {
+                    // Not reached: a buffer is at most SLAB_MAX_BUFFER. Nothing stays mapped if it were.
+                    let _ = self.dev.dma_unmap(base, SLAB_SIZE);
+                    self.iova.lock().unpoison().free(base, SLAB_SIZE);
+                    return Err(DmaMemError::IovaExhausted(bytes));
+                };
+                slabs.push(Slab { mem, iova: base, free, live: 0 });
+                (slabs.len() - 1, iova)
+            }
+        };
+        let slab = &mut slabs[i];
+        slab.live += 1;
+        let offset = (iova - slab.iova) as usize;
+        // A released range keeps what its last user left there.
+        slab.mem.fill(offset, bytes as usize, 0)?;
+        Ok(DmaBuffer {
+            origin: Origin::Slab { bytes },
+            mem: slab.mem.clone(),
+            base: offset,
+            len,
+            pages: (0..bytes / PAGE_SIZE).map(|p| iova + p * PAGE_SIZE).collect(),
+            maps: Vec::new(),
+        })
+    }
+
+    /// Gives a slab buffer's pages back; unmaps and frees the slab with its last buffer.
+    fn release_to_slab(&self, iova: u64, bytes: u64) {
+        let Some(slabs) = &self.slabs else { return };
+        let mut slabs = slabs.lock().unpoison();
+        let Some(i) = slabs.iter().position(|s| iova >= s.iova && iova < s.iova + SLAB_SIZE) else { return };
+        let slab = &mut slabs[i];
+        slab.free.free(iova, bytes);
+        slab.live -= 1;
+        if slab.live == 0 {
+            let slab = slabs.swap_remove(i);
+            let _ = self.dev.dma_unmap(slab.iova, SLAB_SIZE);
+            self.iova.lock().unpoison().free(slab.iova, SLAB_SIZE);
+        }
     }
 
     fn alloc_iova(&self, len: u64) -> Result<u64, DmaMemError> {
@@ -79,16 +159,22 @@ impl DmaPool {
 
     /// A buffer whose pages are contiguous in IOVA space (one mapping).
     pub fn alloc_contiguous(&self, len: usize) -> Result<DmaBuffer, DmaMemError> {
-        let mem = Arc::new(DmaMemory::new(len, self.try_huge)?);
         let npages = (len.max(1) as u64).div_ceil(PAGE_SIZE);
+        if let Some(slabs) = &self.slabs {
+            if npages * PAGE_SIZE <= SLAB_MAX_BUFFER {
+                return self.alloc_from_slab(slabs, len, npages * PAGE_SIZE);
+            }
+        }
+        let mem = Arc::new(DmaMemory::new(len, self.try_huge)?);
         let iova = self.alloc_iova(npages * PAGE_SIZE)?;
         if let Err(e) = self.dev.dma_map(&mem, 0, npages * PAGE_SIZE, iova) {
             self.iova.lock().unpoison().free(iova, npages * PAGE_SIZE);
             return Err(e.into());
         }
         Ok(DmaBuffer {
-            pool: None,
+            origin: Origin::Maps,
             mem,
+            base: 0,
             len,
             pages: (0..npages).map(|i| iova + i * PAGE_SIZE).collect(),
             maps: vec![(iova, npages * PAGE_SIZE)],
@@ -122,7 +208,7 @@ impl DmaPool {
             pages.extend((0..run).map(|i| cursor + i * PAGE_SIZE));
             off += run * PAGE_SIZE;
         }
-        Ok(DmaBuffer { pool: None, mem, len, pages, maps }.with_span(base, span))
+        Ok(DmaBuffer { origin: Origin::Span { base, span }, mem, base: 0, len, pages, maps })
     }
 
     pub fn device(&self) -> &Arc<dyn DeviceAccess> {
@@ -130,11 +216,22 @@ impl DmaPool {
     }
 }
 
+/// What a buffer gives back on release.
+enum Origin {
+    /// Its own mappings' IOVA ranges.
+    Maps,
+    /// An IOVA span (its runs and the guard pages between them).
+    Span { base: u64, span: u64 },
+    /// `bytes` of a slab, from its first page's IOVA.
+    Slab { bytes: u64 },
+}
+
 /// A DMA buffer: CPU-contiguous memory plus the IOVA of each 4 KiB page.
 pub struct DmaBuffer {
-    /// (IOVA base, span) to give back to the allocator; set for fragmented buffers.
-    pool: Option<(u64, u64)>,
+    origin: Origin,
     mem: Arc<DmaMemory>,
+    /// Where the buffer starts in `mem` (non-zero in a slab).
+    base: usize,
     len: usize,
     pages: Vec<u64>,
     /// The device mappings this buffer made: (iova, len).
@@ -142,18 +239,15 @@ pub struct DmaBuffer {
 }
 
 impl DmaBuffer {
-    fn with_span(mut self, base: u64, span: u64) -> Self {
-        self.pool = Some((base, span));
-        self
-    }
     pub fn len(&self) -> usize {
         self.len
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    pub fn memory(&self) -> &DmaMemory {
-        &self.mem
+    /// The CPU address of byte 0.
+    pub fn addr(&self) -> u64 {
+        self.mem.addr() + self.base as u64
     }
     /// IOVA of each 4 KiB page, in CPU order.
     pub fn pages(&self) -> &[u64] {
@@ -169,19 +263,23 @@ impl DmaBuffer {
     }
     pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), DmaMemError> {
         self.bound(offset, buf.len())?;
-        self.mem.read(offset, buf)
+        self.mem.read(self.base + offset, buf)
     }
     pub fn write(&self, offset: usize, buf: &[u8]) -> Result<(), DmaMemError> {
         self.bound(offset, buf.len())?;
-        self.mem.write(offset, buf)
+        self.mem.write(self.base + offset, buf)
     }
     pub fn read_u64(&self, offset: usize) -> Result<u64, DmaMemError> {
         self.bound(offset, 8)?;
-        self.mem.read_u64(offset)
+        self.mem.read_u64(self.base + offset)
     }
     pub fn write_u64(&self, offset: usize, value: u64) -> Result<(), DmaMemError> {
         self.bound(offset, 8)?;
-        self.mem.write_u64(offset, value)
+        self.mem.write_u64(self.base + offset, value)
+    }
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), DmaMemError> {
+        self.bound(offset, len)?;
+        self.mem.fill(self.base + offset, len, byte)
     }
     fn bound(&self, offset: usize, len: usize) -> Result<(), DmaMemError> {
         match offset.checked_add(len) {
@@ -194,12 +292,17 @@ impl DmaBuffer {
         for (iova, len) in &self.maps {
             let _ = pool.dev.dma_unmap(*iova, *len);
         }
-        let mut alloc = pool.iova.lock().unpoison();
-        match self.pool {
-            Some((base, span)) => alloc.free(base, span),
-            None => {
+        match self.origin {
+            Origin::Maps => {
+                let mut alloc = pool.iova.lock().unpoison();
                 for (iova, len) in &self.maps {
                     alloc.free(*iova, *len);
+                }
+            }
+            Origin::Span { base, span } => pool.iova.lock().unpoison().free(base, span),
+            Origin::Slab { bytes } => {
+                if let Some(&first) = self.pages.first() {
+                    pool.release_to_slab(first, bytes);
                 }
             }
         }
@@ -209,6 +312,65 @@ impl DmaBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::irdma::testdev::FakeIrdma;
+
+    #[test]
+    fn small_buffers_of_a_sub_allocating_pool_share_one_mapping_and_keep_their_own_pages() {
+        let dev = FakeIrdma::scripted();
+        let pool = DmaPool::sub_allocating(dev.clone(), false);
+        let bufs: Vec<DmaBuffer> = [100, 4096, 8192, SLAB_MAX_BUFFER as usize]
+            .iter()
+            .map(|&len| pool.alloc_contiguous(len).unwrap())
+            .collect();
+        assert_eq!(dev.mapped(), 1, "one slab");
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(b.pages().iter().all(|p| p % PAGE_SIZE == 0));
+            assert!(b.pages().windows(2).all(|w| w[1] == w[0] + PAGE_SIZE), "contiguous in IOVA");
+            b.write_u64(0, 0x1111 * (i as u64 + 1)).unwrap();
+        }
+        // Each buffer's first qword is where its IOVA says, as the device sees it.
+        for (i, b) in bufs.iter().enumerate() {
+            assert_eq!(dev.dma_read_u64(b.iova(0).unwrap()), 0x1111 * (i as u64 + 1));
+        }
+        let mut pages: Vec<u64> = bufs.iter().flat_map(|b| b.pages().to_vec()).collect();
+        let n = pages.len();
+        pages.sort_unstable();
+        pages.dedup();
+        assert_eq!(pages.len(), n, "no page handed out twice");
+        // Past the limit, a buffer has its own mapping again.
+        let big = pool.alloc_contiguous(SLAB_MAX_BUFFER as usize + 1).unwrap();
+        assert_eq!(dev.mapped(), 2);
+        big.release(&pool);
+        for b in bufs {
+            b.release(&pool);
+        }
+        assert_eq!(dev.mapped(), 0, "the slab goes with its last buffer");
+    }
+
+    #[test]
+    fn a_reused_slab_range_reads_zero_and_the_default_pool_maps_each_buffer() {
+        let dev = FakeIrdma::scripted();
+        let pool = DmaPool::sub_allocating(dev.clone(), false);
+        let keep = pool.alloc_contiguous(64).unwrap();
+        let a = pool.alloc_contiguous(4096).unwrap();
+        let at = a.iova(0).unwrap();
+        a.fill(0, 4096, 0xEE).unwrap();
+        a.release(&pool);
+        let b = pool.alloc_contiguous(4096).unwrap();
+        assert_eq!(b.iova(0), Some(at), "first fit reuses the range");
+        let mut data = vec![1u8; 4096];
+        b.read(0, &mut data).unwrap();
+        assert!(data.iter().all(|&x| x == 0));
+        b.release(&pool);
+        keep.release(&pool);
+
+        let plain = DmaPool::new(dev.clone(), false);
+        let (x, y) = (plain.alloc_contiguous(64).unwrap(), plain.alloc_contiguous(64).unwrap());
+        assert_eq!(dev.mapped(), 2);
+        x.release(&plain);
+        y.release(&plain);
+        assert_eq!(dev.mapped(), 0);
+    }
 
     #[test]
     fn iova_allocator_coalesces_freed_ranges() {

@@ -176,7 +176,7 @@ pub fn hfi1_rcvctrl(dd: &Hfi1Devdata, op: u32, rcd: &Hfi1Ctxtdata) -> Result<(),
         }
         h.seq_cnt = 1;
         h.head = 0;
-        hdrq.memory().fill(0, hdrq.len(), 0)?;
+        hdrq.fill(0, hdrq.len(), 0)?;
         h.rcvavail_timeout = dd.params.rcv_intr_timeout_csr;
         rcvctrl |= RCV_CTXT_CTRL_ENABLE_SMASK;
         rcvctrl &= !RCV_CTXT_CTRL_EGR_BUF_SIZE_SMASK;

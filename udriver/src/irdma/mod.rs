@@ -17,7 +17,7 @@ pub mod regs;
 pub mod types;
 
 #[cfg(test)]
-mod testdev;
+pub(crate) mod testdev;
 
 use thiserror::Error;
 
