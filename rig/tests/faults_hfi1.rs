@@ -96,6 +96,21 @@ fn page(buf: &DmaBuffer, n: usize) -> Vec<u8> {
     bytes(buf, n * PG, PG)
 }
 
+/// For each backend: a segment set up, `fault` armed, `pattern(SEG, seed)` sent; `check` judges the outcome
+/// (and may resend), then the segment is torn down with nothing left programmed.
+fn send_faulted(fault: &str, seed: u32, check: impl Fn(&mut Seg, &str, &[u8], LbOutcome)) {
+    for backend in BACKENDS {
+        let what = format!("{backend:?}");
+        let mut s = Seg::new(backend);
+        s.setup();
+        s.fault(fault);
+        let payload = pattern(SEG, seed);
+        let out = s.send(&payload);
+        check(&mut s, &what, &payload, out);
+        s.finish(&what);
+    }
+}
+
 #[test]
 fn an_ignored_rcvarray_write_fails_its_packets_with_tid_invalid_entry_and_a_fresh_setup_recovers() {
     for backend in BACKENDS {
@@ -122,31 +137,18 @@ fn an_ignored_rcvarray_write_fails_its_packets_with_tid_invalid_entry_and_a_fres
 
 #[test]
 fn a_generation_changed_behind_the_drivers_back_fails_the_segment_with_gen_mismatch_until_a_new_flow() {
-    for backend in BACKENDS {
-        let what = format!("{backend:?}");
-        let mut s = Seg::new(backend);
-        s.setup();
-        s.fault("flow-generation,ctxt=0,add=1");
-        let payload = pattern(SEG, 2);
-        let out = s.send(&payload);
+    send_faulted("flow-generation,ctxt=0,add=1", 2, |s, what, payload, out| {
         assert_eq!((out.errors, out.last()), (s.npkts(), Some(LbResult::GenMismatch)), "{what}");
         let idx = s.qp.lock().flow_state.index;
         assert_eq!(s.d.flow(0, idx).unwrap()["gen_mismatch"], json!(true), "{what}: the status bit");
         assert!(bytes(&s.buf, 0, SEG).iter().all(|b| *b == 0), "{what}: nothing placed");
-        s.resend_fresh(&payload, &what);
-        s.finish(&what);
-    }
+        s.resend_fresh(payload, what);
+    });
 }
 
 #[test]
 fn a_lost_packet_fails_every_later_one_with_seq_mismatch_and_leaves_its_page_empty() {
-    for backend in BACKENDS {
-        let what = format!("{backend:?}");
-        let mut s = Seg::new(backend);
-        s.setup();
-        s.fault("packet-drop,nth=2");
-        let payload = pattern(SEG, 3);
-        let out = s.send(&payload);
+    send_faulted("packet-drop,nth=2", 3, |s, what, payload, out| {
         // Packet 1 placed, 2 lost, 3.. expected at sequence 1: mismatches.
         assert_eq!(
             (out.descriptors, out.errors, out.last()),
@@ -155,37 +157,23 @@ fn a_lost_packet_fails_every_later_one_with_seq_mismatch_and_leaves_its_page_emp
         );
         assert_eq!(page(&s.buf, 0), payload[..PG], "{what}: packet 1 placed");
         assert!(page(&s.buf, 1).iter().all(|b| *b == 0), "{what}: packet 2 never arrived");
-        s.resend_fresh(&payload, &what);
-        s.finish(&what);
-    }
+        s.resend_fresh(payload, what);
+    });
 }
 
 #[test]
 fn a_duplicated_packet_is_one_seq_mismatch_and_every_byte_still_lands() {
-    for backend in BACKENDS {
-        let what = format!("{backend:?}");
-        let mut s = Seg::new(backend);
-        s.setup();
-        s.fault("packet-dup");
-        let payload = pattern(SEG, 4);
-        let out = s.send(&payload);
+    send_faulted("packet-dup", 4, |s, what, payload, out| {
         assert_eq!((out.descriptors, out.errors, out.last()), (s.npkts(), 1, Some(LbResult::Placed)), "{what}");
         assert!(bytes(&s.buf, 0, SEG) == payload, "{what}: the copy changed nothing");
         let idx = s.qp.lock().flow_state.index;
         assert_eq!(s.d.flow(0, idx).unwrap()["sequence"], json!(s.npkts()), "{what}: the sequence ran through");
-        s.finish(&what);
-    }
+    });
 }
 
 #[test]
 fn a_reordered_packet_fails_all_but_the_first_with_seq_mismatch_and_a_resend_recovers() {
-    for backend in BACKENDS {
-        let what = format!("{backend:?}");
-        let mut s = Seg::new(backend);
-        s.setup();
-        s.fault("packet-reorder");
-        let payload = pattern(SEG, 5);
-        let out = s.send(&payload);
+    send_faulted("packet-reorder", 5, |s, what, payload, out| {
         // Packet 2 arrives first (expected 0: mismatch), then 1 (placed), then 3.. (expected 1: mismatches).
         assert_eq!(
             (out.descriptors, out.errors, out.last()),
@@ -194,27 +182,19 @@ fn a_reordered_packet_fails_all_but_the_first_with_seq_mismatch_and_a_resend_rec
         );
         assert_eq!(page(&s.buf, 0), payload[..PG], "{what}: packet 1 placed late");
         assert!(page(&s.buf, 1).iter().all(|b| *b == 0), "{what}");
-        s.resend_fresh(&payload, &what);
-        s.finish(&what);
-    }
+        s.resend_fresh(payload, what);
+    });
 }
 
 #[test]
 fn a_failed_dma_write_is_dma_error_for_its_packet_only_and_a_resend_recovers() {
-    for backend in BACKENDS {
-        let what = format!("{backend:?}");
-        let mut s = Seg::new(backend);
-        s.setup();
-        s.fault("dma-write-fail");
-        let payload = pattern(SEG, 6);
-        let out = s.send(&payload);
+    send_faulted("dma-write-fail", 6, |s, what, payload, out| {
         assert_eq!((out.descriptors, out.errors, out.last()), (s.npkts(), 1, Some(LbResult::Placed)), "{what}");
         assert_eq!(s.d.dump()["counters"]["rx_dma_errors"], json!(1), "{what}");
         assert!(page(&s.buf, 0).iter().all(|b| *b == 0), "{what}: packet 1's bytes never landed");
         assert_eq!(bytes(&s.buf, PG, SEG - PG), payload[PG..], "{what}: the rest did");
-        s.resend_fresh(&payload, &what);
-        s.finish(&what);
-    }
+        s.resend_fresh(payload, what);
+    });
 }
 
 fn probe_errno(d: &Dev) -> i32 {
