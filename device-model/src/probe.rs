@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use vfio_user_proto::record::Recorder;
+use vfio_user_proto::record::{Recorder, Session};
 use vfio_user_proto::sync::Unpoison;
 
 use crate::fault::{FaultKind, Faults, Fired, Params};
@@ -176,32 +176,28 @@ impl Probe {
     /// The step is published; called under the lock its registers are read under, so that a recording has
     /// it between the accesses that saw the state before and those that saw it after.
     pub fn step_done(&self) {
-        if !self.hooked.load(Ordering::Acquire) {
-            return;
-        }
-        if let Some(g) = self.steps.lock().unpoison().as_mut() {
-            g.done += 1;
-            self.steps_changed.notify_all();
-            return;
-        }
-        if let Some(s) = self.recorder().and_then(|r| r.current()) {
-            s.device_step();
-        }
+        self.note(|g| g.done += 1, |s| s.device_step());
     }
 
     /// The device handled a client access (a register read or write, a reset); called under the lock its
     /// registers are accessed under. Recorded after the message it handled, or counted by a replay.
     pub fn device_access(&self) {
+        self.note(|g| g.accesses += 1, |s| s.device_access());
+    }
+
+    /// Counts an event on a replay's gate, or else hands it to the recording session; nothing while
+    /// neither is hooked.
+    fn note(&self, count: impl FnOnce(&mut StepGate), record: impl FnOnce(&Session)) {
         if !self.hooked.load(Ordering::Acquire) {
             return;
         }
         if let Some(g) = self.steps.lock().unpoison().as_mut() {
-            g.accesses += 1;
+            count(g);
             self.steps_changed.notify_all();
             return;
         }
         if let Some(s) = self.recorder().and_then(|r| r.current()) {
-            s.device_access();
+            record(&s);
         }
     }
 
