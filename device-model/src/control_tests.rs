@@ -336,6 +336,18 @@ fn fault_arms_lists_and_removes_faults_and_refuses_what_does_not_fit() {
     assert_eq!(r["result"]["faults"], json!([]));
     let r = ask(&t, r#"{"device":"hfi1","cmd":"fault","clear":true}"#);
     assert_eq!(r["result"]["faults"], json!([]));
+    // A client cannot grow the list every device event walks without bound.
+    let add = r#"{"device":"irdma","cmd":"fault","add":"cqe-drop,nth=1000000"}"#;
+    for i in 0..crate::fault::MAX_ARMED {
+        assert_eq!(ask(&t, add)["ok"], true, "fault {i}");
+    }
+    let r = ask(&t, add);
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(ask(&t, r#"{"device":"irdma","cmd":"fault","clear":true}"#)["result"]["faults"], json!([]));
+    // A register offset at the top of the address space is armed and never matches (no overflow).
+    let r = ask(&t, r#"{"device":"hfi1","cmd":"fault","add":"reg-stuck,bar=0,offset=0xfffffffffffffff8,mask=1"}"#);
+    assert_eq!(r["ok"], true, "{r}");
+    let _ = ask(&t, r#"{"device":"hfi1","cmd":"fault","clear":true}"#);
 }
 
 #[test]

@@ -72,9 +72,14 @@ pub struct Faults {
     next_id: Mutex<u64>,
 }
 
+/// Bit of `kind` in `Faults::kinds`: its discriminant, which is its index in `FaultKind::ALL` (a test
+/// holds them equal).
 fn bit(kind: FaultKind) -> u32 {
-    1 << (FaultKind::ALL.iter().position(|k| *k == kind).unwrap_or(31) as u32)
+    1 << (kind as u32)
 }
+
+/// At most this many faults armed on a device at once: every matching event walks them.
+pub const MAX_ARMED: usize = 64;
 
 impl Faults {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Armed>> {
@@ -170,6 +175,11 @@ impl Faults {
     }
 
     /// The armed specs, for a recording's header.
+    /// How many faults are armed (spent ones included until removed).
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+
     pub fn specs(&self) -> Vec<String> {
         self.lock().iter().map(|a| a.spec.to_string()).collect()
     }

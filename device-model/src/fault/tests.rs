@@ -122,6 +122,13 @@ fn faults_are_listed_with_their_counts_and_removed_by_id() {
 }
 
 #[test]
+fn each_kinds_discriminant_is_its_index_in_all() {
+    for (i, k) in FaultKind::ALL.iter().enumerate() {
+        assert_eq!(*k as usize, i, "{k:?}");
+    }
+}
+
+#[test]
 fn splitmix64_matches_its_reference_sequence() {
     // splitmix64 seeded with 0: the first outputs of the reference implementation (Vigna).
     let mut s = 0u64;

@@ -303,6 +303,9 @@ impl Function {
             spec.params.reg = Some(RegRef::Offset { bar, offset });
         }
         spec.device = Some(self.name().to_string());
+        if self.obs.probe.faults.count() >= crate::fault::MAX_ARMED {
+            return Err(format!("{}: {} faults armed already (the limit)", self.name(), crate::fault::MAX_ARMED));
+        }
         let id = self.obs.probe.faults.arm(spec);
         self.faults_changed();
         Ok(id)

@@ -33,7 +33,7 @@ fn le_value(data: &[u8]) -> u64 {
 
 /// Whether the register fault `p` covers any byte of `[offset, offset + len)` of `bar`.
 fn covers(p: &Params, bar: u32, offset: u64, len: usize) -> bool {
-    matches!(p.reg, Some(RegRef::Offset { bar: b, offset: o }) if b == bar && o < offset + len as u64 && offset < o + 8)
+    matches!(p.reg, Some(RegRef::Offset { bar: b, offset: o }) if b == bar && o < offset + len as u64 && offset < o.saturating_add(8))
 }
 
 impl Observer {
@@ -245,6 +245,33 @@ impl Interrupt for ProbedInterrupt {
         }
         if !suppressed {
             self.inner.raise(vector);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(offset: u64) -> Params {
+        Params { reg: Some(RegRef::Offset { bar: 0, offset }), ..Default::default() }
+    }
+
+    /// A register fault covers the 8 bytes of its register, and an offset a client put at the top of the
+    /// address space covers nothing rather than overflowing.
+    #[test]
+    fn a_register_fault_covers_its_eight_bytes_and_nothing_past_the_address_space() {
+        let cases: [(u64, u32, u64, usize, bool); 7] = [
+            (0x100, 0, 0x100, 8, true),
+            (0x100, 0, 0x104, 4, true),
+            (0x100, 0, 0xfc, 4, false),
+            (0x100, 0, 0x108, 8, false),
+            (0x100, 1, 0x100, 8, false),
+            (u64::MAX - 7, 0, 0x100, 8, false),
+            (u64::MAX - 7, 0, u64::MAX - 15, 8, false),
+        ];
+        for (fault, bar, offset, len, want) in cases {
+            assert_eq!(covers(&at(fault), bar, offset, len), want, "fault {fault:#x}, access {bar}:{offset:#x}+{len}");
         }
     }
 }
