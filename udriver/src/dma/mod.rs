@@ -99,54 +99,51 @@ impl DmaPool {
         Self { slabs: Some(Mutex::new(Vec::new())), ..Self::new(dev, try_huge) }
     }
 
-    /// A zeroed buffer from a slab with room, or from a new slab.
+    /// A zeroed buffer from a slab with room, or from a new slab (`bytes` is at most SLAB_MAX_BUFFER).
     fn alloc_from_slab(&self, slabs: &Mutex<Vec<Slab>>, len: usize, bytes: u64) -> Result<DmaBuffer, DmaMemError> {
         let mut slabs = slabs.lock().unpoison();
         let found = slabs.iter_mut().enumerate().find_map(|(i, s)| s.free.alloc(bytes).map(|iova| (i, iova)));
         let (i, iova) = match found {
             Some(f) => f,
             None => {
+                // Fresh memfd pages are zero; the buffer takes the slab's first bytes.
                 let mem = Arc::new(DmaMemory::new(SLAB_SIZE as usize, self.try_huge)?);
                 let base = self.alloc_iova(SLAB_SIZE)?;
                 if let Err(e) = self.dev.dma_map(&mem, 0, SLAB_SIZE, base) {
                     self.iova.lock().unpoison().free(base, SLAB_SIZE);
                     return Err(e.into());
                 }
-                let mut free = IovaAllocator::new(base, base + SLAB_SIZE);
-                let Some(iova) = free.alloc(bytes) else {
-                    // Not reached: a buffer is at most SLAB_MAX_BUFFER. Nothing stays mapped if it were.
-                    let _ = self.dev.dma_unmap(base, SLAB_SIZE);
-                    self.iova.lock().unpoison().free(base, SLAB_SIZE);
-                    return Err(DmaMemError::IovaExhausted(bytes));
-                };
+                let free = IovaAllocator::new(base + bytes, base + SLAB_SIZE);
                 slabs.push(Slab { mem, iova: base, free, live: 0 });
-                (slabs.len() - 1, iova)
+                (slabs.len() - 1, base)
             }
         };
         let slab = &mut slabs[i];
         slab.live += 1;
-        let offset = (iova - slab.iova) as usize;
-        // A released range keeps what its last user left there.
-        slab.mem.fill(offset, bytes as usize, 0)?;
         Ok(DmaBuffer {
-            origin: Origin::Slab { bytes },
+            origin: Origin::Slab,
             mem: slab.mem.clone(),
-            base: offset,
+            base: (iova - slab.iova) as usize,
             len,
             pages: (0..bytes / PAGE_SIZE).map(|p| iova + p * PAGE_SIZE).collect(),
             maps: Vec::new(),
         })
     }
 
-    /// Gives a slab buffer's pages back; unmaps and frees the slab with its last buffer.
+    /// Gives a slab buffer's pages back, zeroed for their next user; unmaps and frees the slab with its last
+    /// buffer.
     fn release_to_slab(&self, iova: u64, bytes: u64) {
         let Some(slabs) = &self.slabs else { return };
         let mut slabs = slabs.lock().unpoison();
         let Some(i) = slabs.iter().position(|s| iova >= s.iova && iova < s.iova + SLAB_SIZE) else { return };
         let slab = &mut slabs[i];
-        slab.free.free(iova, bytes);
         slab.live -= 1;
-        if slab.live == 0 {
+        if slab.live > 0 {
+            // In bounds: the range came from this slab. Should it fail, the pages stay out of use.
+            if slab.mem.fill((iova - slab.iova) as usize, bytes as usize, 0).is_ok() {
+                slab.free.free(iova, bytes);
+            }
+        } else {
             let slab = slabs.swap_remove(i);
             let _ = self.dev.dma_unmap(slab.iova, SLAB_SIZE);
             self.iova.lock().unpoison().free(slab.iova, SLAB_SIZE);
@@ -222,8 +219,8 @@ enum Origin {
     Maps,
     /// An IOVA span (its runs and the guard pages between them).
     Span { base: u64, span: u64 },
-    /// `bytes` of a slab, from its first page's IOVA.
-    Slab { bytes: u64 },
+    /// Its pages in a slab.
+    Slab,
 }
 
 /// A DMA buffer: CPU-contiguous memory plus the IOVA of each 4 KiB page.
@@ -300,9 +297,9 @@ impl DmaBuffer {
                 }
             }
             Origin::Span { base, span } => pool.iova.lock().unpoison().free(base, span),
-            Origin::Slab { bytes } => {
+            Origin::Slab => {
                 if let Some(&first) = self.pages.first() {
-                    pool.release_to_slab(first, bytes);
+                    pool.release_to_slab(first, self.pages.len() as u64 * PAGE_SIZE);
                 }
             }
         }
