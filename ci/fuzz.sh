@@ -77,11 +77,12 @@ for t in "${TARGETS[@]}"; do
     execs=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$logf" | tail -n1)
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logf" | tail -n1)
     # The last status line carries the coverage: "#N DONE cov: C ft: F corp: ..." (or INITED/pulse).
-    cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$logf" | tail -n1)
+    # A target that crashed before its first status line has none: the row says "?", the crash is reported.
+    cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$logf" | tail -n1 || true)
     edges=$(echo "$cov" | awk '{print $2}')
     want=${WANT_EXECS[$t]:-0}
     speed=$(awk -v e="${execs:-0}" -v w="$want" 'BEGIN { if (w == 0) print "-"; else printf "%s (%.2fx)", (e >= w ? "met" : "MISSED"), e / w }')
-    base=$(awk -v t="$t" -v s="$SECONDS_PER_TARGET" '$1 == t && $2 == s { print $3 }' "$BASELINE" 2>/dev/null | tail -n1)
+    base=$(awk -v t="$t" -v s="$SECONDS_PER_TARGET" '$1 == t && $2 == s { print $3 }' "$BASELINE" 2>/dev/null | tail -n1 || true)
     covv="-"
     [ -n "$base" ] && [ -n "$edges" ] && covv=$([ "$edges" -ge "$base" ] && echo "met (>= $base)" || echo "MISSED (< $base)")
     ROWS+=("$(printf '| %-17s | %9s | %6s | %-16s | %10s | %5s | %6s | %-18s | %s |' "$t" "${execs:-?}" "$want" "$speed" \

@@ -30,6 +30,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 # fails in minutes rather than at the fuzz smoke's build at the end.
 if [ -d fuzz ]; then
     log "fuzz: cargo fmt --check, cargo clippy -- -D warnings"
+    # libfuzzer-sys's build script compiles libFuzzer's C++.
+    command -v c++ >/dev/null || apt_install g++
     (cd fuzz && cargo fmt --all --check && cargo clippy --all-targets --features kernel -- -D warnings)
 fi
 
