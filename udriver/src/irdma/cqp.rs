@@ -306,6 +306,10 @@ impl IrdmaScCqp {
             }
         }
     }
+    #[cfg(test)]
+    pub(crate) fn is_given_up(&self, scratch: u64) -> bool {
+        self.scratch_array.iter().zip(&self.given_up).any(|(s, g)| *s == Some(scratch) && *g)
+    }
     /// Retires the command at `wqe_idx` and frees one SQ slot (the SQ tail moves).
     pub(crate) fn complete_wqe(&mut self, wqe_idx: u32) -> Option<u64> {
         let scratch = self.scratch_array.get_mut(wqe_idx as usize)?.take()?;
@@ -504,6 +508,9 @@ pub fn irdma_sc_cqp_get_next_send_wqe_idx<'a>(
         if let Some(g) = cqp.given_up.get_mut(i) {
             *g = false;
         }
+        // The tail counts completions, and this one never comes: count it retired here, or every lost
+        // completion would keep one slot in use for good.
+        cqp.sq_ring.move_tail();
         tracing::warn!(slot = idx, scratch = lost, given_up, "CQP completion lost; its slot is reused");
     }
     if cqp.sq_ring.is_full() || cqp.scratch(idx).is_some() {
@@ -724,6 +731,27 @@ mod tests {
         let hdr = cqp.wqe(0).unwrap().get_64bit_val(IRDMA_BYTE_24).unwrap();
         assert_eq!(hdr, 0x0000_0024_0000_0000, "second pass: NOP with valid bit 0");
         assert_eq!(dev.writes_to(IRDMA_CQPDB).last(), Some(&1));
+    }
+
+    /// The SQ holds sq_size - 1 outstanding commands (IRDMA_RING_FULL_ERR). Commands whose completions are
+    /// lost do not stay among them once their slots are reused: with none outstanding, a post succeeds
+    /// however many were lost before.
+    #[test]
+    fn lost_completions_do_not_fill_the_sq_over_many_wraps() {
+        let dev = FakeIrdma::scripted();
+        let (_pool, mut cqp) = plain_cqp(&dev, 4);
+        let mut idx = 0;
+        for round in 0..12u64 {
+            // The first NOP's completion is lost; the second completes, after it, in order.
+            irdma_sc_cqp_get_next_send_wqe_idx(&mut cqp, 2 * round, &mut idx)
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            let second = irdma_sc_cqp_get_next_send_wqe_idx(&mut cqp, 2 * round + 1, &mut idx)
+                .map(|w| w.idx)
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            retire(&mut cqp, second);
+        }
+        // At most the two last lost ones still wait for their slots to come round.
+        assert!(cqp.sq_ring.used_quanta() <= 2, "{} slots in use", cqp.sq_ring.used_quanta());
     }
 
     /// A 4-slot SQ with NOPs of scratch 0, 1 and 2 posted and none completed.
