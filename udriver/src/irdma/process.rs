@@ -98,14 +98,15 @@ pub fn irdma_post_cqp_op(dev: &IrdmaDev, cmd: IrdmaCqpCmd) -> Result<u64> {
 /// Waits for the command `scratch` to complete, at most `cqp_timeout`. A completion with the error bit gives
 /// -EIO (`CqeError`), a garbage CQE -EIO (`BadCqe`), no completion -ETIMEDOUT. On any failure other than its
 /// own completion the command is given up: withdrawn if still in the backlog, else its late completion is
-/// dropped.
+/// dropped; only after a timeout may its slot be reused before that completion comes.
 pub fn irdma_wait_cqp_op(dev: &IrdmaDev, scratch: u64) -> Result<IrdmaCcqCqeInfo> {
     let deadline = Instant::now() + dev.config.cqp_timeout;
     match wait_for(dev, scratch, deadline) {
         Ok(Done::Cqe(info)) => Ok(info),
         Ok(Done::Failed(e)) => Err(e),
         Err(e) => {
-            abandon(&mut dev.lock(), scratch);
+            // Only a timeout says the completion may never come; after another error it may still.
+            abandon(&mut dev.lock(), scratch, matches!(e, IrdmaError::Timeout(_)));
             Err(e)
         }
     }
@@ -143,13 +144,15 @@ fn wait_for(dev: &IrdmaDev, scratch: u64, deadline: Instant) -> Result<Done> {
 }
 
 /// Gives up on `scratch`: out of the backlog if queued; if posted and not yet completed, its completion
-/// will be dropped.
-fn abandon(st: &mut IrdmaCqpState, scratch: u64) {
+/// will be dropped, and with `timed_out` its slot may be reused before it comes.
+fn abandon(st: &mut IrdmaCqpState, scratch: u64, timed_out: bool) {
     let queued = st.cqp_cmd_head.len();
     st.cqp_cmd_head.retain(|c| c.scratch != scratch);
     if st.cqp_cmd_head.len() == queued && st.cqp.is_outstanding(scratch) {
         st.abandoned.insert(scratch);
-        st.cqp.give_up(scratch);
+        if timed_out {
+            st.cqp.give_up(scratch);
+        }
     }
     st.done.remove(&scratch);
 }
@@ -380,6 +383,8 @@ mod tests {
         let r = irdma_wait_cqp_op(&irdma, s);
         assert!(matches!(r, Err(IrdmaError::BadCqe(_))));
         assert_eq!(errno(r), -libc::EIO);
+        // No timeout: its own completion may still come, so its slot is not handed out before it does.
+        assert!(!irdma.lock().cqp.is_given_up(s));
         // The real completion arrives later, is dropped, and the CQP carries on.
         dev.hold(false);
         dev.release();
