@@ -108,6 +108,15 @@ fn a_recorder_writes_one_numbered_file_per_session_with_its_header() {
     assert!(r2.is_empty());
     rec.set_dir(None).unwrap();
     assert!(rec.begin().unwrap().is_none(), "an idle recorder records nothing");
+    // A second run into the same directory keeps the first run's files and numbers on after them.
+    let again = Recorder::new(&dir, "irdma", serde_json::json!({"device": "irdma"})).unwrap();
+    let s3 = again.begin().unwrap().unwrap();
+    s3.dma_read(0x2000, &[3]);
+    again.end();
+    assert_eq!(read(1).1.len(), 3, "session 1 is untouched");
+    assert!(read(2).1.is_empty());
+    let (h3, r3, _) = read(3);
+    assert_eq!((h3["session"].as_u64(), r3), (Some(3), vec![Record::DmaRead { iova: 0x2000, data: vec![3] }]));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

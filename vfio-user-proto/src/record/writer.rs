@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::{content_hash, Record, MAGIC};
 use crate::wire::Header;
 
-/// Where a device's sessions go: `DIR/NAME-N.vfurec`, N counting connections from 1. Without a directory
-/// nothing is recorded until one is set.
+/// Where a device's sessions go: `DIR/NAME-N.vfurec`, N counting connections from 1 (numbers a file already
+/// has are skipped). Without a directory nothing is recorded until one is set.
 pub struct Recorder {
     dir: Mutex<Option<PathBuf>>,
     name: String,
@@ -79,16 +79,29 @@ impl Recorder {
     pub fn begin(&self) -> io::Result<Option<Arc<Session>>> {
         self.end();
         let Some(dir) = self.dir() else { return Ok(None) };
-        let n = self.sessions.fetch_add(1, Ordering::AcqRel) + 1;
-        let path = dir.join(format!("{}-{n}.vfurec", self.name));
-        let mut header = lock(&self.header).clone();
-        if let Some(obj) = header.as_object_mut() {
-            obj.insert("format".into(), 1.into());
-            obj.insert("session".into(), n.into());
+        // Numbers a file already has (an earlier run into the same directory) are skipped, never overwritten.
+        for _ in 0..MAX_SKIPPED_FILES {
+            let n = self.sessions.fetch_add(1, Ordering::AcqRel) + 1;
+            let path = dir.join(format!("{}-{n}.vfurec", self.name));
+            let mut header = lock(&self.header).clone();
+            if let Some(obj) = header.as_object_mut() {
+                obj.insert("format".into(), 1.into());
+                obj.insert("session".into(), n.into());
+            }
+            match Session::create(path, &header) {
+                Ok(s) => {
+                    let session = Arc::new(s);
+                    *lock(&self.current) = Some(session.clone());
+                    return Ok(Some(session));
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
         }
-        let session = Arc::new(Session::create(path, &header)?);
-        *lock(&self.current) = Some(session.clone());
-        Ok(Some(session))
+        Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{}: {MAX_SKIPPED_FILES} session numbers in a row already have files", dir.display()),
+        ))
     }
 
     /// The session being recorded, for events the device model logs itself (control commands, shared memory).
@@ -104,6 +117,9 @@ impl Recorder {
     }
 }
 
+/// How many taken session numbers `begin` skips before it gives up.
+const MAX_SKIPPED_FILES: u32 = 100_000;
+
 /// One session file. Every method is safe from any thread; the first write error is logged and ends the
 /// recording of this session (the device keeps running).
 pub struct Session {
@@ -117,7 +133,8 @@ pub struct Session {
 
 impl Session {
     fn create(path: PathBuf, header: &serde_json::Value) -> io::Result<Session> {
-        let mut w = BufWriter::with_capacity(1 << 16, File::create(&path)?);
+        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+        let mut w = BufWriter::with_capacity(1 << 16, file);
         let text = header.to_string();
         w.write_all(MAGIC)?;
         w.write_all(&(text.len() as u32).to_le_bytes())?;
