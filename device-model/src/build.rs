@@ -14,6 +14,7 @@ use crate::fault::FaultSpec;
 use crate::hfi1::{Hfi1, Hfi1Config};
 use crate::irdma::{Irdma, IrdmaConfig};
 use crate::pci::{Function, PciIds};
+use crate::worker::WorkerMode;
 
 /// The options that shape one device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,7 +64,7 @@ impl DeviceOptions {
                     }
                 }
                 if let Some(s) = spin {
-                    config.worker_spin = s;
+                    config.worker = WorkerMode::Thread { spin: s };
                 }
                 Arc::new(Hfi1::new(config).map_err(|e| format!("hfi1: {e}"))?)
             }
@@ -73,7 +74,7 @@ impl DeviceOptions {
                     config.qhash_capacity = n as usize;
                 }
                 if let Some(s) = spin {
-                    config.worker_spin = s;
+                    config.worker = WorkerMode::Thread { spin: s };
                 }
                 Arc::new(Irdma::new(config))
             }

@@ -3,6 +3,7 @@
 pub mod build;
 pub mod cli;
 pub mod control;
+pub mod counter_json;
 pub mod engine;
 pub mod fault;
 pub mod hfi1;

@@ -3,11 +3,17 @@
 //!
 //! - The register path never blocks on it: a full queue refuses the job, and the engine counts that.
 //! - The thread polls briefly before sleeping, because a driver that waits for each completion rings again
-//!   within microseconds and a futex wake-up costs more (`worker_spin`, docs/bench.md).
+//!   within microseconds and a futex wake-up costs more (`WorkerMode::Thread`'s spin, docs/bench.md).
 //! - The handler gets the job with its epoch and drops work from before a reset; what it publishes it
 //!   publishes under the engine's lock, and it never holds that lock across a DMA access
 //!   (docs/architecture.md, "the deadlock rule").
 //! - Dropping the queue stops the thread: queued jobs are dropped unrun, and the thread is joined.
+//!
+//! [`WorkerMode::Inline`] runs the same jobs with no thread: the engine drains its queue on the thread of the
+//! access that queued them, once that access has let go of the engine's locks ([`WorkQueue::run_queued`]).
+//! Nothing is handed between threads, and a run is deterministic, which is what an in-process harness wants
+//! (the `device_mmio` fuzz target). Only for DMA memory that answers without a reply from another thread:
+//! served over vfio-user with message-backed memory, a job's DMA would wait for the very thread running it.
 
 #![forbid(unsafe_code)]
 
@@ -21,6 +27,21 @@ use vfio_user_proto::sync::Unpoison;
 
 /// How long `wait_idle` yields before it sleeps between checks: most jobs finish within microseconds.
 const IDLE_YIELD: Duration = Duration::from_micros(200);
+
+/// Where an engine's jobs run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerMode {
+    /// On the engine's own thread, which polls its queue for `spin` (yielding) before it sleeps; zero sleeps
+    /// at once. What the device model serves with.
+    Thread { spin: Duration },
+    /// On the thread that queued them, after its register access (module docs). For in-process harnesses.
+    Inline,
+}
+
+type Handler<J> = Box<dyn FnMut(Stamped<J>) + Send>;
+
+/// Inline mode's half of the queue: its receiving end, and the handler locked by whichever thread drains.
+type InlineRunner<J> = (Receiver<Stamped<J>>, Mutex<Handler<J>>);
 
 /// A job and the reset epoch it was submitted in.
 #[derive(Debug)]
@@ -44,38 +65,71 @@ impl Progress {
         *self.running.lock().unpoison() = epoch;
         self.changed.notify_all();
     }
+
+    fn run<J>(&self, job: Stamped<J>, handler: &mut dyn FnMut(Stamped<J>)) {
+        self.set_running(Some(job.epoch));
+        handler(job);
+        self.set_running(None);
+        self.completed.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
-/// One engine's worker thread and its queue.
+/// One engine's worker thread (or inline runner) and its queue.
 pub struct WorkQueue<J> {
     tx: Option<Sender<Stamped<J>>>,
     thread: Option<JoinHandle<()>>,
+    inline: Option<InlineRunner<J>>,
     progress: Arc<Progress>,
 }
 
 impl<J: Send + 'static> WorkQueue<J> {
-    /// Starts the thread `name` with a queue of `depth` jobs, each handed to `handler`.
+    /// A queue of `depth` jobs, each handed to `handler`: on the thread `name` or, inline, by
+    /// [`run_queued`](Self::run_queued).
     pub fn spawn(
         name: &str,
         depth: usize,
-        spin: Duration,
+        mode: WorkerMode,
         mut handler: impl FnMut(Stamped<J>) + Send + 'static,
     ) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::bounded::<Stamped<J>>(depth.max(1));
         let progress = Arc::new(Progress::default());
+        let spin = match mode {
+            WorkerMode::Thread { spin } => spin,
+            WorkerMode::Inline => {
+                let inline = Some((rx, Mutex::new(Box::new(handler) as Handler<J>)));
+                return Ok(Self { tx: Some(tx), thread: None, inline, progress });
+            }
+        };
         let p = Arc::clone(&progress);
         let thread = std::thread::Builder::new().name(name.into()).spawn(move || {
             while let Some(job) = next(&rx, spin) {
                 if p.stop.load(Ordering::Acquire) {
                     break;
                 }
-                p.set_running(Some(job.epoch));
-                handler(job);
-                p.set_running(None);
-                p.completed.fetch_add(1, Ordering::AcqRel);
+                p.run(job, &mut handler);
             }
         })?;
-        Ok(Self { tx: Some(tx), thread: Some(thread), progress })
+        Ok(Self { tx: Some(tx), thread: Some(thread), inline: None, progress })
+    }
+
+    /// Inline mode: runs every queued job on this thread, in order; a no-op for a threaded queue. The caller
+    /// holds none of the engine's locks. If another thread is draining, that thread runs them; a job queued
+    /// while this one finishes is not left behind (the queue is checked again after letting go).
+    pub fn run_queued(&self) {
+        let Some((rx, handler)) = &self.inline else { return };
+        while !rx.is_empty() {
+            let mut h = match handler.try_lock() {
+                Ok(h) => h,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            };
+            while let Ok(job) = rx.try_recv() {
+                if self.progress.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                self.progress.run(job, &mut *h);
+            }
+        }
     }
 
     /// Queues `job` without waiting; false (nothing queued) when the queue is full or the worker is gone.
@@ -104,8 +158,10 @@ impl<J: Send + 'static> WorkQueue<J> {
         p.completed.load(Ordering::Acquire) >= p.submitted.load(Ordering::Acquire)
     }
 
-    /// Waits up to `timeout` until every queued job has been handled. For tests and benchmarks.
+    /// Waits up to `timeout` until every queued job has been handled (inline: runs them first). For tests
+    /// and benchmarks.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
+        self.run_queued();
         let deadline = Instant::now() + timeout;
         loop {
             let p = &self.progress;
@@ -168,10 +224,11 @@ mod tests {
     #[test]
     fn jobs_run_in_order_with_their_epochs_and_the_queue_reports_idle() {
         let (seen_tx, seen) = mpsc::channel();
-        let q = WorkQueue::spawn("t", 8, Duration::from_micros(10), move |s: Stamped<u32>| {
-            let _ = seen_tx.send((s.epoch, s.job));
-        })
-        .unwrap();
+        let q =
+            WorkQueue::spawn("t", 8, WorkerMode::Thread { spin: Duration::from_micros(10) }, move |s: Stamped<u32>| {
+                let _ = seen_tx.send((s.epoch, s.job));
+            })
+            .unwrap();
         for (epoch, job) in [(0, 1), (0, 2), (1, 3)] {
             assert!(q.try_submit(epoch, job));
         }
@@ -180,11 +237,76 @@ mod tests {
     }
 
     #[test]
+    fn inline_jobs_run_at_run_queued_on_the_callers_thread_in_order() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = Arc::clone(&seen);
+        let q = WorkQueue::spawn("t", 8, WorkerMode::Inline, move |j: Stamped<u32>| {
+            s.lock().unpoison().push((j.epoch, j.job, std::thread::current().id()));
+        })
+        .unwrap();
+        assert!(q.try_submit(0, 1) && q.try_submit(1, 2));
+        assert!(seen.lock().unpoison().is_empty(), "queued, not run: the caller may still hold an engine lock");
+        assert!(!q.idle());
+        q.run_queued();
+        let me = std::thread::current().id();
+        assert_eq!(*seen.lock().unpoison(), vec![(0, 1, me), (1, 2, me)]);
+        assert!(q.idle());
+        // wait_idle runs what is queued, so a harness that only waits is never left with work pending.
+        assert!(q.try_submit(2, 3));
+        assert!(q.wait_idle(Duration::ZERO));
+        assert_eq!(seen.lock().unpoison().len(), 3);
+    }
+
+    #[test]
+    fn inline_a_full_queue_refuses_like_a_threaded_one() {
+        let q = WorkQueue::spawn("t", 1, WorkerMode::Inline, |_: Stamped<u32>| {}).unwrap();
+        assert!(q.try_submit(0, 1));
+        assert!(!q.try_submit(0, 2));
+        q.run_queued();
+        assert!(q.try_submit(0, 3));
+    }
+
+    #[test]
+    fn inline_a_second_thread_leaves_its_job_to_the_thread_already_draining() {
+        let (started_tx, started) = mpsc::channel::<()>();
+        let (release_tx, release) = mpsc::channel::<()>();
+        let release = Mutex::new(release);
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let r = Arc::clone(&ran);
+        let q = Arc::new(
+            WorkQueue::spawn("t", 8, WorkerMode::Inline, move |j: Stamped<u32>| {
+                r.lock().unpoison().push((j.job, std::thread::current().id()));
+                if j.job == 1 {
+                    let _ = started_tx.send(());
+                    let _ = release.lock().unpoison().recv_timeout(Duration::from_secs(5));
+                }
+            })
+            .unwrap(),
+        );
+        let q1 = Arc::clone(&q);
+        let drainer = std::thread::spawn(move || {
+            assert!(q1.try_submit(0, 1));
+            q1.run_queued();
+            std::thread::current().id()
+        });
+        started.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(q.try_submit(0, 2));
+        let start = Instant::now();
+        q.run_queued();
+        assert!(start.elapsed() < Duration::from_secs(1), "run_queued waited for the other drainer");
+        assert_eq!(ran.lock().unpoison().len(), 1, "job 2 waits for the drainer, not run twice or here");
+        let _ = release_tx.send(());
+        let other = drainer.join().unwrap();
+        assert_eq!(*ran.lock().unpoison(), vec![(1, other), (2, other)]);
+        assert!(q.idle());
+    }
+
+    #[test]
     fn a_full_queue_refuses_without_blocking_and_drop_stops_a_busy_worker() {
         let (started_tx, started) = mpsc::channel::<()>();
         let (release_tx, release) = mpsc::channel::<()>();
         let release = Mutex::new(release);
-        let q = WorkQueue::spawn("t", 1, Duration::ZERO, move |_: Stamped<u32>| {
+        let q = WorkQueue::spawn("t", 1, WorkerMode::Thread { spin: Duration::ZERO }, move |_: Stamped<u32>| {
             let _ = started_tx.send(());
             let _ = release.lock().unpoison().recv_timeout(Duration::from_secs(5));
         })

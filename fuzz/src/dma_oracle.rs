@@ -150,21 +150,20 @@ impl GuardedMemory {
     /// Returns the first byte that changed outside them.
     pub fn check_snapshot(&self) -> Option<u64> {
         let st = self.lock();
-        let mut now = Vec::new();
         for (base, model) in &st.model {
-            now.resize(model.len(), 0);
-            if self.mem.read(*base, &mut now).is_err() {
-                return Some(*base);
-            }
-            // Whole-slice comparison first (a memcmp): this runs once per input over every mapped byte.
-            if now == *model {
-                continue;
-            }
-            for (i, (a, b)) in now.iter().zip(model.iter()).enumerate() {
-                let at = base + i as u64;
-                if a != b && !st.allowed.iter().any(|(s, e)| at >= *s && at < *e) {
-                    return Some(at);
+            // In place, whole slice first (a memcmp): this runs once per input over every mapped byte, and a
+            // copy of each window cost as much as the comparison.
+            let changed = self.mem.inspect(*base, |now| {
+                if now == model.as_slice() {
+                    return None;
                 }
+                let diffs = now.iter().zip(model.iter()).enumerate().filter(|(_, (a, b))| a != b);
+                diffs.map(|(i, _)| base + i as u64).find(|at| !st.allowed.iter().any(|(s, e)| at >= s && at < e))
+            });
+            match changed {
+                None => return Some(*base),
+                Some(Some(at)) => return Some(at),
+                Some(None) => {}
             }
         }
         None

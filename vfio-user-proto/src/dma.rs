@@ -231,6 +231,13 @@ impl HeapMemory {
         inner.ranges.len() != before
     }
 
+    /// `f` on the bytes of the range that `map` made at `iova`, without copying them; `None` when no range
+    /// starts there. For oracles that compare a whole memory after each run.
+    pub fn inspect<R>(&self, iova: u64, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let inner = self.inner.lock().unpoison();
+        inner.ranges.iter().find(|(b, _)| *b == iova).map(|(_, mem)| f(mem))
+    }
+
     /// How many write calls succeeded so far.
     pub fn write_count(&self) -> u64 {
         self.inner.lock().unpoison().writes
@@ -271,6 +278,16 @@ mod tests {
         assert!(m.map(0x2000, 0x1000));
         m.write(0x1ffc, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
         assert_eq!(m.read_u64(0x1ffc).unwrap(), u64::from_le_bytes([1, 2, 3, 4, 5, 6, 7, 8]));
+    }
+
+    #[test]
+    fn heap_memory_inspect_sees_a_whole_range_by_its_start_only() {
+        let m = HeapMemory::new();
+        assert!(m.map(0x1000, 0x1000));
+        m.write(0x1ff8, &[9; 8]).unwrap();
+        assert_eq!(m.inspect(0x1000, |b| (b.len(), b[0xff8..].to_vec())), Some((0x1000, vec![9; 8])));
+        assert_eq!(m.inspect(0x1008, |b| b.len()), None);
+        assert_eq!(m.inspect(0x2000, |b| b.len()), None);
     }
 
     #[test]

@@ -64,7 +64,7 @@ impl Hfi1 {
             irq: RwLock::new(Arc::new(NoInterrupt)),
         });
         let worker_shared = Arc::clone(&shared);
-        let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker_spin, move |job| {
+        let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker, move |job| {
             run_job(&worker_shared, job)
         })
         .map_err(|e| Hfi1Error::Worker(e.to_string()))?;
@@ -106,6 +106,7 @@ impl Hfi1 {
         if !self.worker.submit_timeout(self.shared.epoch(), Job::Inject { packet, payload, reply }, WORK_TIMEOUT) {
             return Err(Hfi1Error::Worker("worker queue full".into()));
         }
+        self.worker.run_queued();
         result.recv_timeout(WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("no result from the worker".into()))
     }
 
@@ -185,21 +186,25 @@ impl Hfi1 {
 
     /// Queues the chain at LB_DESC_ADDR and returns at once; a full queue drops the doorbell (counted).
     fn ring_doorbell(&self) {
-        // Under the chip lock so a concurrent reset sees the bookkeeping whole; try_send never blocks.
-        let _chip = self.shared.lock_chip();
-        let lb = &self.shared.lb;
-        let desc = lb.desc_addr.load(Ordering::Acquire);
-        lb.db_submitted.fetch_add(1, Ordering::AcqRel);
-        if !self.worker.try_submit(self.shared.epoch(), Job::Doorbell { desc }) {
-            lb.db_submitted.fetch_sub(1, Ordering::AcqRel);
-            lb.db_dropped.fetch_add(1, Ordering::AcqRel);
-            self.shared.counters.lb_doorbell_overruns.fetch_add(1, Ordering::Relaxed);
+        {
+            // Under the chip lock so a concurrent reset sees the bookkeeping whole; try_send never blocks.
+            let _chip = self.shared.lock_chip();
+            let lb = &self.shared.lb;
+            let desc = lb.desc_addr.load(Ordering::Acquire);
+            lb.db_submitted.fetch_add(1, Ordering::AcqRel);
+            if !self.worker.try_submit(self.shared.epoch(), Job::Doorbell { desc }) {
+                lb.db_submitted.fetch_sub(1, Ordering::AcqRel);
+                lb.db_dropped.fetch_add(1, Ordering::AcqRel);
+                self.shared.counters.lb_doorbell_overruns.fetch_add(1, Ordering::Relaxed);
+            }
         }
+        self.worker.run_queued();
     }
 }
 
 pub(super) fn counters_json(c: &Counters) -> serde_json::Value {
-    c.snapshot().into_iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect()
+    static ORDER: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    crate::counter_json::to_json(&c.snapshot(), &ORDER)
 }
 
 impl Drop for Hfi1 {

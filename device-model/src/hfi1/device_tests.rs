@@ -16,8 +16,8 @@ use crate::engine::{Engine, Interrupt};
 use crate::hfi1::rcv::{full_flow_psn, TIDCTRL_EVEN, TIDCTRL_ODD};
 use crate::hfi1::regs::*;
 use crate::hfi1::{
-    Descriptor, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_DONE, LB_DESC_ERR, LB_DESC_HDR_LEN,
-    LB_LAST_RESULT, LB_MAX_CHAIN, LB_MSIX_VECTOR,
+    Descriptor, WorkerMode, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_DONE, LB_DESC_ERR,
+    LB_DESC_HDR_LEN, LB_LAST_RESULT, LB_MAX_CHAIN, LB_MSIX_VECTOR,
 };
 
 /// Counts raised vectors.
@@ -67,7 +67,11 @@ fn counter(dev: &Hfi1, name: &str) -> u64 {
 /// Context 2 enabled with TID flows, expected range 2048+1024 (G7), pair 2 = G1 buffer (trapped write) and a
 /// 4 KiB buffer (stored through the shared file, as a client mapping would), flow 3 = G3.
 fn programmed(mem: Arc<dyn DmaAccess>) -> (Hfi1, Arc<Irqs>) {
-    let dev = Hfi1::new(Hfi1Config::default()).unwrap();
+    programmed_with(mem, Hfi1Config::default())
+}
+
+fn programmed_with(mem: Arc<dyn DmaAccess>, config: Hfi1Config) -> (Hfi1, Arc<Irqs>) {
+    let dev = Hfi1::new(config).unwrap();
     let irqs = Arc::new(Irqs::default());
     dev.attach(mem, irqs.clone());
     w(&dev, kctxt_csr(RCV_CTXT_CTRL, 2), RCV_CTXT_CTRL_ENABLE_SMASK | RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK);
@@ -174,6 +178,30 @@ fn loopback_chain_places_payloads_at_the_right_offsets_and_raises_vector_0() {
     assert_eq!(*irqs.0.lock().unwrap(), vec![LB_MSIX_VECTOR]);
     // The flow expects sequence 2 now.
     assert_eq!(r(&dev, tid_flow_csr(2, 3)) & RCV_TID_FLOW_TABLE_SEQ_MASK, 2);
+}
+
+#[test]
+fn inline_worker_places_the_chain_before_the_doorbell_write_returns() {
+    let mem = heap();
+    let (dev, irqs) = programmed_with(mem.clone(), Hfi1Config { worker: WorkerMode::Inline, ..Default::default() });
+    put_desc(&mem, DESC, Packet::kdeth0(16, false, 2, TIDCTRL_EVEN), 0, &[1, 2, 3, 4], DESC + 0x100);
+    put_desc(&mem, DESC + 0x100, Packet::kdeth0(3, true, 2, TIDCTRL_ODD), 1, &[5, 6], 0);
+    w(&dev, LB_BASE + LB_DESC_ADDR, DESC);
+    w(&dev, LB_BASE + LB_DOORBELL, 1);
+    // No wait: the doorbell's job ran on this thread inside the write.
+    assert_eq!((r(&dev, LB_BASE + LB_DB_SUBMITTED), r(&dev, LB_BASE + LB_DB_DONE)), (1, 1));
+    assert_eq!(bytes(&mem, EVEN_BUF + 64, 5), [1, 2, 3, 4, 0]);
+    assert_eq!(bytes(&mem, ODD_BUF + 192, 3), [5, 6, 0]);
+    assert_eq!(*irqs.0.lock().unwrap(), vec![LB_MSIX_VECTOR]);
+    assert!(dev.idle());
+    // An inject gets its result from the same thread too: sequence 2 is next on flow 3 (G3).
+    let p = Packet {
+        kdeth0: Packet::kdeth0(0, false, 2, TIDCTRL_EVEN),
+        dest_qp: Packet::dest_qp(2, 3),
+        psn: full_flow_psn(0x12345, 2),
+    };
+    assert_eq!(dev.inject(p, vec![7; 8]).unwrap(), RxResult::Placed);
+    assert_eq!(bytes(&mem, EVEN_BUF, 8), [7; 8]);
 }
 
 #[test]

@@ -17,6 +17,7 @@ mod shm;
 pub mod wfr;
 mod worker;
 
+pub use crate::worker::WorkerMode;
 pub use counters::Counters;
 pub use device::Hfi1;
 pub use flow::{FlowCheck, FlowEntry};
@@ -68,9 +69,9 @@ pub struct Hfi1Config {
     pub rcv_array_count: usize,
     /// Loopback doorbells that may wait for the worker; more are counted and dropped. Default 64.
     pub doorbell_queue: usize,
-    /// How long the idle worker polls its queue (yielding) before it sleeps; zero sleeps at once.
-    /// Default [`DEFAULT_WORKER_SPIN`], as measured by `udriver bench` (docs/bench.md).
-    pub worker_spin: std::time::Duration,
+    /// Where the worker's jobs run. Default a thread spinning [`DEFAULT_WORKER_SPIN`], as measured by
+    /// `udriver bench` (docs/bench.md).
+    pub worker: WorkerMode,
 }
 
 /// The worker's default idle spin: on an idle host it made back-to-back small doorbells 1.7-1.8x faster
@@ -84,7 +85,7 @@ impl Default for Hfi1Config {
             rcv_contexts: 8,
             rcv_array_count: 4096,
             doorbell_queue: 64,
-            worker_spin: DEFAULT_WORKER_SPIN,
+            worker: WorkerMode::Thread { spin: DEFAULT_WORKER_SPIN },
         }
     }
 }
@@ -115,8 +116,10 @@ impl Hfi1Config {
                 "rcv_array_count {n} must be a non-zero multiple of {ENTRIES_PER_PAGE} up to {MAX_RCV_ARRAY_COUNT}"
             )));
         }
-        if self.worker_spin > MAX_WORKER_SPIN {
-            return Err(Hfi1Error::Config(format!("worker_spin {:?} above {MAX_WORKER_SPIN:?}", self.worker_spin)));
+        if let WorkerMode::Thread { spin } = self.worker {
+            if spin > MAX_WORKER_SPIN {
+                return Err(Hfi1Error::Config(format!("worker spin {spin:?} above {MAX_WORKER_SPIN:?}")));
+            }
         }
         if !(1..=4096).contains(&self.doorbell_queue) {
             return Err(Hfi1Error::Config(format!("doorbell_queue {} not in 1..=4096", self.doorbell_queue)));
@@ -169,7 +172,7 @@ mod tests {
             Hfi1Config { rcv_array_count: 1000, ..Default::default() },
             Hfi1Config { rcv_array_count: MAX_RCV_ARRAY_COUNT + 512, ..Default::default() },
             Hfi1Config { doorbell_queue: 0, ..Default::default() },
-            Hfi1Config { worker_spin: MAX_WORKER_SPIN * 2, ..Default::default() },
+            Hfi1Config { worker: WorkerMode::Thread { spin: MAX_WORKER_SPIN * 2 }, ..Default::default() },
         ];
         for c in bad {
             let err = c.validate().err();

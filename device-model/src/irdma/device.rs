@@ -64,8 +64,8 @@ impl Irdma {
             probe: Probe::new("irdma"),
         });
         let mut worker = Worker::new(shared.clone());
-        let spin = shared.config.worker_spin;
-        let worker = match WorkQueue::spawn("irdma-cqp", WORK_QUEUE_DEPTH, spin, move |msg| worker.handle(msg)) {
+        let mode = shared.config.worker;
+        let worker = match WorkQueue::spawn("irdma-cqp", WORK_QUEUE_DEPTH, mode, move |msg| worker.handle(msg)) {
             Ok(q) => Some(q),
             Err(e) => {
                 tracing::error!("irdma: cannot start the worker thread: {e}");
@@ -89,6 +89,31 @@ impl Irdma {
     pub fn shape(&self) -> (usize, usize, Option<u32>) {
         let st = self.shared.lock();
         (st.qhash.len(), st.qhash.capacity(), st.cqp.as_ref().map(|c| c.ctx.sq_size))
+    }
+
+    /// Power-on state under the lock; the worker's wake-up, if any, is queued for after it.
+    fn reset_state(&self) {
+        let mut st = self.shared.access();
+        st.epoch += 1;
+        self.shared.epoch.store(st.epoch, Relaxed);
+        st.regs = Regs::power_on(usize::from(self.shared.config.msix_vectors));
+        // What the worker may hold: it publishes its CQP/CCQ here, and keeps them only while they are.
+        let held = st.cqp.take().is_some() | st.ccq.take().is_some();
+        st.qhash.clear();
+        st.results = ResultLog::default();
+        self.shared.counters.clear();
+        // Wakes the worker so it drops its CQP/CCQ now rather than at the next command. With none, there
+        // is nothing to drop, and a wake-up per reset is what a fuzz worker resetting per input pays most.
+        if held {
+            self.submit(&st, Work::Reset);
+        }
+    }
+
+    /// Inline mode: runs what this access queued, now that it holds no lock (`crate::worker`).
+    fn run_queued(&self) {
+        if let Some(q) = &self.worker {
+            q.run_queued();
+        }
     }
 
     /// Queues work for the worker; never blocks.
@@ -245,6 +270,7 @@ impl Engine for Irdma {
             Some(reg) => self.write_reg(reg, u32::from_le_bytes(bytes)),
             None => bump(&self.shared.counters.unknown_writes),
         }
+        self.run_queued();
     }
 
     fn attach(&self, dma: Arc<dyn DmaAccess>, irq: Arc<dyn Interrupt>) {
@@ -259,20 +285,8 @@ impl Engine for Irdma {
     }
 
     fn reset(&self) {
-        let mut st = self.shared.access();
-        st.epoch += 1;
-        self.shared.epoch.store(st.epoch, Relaxed);
-        st.regs = Regs::power_on(usize::from(self.shared.config.msix_vectors));
-        // What the worker may hold: it publishes its CQP/CCQ here, and keeps them only while they are.
-        let held = st.cqp.take().is_some() | st.ccq.take().is_some();
-        st.qhash.clear();
-        st.results = ResultLog::default();
-        self.shared.counters.clear();
-        // Wakes the worker so it drops its CQP/CCQ now rather than at the next command. With none, there
-        // is nothing to drop, and a wake-up per reset is what a fuzz worker resetting per input pays most.
-        if held {
-            self.submit(&st, Work::Reset);
-        }
+        self.reset_state();
+        self.run_queued();
     }
 
     fn probe(&self) -> Arc<Probe> {

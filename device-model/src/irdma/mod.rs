@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+pub use crate::worker::WorkerMode;
 pub use classify::{ClassifyTarget, Segment};
 pub use device::Irdma;
 pub use qhash::{EntryType, QhashKey, QhashTable};
@@ -41,8 +42,9 @@ pub struct IrdmaConfig {
     pub ccq_full_wait: Duration,
     /// Largest CCQ the device accepts in CREATE_CQ (entries). Default 1 << 20 (CQEIDX is 20 bits).
     pub max_ccq_size: u64,
-    /// How long the worker polls for the next request before sleeping. Default 50 µs.
-    pub worker_spin: Duration,
+    /// Where the CQP worker's jobs run. Default a thread that polls 50 µs for the next request before it
+    /// sleeps.
+    pub worker: WorkerMode,
 }
 
 impl Default for IrdmaConfig {
@@ -52,7 +54,7 @@ impl Default for IrdmaConfig {
             msix_vectors: 4,
             ccq_full_wait: Duration::from_millis(10),
             max_ccq_size: 1 << 20,
-            worker_spin: Duration::from_micros(50),
+            worker: WorkerMode::Thread { spin: Duration::from_micros(50) },
         }
     }
 }

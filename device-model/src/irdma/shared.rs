@@ -28,9 +28,8 @@ macro_rules! counters {
         pub struct Counters { $(pub $name: AtomicU64,)* }
         impl Counters {
             pub fn to_json(&self) -> Value {
-                let mut m = serde_json::Map::new();
-                $(m.insert(stringify!($name).into(), self.$name.load(Relaxed).into());)*
-                Value::Object(m)
+                static ORDER: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+                crate::counter_json::to_json(&[$((stringify!($name), self.$name.load(Relaxed)),)*], &ORDER)
             }
             pub(super) fn clear(&self) { $(self.$name.store(0, Relaxed);)* }
         }

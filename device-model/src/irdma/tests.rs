@@ -14,7 +14,7 @@ use super::ccq::{IRDMA_CQ_VALID, IRDMA_CQ_WQEIDX};
 use super::classify::Segment;
 use super::loopback::encode_descriptor;
 use super::regs::*;
-use super::{Irdma, IrdmaConfig};
+use super::{Irdma, IrdmaConfig, WorkerMode};
 use crate::engine::{Engine, Interrupt};
 
 const CTX_PA: u64 = 0x0000_0001_2345_6000; // G10
@@ -402,6 +402,32 @@ fn destroy_cq_removes_the_ccq_and_completes_in_cqptail() {
     assert_eq!(rig.poll(), None);
     assert_eq!(rig.r32(IRDMA_CQPTAIL), 2);
     assert_eq!(rig.dump()["ccq"], Value::Null);
+}
+
+#[test]
+fn inline_worker_completes_each_command_before_its_register_write_returns() {
+    let mut rig = Rig::with_config(IrdmaConfig { worker: WorkerMode::Inline, ..IrdmaConfig::default() });
+    // irdma_sc_cqp_init and irdma_sc_cqp_create, with no wait: CCQP_DONE is set when CCQPLOW's write returns.
+    for reg in [IRDMA_CQPTAIL, IRDMA_CQPDB, IRDMA_CCQPSTATUS] {
+        rig.w32(reg, 0);
+    }
+    rig.write_qws(CTX_PA, &host_context(16));
+    rig.w32(IRDMA_CCQPHIGH, (CTX_PA >> 32) as u32);
+    rig.w32(IRDMA_CCQPLOW, CTX_PA as u32);
+    assert_eq!(rig.r32(IRDMA_CCQPSTATUS), 0x0000_0001);
+    (rig.sq_size, rig.head, rig.polarity) = (16, 0, false);
+    // CREATE_CQ, then a quad-hash add: each CQE is in the CCQ when the doorbell's write returns.
+    rig.post(create_cq_wqe(64, CCQ_PA, Some(0)));
+    rig.w32(IRDMA_CQPDB, rig.head);
+    (rig.ccq_size, rig.ccq_head, rig.ccq_polarity) = (64, 0, true);
+    let cqe = rig.poll().expect("CREATE_CQ completed inside the doorbell write");
+    assert_eq!((cqe.ctx, cqe.error()), (COMPLETION_CTX, None));
+    let idx = rig.post(qhash_wqe(ADD, SYN, 4791, 0, 5));
+    rig.w32(IRDMA_CQPDB, rig.head);
+    let cqe = rig.poll().expect("the quad-hash add completed inside the doorbell write");
+    assert_eq!((cqe.idx(), cqe.error()), (u64::from(idx), None));
+    assert_eq!(rig.r32(IRDMA_CQPTAIL), 2);
+    assert!(rig.dev.idle());
 }
 
 #[test]

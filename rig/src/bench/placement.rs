@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use device_model::hfi1::Hfi1Config;
+use device_model::hfi1::{Hfi1Config, WorkerMode};
 
 use super::hfi1::Rig;
 use udriver::bench::loopback::{Loopback, PACKET, SEGMENT};
@@ -161,8 +161,8 @@ fn alternate(budget: Duration, a: &mut Loopback, b: &mut Loopback) -> Result<(Sa
 /// The hfi1 worker with and without a 50 us idle spin: small doorbells (latency) and bulk placement.
 pub fn worker_spin(budget: Duration) -> Case {
     Case::new("spin", "hfi1 loopback worker: 50 us idle spin vs sleeping at once").run(|case| {
-        let sleepy = Hfi1Config { worker_spin: Duration::ZERO, ..Default::default() };
-        let spinny = Hfi1Config { worker_spin: SPIN, ..Default::default() };
+        let sleepy = Hfi1Config { worker: WorkerMode::Thread { spin: Duration::ZERO }, ..Default::default() };
+        let spinny = Hfi1Config { worker: WorkerMode::Thread { spin: SPIN }, ..Default::default() };
         // One 4 KiB packet per doorbell: the wake-up dominates.
         let small = PAGE_SIZE as usize;
         let (rig_a, rig_b) = (Rig::new(sleepy, true)?, Rig::new(spinny, true)?);
@@ -186,7 +186,7 @@ pub fn worker_spin(budget: Duration) -> Case {
         let gain = sa.median() / sb.median().max(1.0);
         case.metric("small-doorbell speed-up from spinning", gain, "x");
         case.note(
-            "the device model's default (Hfi1Config::worker_spin) follows this measurement: see docs/bench.md; the \
+            "the device model's default (Hfi1Config::worker) follows this measurement: see docs/bench.md; the \
              spin costs a core for 50 us after every doorbell, so it must win clearly to be kept",
         );
         Ok(())
