@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
-use device_model::hfi1::{Hfi1, Hfi1Config};
+use device_model::hfi1::{Hfi1, Hfi1Config, WorkerMode};
 use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::{Function, PciIds};
 use rdma_emu_fuzz::hostile::Hostile;
@@ -125,15 +125,23 @@ fn devices() -> Option<&'static Devices> {
     static D: OnceLock<Option<Devices>> = OnceLock::new();
     D.get_or_init(|| {
         rdma_emu_fuzz::timing::precise_sleeps();
-        let hfi =
-            Hfi1::new(Hfi1Config { rcv_contexts: 4, rcv_array_count: 512, doorbell_queue: 8, ..Default::default() })
-                .ok()?;
+        // The engines run inline, on the driver's thread inside the doorbell write that queued the work: a
+        // completion the hostile device does not withhold is there when the driver first looks.
+        let hfi = Hfi1::new(Hfi1Config {
+            rcv_contexts: 4,
+            rcv_array_count: 512,
+            doorbell_queue: 8,
+            worker: WorkerMode::Inline,
+            ..Default::default()
+        })
+        .ok()?;
         let ird = Irdma::new(IrdmaConfig {
             qhash_capacity: 8,
             msix_vectors: 4,
-            ccq_full_wait: Duration::from_millis(1),
+            // Inline, nothing consumes a CQE while the worker waits: one look, then the error.
+            ccq_full_wait: Duration::ZERO,
             max_ccq_size: 4096,
-            ..Default::default()
+            worker: WorkerMode::Inline,
         });
         Some(Devices {
             hfi: Function::try_new(Arc::new(hfi), PciIds::hfi1_default()).ok()?,
