@@ -102,6 +102,9 @@ pub(crate) struct Shared {
     reader: Mutex<FrameReader>,
     waiters: Mutex<Waiters>,
     wake: Condvar,
+    /// The idle reader's wait between looks (on `waiters`' lock), cut short by `fail`: dropping a client
+    /// would otherwise wait out the rest of a [`QUIET`] sleep to join the thread.
+    quiet: Condvar,
     /// Callers between registering a request and taking its reply.
     active: AtomicUsize,
     /// Requests made so far: the idle reader waits for this to stand still.
@@ -156,6 +159,7 @@ impl Shared {
             reader: Mutex::new(reader),
             waiters: Mutex::new(Waiters::default()),
             wake: Condvar::new(),
+            quiet: Condvar::new(),
             active: AtomicUsize::new(0),
             calls: AtomicU64::new(0),
             idle_holds: AtomicBool::new(false),
@@ -349,8 +353,10 @@ impl Shared {
     /// The connection is unusable: every waiting caller wakes with "closed", later calls fail at once.
     pub(crate) fn fail(&self) {
         self.closed.store(true, Ordering::Release);
+        // Under the lock the idle reader checks `closed` with, so its wait cannot miss this.
         self.waiters().replies.clear();
         self.wake.notify_all();
+        self.quiet.notify_all();
         self.kick_idle();
     }
 
@@ -364,7 +370,11 @@ impl Shared {
     pub(crate) fn idle_reader(&self) {
         let mut seen = u64::MAX;
         while !self.closed.load(Ordering::Acquire) {
-            std::thread::sleep(QUIET);
+            let w = self.waiters();
+            drop(self.quiet.wait_timeout_while(w, QUIET, |_| !self.closed.load(Ordering::Acquire)).unpoison());
+            if self.closed.load(Ordering::Acquire) {
+                break;
+            }
             let calls = self.calls.load(Ordering::SeqCst);
             if calls != seen || self.active.load(Ordering::SeqCst) > 0 {
                 seen = calls;
