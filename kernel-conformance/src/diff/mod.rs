@@ -72,11 +72,31 @@ impl Coverage {
     }
 }
 
+/// What a step does, for its error messages: formatted only when one is reported. Formatted up front, the
+/// descriptions (a quad-hash entry's every field) cost the fuzz target as much as a step's kernel code.
+struct What(Box<dyn Fn() -> String>);
+
+impl What {
+    fn lazy(f: impl Fn() -> String + 'static) -> Self {
+        What(Box::new(f))
+    }
+
+    fn text(&self) -> String {
+        (self.0)()
+    }
+}
+
+impl From<&'static str> for What {
+    fn from(s: &'static str) -> Self {
+        What::lazy(move || s.to_owned())
+    }
+}
+
 struct Run {
     k: KernelSide,
     u: UdriverSide,
     step: usize,
-    what: String,
+    what: What,
     cov: Coverage,
     /// The device's CCQ producer position and valid bit.
     dev_head: u32,
@@ -135,19 +155,19 @@ fn check_publication(events: &[Event], slot_watch: usize, final_slot: &[u8], pol
 }
 
 impl Run {
-    fn same<T: PartialEq + Debug>(&self, what: &str, k: T, u: T) -> Result<(), DiffError> {
+    fn same<T: PartialEq + Debug>(&self, what: impl std::fmt::Display, k: T, u: T) -> Result<(), DiffError> {
         if k == u {
             return Ok(());
         }
         Err(DiffError::Differs {
             step: self.step,
-            what: format!("{}: {what}", self.what),
+            what: format!("{}: {what}", self.what.text()),
             kernel: format!("{k:?}"),
             udriver: format!("{u:?}"),
         })
     }
 
-    fn begin(&mut self, what: String, regions: &[Region]) {
+    fn begin(&mut self, what: What, regions: &[Region]) {
         self.step += 1;
         self.what = what;
         self.k.trace().set_watches(regions.iter().map(|r| self.k.watch(*r)).collect());
@@ -161,7 +181,7 @@ impl Run {
         if ke != ue {
             let i = ke.iter().zip(&ue).take_while(|(a, b)| a == b).count();
             self.same(
-                &format!("trace from event {i}"),
+                format_args!("trace from event {i}"),
                 ke.get(i..).unwrap_or_default(),
                 ue.get(i..).unwrap_or_default(),
             )?;
@@ -180,7 +200,7 @@ impl Run {
     }
 
     /// Builds one WQE on both sides and checks it.
-    fn wqe_step(&mut self, what: String, f: impl Fn(&mut dyn Side) -> i32) -> Result<i32, DiffError> {
+    fn wqe_step(&mut self, what: What, f: impl Fn(&mut dyn Side) -> i32) -> Result<i32, DiffError> {
         let head = self.k.rings().sq_head;
         let before = self.k.read_region(Region::SqSlot(head));
         self.k.poison_slot(head);
@@ -206,12 +226,12 @@ impl Run {
         }
         self.cov.wqes += 1;
         let (ks, us) = (self.k.read_region(Region::SqSlot(head)), self.u.read_region(Region::SqSlot(head)));
-        self.same(&format!("WQE {head}"), &ks, &us)?;
+        self.same(format_args!("WQE {head}"), &ks, &us)?;
         let polarity = self.k.rings().polarity;
         if let Some(slot) = &ks {
             check_publication(&ke, 1, slot, polarity).map_err(|why| DiffError::Order {
                 step: self.step,
-                what: self.what.clone(),
+                what: self.what.text(),
                 side: "kernel",
                 why,
             })?;
@@ -219,7 +239,7 @@ impl Run {
         Ok(rk)
     }
 
-    fn simple(&mut self, what: String, f: impl Fn(&mut dyn Side) -> i32) -> Result<i32, DiffError> {
+    fn simple(&mut self, what: What, f: impl Fn(&mut dyn Side) -> i32) -> Result<i32, DiffError> {
         let regions = self.regions();
         self.begin(what, &regions);
         let (rk, ru) = (f(&mut self.k), f(&mut self.u));
@@ -252,7 +272,7 @@ impl Run {
         true
     }
 
-    fn consume(&mut self, what: String, consume: Consume) -> Result<(), DiffError> {
+    fn consume(&mut self, what: What, consume: Consume) -> Result<(), DiffError> {
         let op = {
             let r = self.k.rings();
             let slot = self.k.read_region(Region::SqSlot(r.sq_tail)).unwrap_or_default();
@@ -276,11 +296,16 @@ impl Run {
         match *s {
             Step::Qhash { q, post_sq } => {
                 let scratch = 0x1000 + i as u64;
-                self.wqe_step(format!("qhash {q:?} post_sq {post_sq}"), |d| d.qhash(&q, scratch, post_sq))?;
+                self.wqe_step(What::lazy(move || format!("qhash {q:?} post_sq {post_sq}")), |d| {
+                    d.qhash(&q, scratch, post_sq)
+                })?;
             }
             Step::Complete { error, maj, min, op_ret_val, consume } => {
                 if self.device_completes(error, maj, min, op_ret_val) {
-                    self.consume(format!("CQE error {error} {maj:#x}/{min:#x} by {consume:?}"), consume)?;
+                    self.consume(
+                        What::lazy(move || format!("CQE error {error} {maj:#x}/{min:#x} by {consume:?}")),
+                        consume,
+                    )?;
                 } else {
                     self.consume("CQE poll, nothing outstanding".into(), Consume::GetCqeInfo)?;
                 }
@@ -293,7 +318,9 @@ impl Run {
                 })?;
             }
             Step::CfgCeq { ceq_id, idx, enable } => {
-                self.simple(format!("irdma_cfg_ceq({ceq_id}, {idx}, {enable})"), |d| d.cfg_ceq(ceq_id, idx, enable))?;
+                self.simple(What::lazy(move || format!("irdma_cfg_ceq({ceq_id}, {idx}, {enable})")), |d| {
+                    d.cfg_ceq(ceq_id, idx, enable)
+                })?;
             }
             Step::PostSq => {
                 self.simple("irdma_sc_cqp_post_sq".into(), |d| {
@@ -310,14 +337,13 @@ impl Run {
 pub fn run_case(case: &Case) -> Result<Coverage, DiffError> {
     let k = KernelSide::new(case.create, case.max_done_count).map_err(DiffError::Setup)?;
     let u = UdriverSide::new(case.create, case.max_done_count, k.contexts());
-    let mut r =
-        Run { k, u, step: 0, what: String::new(), cov: Coverage::default(), dev_head: 0, dev_pol: 1, ccq_size: 0 };
+    let mut r = Run { k, u, step: 0, what: "".into(), cov: Coverage::default(), dev_head: 0, dev_pol: 1, ccq_size: 0 };
 
     if r.simple("irdma_sc_dev_init".into(), |d| d.dev_init())? != 0 {
         return Ok(r.cov);
     }
     let cqp = case.cqp;
-    if r.simple(format!("irdma_sc_cqp_init {cqp:?}"), |d| d.cqp_init(&cqp))? != 0 {
+    if r.simple(What::lazy(move || format!("irdma_sc_cqp_init {cqp:?}")), |d| d.cqp_init(&cqp))? != 0 {
         return Ok(r.cov);
     }
     r.begin("irdma_sc_cqp_create".into(), &[Region::HostCtx]);
@@ -331,7 +357,7 @@ pub fn run_case(case: &Case) -> Result<Coverage, DiffError> {
     r.cov.cqps_created = 1;
 
     let ccq = case.ccq;
-    if r.simple(format!("irdma_sc_ccq_init {ccq:?}"), |d| d.ccq_init(&ccq))? == 0 {
+    if r.simple(What::lazy(move || format!("irdma_sc_ccq_init {ccq:?}")), |d| d.ccq_init(&ccq))? == 0 {
         r.ccq_size = ccq.num_elem;
         r.wqe_step("irdma_sc_ccq_create (CREATE_CQ WQE)".into(), |d| d.ccq_create(0, ccq.check_overflow))?;
         r.simple("irdma_sc_cqp_post_sq".into(), |d| {
@@ -340,7 +366,7 @@ pub fn run_case(case: &Case) -> Result<Coverage, DiffError> {
         })?;
         let (error, maj, min) = case.ccq_create_error.map_or((false, 0, 0), |(a, b)| (true, a, b));
         r.device_completes(error, maj, min, 0);
-        r.consume(format!("CREATE_CQ completion error {error}"), Consume::PollMatching)?;
+        r.consume(What::lazy(move || format!("CREATE_CQ completion error {error}")), Consume::PollMatching)?;
 
         for (i, s) in case.steps.iter().enumerate() {
             r.step(i, s)?;
