@@ -628,9 +628,6 @@ impl Rig {
         let (descs, errs) =
             (self.hfi_read64(hfi1::LB_BASE + hfi1::LB_DESC_DONE), self.hfi_read64(hfi1::LB_BASE + hfi1::LB_DESC_ERR));
         assert!(errs <= descs, "hfi1: LB_DESC_ERR {errs} > LB_DESC_DONE {descs}");
-        if std::mem::take(&mut self.hfi_touched) {
-            self.hfi_check();
-        }
         if std::mem::take(&mut self.wfr_touched) {
             self.wfr_check();
         }
@@ -682,11 +679,22 @@ impl Rig {
         );
     }
 
-    fn check_memory(&self) {
+    /// What holds at the end of every input: the `Wait` checks, the project function's flow table (a scan of
+    /// over a hundred trapped reads, so once per input rather than at every `Wait`: a reserved bit is derived
+    /// from stored state and stays visible until that flow is written again), and the memories.
+    fn end_check(&mut self) {
+        self.wait_and_check();
+        if std::mem::take(&mut self.hfi_touched) {
+            self.hfi_check();
+        }
         for (name, mem) in [("hfi1", &self.hmem), ("hfi1-wfr", &self.wmem), ("irdma", &self.imem)] {
             let v = mem.violations();
             assert!(v.is_empty(), "{name}: device wrote outside allowed buffers: {v:?}");
-            assert_eq!(mem.check_snapshot(), None, "{name}: memory changed outside allowed buffers");
+            // Only the device's writes and the harness's own change these memories, and the harness's are in
+            // the snapshot: with no device write in this input the comparison could not find anything.
+            if mem.device_writes() > 0 {
+                assert_eq!(mem.check_snapshot(), None, "{name}: memory changed outside allowed buffers");
+            }
         }
     }
 }
@@ -738,7 +746,6 @@ fuzz_target!(|ops: Vec<Op>| {
             }
         }
     }
-    rig.wait_and_check();
-    rig.check_memory();
+    rig.end_check();
     // No detach here: the next input's Rig::new resets the engines anyway.
 });
