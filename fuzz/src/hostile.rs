@@ -195,7 +195,7 @@ impl DeviceAccess for Hostile {
         }
         self.inner.write64(bar, offset, value)
     }
-    fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
+    fn dma_map(&self, mem: &Arc<DmaMemory>, offset: u64, len: u64, iova: u64) -> Result<()> {
         if self.write_fails() {
             return Err(AccessError::Errno { op: "hostile DMA map", errno: libc::ENOMEM });
         }
@@ -207,8 +207,7 @@ impl DeviceAccess for Hostile {
             }
         }
         self.inner.dma_map(mem, offset, len, iova)?;
-        let alias = DmaMemory::alias(mem)?;
-        self.maps.lock().unpoison().insert(iova, Mapping { len, mem: Arc::new(alias), offset });
+        self.maps.lock().unpoison().insert(iova, Mapping { len, mem: Arc::clone(mem), offset });
         Ok(())
     }
     fn dma_unmap(&self, iova: u64, len: u64) -> Result<()> {

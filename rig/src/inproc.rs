@@ -16,8 +16,8 @@ use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
 use udriver::backend;
 use udriver::dma::DmaMemory;
 
-/// One mapping: its length, the memory (an alias of the driver's, see `DmaMemory::alias`, so it stays
-/// valid whatever the driver frees) and the offset in that memory.
+/// One mapping: its length, the memory (a reference to the driver's, so it stays valid whatever the driver
+/// frees, as a real device's pinned pages do) and the offset in that memory.
 #[derive(Clone)]
 struct Mapping {
     len: u64,
@@ -175,7 +175,7 @@ impl DeviceAccess for InProcess {
         self.write(bar, offset, &value.to_le_bytes())
     }
 
-    fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
+    fn dma_map(&self, mem: &Arc<DmaMemory>, offset: u64, len: u64, iova: u64) -> Result<()> {
         backend::check_dma_map(mem, offset, len, iova)?;
         // What the vfio-user server asks the device before mapping (a `dma-map-refuse` fault).
         let rw = vfio_user_proto::wire::dma_map_flags::READ | vfio_user_proto::wire::dma_map_flags::WRITE;
@@ -186,8 +186,7 @@ impl DeviceAccess for InProcess {
         if overlaps {
             return Err(AccessError::Errno { op: "DMA map", errno: libc::EEXIST });
         }
-        let alias = DmaMemory::alias(mem)?;
-        map.insert(iova, Mapping { len, mem: Arc::new(alias), offset });
+        map.insert(iova, Mapping { len, mem: Arc::clone(mem), offset });
         Ok(())
     }
 

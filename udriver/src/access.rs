@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dma::DmaMemory;
@@ -33,8 +34,9 @@ pub trait DeviceAccess: Send + Sync {
     fn write32(&self, bar: u32, offset: u64, value: u32) -> Result<()>;
     fn read64(&self, bar: u32, offset: u64) -> Result<u64>;
     fn write64(&self, bar: u32, offset: u64, value: u64) -> Result<()>;
-    /// Makes `[offset, offset + len)` of `mem` visible to the device at `iova`. Page-aligned.
-    fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()>;
+    /// Makes `[offset, offset + len)` of `mem` visible to the device at `iova`. Page-aligned. An in-process
+    /// device keeps `mem` (a reference, not a second mapping) so its view never dangles.
+    fn dma_map(&self, mem: &Arc<DmaMemory>, offset: u64, len: u64, iova: u64) -> Result<()>;
     fn dma_unmap(&self, iova: u64, len: u64) -> Result<()>;
     /// Sets up `nvec` MSI-X vectors with eventfds.
     fn enable_msix(&self, nvec: u32) -> Result<()>;

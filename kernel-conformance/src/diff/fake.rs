@@ -210,7 +210,7 @@ impl DeviceAccess for FakeIrdma {
     fn write64(&self, bar: u32, offset: u64, _value: u64) -> udriver::access::Result<()> {
         Err(AccessError::BadWidth { bar, offset, width: 8 })
     }
-    fn dma_map(&self, _mem: &DmaMemory, _offset: u64, _len: u64, _iova: u64) -> udriver::access::Result<()> {
+    fn dma_map(&self, _mem: &Arc<DmaMemory>, _offset: u64, _len: u64, _iova: u64) -> udriver::access::Result<()> {
         Ok(())
     }
     fn dma_unmap(&self, _iova: u64, _len: u64) -> udriver::access::Result<()> {

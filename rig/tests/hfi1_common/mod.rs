@@ -76,7 +76,7 @@ impl DeviceAccess for MappedInProcess {
             None => self.inner.write64(bar, offset, value),
         }
     }
-    fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
+    fn dma_map(&self, mem: &Arc<DmaMemory>, offset: u64, len: u64, iova: u64) -> Result<()> {
         self.inner.dma_map(mem, offset, len, iova)
     }
     fn dma_unmap(&self, iova: u64, len: u64) -> Result<()> {

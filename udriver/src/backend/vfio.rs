@@ -197,7 +197,7 @@ impl DeviceAccess for VfioBackend {
         }
     }
 
-    fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
+    fn dma_map(&self, mem: &Arc<DmaMemory>, offset: u64, len: u64, iova: u64) -> Result<()> {
         super::check_dma_map(mem, offset, len, iova)?;
         // The IOMMU maps whole pages.
         if [offset, len, iova].iter().any(|v| v % PAGE_SIZE != 0) {

@@ -6,7 +6,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vfio_user_proto::client::{Client, ClientConfig, DmaProt};
@@ -135,7 +135,7 @@ impl DeviceAccess for VfioUserBackend {
         }
     }
 
-    fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
+    fn dma_map(&self, mem: &Arc<DmaMemory>, offset: u64, len: u64, iova: u64) -> Result<()> {
         super::check_dma_map(mem, offset, len, iova)?;
         self.client.dma_map_fd(iova, len, mem.fd(), offset, DmaProt::READ_WRITE).map_err(|e| client_err("DMA_MAP", e))
     }

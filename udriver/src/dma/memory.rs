@@ -62,13 +62,6 @@ impl DmaMemory {
         Ok(Self { fd, ptr, len, huge })
     }
 
-    /// A second mapping of the same file: shares the pages, outlives `other`. An in-process device model
-    /// holds one so its view of the driver's memory never dangles.
-    pub fn alias(other: &DmaMemory) -> Result<Self, DmaMemError> {
-        let fd = other.fd.try_clone().map_err(|e| DmaMemError::Create { len: other.len, source: e })?;
-        Self::map(fd, other.len, other.huge)
-    }
-
     pub fn len(&self) -> usize {
         self.len
     }

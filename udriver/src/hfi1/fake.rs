@@ -91,7 +91,7 @@ impl DeviceAccess for FakeHfi1 {
         self.log.lock().unwrap().push(Op::Write(offset, value));
         Ok(())
     }
-    fn dma_map(&self, _mem: &DmaMemory, _offset: u64, _len: u64, _iova: u64) -> Result<()> {
+    fn dma_map(&self, _mem: &Arc<DmaMemory>, _offset: u64, _len: u64, _iova: u64) -> Result<()> {
         Ok(())
     }
     fn dma_unmap(&self, _iova: u64, _len: u64) -> Result<()> {

@@ -417,7 +417,13 @@ mod tests {
             }
             Ok(())
         }
-        fn dma_map(&self, _: &crate::dma::DmaMemory, _: u64, _: u64, _: u64) -> crate::access::Result<()> {
+        fn dma_map(
+            &self,
+            _: &std::sync::Arc<crate::dma::DmaMemory>,
+            _: u64,
+            _: u64,
+            _: u64,
+        ) -> crate::access::Result<()> {
             Ok(())
         }
         fn dma_unmap(&self, _: u64, _: u64) -> crate::access::Result<()> {

@@ -284,7 +284,7 @@ impl DeviceAccess for FakeIrdma {
     fn write64(&self, bar: u32, offset: u64, _value: u64) -> Result<()> {
         Err(AccessError::BadWidth { bar, offset, width: 8 })
     }
-    fn dma_map(&self, mem: &DmaMemory, offset: u64, len: u64, iova: u64) -> Result<()> {
+    fn dma_map(&self, mem: &Arc<DmaMemory>, offset: u64, len: u64, iova: u64) -> Result<()> {
         let fd = mem.fd().try_clone_to_owned().map_err(|source| AccessError::Io { op: "dup", source })?;
         self.lock().maps.push(Map { iova, len, file: File::from(fd), file_off: offset });
         Ok(())
