@@ -16,15 +16,13 @@ use udriver::access::DeviceAccess;
 use udriver::backend::vfio_user::VfioUserBackend;
 use udriver::bench::loopback::Hfi1Driver;
 use udriver::bench::{sample, sample_prepared, Better, Case, Samples, Target};
-use udriver::dma::{IOVA_BASE, PAGE_SIZE};
+use udriver::dma::PAGE_SIZE;
 use udriver::hfi1::exp_rcv::{
     hfi1_kern_exp_rcv_alloc_flows, hfi1_kern_exp_rcv_clear, hfi1_kern_exp_rcv_setup, TidRdmaRequest,
 };
 use udriver::hfi1::flow::hfi1_kern_setup_hw_flow;
 use udriver::hfi1::qp::{Hfi1Qp, IbQpType, QpSendState};
-use udriver::hfi1::regs::PtType;
 use udriver::hfi1::sge::{RvtSge, RvtSgeState};
-use udriver::hfi1::tid::{hfi1_put_tid, trdma_pset_order};
 
 pub use udriver::bench::loopback::SEGMENT;
 const SEGMENT_PAGES: usize = SEGMENT / PAGE_SIZE as usize;
@@ -71,18 +69,6 @@ impl Rig {
     }
 }
 
-/// Programs `batch` entries from `*next` on (wrapping inside the context), each a 4 KiB expected buffer.
-fn program(rig: &Rig, next: &mut u32, batch: u32) -> Result<(), String> {
-    let (base, count) = (rig.rcd.expected_base, rig.rcd.expected_count);
-    for _ in 0..batch {
-        let index = base + *next;
-        let pa = IOVA_BASE + u64::from(*next) * PAGE_SIZE;
-        hfi1_put_tid(&rig.dd, index, PtType::PT_EXPECTED, pa, trdma_pset_order(1)).map_err(|e| e.to_string())?;
-        *next = (*next + 1) % count;
-    }
-    Ok(())
-}
-
 fn entries_per_second(s: &Samples, batch: u32) -> f64 {
     s.per_second() * f64::from(batch)
 }
@@ -94,7 +80,7 @@ pub fn rcvarray_programming(budget: Duration) -> Case {
         for (i, (mapped, batch)) in [(true, MAPPED_BATCH), (false, TRAPPED_BATCH)].into_iter().enumerate() {
             let rig = Rig::new(Hfi1Config::default(), mapped)?;
             let mut next = 0;
-            let s = sample(budget, 2, 3, usize::MAX, || program(&rig, &mut next, batch))?;
+            let s = sample(budget, 2, 3, usize::MAX, || rig.program_expected(&mut next, batch))?;
             let rate = entries_per_second(&s, batch);
             // Every entry of the context was programmed at least once, so the device must see them all.
             let written = if s.len() as u64 * u64::from(batch) >= u64::from(rig.rcd.expected_count) {

@@ -15,9 +15,7 @@ use super::qhash::qhash_rates;
 use super::report::{BenchReport, Better, Case, Machine, Target};
 use super::stats::{sample, Samples};
 use crate::access::DeviceAccess;
-use crate::dma::PAGE_SIZE;
-use crate::hfi1::regs::{rcv_array_offset, PtType, HFI1_BAR, RCV_ARRAY_CNT, RCV_VL15};
-use crate::hfi1::tid::{hfi1_put_tid, trdma_pset_order};
+use crate::hfi1::regs::{rcv_array_offset, HFI1_BAR, RCV_ARRAY_CNT, RCV_VL15};
 
 /// edu's identification register (RO 0x010000ed) and its liveness register (reads back the inverse).
 const EDU_IDENT: u64 = 0x00;
@@ -159,15 +157,7 @@ fn hfi1_cases(budget: Duration, dev: Arc<dyn DeviceAccess>, trapped_write_ns: Op
                 let mapped = d.dev.identity().mapped_bars.contains(&HFI1_BAR);
                 let (base, count) = (d.rcd.expected_base, d.rcd.expected_count);
                 let mut next = 0u32;
-                let s = sample(budget, 2, 3, usize::MAX, || {
-                    for _ in 0..STORE_BATCH {
-                        let pa = crate::dma::IOVA_BASE + u64::from(next) * PAGE_SIZE;
-                        hfi1_put_tid(&d.dd, base + next, PtType::PT_EXPECTED, pa, trdma_pset_order(1))
-                            .map_err(|e| e.to_string())?;
-                        next = (next + 1) % count;
-                    }
-                    Ok::<(), String>(())
-                })?;
+                let s = sample(budget, 2, 3, usize::MAX, || d.program_expected(&mut next, STORE_BATCH))?;
                 // The stores were taken: every entry programmed reads back valid through the same mapping.
                 let programmed = if s.len() as u64 * u64::from(STORE_BATCH) >= u64::from(count) { count } else { next };
                 for i in 0..programmed {

@@ -64,6 +64,24 @@ impl Hfi1Driver {
         let pool = Arc::new(DmaPool::sub_allocating(dev.clone(), false));
         Ok(Self { rcd, rcds, dd, pool, dev })
     }
+
+    /// Programs `batch` expected entries of the first context from `*next` on, wrapping inside the context,
+    /// each a 4 KiB buffer at `IOVA_BASE` + its index in pages. A context without expected entries (a
+    /// device that reports a tiny RcvArray) is an error, not a division by zero.
+    pub fn program_expected(&self, next: &mut u32, batch: u32) -> Result<(), String> {
+        let (base, count) = (self.rcd.expected_base, self.rcd.expected_count);
+        if count == 0 {
+            return Err(format!("context {} has no expected RcvArray entries", self.rcd.ctxt));
+        }
+        for _ in 0..batch {
+            *next %= count;
+            let pa = crate::dma::IOVA_BASE + u64::from(*next) * PAGE_SIZE;
+            hfi1_put_tid(&self.dd, base + *next, PtType::PT_EXPECTED, pa, trdma_pset_order(1))
+                .map_err(|e| e.to_string())?;
+            *next = (*next + 1) % count;
+        }
+        Ok(())
+    }
 }
 
 /// Every receive context of the driver enabled, `entries` RcvArray entries over `dst` (split evenly over the
