@@ -121,6 +121,23 @@ fn a_recorder_writes_one_numbered_file_per_session_with_its_header() {
 }
 
 #[test]
+fn a_record_over_max_record_ends_the_session_and_leaves_what_came_before_readable() {
+    let dir = temp_dir("oversized");
+    let rec = Recorder::new(&dir, "hfi1", serde_json::json!({})).unwrap();
+    let s = rec.begin().unwrap().unwrap();
+    s.dma_read(0x1000, &[7]);
+    // An iova (8 bytes) and the data: one byte over what a reader accepts.
+    s.dma_read(0x2000, &vec![0; MAX_RECORD - 8 + 1]);
+    s.dma_read(0x3000, &[8]);
+    assert!(s.failed(), "the session says its recording stopped");
+    rec.end();
+    let f = std::fs::File::open(dir.join("hfi1-1.vfurec")).unwrap();
+    let (_, records, truncated) = RecordingReader::new(std::io::BufReader::new(f)).unwrap().records().unwrap();
+    assert_eq!((records, truncated), (vec![Record::DmaRead { iova: 0x1000, data: vec![7] }], false));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn recording_dma_logs_reads_with_data_writes_by_hash_copies_as_both_and_failures() {
     let dir = temp_dir("dma");
     let rec = Recorder::new(&dir, "d", serde_json::json!({})).unwrap();

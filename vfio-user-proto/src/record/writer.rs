@@ -164,9 +164,20 @@ impl Session {
 
     fn put(&self, tag: u8, parts: &[&[u8]]) {
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let Ok(len32) = u32::try_from(len) else { return };
         let mut out = lock(&self.out);
         let Some(w) = out.as_mut() else { return };
+        // A reader refuses a longer record and everything after it: end the recording here instead, so what
+        // was recorded stays readable and the gap is said.
+        let Some(len32) = u32::try_from(len).ok().filter(|_| len <= super::MAX_RECORD) else {
+            tracing::warn!(
+                "recording {}: a record of {len} bytes is over {}; recording of this session stops",
+                self.path.display(),
+                super::MAX_RECORD
+            );
+            self.failed.store(true, Ordering::Relaxed);
+            *out = None;
+            return;
+        };
         let result = (|| {
             w.write_all(&[tag])?;
             w.write_all(&len32.to_le_bytes())?;
