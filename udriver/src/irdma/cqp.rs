@@ -297,6 +297,10 @@ impl IrdmaScCqp {
     pub fn is_outstanding(&self, scratch: u64) -> bool {
         self.scratch_array.contains(&Some(scratch))
     }
+    /// The scratches of every command posted and not yet completed (nor retired as lost).
+    pub(crate) fn outstanding(&self) -> impl Iterator<Item = u64> + '_ {
+        self.scratch_array.iter().flatten().copied()
+    }
     /// The waiter of the outstanding command `scratch` gave up on it: its slot may be reused, even if its
     /// completion never comes.
     pub(crate) fn give_up(&mut self, scratch: u64) {

@@ -155,6 +155,10 @@ fn abandon(st: &mut IrdmaCqpState, scratch: u64, timed_out: bool) {
         }
     }
     st.done.remove(&scratch);
+    // A command whose slot was since reused as lost can never complete: forget it, or the set would grow by
+    // one entry per lost completion for the life of the device.
+    let live: std::collections::HashSet<u64> = st.cqp.outstanding().collect();
+    st.abandoned.retain(|s| live.contains(s));
 }
 
 /// `irdma_handle_cqp_op`: submit and wait.
@@ -348,6 +352,22 @@ mod tests {
         irdma_handle_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap();
         let st = irdma.lock();
         assert!(st.done.is_empty() && st.abandoned.is_empty());
+    }
+
+    #[test]
+    fn commands_whose_completions_were_lost_are_forgotten_once_their_slots_are_reused() {
+        let (dev, irdma) = up_with(4, 8, IrdmaCqpWaitMode::Poll, Duration::from_millis(5));
+        for round in 0..12 {
+            dev.hold(true);
+            assert_eq!(errno(irdma_handle_cqp_op(&irdma, IrdmaCqpCmd::Nop)), -libc::ETIMEDOUT, "round {round}");
+            dev.lose_held();
+            dev.hold(false);
+            irdma_handle_cqp_op(&irdma, IrdmaCqpCmd::Nop).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        // Twelve lost completions; only a command still outstanding can be waited for, and the SQ holds 4.
+        let st = irdma.lock();
+        assert!(st.abandoned.len() <= 4, "{} abandoned commands kept for a 4-slot SQ", st.abandoned.len());
+        assert!(st.abandoned.iter().all(|s| st.cqp.is_outstanding(*s)));
     }
 
     #[test]

@@ -124,6 +124,10 @@ impl FakeIrdma {
     pub fn hold(&self, hold: bool) {
         self.lock().hold = hold;
     }
+    /// The executed-but-held WQEs never complete: their completions are lost.
+    pub fn lose_held(&self) {
+        self.lock().pending.clear();
+    }
     /// Completes every executed-but-held WQE.
     pub fn release(&self) {
         let mut st = self.lock();
