@@ -14,7 +14,7 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use device_model::hfi1::{Hfi1, Hfi1Config};
 use device_model::pci::{Function, PciIds};
@@ -181,11 +181,18 @@ pub fn serve_peers(peer: &Path, polled: &Path, busy_poll: Duration) -> Result<()
     let _ = std::fs::remove_file(peer);
     let result = serve(peer_fn, peer);
     drop(ours);
+    for path in [peer, polled] {
+        let _ = std::fs::remove_file(path);
+    }
     result
 }
 
+/// How long dropping a [`PeerServed`] waits for its thread.
+const PEER_JOIN_WAIT: Duration = Duration::from_secs(5);
+
 /// The peer on its own thread for one client, on a private socket; the thread ends when that client
-/// disconnects, and is joined on drop (drop the client first).
+/// disconnects, and is joined on drop (drop the client first: with it still connected, drop waits
+/// [`PEER_JOIN_WAIT`] and leaves the thread).
 pub struct PeerServed {
     path: PathBuf,
     thread: Option<JoinHandle<Result<(), RigError>>>,
@@ -223,7 +230,17 @@ impl Drop for PeerServed {
             if !t.is_finished() {
                 let _ = std::os::unix::net::UnixStream::connect(&self.path);
             }
-            let _ = t.join();
+            // A client still connected keeps the thread serving: wait a bounded time, then leave it rather
+            // than hang the caller.
+            let deadline = Instant::now() + PEER_JOIN_WAIT;
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::warn!("rig: the peer on {} still serves a client; its thread is left", self.path.display());
+            }
         }
         let _ = std::fs::remove_file(&self.path);
     }
