@@ -128,6 +128,11 @@ pub trait Engine: Send + Sync + 'static {
     fn register_name(&self, _bar: u32, _offset: u64, _value: Option<u64>) -> RegisterName {
         RegisterName::unnamed()
     }
+    /// Whether [`Engine::register_name`] names the register, without building the name: the access log
+    /// asks this of every access, tracing or not.
+    fn register_is_named(&self, bar: u32, offset: u64) -> bool {
+        self.register_name(bar, offset, None).name.is_some()
+    }
     /// Where the register the kernel calls `name` is (`SEND_DMA_STATUS[engine 0]`, `CQPTAIL`): (bar, offset).
     fn register_offset(&self, _name: &str) -> Option<(u32, u64)> {
         None

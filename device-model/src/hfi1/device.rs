@@ -330,6 +330,10 @@ impl Engine for Hfi1 {
         super::names::describe(&self.config.personality, offset, value)
     }
 
+    fn register_is_named(&self, bar: u32, offset: u64) -> bool {
+        bar == HFI1_BAR && super::names::is_named(&self.config.personality, offset)
+    }
+
     fn register_offset(&self, name: &str) -> Option<(u32, u64)> {
         super::names::offset_of(&self.config.personality, name).map(|o| (HFI1_BAR, o))
     }

@@ -67,6 +67,17 @@ pub fn describe(personality: &Personality, offset: u64, value: Option<u64>) -> R
     RegisterName { block, name, fields }
 }
 
+/// Whether [`describe`] names `offset`, without formatting anything.
+pub fn is_named(personality: &Personality, offset: u64) -> bool {
+    match personality {
+        Personality::Emu if (LB_BASE..LB_BASE + LB_SIZE).contains(&offset) => {
+            LB_NAMES.iter().any(|(o, _)| LB_BASE + o == offset)
+        }
+        Personality::Emu if !(RXE..TXE).contains(&offset) => false,
+        _ => chip_names::is_named(offset),
+    }
+}
+
 /// The offset of a register by the kernel's (or the loopback block's) name.
 pub fn offset_of(personality: &Personality, name: &str) -> Option<u64> {
     if let Some((o, _)) = LB_NAMES.iter().find(|(_, n)| *n == name) {
@@ -153,4 +164,36 @@ fn decode(offset: u64, v: u64) -> String {
         out.push(result.map_or_else(|| format!("result={code}"), |r| format!("result={}", r.name())));
     }
     out.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hfi1::regs::{kctxt_csr, RCV_ARRAY, RCV_ARRAY_CNT, RCV_CTXT_CTRL, RCV_TID_FLOW_TABLE};
+    use crate::hfi1::{HFI1_BAR0_SIZE, LB_DOORBELL};
+
+    #[test]
+    fn is_named_agrees_with_describe_on_both_personalities() {
+        let offsets = [
+            0,             // CCE_REVISION: named on the chip personality only
+            RCV_ARRAY_CNT, // an RXE CSR
+            kctxt_csr(RCV_CTXT_CTRL, 3),
+            RCV_TID_FLOW_TABLE + 8,
+            RCV_ARRAY,             // the RcvArray's first entry
+            RXE + 0x10_0000,       // inside the RXE, between families
+            LB_BASE + LB_DOORBELL, // the project's loopback block
+            LB_BASE + 0x40,        // past its registers
+            0x70_0000,             // a gap of the chip's register map
+            HFI1_BAR0_SIZE - 8,
+        ];
+        for personality in [Personality::Emu, Personality::Wfr(Default::default())] {
+            for offset in offsets {
+                assert_eq!(
+                    is_named(&personality, offset),
+                    describe(&personality, offset, None).name.is_some(),
+                    "{personality:?} at {offset:#x}"
+                );
+            }
+        }
+    }
 }

@@ -14,7 +14,7 @@ use vfio_user_proto::sync::Unpoison;
 use super::config::{BarLayout, CapLayout, ConfigLayout, ConfigSpace, MsixLayout};
 use super::dma::BusMasterDma;
 use super::msix::{msix_bar_layout, Msix};
-use super::probed::{Observer, ProbedDma, ProbedInterrupt};
+use super::probed::{Observer, ProbedDma, ProbedInterrupt, RegisterNaming};
 use super::regs::*;
 use super::{PciError, PciIds, MSIX_BAR};
 use crate::engine::{BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape};
@@ -341,6 +341,11 @@ impl Function {
         }
     }
 
+    /// Whether [`Function::register_name`] names the register (the MSI-X structure's always are).
+    fn register_is_named(&self, bar: u32, offset: u64, msix: Option<u64>) -> bool {
+        msix.is_some() || self.engine.register_is_named(bar, offset)
+    }
+
     /// Makes the gates follow config space. Called with the config lock held (lock order: config, then MSI-X).
     fn sync_gates(&self, cfg: &ConfigSpace) {
         let command = cfg.command();
@@ -575,7 +580,7 @@ impl Device for Function {
                 None
             }
         };
-        self.obs.bar_read(|v| self.register_name(index, offset, v, msix), index, offset, data);
+        self.obs.bar_read(&BarRegister { function: self, bar: index, offset, msix }, index, offset, data);
         Ok(())
     }
 
@@ -615,7 +620,7 @@ impl Device for Function {
             _ => None,
         };
         // Traced before the engine acts, so the events a write causes follow it.
-        self.obs.bar_write(|v| self.register_name(index, offset, v, msix), index, offset, data);
+        self.obs.bar_write(&BarRegister { function: self, bar: index, offset, msix }, index, offset, data);
         match target {
             Target::Msix(at) => self.msix.as_ref().ok_or(libc::EINVAL)?.write(at, data),
             Target::Engine => self.engine.mmio_write(index, offset, data),
@@ -662,6 +667,24 @@ impl Device for Function {
             Some(f) => Err(f.params.errno),
             None => Ok(()),
         }
+    }
+}
+
+/// One BAR access's register, named for the observer (`probed::RegisterNaming`).
+struct BarRegister<'a> {
+    function: &'a Function,
+    bar: u32,
+    offset: u64,
+    /// The offset inside the MSI-X structure, when the access falls there.
+    msix: Option<u64>,
+}
+
+impl RegisterNaming for BarRegister<'_> {
+    fn name(&self, value: u64) -> RegisterName {
+        self.function.register_name(self.bar, self.offset, value, self.msix)
+    }
+    fn is_named(&self) -> bool {
+        self.function.register_is_named(self.bar, self.offset, self.msix)
     }
 }
 

@@ -36,6 +36,13 @@ fn covers(p: &Params, bar: u32, offset: u64, len: usize) -> bool {
     matches!(p.reg, Some(RegRef::Offset { bar: b, offset: o }) if b == bar && o < offset + len as u64 && offset < o.saturating_add(8))
 }
 
+/// How an observed BAR access names its register: the name, decoded with the value, for a trace; and only
+/// whether it has one for the access log, which asks of every access.
+pub trait RegisterNaming {
+    fn name(&self, value: u64) -> RegisterName;
+    fn is_named(&self) -> bool;
+}
+
 impl Observer {
     pub fn new(probe: Arc<Probe>, log: bool) -> Self {
         Observer { probe, removed: AtomicBool::new(false), log_on: AtomicBool::new(log), log: Mutex::default() }
@@ -62,7 +69,7 @@ impl Observer {
 
     /// After a BAR read: stuck bits, then the trace and the access log see the value the client gets.
     /// `name` names the register, given its value.
-    pub fn bar_read(&self, name: impl Fn(u64) -> RegisterName, bar: u32, offset: u64, data: &mut [u8]) {
+    pub fn bar_read(&self, name: &impl RegisterNaming, bar: u32, offset: u64, data: &mut [u8]) {
         if self.probe.faults.armed(FaultKind::RegStuck) {
             if let Some(f) = self.probe.fault(FaultKind::RegStuck, |p| covers(p, bar, offset, data.len())) {
                 if let Some(RegRef::Offset { offset: reg, .. }) = f.params.reg {
@@ -77,11 +84,11 @@ impl Observer {
         self.observe(name, false, bar, offset, data);
     }
 
-    pub fn bar_write(&self, name: impl Fn(u64) -> RegisterName, bar: u32, offset: u64, data: &[u8]) {
+    pub fn bar_write(&self, name: &impl RegisterNaming, bar: u32, offset: u64, data: &[u8]) {
         self.observe(name, true, bar, offset, data);
     }
 
-    fn observe(&self, name: impl Fn(u64) -> RegisterName, write: bool, bar: u32, offset: u64, data: &[u8]) {
+    fn observe(&self, naming: &impl RegisterNaming, write: bool, bar: u32, offset: u64, data: &[u8]) {
         // Tracing off and no log: one load each, and nothing is named.
         let traced = self.probe.trace.any(Level::Debug);
         let logged = self.log_on.load(Ordering::Relaxed);
@@ -89,7 +96,13 @@ impl Observer {
             return;
         }
         let value = le_value(data);
-        let name = name(value);
+        if !traced {
+            // The log keeps offsets and whether they are named; the names are built when it is dumped.
+            let named = naming.is_named();
+            self.log.lock().unwrap_or_else(|e| e.into_inner()).record(write, bar, offset, value, named);
+            return;
+        }
+        let name = naming.name(value);
         if logged {
             self.log.lock().unwrap_or_else(|e| e.into_inner()).record(write, bar, offset, value, name.name.is_some());
         }
