@@ -37,6 +37,7 @@ mod tests {
 
     #[test]
     fn an_fd_opened_after_the_snapshot_is_reported_and_a_closed_one_is_not() {
+        let _alone = crate::FD_TESTS.lock();
         let before = open_fds();
         let f = std::fs::File::open("/proc/self/status").unwrap_or_else(|e| panic!("open: {e}"));
         let leaked = leaked_since(&before, std::time::Duration::ZERO);

@@ -10,6 +10,10 @@ pub mod mmio_input;
 pub mod timing;
 pub mod wire_client;
 
+/// Held by every unit test that opens descriptors: the fd oracle's own test counts the whole process's.
+#[cfg(test)]
+static FD_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 // Under `--cfg fuzzing` every object carries sanitizer-coverage calls whose runtime is libFuzzer, so the
 // unit tests of this library link it too, with an input function that is never called.
 #[cfg(all(test, fuzzing))]
