@@ -27,6 +27,7 @@ use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER, PCI_COMMAND_MEMORY};
 use device_model::pci::{Function, PciIds};
 use rdma_emu_fuzz::fds::{leaked_since, open_fds};
+use rdma_emu_fuzz::reused_thread::ReusedThread;
 use rdma_emu_fuzz::wire_client::{Answer, Peer};
 use vfio_user_proto::device::region;
 use vfio_user_proto::record::seed::{Seed, SeedDevice, SeedFds, SeedItem};
@@ -491,24 +492,31 @@ fn drive_seed(peer: &Peer, items: Vec<SeedItem>) {
     }
 }
 
+/// The thread `serve_connection` runs on, kept across inputs.
+fn serving_thread() -> Option<&'static ReusedThread> {
+    static T: OnceLock<Option<ReusedThread>> = OnceLock::new();
+    T.get_or_init(|| {
+        rdma_emu_fuzz::heap::keep_freed_memory();
+        ReusedThread::new("serve-connection")
+    })
+    .as_ref()
+}
+
 /// One client connection: `drive` talks to the server over `peer`, then the client leaves and the
 /// disconnect oracles run.
 fn session(served: &'static Served, drive: impl FnOnce(&Peer)) {
+    let Some(serving_thread) = serving_thread() else { return };
     let fds_before = open_fds();
     let Ok((client, server_end)) = UnixStream::pair() else { return };
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
     let server: &'static Server = &served.server;
-    let serving = std::thread::spawn(move || {
-        let r = server.serve_connection(server_end);
-        let _ = done_tx.send(());
-        r
-    });
+    let serving = serving_thread.run(move || server.serve_connection(server_end));
     let peer = Peer::new(client, MAX_XFER + 8192).spinning(SPIN);
     drive(&peer);
     // Disconnect, keep answering DMA until the server notices, then require it to be done.
     let _ = peer.stream.shutdown(std::net::Shutdown::Write);
     let deadline = std::time::Instant::now() + CLOSE_DEADLINE;
-    while done_rx.try_recv().is_err() {
+    // `Err(true)`: still serving.
+    while matches!(serving.wait_for(Duration::ZERO), Err(true)) {
         assert!(
             std::time::Instant::now() < deadline,
             "serve_connection still running {CLOSE_DEADLINE:?} after disconnect"
@@ -522,7 +530,6 @@ fn session(served: &'static Served, drive: impl FnOnce(&Peer)) {
         }
     }
     drop(peer);
-    let _ = serving.join();
     let leaked = leaked_since(&fds_before, Duration::from_secs(2));
     assert!(leaked.is_empty(), "descriptors left open after the connection: {leaked:?}");
 }

@@ -5,8 +5,10 @@
 
 pub mod dma_oracle;
 pub mod fds;
+pub mod heap;
 pub mod hostile;
 pub mod mmio_input;
+pub mod reused_thread;
 pub mod timing;
 pub mod wire_client;
 
