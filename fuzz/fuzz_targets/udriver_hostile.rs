@@ -39,6 +39,12 @@ use udriver::irdma::{IrdmaCqpCmd, IrdmaCqpWaitMode, IrdmaDev, IrdmaDevConfig, Ir
 /// Any one driver call taking longer than this is a hang (the device timeouts below are milliseconds).
 const CALL_DEADLINE: Duration = Duration::from_secs(3);
 const MAX_OPS: usize = 40;
+/// How long the driver waits for a completion or a placement (its CQP timeout, the loopback send's). The
+/// inline engines finish a command inside the doorbell write that queued it, and the driver looks before it
+/// judges its deadline, so a real completion is always seen; a wait that goes on is for something the
+/// hostile device withheld, and what it sees then depends only on how many reads the script has perturbed,
+/// not on time. Each such wait is idle time of the input (it was 4 ms, then 2,001 polls of 5 us).
+const WITHHELD_WAIT: Duration = Duration::from_micros(500);
 const MAX_BUFFERS: usize = 4;
 
 #[derive(Arbitrary, Debug)]
@@ -328,7 +334,7 @@ fn run_hfi1(dev: Arc<Hostile>, split: u8, pmtu_sel: u8, ops: Vec<HfiOp>) {
                 let Ok(packets) = tid_rdma_data_packets(flow, dest, pmtu) else { continue };
                 let segment = vec![fill; flow.length as usize];
                 let descs: Vec<_> = packets.iter().filter_map(|p| p.descriptor(&segment)).collect();
-                let _ = bounded("loopback send", || lb.send(&descs, Duration::from_millis(2)));
+                let _ = bounded("loopback send", || lb.send(&descs, WITHHELD_WAIT));
             }
         }
         check_groups(&rcd);
@@ -398,19 +404,18 @@ fn run_irdma(dev: Arc<Hostile>, sq_sel: u8, ccq_extra: u8, event: bool, ops: Vec
     let sq_size = 4u32 << (sq_sel % 4);
     let config = IrdmaDevConfig {
         hw_attrs: IrdmaHwAttrs {
-            // A withheld CCQ completion costs 100 x max_done_count + 1 polls (irdma_sc_poll_for_cqp_op_done),
-            // each a max_sleep: 2,001 x 5 us here. The in-process device completes within microseconds.
-            max_done_count: 20,
-            max_sleep: Duration::from_micros(5),
+            // A withheld CCQ completion costs 100 x max_done_count + 1 polls (irdma_sc_poll_for_cqp_op_done):
+            // 101 here, each a yield (a zero max_sleep), as only the number of looks can change what a look
+            // sees (WITHHELD_WAIT).
+            max_done_count: 1,
+            max_sleep: Duration::ZERO,
             max_pe_ready_count: 1,
             pe_ready_delay: Duration::from_micros(10),
         },
         sq_size,
         ccq_size: sq_size + 2 + u32::from(ccq_extra % 8),
         wait_mode: if event { IrdmaCqpWaitMode::Event { vector: 0 } } else { IrdmaCqpWaitMode::Poll },
-        // A withheld completion costs the whole timeout: the in-process device completes within
-        // microseconds, so 4 ms still sees every real completion (it was 20 ms, most of the wall time).
-        cqp_timeout: Duration::from_millis(4),
+        cqp_timeout: WITHHELD_WAIT,
         irq_slice: Duration::from_millis(1),
         ..Default::default()
     };

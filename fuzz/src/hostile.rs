@@ -48,6 +48,10 @@ impl Script {
     }
 }
 
+/// How long a slow register read takes: a hundred of them outlast the driver's completion wait in
+/// udriver_hostile (500 us), which is what a slow read can change for a driver over an inline engine.
+const SLOW_READ: Duration = Duration::from_micros(5);
+
 /// What the device does with one register read.
 enum ReadAction {
     Real,
@@ -145,7 +149,7 @@ impl Hostile {
                 real()
             }
             ReadAction::Slow => {
-                std::thread::sleep(Duration::from_micros(50));
+                std::thread::sleep(SLOW_READ);
                 real()
             }
         }
