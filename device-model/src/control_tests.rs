@@ -357,7 +357,7 @@ fn record_reports_each_devices_recorder_and_points_them_at_a_directory() {
     // Without a recorder a device does not appear.
     assert_eq!(ask(&t, r#"{"cmd":"record"}"#)["result"], json!({}));
     let rec = vfio_user_proto::record::Recorder::idle("hfi1", json!({}));
-    hfi1.probe().set_recorder(Some(rec.clone()));
+    assert!(hfi1.probe().set_recorder(rec.clone()));
     assert_eq!(ask(&t, r#"{"cmd":"record"}"#)["result"]["hfi1"]["dir"], Value::Null);
     let r = ask(&t, &format!(r#"{{"cmd":"record","dir":{:?}}}"#, dir.display().to_string()));
     assert_eq!(r["result"]["hfi1"]["dir"], json!(dir));

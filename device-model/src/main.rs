@@ -166,7 +166,9 @@ fn run(args: &Args) -> Result<(), String> {
         if let Some(dir) = &args.record {
             recorder.set_dir(Some(dir)).map_err(|e| format!("--record {}: {e}", dir.display()))?;
         }
-        function.probe().set_recorder(Some(recorder.clone()));
+        if !function.probe().set_recorder(recorder.clone()) {
+            return Err(format!("{}: the device already has a recorder", s.kind.name()));
+        }
         recorders.push(recorder);
         let listener = match &s.listen {
             Listen::Path(p) => {

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use vfio_user_proto::record::{Recorder, Session};
@@ -55,12 +55,13 @@ struct StepGate {
 pub struct Probe {
     pub trace: Tracer,
     pub faults: Faults,
-    recorder: RwLock<Option<Arc<Recorder>>>,
+    /// Set once, before the device is served; the hooks ask it whether it records (an atomic) on every access.
+    recorder: OnceLock<Arc<Recorder>>,
     replay: Mutex<Option<SharedReplay>>,
     steps: Mutex<Option<StepGate>>,
     steps_changed: Condvar,
-    /// Set while a recorder or a replay is attached: the hooks' one check otherwise.
-    hooked: AtomicBool,
+    /// Set while a replay or a step gate is attached: the hooks' first check.
+    gated: AtomicBool,
 }
 
 impl Probe {
@@ -68,11 +69,11 @@ impl Probe {
         Arc::new(Probe {
             trace: Tracer::new(device),
             faults: Faults::default(),
-            recorder: RwLock::new(None),
+            recorder: OnceLock::new(),
             replay: Mutex::new(None),
             steps: Mutex::new(None),
             steps_changed: Condvar::new(),
-            hooked: AtomicBool::new(false),
+            gated: AtomicBool::new(false),
         })
     }
 
@@ -97,21 +98,24 @@ impl Probe {
     }
 
     /// Sessions of this device are recorded by `recorder` (shared-memory reads and control commands go to its
-    /// current session).
-    pub fn set_recorder(&self, recorder: Option<Arc<Recorder>>) {
-        *self.recorder.write().unpoison() = recorder;
-        self.rehook();
+    /// current session). A probe has one recorder for its life: false, and `recorder` unused, if it has one.
+    #[must_use]
+    pub fn set_recorder(&self, recorder: Arc<Recorder>) -> bool {
+        self.recorder.set(recorder).is_ok()
     }
 
     fn rehook(&self) {
-        let hooked = self.recorder().is_some()
-            || self.replay.lock().unpoison().is_some()
-            || self.steps.lock().unpoison().is_some();
-        self.hooked.store(hooked, Ordering::Release);
+        let gated = self.replay.lock().unpoison().is_some() || self.steps.lock().unpoison().is_some();
+        self.gated.store(gated, Ordering::Release);
     }
 
     pub fn recorder(&self) -> Option<Arc<Recorder>> {
-        self.recorder.read().unpoison().clone()
+        self.recorder.get().cloned()
+    }
+
+    /// The session being recorded, if any: two atomic loads while none is (an idle recorder).
+    fn recording(&self) -> Option<Arc<Session>> {
+        self.recorder.get().filter(|r| r.is_recording()).and_then(|r| r.current())
     }
 
     /// Shared-memory takes come from `replay` instead of memory, from now on.
@@ -130,19 +134,18 @@ impl Probe {
     /// The device took `actual` from client-written shared memory at (`region`, `offset`): logged when
     /// recording; under a replay the recorded value replaces it.
     pub fn shared_take(&self, region: u32, offset: u64, actual: u64) -> u64 {
-        if !self.hooked.load(Ordering::Acquire) {
-            return actual;
+        if self.gated.load(Ordering::Acquire) {
+            if let Some(replay) = self.replay.lock().unpoison().as_mut() {
+                return match replay.takes.get_mut(&(region, offset)).and_then(VecDeque::pop_front) {
+                    Some(d) => d.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes),
+                    None => {
+                        replay.missing += 1;
+                        0
+                    }
+                };
+            }
         }
-        if let Some(replay) = self.replay.lock().unpoison().as_mut() {
-            return match replay.takes.get_mut(&(region, offset)).and_then(VecDeque::pop_front) {
-                Some(d) => d.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes),
-                None => {
-                    replay.missing += 1;
-                    0
-                }
-            };
-        }
-        if let Some(s) = self.recorder().and_then(|r| r.current()) {
+        if let Some(s) = self.recording() {
             s.shared_read(region, offset, &actual.to_le_bytes());
         }
         actual
@@ -152,7 +155,7 @@ impl Probe {
     /// takes the lock its registers are read under. Under a replay of a recording that has its steps, waits
     /// until the replay has reached this one.
     pub fn step_begin(&self) {
-        if !self.hooked.load(Ordering::Acquire) {
+        if !self.gated.load(Ordering::Acquire) {
             return;
         }
         let mut steps = self.steps.lock().unpoison();
@@ -186,17 +189,16 @@ impl Probe {
     }
 
     /// Counts an event on a replay's gate, or else hands it to the recording session; nothing while
-    /// neither is hooked.
+    /// neither is attached.
     fn note(&self, count: impl FnOnce(&mut StepGate), record: impl FnOnce(&Session)) {
-        if !self.hooked.load(Ordering::Acquire) {
-            return;
+        if self.gated.load(Ordering::Acquire) {
+            if let Some(g) = self.steps.lock().unpoison().as_mut() {
+                count(g);
+                self.steps_changed.notify_all();
+                return;
+            }
         }
-        if let Some(g) = self.steps.lock().unpoison().as_mut() {
-            count(g);
-            self.steps_changed.notify_all();
-            return;
-        }
-        if let Some(s) = self.recorder().and_then(|r| r.current()) {
+        if let Some(s) = self.recording() {
             record(&s);
         }
     }
@@ -243,5 +245,45 @@ impl Probe {
     /// Steps the device made beyond those the replay allowed.
     pub fn steps_overran(&self) -> u64 {
         self.steps.lock().unpoison().as_ref().map_or(0, |g| g.overran)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vfio_user_proto::record::{Record, RecordingReader};
+
+    #[test]
+    fn a_probe_keeps_its_first_recorder_and_records_only_while_it_has_a_session() {
+        let dir = std::env::temp_dir().join(format!("probe-recorder-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let probe = Probe::new("hfi1");
+        let rec = Recorder::idle("hfi1", serde_json::json!({}));
+        assert!(probe.set_recorder(rec.clone()));
+        assert!(!probe.set_recorder(Recorder::idle("other", serde_json::json!({}))), "the first recorder stays");
+        assert!(probe.recorder().is_some_and(|r| Arc::ptr_eq(&r, &rec)));
+        // Idle: the device takes what memory holds, and nothing is kept.
+        assert_eq!(probe.shared_take(2, 8, 7), 7);
+        probe.device_access();
+        probe.step_done();
+        rec.set_dir(Some(&dir)).unwrap_or_else(|e| panic!("set_dir: {e}"));
+        let session = rec.begin().unwrap_or_else(|e| panic!("begin: {e}")).unwrap_or_else(|| panic!("no session"));
+        assert_eq!(probe.shared_take(2, 8, 9), 9);
+        probe.device_access();
+        probe.step_done();
+        rec.end();
+        probe.device_access();
+        let file = std::fs::File::open(session.path()).unwrap_or_else(|e| panic!("open: {e}"));
+        let reader = RecordingReader::new(std::io::BufReader::new(file)).unwrap_or_else(|e| panic!("reader: {e}"));
+        let (_, records, _) = reader.records().unwrap_or_else(|e| panic!("records: {e}"));
+        assert_eq!(
+            records,
+            [
+                Record::SharedRead { region: 2, offset: 8, data: 9u64.to_le_bytes().to_vec() },
+                Record::DeviceAccess,
+                Record::DeviceStep,
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -33,7 +33,7 @@ fn record(
     let options = DeviceOptions::new(kind);
     let function = options.build(&[]).unwrap();
     let recorder = Recorder::new(dir, kind.name(), options.header(&[])).unwrap();
-    function.probe().set_recorder(Some(recorder.clone()));
+    assert!(function.probe().set_recorder(recorder.clone()));
     {
         let served = Served::with_config(
             function.clone(),

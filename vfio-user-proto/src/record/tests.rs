@@ -121,6 +121,34 @@ fn a_recorder_writes_one_numbered_file_per_session_with_its_header() {
 }
 
 #[test]
+fn a_recorder_is_recording_only_between_a_begun_session_and_its_end() {
+    let dir = temp_dir("recording");
+    let rec = Recorder::idle("hfi1", serde_json::json!({}));
+    type Step<'a> = (&'a str, &'a dyn Fn(&Recorder), bool);
+    let steps: [Step; 6] = [
+        ("idle", &|_| {}, false),
+        ("begin with no directory", &|r| assert!(r.begin().unwrap().is_none()), false),
+        ("a directory, no session yet", &|r| r.set_dir(Some(&dir)).unwrap(), false),
+        ("a session begun", &|r| assert!(r.begin().unwrap().is_some()), true),
+        ("the session ended", &|r| r.end(), false),
+        (
+            "begun again, then the directory cleared",
+            &|r| {
+                assert!(r.begin().unwrap().is_some());
+                r.set_dir(None).unwrap();
+            },
+            false,
+        ),
+    ];
+    for (what, step, recording) in steps {
+        step(&rec);
+        assert_eq!(rec.is_recording(), recording, "{what}");
+        assert_eq!(rec.current().is_some(), recording, "{what}: current agrees");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_record_over_max_record_ends_the_session_and_leaves_what_came_before_readable() {
     let dir = temp_dir("oversized");
     let rec = Recorder::new(&dir, "hfi1", serde_json::json!({})).unwrap();

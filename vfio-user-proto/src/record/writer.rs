@@ -20,6 +20,8 @@ pub struct Recorder {
     header: Mutex<serde_json::Value>,
     sessions: AtomicU32,
     current: Mutex<Option<Arc<Session>>>,
+    /// `current` holds a session: what a device's hooks look at on every access before they take a lock.
+    recording: AtomicBool,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -48,6 +50,7 @@ impl Recorder {
             header: Mutex::new(header),
             sessions: AtomicU32::new(0),
             current: Mutex::new(None),
+            recording: AtomicBool::new(false),
         })
     }
 
@@ -91,7 +94,9 @@ impl Recorder {
             match Session::create(path, &header) {
                 Ok(s) => {
                     let session = Arc::new(s);
-                    *lock(&self.current) = Some(session.clone());
+                    let mut current = lock(&self.current);
+                    *current = Some(session.clone());
+                    self.recording.store(true, Ordering::Release);
                     return Ok(Some(session));
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -106,12 +111,23 @@ impl Recorder {
 
     /// The session being recorded, for events the device model logs itself (control commands, shared memory).
     pub fn current(&self) -> Option<Arc<Session>> {
+        if !self.is_recording() {
+            return None;
+        }
         lock(&self.current).clone()
+    }
+
+    /// Whether a session is being recorded; no lock, so a device asks it on every access.
+    pub fn is_recording(&self) -> bool {
+        self.recording.load(Ordering::Acquire)
     }
 
     /// Finishes the current session (flushes and closes its file).
     pub fn end(&self) {
-        if let Some(s) = lock(&self.current).take() {
+        let mut current = lock(&self.current);
+        self.recording.store(false, Ordering::Release);
+        if let Some(s) = current.take() {
+            drop(current);
             s.finish();
         }
     }
