@@ -11,7 +11,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
@@ -19,7 +19,7 @@ use libfuzzer_sys::fuzz_target;
 use vfio_user_proto::sync::Unpoison;
 
 use rdma_emu_fuzz::fds::{leaked_since, open_fds};
-use rdma_emu_fuzz::reused_thread::ReusedThread;
+use rdma_emu_fuzz::reused_thread;
 use rdma_emu_fuzz::wire_client::Peer;
 use vfio_user_proto::device::Errno;
 use vfio_user_proto::wire::{command as cmd, hdr_flags, put_u16, put_u32, put_u64, Header};
@@ -364,18 +364,8 @@ fn call(client: &Client, c: Call, backing: &Arc<Backing>) {
     };
 }
 
-/// The scripted server's thread, kept across inputs.
-fn server_thread() -> Option<&'static ReusedThread> {
-    static T: OnceLock<Option<ReusedThread>> = OnceLock::new();
-    T.get_or_init(|| {
-        rdma_emu_fuzz::heap::keep_freed_memory();
-        ReusedThread::new("scripted-server")
-    })
-    .as_ref()
-}
-
 fn run(input: Input) {
-    let Some(server_thread) = server_thread() else { return };
+    let Some(server_thread) = reused_thread::other_end() else { return };
     let fds_before = open_fds();
     let Ok((client_end, server_end)) = UnixStream::pair() else { return };
     let (version, steps) = (input.version, input.steps);

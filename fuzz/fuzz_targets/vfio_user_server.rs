@@ -27,7 +27,7 @@ use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::regs::{PCI_COMMAND, PCI_COMMAND_MASTER, PCI_COMMAND_MEMORY};
 use device_model::pci::{Function, PciIds};
 use rdma_emu_fuzz::fds::{leaked_since, open_fds};
-use rdma_emu_fuzz::reused_thread::ReusedThread;
+use rdma_emu_fuzz::reused_thread;
 use rdma_emu_fuzz::wire_client::{Answer, Peer};
 use vfio_user_proto::device::region;
 use vfio_user_proto::record::seed::{Seed, SeedDevice, SeedFds, SeedItem};
@@ -492,20 +492,10 @@ fn drive_seed(peer: &Peer, items: Vec<SeedItem>) {
     }
 }
 
-/// The thread `serve_connection` runs on, kept across inputs.
-fn serving_thread() -> Option<&'static ReusedThread> {
-    static T: OnceLock<Option<ReusedThread>> = OnceLock::new();
-    T.get_or_init(|| {
-        rdma_emu_fuzz::heap::keep_freed_memory();
-        ReusedThread::new("serve-connection")
-    })
-    .as_ref()
-}
-
 /// One client connection: `drive` talks to the server over `peer`, then the client leaves and the
 /// disconnect oracles run.
 fn session(served: &'static Served, drive: impl FnOnce(&Peer)) {
-    let Some(serving_thread) = serving_thread() else { return };
+    let Some(serving_thread) = reused_thread::other_end() else { return };
     let fds_before = open_fds();
     let Ok((client, server_end)) = UnixStream::pair() else { return };
     let server: &'static Server = &served.server;

@@ -5,10 +5,22 @@
 //! flushes the other CPU's TLB by IPI: 10% of client_parse's time, for two threads per input.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// The process's thread for a harness's other end, started on first use; `None` if it could not be. With
+/// it the process has a second busy thread, which is when a heap trim's TLB flush costs an IPI: the heap
+/// is set to keep freed memory first.
+pub fn other_end() -> Option<&'static ReusedThread> {
+    static T: OnceLock<Option<ReusedThread>> = OnceLock::new();
+    T.get_or_init(|| {
+        crate::heap::keep_freed_memory();
+        ReusedThread::new("other-end")
+    })
+    .as_ref()
+}
 
 /// A thread that runs one job at a time, in order.
 pub struct ReusedThread {
