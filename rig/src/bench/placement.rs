@@ -61,8 +61,7 @@ impl Paired {
     fn ratio_quantile(&self, q: f64) -> f64 {
         let mut v = self.ratios.clone();
         v.sort_unstable_by(f64::total_cmp);
-        let rank = ((q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize).clamp(1, v.len().max(1));
-        v.get(rank - 1).copied().unwrap_or(0.0)
+        udriver::bench::stats::nearest_rank(&v, q).unwrap_or(0.0)
     }
 }
 

@@ -25,14 +25,13 @@ use udriver::dma::{IOVA_BASE, PAGE_SIZE};
 use udriver::hfi1::regs::PtType;
 use udriver::hfi1::tid::{hfi1_put_tid, trdma_pset_order};
 use vfio_user_proto::client::{Client, ClientConfig};
-use vfio_user_proto::device::region;
 use vfio_user_proto::dma::DmaAccess;
 use vfio_user_proto::server::ServerConfig;
 use vfio_user_proto::wire::dma_map_flags;
 use vfio_user_proto::{DmaSpace, MapError};
 
 use crate::served::Served;
-use udriver::access::{pci, DeviceAccess};
+use udriver::access::DeviceAccess;
 use udriver::backend::vfio_user::VfioUserBackend;
 
 /// The largest quad-hash table the device model's command line allows (`--irdma-qhash-capacity`).
@@ -179,9 +178,8 @@ fn clients_at(served: &[Served], n: usize, window: Duration) -> Result<f64, Stri
         .iter()
         .map(|s| Client::connect(s.path(), ClientConfig::default()).map_err(|e| format!("connect: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
-    let cmd = (pci::COMMAND_MEMORY | pci::COMMAND_MASTER).to_le_bytes();
     for c in &clients {
-        c.region_write(region::CONFIG, pci::COMMAND, &cmd).map_err(|e| e.to_string())?;
+        super::socket::enable(c)?;
     }
     let go = Arc::new(Barrier::new(n));
     let stop = Arc::new(AtomicBool::new(false));
@@ -220,11 +218,7 @@ fn clients_at(served: &[Served], n: usize, window: Duration) -> Result<f64, Stri
 fn client_curves(case: &mut Case, budget: Duration) -> Result<(), String> {
     let most = CLIENTS.iter().copied().max().unwrap_or(1);
     let served = (0..most)
-        .map(|_| {
-            let engine: Arc<dyn Engine> =
-                Arc::new(Hfi1::new(Hfi1Config::default()).map_err(|e| format!("hfi1 engine: {e}"))?);
-            Served::new(engine, PciIds::hfi1_default()).map_err(|e| e.to_string())
-        })
+        .map(|_| Served::function(super::socket::hfi1_function()?).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, String>>()?;
     let mut pts = Vec::new();
     for n in CLIENTS {

@@ -154,13 +154,13 @@ fn report(case: &mut Case, op: &str, v: &Variants) {
 }
 
 /// PCI_COMMAND memory decoding on: BAR accesses are only decoded with it (pci_enable_device).
-fn enable(client: &Client) -> Result<(), String> {
+pub(super) fn enable(client: &Client) -> Result<(), String> {
     let cmd = (pci::COMMAND_MEMORY | pci::COMMAND_MASTER).to_le_bytes();
     client.region_write(region::CONFIG, pci::COMMAND, &cmd).map_err(|e| format!("enable: {e}"))
 }
 
 /// An hfi1 function of its own.
-fn hfi1_function() -> Result<Arc<device_model::pci::Function>, String> {
+pub(super) fn hfi1_function() -> Result<Arc<device_model::pci::Function>, String> {
     let engine: Arc<dyn Engine> = Arc::new(Hfi1::new(Hfi1Config::default()).map_err(|e| format!("hfi1 engine: {e}"))?);
     device_model::pci::Function::try_new(engine, PciIds::hfi1_default()).map_err(|e| e.to_string())
 }

@@ -9,6 +9,12 @@ use serde::Serialize;
 /// Most samples kept per measurement (enough for a stable p99; bounds memory).
 const MAX_SAMPLES: usize = 1 << 20;
 
+/// The `q` quantile (0..=1) of `sorted` by nearest rank; `None` when it is empty.
+pub fn nearest_rank<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    let rank = ((q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize).max(1);
+    sorted.get(rank.min(sorted.len()).checked_sub(1)?).copied()
+}
+
 /// Durations of one operation, in nanoseconds.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Samples {
@@ -30,13 +36,9 @@ impl Samples {
 
     /// The `q` quantile (0..=1), nearest rank; 0 when empty.
     pub fn quantile(&self, q: f64) -> f64 {
-        if self.ns.is_empty() {
-            return 0.0;
-        }
         let mut v = self.ns.clone();
         v.sort_unstable();
-        let rank = ((q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize).clamp(1, v.len());
-        v.get(rank - 1).copied().unwrap_or(0) as f64
+        nearest_rank(&v, q).unwrap_or(0) as f64
     }
 
     pub fn median(&self) -> f64 {
