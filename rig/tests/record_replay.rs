@@ -87,16 +87,16 @@ fn a_recorded_hfi1_demo_with_the_rcvarray_mapped_replays_clean() {
 
 #[test]
 fn a_client_write_after_a_completion_finds_the_replayed_device_as_far_along_as_the_recorded_one() {
+    use device_model::irdma::regs::*;
+    use device_model::pci::regs::{PCI_MSIX_ENTRY_SIZE, PCI_MSIX_ENTRY_VECTOR_CTRL};
+    use device_model::pci::MSIX_BAR;
     use udriver::dma::DmaPool;
     use udriver::irdma::ccq::irdma_sc_ccq_arm;
     use udriver::irdma::process::irdma_manage_qhash;
     use udriver::irdma::*;
-    // MSI-X table (BAR4 at 0, 16 bytes a vector, Vector Control at 12) and PBA (BAR4 0x1000), docs/pci.md.
-    const MSIX_BAR: u32 = 4;
-    const VECTOR_1_CONTROL: u64 = 16 + 12;
+    // The MSI-X table at 0 of its BAR, the PBA on the page after it (docs/pci.md).
+    const VECTOR_1_CONTROL: u64 = (PCI_MSIX_ENTRY_SIZE + PCI_MSIX_ENTRY_VECTOR_CTRL) as u64;
     const PBA: u64 = 0x1000;
-    const GLINT_CEQCTL: u64 = 0x0015_C000;
-    const CQPTAIL: u64 = 0x0050_0880;
     let dir = temp_dir("settle");
     let path = record(DeviceKind::Irdma, &dir, |access, function| {
         let idle = || {
@@ -116,14 +116,17 @@ fn a_client_write_after_a_completion_finds_the_replayed_device_as_far_along_as_t
         let dev = IrdmaDev::new(Arc::new(DmaPool::new(access.clone(), false)), config).unwrap();
         // The CCQ's CEQ 0 on MSI-X vector 1 (icrdma_cfg_ceq: CAUSE_ENA, no ITR), armed once.
         access.enable_msix(2).unwrap();
-        access.write32(0, GLINT_CEQCTL, (1 << 30) | (3 << 11) | 1).unwrap();
+        let ceqctl = IRDMA_GLINT_CEQCTL_CAUSE_ENA.put(1)
+            | IRDMA_GLINT_CEQCTL_ITR_INDX.put(dev::IRDMA_GLINT_CEQCTL_ITR_INDX_NOITR.into())
+            | IRDMA_GLINT_CEQCTL_MSIX_INDX.put(1);
+        access.write32(0, IRDMA_GLINT_CEQCTL, ceqctl as u32).unwrap();
         irdma_sc_ccq_arm(&dev.lock().ccq).unwrap();
         let entry = irdma_common::listener(IrdmaQuadHashManageType::IrdmaQhashManageTypeAdd, 4791);
         irdma_manage_qhash(&dev, &entry).unwrap();
         // The CQE is in and the device's interrupt delivered; only then does the client mask the vector.
         idle();
         access.write32(MSIX_BAR, VECTOR_1_CONTROL, 1).unwrap();
-        access.read32(0, CQPTAIL).unwrap();
+        access.read32(0, IRDMA_CQPTAIL).unwrap();
         assert_eq!(access.read32(MSIX_BAR, PBA).unwrap() & 2, 0, "the interrupt came before the mask");
         access.write32(MSIX_BAR, VECTOR_1_CONTROL, 0).unwrap();
         let delete = IrdmaQhashTableInfo { manage: IrdmaQuadHashManageType::IrdmaQhashManageTypeDelete, ..entry };
@@ -138,8 +141,8 @@ fn a_client_write_after_a_completion_finds_the_replayed_device_as_far_along_as_t
 
 #[test]
 fn a_doorbell_that_arrived_before_a_step_of_the_device_but_was_handled_after_it_is_replayed_after_it() {
+    use device_model::irdma::regs::IRDMA_CQPDB;
     use vfio_user_proto::wire::command;
-    const CQPDB: u64 = 0x0050_0800;
     let dir = temp_dir("order");
     let path = record(DeviceKind::Irdma, &dir, |access, _| {
         assert!(irdma_demo(access, &IrdmaDemoOptions::default()).ok);
@@ -148,7 +151,7 @@ fn a_doorbell_that_arrived_before_a_step_of_the_device_but_was_handled_after_it_
     // A CQPDB write right after the worker's last look at CQPDB, handled (its access) right after it.
     let is_doorbell = |r: &Record| match r {
         Record::Message { header, payload, .. } if header.command == command::REGION_WRITE => {
-            payload.len() >= 16 && payload[..8] == CQPDB.to_le_bytes() && payload[8..12] == 0u32.to_le_bytes()
+            payload.len() >= 16 && payload[..8] == IRDMA_CQPDB.to_le_bytes() && payload[8..12] == 0u32.to_le_bytes()
         }
         _ => false,
     };
