@@ -187,7 +187,7 @@ impl RcvArray {
     /// Power-on state: every entry invalid, shared memory zero.
     pub fn reset(&mut self) {
         self.shm.clear();
-        self.entries.iter_mut().for_each(|e| *e = None);
+        self.entries.fill(None);
     }
 }
 

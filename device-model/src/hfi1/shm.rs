@@ -62,14 +62,15 @@ impl SharedWords {
         Arc::clone(&self.fd)
     }
 
+    fn words(&self) -> &[AtomicU64] {
+        // SAFETY: `ptr` is the mapping of exactly `words` 64-bit words made in `new`, page-aligned (so every word
+        // is 8-byte aligned), and it lives as long as `self`. AtomicU64 has the layout of u64, and all accesses
+        // from this process are atomic.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.words) }
+    }
+
     fn word(&self, index: usize) -> Option<&AtomicU64> {
-        if index >= self.words {
-            return None;
-        }
-        // SAFETY: `index < words`, so the word lies inside the mapping, which is page-aligned (so every word is
-        // 8-byte aligned) and lives as long as `self`. AtomicU64 has the layout of u64, and all accesses from
-        // this process are atomic.
-        Some(unsafe { &*self.ptr.add(index) })
+        self.words().get(index)
     }
 
     /// Atomically takes word `index`, leaving 0. `None` if out of range.
@@ -85,15 +86,14 @@ impl SharedWords {
 
     /// Stores `value` in word `index` (what a client store through its mapping does). Returns false if out of
     /// range.
+    #[cfg(test)]
     pub fn store(&self, index: usize, value: u64) -> bool {
         self.word(index).map(|w| w.store(value, Ordering::Release)).is_some()
     }
 
     /// Zeroes every word.
     pub fn clear(&self) {
-        (0..self.words).for_each(|i| {
-            self.store(i, 0);
-        });
+        self.words().iter().for_each(|w| w.store(0, Ordering::Release));
     }
 }
 
@@ -129,6 +129,16 @@ mod tests {
         use std::os::unix::fs::FileExt;
         f.write_all_at(&0x8000000000000000u64.to_le_bytes(), 0x1200000 + 8 * 3).unwrap();
         assert_eq!(w.take(3), Some(0x8000000000000000));
+    }
+
+    #[test]
+    fn clear_zeroes_every_word_from_the_first_to_the_last() {
+        let w = SharedWords::new("t", 0x1200000, 512).unwrap();
+        for i in [0, 1, 255, 510, 511] {
+            assert!(w.store(i, 0x8000002000012345 | i as u64));
+        }
+        w.clear();
+        assert!((0..512).all(|i| w.load(i) == Some(0)));
     }
 
     #[test]
