@@ -48,8 +48,9 @@ impl Script {
     }
 }
 
-/// How long a slow register read takes: a hundred of them outlast the driver's completion wait in
-/// udriver_hostile (500 us), which is what a slow read can change for a driver over an inline engine.
+/// How long a slow register read takes: a hundred of them last as long as the driver's completion wait in
+/// udriver_hostile (500 us), and pushing a wait past its deadline is what a slow read can change for a
+/// driver over an inline engine.
 const SLOW_READ: Duration = Duration::from_micros(5);
 
 /// What the device does with one register read.
