@@ -24,6 +24,8 @@ pub const MAX_QHASH_CAPACITY: u32 = 65536;
 pub const MAX_WORKER_SPIN_US: u64 = crate::hfi1::MAX_WORKER_SPIN.as_micros() as u64;
 /// Largest `--busy-poll-us`: longer than any gap between a guest's trapped accesses in a burst.
 pub const MAX_BUSY_POLL_US: u64 = 1000;
+/// Largest `--record-max-mib`: 1 TiB.
+pub const MAX_RECORD_MIB: u64 = 1 << 20;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -281,6 +283,11 @@ pub struct Args {
     /// Record every client session of every device to DIR/DEVICE-N.vfurec (for `replay` and `seeds`).
     #[arg(long, value_name = "DIR")]
     pub record: Option<PathBuf>,
+
+    /// Most MiB of records one session file takes, 1..=1048576 [default: 4096]; the session's recording stops
+    /// there with a warning, and what came before stays readable.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=MAX_RECORD_MIB))]
+    pub record_max_mib: Option<u64>,
 }
 
 /// The tools beside the server.

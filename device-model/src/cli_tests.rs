@@ -257,6 +257,16 @@ fn worker_spin_is_microseconds_from_zero_to_the_engine_limit() {
 }
 
 #[test]
+fn the_session_record_limit_is_mib_from_one_to_a_tebibyte_and_unset_unless_given() {
+    let table: [(&str, Option<u64>); 4] = [("0", None), ("1", Some(1)), ("1048576", Some(1 << 20)), ("1048577", None)];
+    for (given, want) in table {
+        let got = parse(&["--hfi1", "/tmp/h", "--record-max-mib", given]).ok().map(|a| a.record_max_mib);
+        assert_eq!(got, want.map(Some), "--record-max-mib {given}");
+    }
+    assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().record_max_mib, None);
+}
+
+#[test]
 fn busy_poll_is_microseconds_up_to_a_millisecond_and_off_unless_given() {
     let table: [(&str, Option<u64>); 4] = [("0", Some(0)), ("50", Some(50)), ("1000", Some(1000)), ("1001", None)];
     for (given, want) in table {

@@ -196,7 +196,7 @@ fn record_command(targets: &[Arc<dyn ControlTarget>], request: &Value) -> Result
             let current = r
                 .current()
                 .map(|s| json!({"file": s.path(), "records": s.records(), "bytes": s.bytes(), "failed": s.failed()}));
-            (name.clone(), json!({ "dir": r.dir(), "session": current }))
+            (name.clone(), json!({ "dir": r.dir(), "max_session_bytes": r.max_session_bytes(), "session": current }))
         })
         .collect();
     Ok(Value::Object(status))

@@ -163,6 +163,9 @@ fn run(args: &Args) -> Result<(), String> {
         }
         // Every device has a recorder, idle unless --record or {"cmd":"record","dir":...} gives it a directory.
         let recorder = Recorder::idle(s.kind.name(), options.header(&function.probe().faults.specs()));
+        if let Some(mib) = args.record_max_mib {
+            recorder.set_max_session_bytes(mib << 20);
+        }
         if let Some(dir) = &args.record {
             recorder.set_dir(Some(dir)).map_err(|e| format!("--record {}: {e}", dir.display()))?;
         }

@@ -166,6 +166,35 @@ fn a_record_over_max_record_ends_the_session_and_leaves_what_came_before_readabl
 }
 
 #[test]
+fn a_session_stops_at_its_byte_limit_and_what_fit_stays_readable() {
+    // A DMA read record is a tag and a length (5 bytes), the iova (8) and its data: 21 bytes with 8 of data.
+    let dir = temp_dir("limit");
+    let rec = Recorder::new(&dir, "hfi1", serde_json::json!({})).unwrap();
+    assert_eq!(rec.max_session_bytes(), DEFAULT_MAX_SESSION_BYTES);
+    rec.set_max_session_bytes(42);
+    let s = rec.begin().unwrap().unwrap();
+    for iova in [0x1000, 0x2000] {
+        s.dma_read(iova, &[1; 8]);
+    }
+    assert!(!s.failed(), "two records are exactly the limit");
+    s.dma_read(0x3000, &[1; 8]);
+    s.device_step();
+    assert!(s.failed(), "the third would pass it: the recording stopped");
+    assert_eq!((s.records(), s.bytes()), (2, 42));
+    rec.end();
+    let f = std::fs::File::open(dir.join("hfi1-1.vfurec")).unwrap();
+    let (_, records, truncated) = RecordingReader::new(std::io::BufReader::new(f)).unwrap().records().unwrap();
+    let want: Vec<Record> = [0x1000, 0x2000].map(|iova| Record::DmaRead { iova, data: vec![1; 8] }).into();
+    assert_eq!((records, truncated), (want, false));
+    // The limit is each session's: the next one starts from nothing.
+    let s2 = rec.begin().unwrap().unwrap();
+    s2.dma_read(0x4000, &[1; 8]);
+    assert!(!s2.failed());
+    rec.end();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn recording_dma_logs_reads_with_data_writes_by_hash_copies_as_both_and_failures() {
     let dir = temp_dir("dma");
     let rec = Recorder::new(&dir, "d", serde_json::json!({})).unwrap();

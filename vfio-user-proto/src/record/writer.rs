@@ -22,7 +22,13 @@ pub struct Recorder {
     current: Mutex<Option<Arc<Session>>>,
     /// `current` holds a session: what a device's hooks look at on every access before they take a lock.
     recording: AtomicBool,
+    /// Most record bytes a session file takes (the header not counted); see [`Recorder::set_max_session_bytes`].
+    max_session_bytes: AtomicU64,
 }
+
+/// A session's records stop at 4 GiB unless the recorder is told otherwise: a client left running for days
+/// must not fill the disk the recordings go to.
+pub const DEFAULT_MAX_SESSION_BYTES: u64 = 4 << 30;
 
 impl std::fmt::Debug for Recorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -51,6 +57,7 @@ impl Recorder {
             sessions: AtomicU32::new(0),
             current: Mutex::new(None),
             recording: AtomicBool::new(false),
+            max_session_bytes: AtomicU64::new(DEFAULT_MAX_SESSION_BYTES),
         })
     }
 
@@ -68,6 +75,16 @@ impl Recorder {
 
     pub fn dir(&self) -> Option<PathBuf> {
         lock(&self.dir).clone()
+    }
+
+    /// Sessions that begin from now on stop recording, with a warning, at the first record that would take
+    /// them past `bytes` of records; what came before stays readable.
+    pub fn set_max_session_bytes(&self, bytes: u64) {
+        self.max_session_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn max_session_bytes(&self) -> u64 {
+        self.max_session_bytes.load(Ordering::Relaxed)
     }
 
     /// Replaces one field of the header of sessions begun from now on.
@@ -91,7 +108,7 @@ impl Recorder {
                 obj.insert("format".into(), 1.into());
                 obj.insert("session".into(), n.into());
             }
-            match Session::create(path, &header) {
+            match Session::create(path, &header, self.max_session_bytes()) {
                 Ok(s) => {
                     let session = Arc::new(s);
                     let mut current = lock(&self.current);
@@ -143,12 +160,13 @@ pub struct Session {
     out: Mutex<Option<BufWriter<File>>>,
     records: AtomicU64,
     bytes: AtomicU64,
+    max_bytes: u64,
     failed: AtomicBool,
     next_control: AtomicU64,
 }
 
 impl Session {
-    fn create(path: PathBuf, header: &serde_json::Value) -> io::Result<Session> {
+    fn create(path: PathBuf, header: &serde_json::Value, max_bytes: u64) -> io::Result<Session> {
         let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
         let mut w = BufWriter::with_capacity(1 << 16, file);
         let text = header.to_string();
@@ -160,6 +178,7 @@ impl Session {
             out: Mutex::new(Some(w)),
             records: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            max_bytes,
             failed: AtomicBool::new(false),
             next_control: AtomicU64::new(1),
         })
@@ -194,6 +213,19 @@ impl Session {
             *out = None;
             return;
         };
+        // `bytes` changes only under `out`'s lock, which is held here.
+        let after = self.bytes() + 5 + len as u64;
+        if after > self.max_bytes {
+            tracing::warn!(
+                "recording {}: the session reached its limit of {} bytes of records; recording of this session \
+                 stops",
+                self.path.display(),
+                self.max_bytes
+            );
+            self.failed.store(true, Ordering::Relaxed);
+            *out = None;
+            return;
+        }
         let result = (|| {
             w.write_all(&[tag])?;
             w.write_all(&len32.to_le_bytes())?;
