@@ -10,6 +10,7 @@ pub mod ccq;
 pub mod cqp;
 pub mod defs;
 pub mod dev;
+pub mod golden;
 pub mod loopback;
 pub mod process;
 pub mod qhash;

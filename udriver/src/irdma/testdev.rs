@@ -14,7 +14,6 @@ use vfio_user_proto::sync::Unpoison;
 
 use super::cqp::QueueMemory;
 use super::defs::*;
-use super::qhash::{IrdmaQhashTableInfo, IrdmaQuadEntryType, IrdmaQuadHashManageType, IrdmaVsiQos};
 use super::regs::IrdmaRegisters::{self, *};
 use super::regs::*;
 use crate::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
@@ -438,42 +437,5 @@ pub fn plain_ccq(dev: &Arc<FakeIrdma>, pool: &Arc<DmaPool>, num_elem: u32) -> su
     .expect("test CCQ init")
 }
 
-// --- G9's qhash entries (hardware-facts.md, golden examples) --------------------------------------------
-
-/// G9's ESTABLISHED entry: local 10.0.0.1:4791, remote 10.0.0.2:5000, QP 5, MAC 00:11:22:33:44:55.
-pub fn g9_established() -> IrdmaQhashTableInfo {
-    IrdmaQhashTableInfo {
-        vsi: IrdmaVsiQos::default(),
-        manage: IrdmaQuadHashManageType::IrdmaQhashManageTypeAdd,
-        entry_type: IrdmaQuadEntryType::IrdmaQhashTypeTcpEstablished,
-        vlan_valid: false,
-        ipv4_valid: true,
-        mac_addr: [0x00, 0x11, 0x22, 0x33, 0x44, 0x55],
-        vlan_id: 0,
-        user_pri: 0,
-        qp_num: 5,
-        dest_ip: [0x0A00_0001, 0, 0, 0],
-        src_ip: [0x0A00_0002, 0, 0, 0],
-        dest_port: 4791,
-        src_port: 5000,
-    }
-}
-
-pub fn g9_syn_listener() -> IrdmaQhashTableInfo {
-    IrdmaQhashTableInfo {
-        entry_type: IrdmaQuadEntryType::IrdmaQhashTypeTcpSyn,
-        src_ip: [0; 4],
-        src_port: 0,
-        ..g9_established()
-    }
-}
-
-pub fn g9_ipv6_vlan_listener() -> IrdmaQhashTableInfo {
-    IrdmaQhashTableInfo {
-        ipv4_valid: false,
-        vlan_valid: true,
-        vlan_id: 100,
-        dest_ip: [0xFE80_0000, 0, 0, 1],
-        ..g9_syn_listener()
-    }
-}
+// G9's qhash entries live in `golden`, for the crate's users' tests too.
+pub use super::golden::*;
