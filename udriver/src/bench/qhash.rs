@@ -13,10 +13,9 @@ use crate::dma::DmaPool;
 use crate::irdma::ccq::irdma_sc_ccq_get_cqe_info;
 use crate::irdma::defs::IRDMA_CQP_OP_MANAGE_QUAD_HASH_TABLE_ENTRY;
 use crate::irdma::process::IrdmaCqpState;
-use crate::irdma::qhash::{irdma_sc_manage_qhash_table_entry, IrdmaVsiQos};
+use crate::irdma::qhash::irdma_sc_manage_qhash_table_entry;
 use crate::irdma::{
-    IrdmaCcqCqeInfo, IrdmaDev, IrdmaDevConfig, IrdmaError, IrdmaQhashTableInfo, IrdmaQuadEntryType,
-    IrdmaQuadHashManageType,
+    IrdmaCcqCqeInfo, IrdmaDev, IrdmaDevConfig, IrdmaError, IrdmaQhashTableInfo, IrdmaQuadHashManageType,
 };
 
 pub const BATCHES: [u32; 3] = [1, 16, 256];
@@ -26,19 +25,11 @@ const MAC: [u8; 6] = [0x00, 0x11, 0x22, 0x33, 0x44, 0x55];
 /// Established IPv4 connection `i`: 10.0.0.1:4791 <- 10.0.0.2:(10000 + i), steered to QP 100.
 pub fn entry(i: u32, manage: IrdmaQuadHashManageType) -> IrdmaQhashTableInfo {
     IrdmaQhashTableInfo {
-        vsi: IrdmaVsiQos::default(),
         manage,
-        entry_type: IrdmaQuadEntryType::IrdmaQhashTypeTcpEstablished,
-        vlan_valid: false,
-        ipv4_valid: true,
         mac_addr: MAC,
-        vlan_id: 0,
-        user_pri: 0,
         qp_num: 100,
-        dest_ip: [0x0A00_0001, 0, 0, 0],
-        src_ip: [0x0A00_0002, 0, 0, 0],
-        dest_port: 4791,
         src_port: 10000u32.wrapping_add(i) as u16,
+        ..crate::irdma::golden::g9_established()
     }
 }
 
