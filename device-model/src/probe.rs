@@ -113,9 +113,10 @@ impl Probe {
         self.recorder.get().cloned()
     }
 
-    /// The session being recorded, if any: two atomic loads while none is (an idle recorder).
+    /// The session being recorded, if any: two atomic loads while none is (`Recorder::current` looks at its
+    /// flag before its lock).
     fn recording(&self) -> Option<Arc<Session>> {
-        self.recorder.get().filter(|r| r.is_recording()).and_then(|r| r.current())
+        self.recorder.get()?.current()
     }
 
     /// Shared-memory takes come from `replay` instead of memory, from now on.

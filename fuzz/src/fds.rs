@@ -4,13 +4,14 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use rustix::fs::{Dir, Mode, OFlags};
+use vfio_user_proto::sync::Unpoison;
 
 /// The process's open descriptors, from `/proc/self/fd`. The directory is read through one handle kept
 /// open for the process's life, so that handle is in every listing: opening procfs twice per input cost
 /// client_parse 5% of its time.
 pub fn open_fds() -> BTreeSet<i32> {
     static DIR: Mutex<Option<Dir>> = Mutex::new(None);
-    let mut dir = DIR.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut dir = DIR.lock().unpoison();
     // A handle that fails to read (closed under us by code under test, say) is opened again, once.
     for _ in 0..2 {
         if dir.is_none() {

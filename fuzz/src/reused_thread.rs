@@ -8,6 +8,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use vfio_user_proto::sync::Unpoison;
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// The process's thread for a harness's other end, started on first use; `None` if it could not be. With
@@ -52,7 +54,7 @@ impl ReusedThread {
             let _ = tx.send(f());
         });
         // A send fails only if the thread is gone (a job panicked): the result's receiver then says so.
-        let _ = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+        let _ = self.jobs.lock().unpoison().send(job);
         Running(rx)
     }
 }

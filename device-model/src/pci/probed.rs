@@ -68,7 +68,7 @@ impl Observer {
     }
 
     /// After a BAR read: stuck bits, then the trace and the access log see the value the client gets.
-    /// `name` names the register, given its value.
+    /// `name` names the register.
     pub fn bar_read(&self, name: &impl RegisterNaming, bar: u32, offset: u64, data: &mut [u8]) {
         if self.probe.faults.armed(FaultKind::RegStuck) {
             if let Some(f) = self.probe.fault(FaultKind::RegStuck, |p| covers(p, bar, offset, data.len())) {
@@ -96,17 +96,14 @@ impl Observer {
             return;
         }
         let value = le_value(data);
-        if !traced {
-            // The log keeps offsets and whether they are named; the names are built when it is dumped.
-            let named = naming.is_named();
-            self.log.lock().unwrap_or_else(|e| e.into_inner()).record(write, bar, offset, value, named);
-            return;
-        }
-        let name = naming.name(value);
+        // The log keeps offsets and whether they are named (names are built when it is dumped), so without a
+        // trace nothing is formatted.
+        let name = traced.then(|| naming.name(value));
         if logged {
-            self.log.lock().unwrap_or_else(|e| e.into_inner()).record(write, bar, offset, value, name.name.is_some());
+            let named = name.as_ref().map_or_else(|| naming.is_named(), |n| n.name.is_some());
+            self.log.lock().unwrap_or_else(|e| e.into_inner()).record(write, bar, offset, value, named);
         }
-        if self.probe.trace.on(name.block, Level::Debug) {
+        if let Some(name) = name.filter(|n| self.probe.trace.on(n.block, Level::Debug)) {
             self.probe.trace.register(&name, write, bar, offset, data.len(), value);
         }
     }
