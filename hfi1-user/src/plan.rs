@@ -42,7 +42,7 @@ pub struct PlannedPacket {
 }
 
 pub fn check_mtu(mtu: u32) -> Result<(), PlanError> {
-    if !(64..=OPA_MAX_MTU).contains(&mtu) || mtu % 64 != 0 {
+    if !(64..=OPA_MAX_MTU).contains(&mtu) || !mtu.is_multiple_of(64) {
         return Err(PlanError::BadMtu(mtu));
     }
     Ok(())

@@ -104,7 +104,7 @@ impl Hfi1Dev {
         mem.check(offset, len)?;
         let pages = len.div_ceil(PAGE);
         let len32 = u32::try_from(len).map_err(|_| SysError::Bounds(format!("TID_UPDATE of {len} bytes")))?;
-        if offset % PAGE != 0 || tidlist.len() < pages {
+        if !offset.is_multiple_of(PAGE) || tidlist.len() < pages {
             return Err(SysError::Bounds(format!(
                 "TID_UPDATE needs a page-aligned buffer and a tidlist of {pages} entries (offset {offset:#x}, \
                  tidlist {})",
@@ -167,7 +167,7 @@ pub struct Uregs {
 
 impl Uregs {
     fn at(&self, offset: u64) -> Result<*mut u64> {
-        if offset % 8 != 0 || offset + 8 > UREGS_SIZE as u64 {
+        if !offset.is_multiple_of(8) || offset + 8 > UREGS_SIZE as u64 {
             return Err(SysError::Bounds(format!("UREGS offset {offset:#x}")));
         }
         // SAFETY: offset + 8 <= UREGS_SIZE (checked), so the pointer stays inside the mapping.
@@ -303,7 +303,7 @@ impl Mapping {
         let mut i = 0;
         while i < out.len() {
             let p = self.ptr(offset + i);
-            if (p as usize) % 8 == 0 && out.len() - i >= 8 {
+            if (p as usize).is_multiple_of(8) && out.len() - i >= 8 {
                 // SAFETY: 8 bytes inside the checked range, 8-byte aligned.
                 let w = unsafe { p.cast::<u64>().read_volatile() };
                 out[i..i + 8].copy_from_slice(&w.to_ne_bytes());

@@ -108,7 +108,7 @@ fn stress_threads_share_the_cqp_through_the_backlog_and_leave_the_table_empty() 
     assert_eq!(run["threads"], 4);
     let ops = run["ops"].as_u64().unwrap();
     // Each round is an add, a modify and a delete batch of 24 entries per thread.
-    assert!(ops > 0 && ops % (3 * 24) == 0, "{run}");
+    assert!(ops > 0 && ops.is_multiple_of(3 * 24), "{run}");
     assert!(run["backlogged_ops"].as_u64().unwrap() > 0, "{run}");
     assert_eq!(detail(&report, "every completion")["completions"], ops + 1);
     assert_eq!(detail(&report, "device table")["keys_checked"], 4 * 24);

@@ -197,7 +197,7 @@ impl DmaSpace {
         if flags & !known != 0 || flags == 0 {
             return Err(MapError::Invalid("flags"));
         }
-        if size == 0 || iova % PAGE_SIZE != 0 || size % PAGE_SIZE != 0 {
+        if size == 0 || !iova.is_multiple_of(PAGE_SIZE) || !size.is_multiple_of(PAGE_SIZE) {
             return Err(MapError::Invalid("unaligned or empty range"));
         }
         let last = iova.checked_add(size - 1).ok_or(MapError::Invalid("range overflows"))?;
@@ -529,7 +529,7 @@ impl FdInfo {
         }
         let file_size = u64::try_from(st.st_size).map_err(|_| MapError::Invalid("negative file size"))?;
         let end = offset.checked_add(size).ok_or(MapError::Invalid("offset overflows"))?;
-        if offset % PAGE_SIZE != 0 || end > file_size {
+        if !offset.is_multiple_of(PAGE_SIZE) || end > file_size {
             return Err(MapError::Invalid("mapping exceeds the file"));
         }
         let mode = fcntl_getfl(&fd).map_err(|_| MapError::Invalid("fcntl failed"))? & OFlags::ACCMODE;

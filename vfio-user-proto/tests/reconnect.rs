@@ -54,7 +54,7 @@ fn session(srv: &Running, ram: &std::fs::File, cycle: u64) {
     c.region_write(region::BAR0, regs::DMA_ADDR_LO, &0x10_0000u32.to_le_bytes()).unwrap();
     c.region_write(region::BAR0, regs::DMA_LEN, &0x2000u32.to_le_bytes()).unwrap();
     c.region_write(region::BAR0, regs::DMA_CMD, &cmd::SUM.to_le_bytes()).unwrap();
-    if cycle % 2 == 0 {
+    if cycle.is_multiple_of(2) {
         // Half the time, leave while the job may still run.
         assert!(wait_for(Duration::from_secs(5), || r32(&c, regs::DMA_STATUS) != status::BUSY));
     }

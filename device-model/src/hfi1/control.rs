@@ -32,7 +32,7 @@ fn field_or(req: &Value, name: &str, max: u64, default: u64) -> Result<u64> {
 }
 
 fn decode_hex(s: &str) -> Result<Vec<u8>> {
-    if s.len() % 2 != 0 || s.len() > 2 * LB_MAX_PAYLOAD {
+    if !s.len().is_multiple_of(2) || s.len() > 2 * LB_MAX_PAYLOAD {
         return Err(err(format!("payload_hex must be an even number of hex digits, at most {LB_MAX_PAYLOAD} bytes")));
     }
     let digit = |c: u8| -> Result<u8> {

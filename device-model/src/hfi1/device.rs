@@ -277,7 +277,7 @@ impl Engine for Hfi1 {
             self.shared.counters.mmio_bad_width.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        if bar != HFI1_BAR || offset >= self.bar0_size() || offset % 8 != 0 {
+        if bar != HFI1_BAR || offset >= self.bar0_size() || !offset.is_multiple_of(8) {
             self.shared.counters.mmio_bad_width.fetch_add(1, Ordering::Relaxed);
             return;
         }

@@ -111,7 +111,7 @@ impl Hfi1Config {
             return Err(Hfi1Error::Config(format!("rcv_contexts {} not in 1..={RXE_NUM_CONTEXTS}", self.rcv_contexts)));
         }
         let n = self.rcv_array_count;
-        if n == 0 || n % ENTRIES_PER_PAGE != 0 || n > MAX_RCV_ARRAY_COUNT {
+        if n == 0 || !n.is_multiple_of(ENTRIES_PER_PAGE) || n > MAX_RCV_ARRAY_COUNT {
             return Err(Hfi1Error::Config(format!(
                 "rcv_array_count {n} must be a non-zero multiple of {ENTRIES_PER_PAGE} up to {MAX_RCV_ARRAY_COUNT}"
             )));

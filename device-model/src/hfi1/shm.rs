@@ -28,7 +28,7 @@ impl SharedWords {
     /// Creates the memfd and maps the words. `file_offset` must be page-aligned.
     pub fn new(name: &str, file_offset: u64, words: usize) -> std::io::Result<Self> {
         let len = words.checked_mul(8).filter(|l| *l > 0).ok_or(std::io::ErrorKind::InvalidInput)?;
-        if file_offset % 4096 != 0 {
+        if !file_offset.is_multiple_of(4096) {
             return Err(std::io::ErrorKind::InvalidInput.into());
         }
         let memfd = memfd::MemfdOptions::default()

@@ -262,7 +262,7 @@ impl Engine for Irdma {
             bump(&self.shared.counters.bad_mmio);
             return;
         };
-        if bar != 0 || offset % 4 != 0 {
+        if bar != 0 || !offset.is_multiple_of(4) {
             bump(&self.shared.counters.bad_mmio);
             return;
         }

@@ -132,7 +132,7 @@ pub enum Reg {
 impl Reg {
     /// The register at `offset`, for a function with `ceqs` GLINT_CEQCTL registers.
     pub fn decode(offset: u64, ceqs: usize) -> Option<Reg> {
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return None;
         }
         let reg = match offset {

@@ -242,10 +242,10 @@ fn decode_create_cq(qw: &[u64; 8]) -> Result<CqCreate, WqeError> {
     reserved(3, hdr, CQ_HEADER_FIELDS)?;
     reserved(2, qw[2], IRDMA_CQPSQ_CQ_SHADOW_READ_THRESHOLD.mask())?;
     let ring_pa = qw[4];
-    if ring_pa == 0 || ring_pa % IRDMA_CQ0_ALIGNMENT != 0 {
+    if ring_pa == 0 || !ring_pa.is_multiple_of(IRDMA_CQ0_ALIGNMENT) {
         return Err(WqeError::BadField("CQ ring PA zero or not 0x100-aligned"));
     }
-    if qw[5] == 0 || qw[5] % 8 != 0 {
+    if qw[5] == 0 || !qw[5].is_multiple_of(8) {
         return Err(WqeError::BadField("shadow area PA zero or not 8-byte aligned"));
     }
     Ok(CqCreate {

@@ -79,7 +79,7 @@ impl CapLayout {
     /// Whether the capabilities fit the legacy space without overlapping and the storage ranges lie in
     /// extended config space.
     pub fn is_valid(&self) -> bool {
-        let cap_ok = |off: usize, len: usize| off % 4 == 0 && off >= 0x40 && off + len <= PCI_CFG_SPACE_SIZE;
+        let cap_ok = |off: usize, len: usize| off.is_multiple_of(4) && off >= 0x40 && off + len <= PCI_CFG_SPACE_SIZE;
         let (p, m) = (self.pcie, self.msix);
         let apart = p + PCI_CAP_EXP_ENDPOINT_SIZEOF_V2 <= m || m + PCI_CAP_MSIX_SIZEOF <= p;
         let storage_ok = self.storage.iter().all(|&(off, len)| {

@@ -91,7 +91,7 @@ fn validate_shape(specs: &[BarSpec], shape: &PciShape, vectors: u16) -> Result<(
     let table_len = u64::from(own.vectors) * PCI_MSIX_ENTRY_SIZE as u64;
     let pba_len = u64::from(own.vectors).div_ceil(64) * 8;
     let size = specs.iter().find(|b| b.index == bar).map(|b| b.size).ok_or(PciError::MsixPlacement { bar })?;
-    let fits = |off: u64, len: u64| off % 8 == 0 && off <= u64::from(u32::MAX) && off + len <= size;
+    let fits = |off: u64, len: u64| off.is_multiple_of(8) && off <= u64::from(u32::MAX) && off + len <= size;
     let apart = table_offset + table_len <= pba_offset || pba_offset + pba_len <= table_offset;
     let mmapped = specs.iter().filter(|b| b.index == bar).flat_map(|b| b.mmap.iter().flat_map(|m| m.areas.iter()));
     let clear = mmapped.clone().all(|&(o, l)| {
@@ -157,7 +157,7 @@ fn config_chunks(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize)> 
         }
         let at = offset + pos as u64;
         let left = len - pos;
-        let width = [4usize, 2, 1].into_iter().find(|&w| at % w as u64 == 0 && left >= w).unwrap_or(1);
+        let width = [4usize, 2, 1].into_iter().find(|&w| at.is_multiple_of(w as u64) && left >= w).unwrap_or(1);
         pos += width;
         Some((at, width))
     })

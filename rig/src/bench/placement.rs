@@ -94,7 +94,7 @@ fn measure(budget: Duration, entries: usize) -> Result<Paired, String> {
     while p.ratios.len() < MIN_PAIRS || start.elapsed() < budget {
         let (mut placed, mut copied) = (u64::MAX, u64::MAX);
         for k in 0..BEST_OF {
-            if (p.ratios.len() + k) % 2 == 0 {
+            if (p.ratios.len() + k).is_multiple_of(2) {
                 placed = placed.min(timed(|| lb.ring())?);
                 copied = copied.min(timed(|| copy.once())?);
             } else {

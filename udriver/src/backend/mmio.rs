@@ -29,7 +29,7 @@ impl MappedBar {
     pub fn new(fd: BorrowedFd<'_>, fd_offset: u64, len: u64, bar_offset: u64) -> Result<Self> {
         use rustix::mm::{mmap, MapFlags, ProtFlags};
         let len_usize = usize::try_from(len).map_err(|_| AccessError::BadBarArea { len, fd_offset })?;
-        if len_usize == 0 || fd_offset % 4096 != 0 {
+        if len_usize == 0 || !fd_offset.is_multiple_of(4096) {
             return Err(AccessError::BadBarArea { len, fd_offset });
         }
         // SAFETY: a new shared mapping chosen by the kernel (no fixed address), so it aliases nothing in
@@ -52,7 +52,7 @@ impl MappedBar {
     /// a pointer into the mapping is made.
     fn reg<T: Copy>(&self, bar: u32, offset: u64) -> Result<VolatilePtr<'_, T>> {
         let width = std::mem::size_of::<T>() as u64;
-        if !self.covers(offset, width) || offset % width != 0 {
+        if !self.covers(offset, width) || !offset.is_multiple_of(width) {
             return Err(AccessError::OutOfRange { what: "mapped access", bar, offset, size: self.len as u64 });
         }
         let rel = (offset - self.bar_offset) as usize;

@@ -16,7 +16,7 @@ use crate::dma::DmaMemory;
 /// access is naturally aligned.
 pub fn check_register(bar: u32, size: Option<u64>, offset: u64, width: u64) -> Result<()> {
     let size = size.ok_or(AccessError::NoSuchBar(bar))?;
-    if offset.checked_add(width).is_none_or(|end| end > size) || offset % width != 0 {
+    if offset.checked_add(width).is_none_or(|end| end > size) || !offset.is_multiple_of(width) {
         return Err(AccessError::OutOfRange { what: "register access", bar, offset, size });
     }
     Ok(())

@@ -121,7 +121,7 @@ impl<'a> Loopback<'a> {
                 small.ctxt, small.expected_count
             ));
         }
-        if packet == 0 || entry_size % packet != 0 {
+        if packet == 0 || !entry_size.is_multiple_of(packet) {
             return Err(format!("{packet}-byte packets do not divide {entry_size}-byte entries"));
         }
         for rcd in &drv.rcds {

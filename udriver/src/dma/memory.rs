@@ -92,38 +92,50 @@ impl DmaMemory {
 
     pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), DmaMemError> {
         self.check(offset, buf.len())?;
-        let (head, qwords) = Self::spans(offset, buf.len());
+        let (head, _) = Self::spans(offset, buf.len());
         let base = self.ptr.as_ptr();
-        let tail = head + 8 * qwords;
-        for i in (0..head).chain(tail..buf.len()) {
+        let (head_bytes, rest) = buf.split_at_mut(head);
+        // Whole qwords as arrays: no slice length check or copy call per qword (this loop snapshots queue
+        // memory for the kernel diff at every barrier, instrumented).
+        let (qwords, tail_bytes) = rest.as_chunks_mut::<8>();
+        for (i, b) in head_bytes.iter_mut().enumerate() {
             // SAFETY: the range is inside the mapping (checked above); volatile byte reads of shared memory.
-            buf[i] = unsafe { base.add(offset + i).read_volatile() };
+            *b = unsafe { base.add(offset + i).read_volatile() };
         }
-        for (q, chunk) in buf[head..head + 8 * qwords].chunks_exact_mut(8).enumerate() {
+        let body = offset + head;
+        for (q, chunk) in qwords.iter_mut().enumerate() {
             // SAFETY: inside the mapping (checked above) and 8-byte aligned (offset + head is, and the
             // mapping is page-aligned); a volatile qword load of shared memory.
-            let v = unsafe { base.add(offset + head + 8 * q).cast::<u64>().read_volatile() };
-            chunk.copy_from_slice(&v.to_ne_bytes());
+            *chunk = unsafe { base.add(body + 8 * q).cast::<u64>().read_volatile() }.to_ne_bytes();
+        }
+        let tail = body + 8 * qwords.len();
+        for (i, b) in tail_bytes.iter_mut().enumerate() {
+            // SAFETY: the range is inside the mapping (checked above); volatile byte reads of shared memory.
+            *b = unsafe { base.add(tail + i).read_volatile() };
         }
         Ok(())
     }
 
     pub fn write(&self, offset: usize, buf: &[u8]) -> Result<(), DmaMemError> {
         self.check(offset, buf.len())?;
-        let (head, qwords) = Self::spans(offset, buf.len());
+        let (head, _) = Self::spans(offset, buf.len());
         let base = self.ptr.as_ptr();
-        let tail = head + 8 * qwords;
-        for i in (0..head).chain(tail..buf.len()) {
+        let (head_bytes, rest) = buf.split_at(head);
+        let (qwords, tail_bytes) = rest.as_chunks::<8>();
+        for (i, b) in head_bytes.iter().enumerate() {
             // SAFETY: the range is inside the mapping (checked above); volatile byte writes to shared memory.
-            unsafe { base.add(offset + i).write_volatile(buf[i]) };
+            unsafe { base.add(offset + i).write_volatile(*b) };
         }
-        for (q, chunk) in buf[head..head + 8 * qwords].chunks_exact(8).enumerate() {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(chunk);
-            let v = u64::from_ne_bytes(b);
+        let body = offset + head;
+        for (q, chunk) in qwords.iter().enumerate() {
             // SAFETY: inside the mapping (checked above) and 8-byte aligned (offset + head is, and the
             // mapping is page-aligned); a volatile qword store to shared memory.
-            unsafe { base.add(offset + head + 8 * q).cast::<u64>().write_volatile(v) };
+            unsafe { base.add(body + 8 * q).cast::<u64>().write_volatile(u64::from_ne_bytes(*chunk)) };
+        }
+        let tail = body + 8 * qwords.len();
+        for (i, b) in tail_bytes.iter().enumerate() {
+            // SAFETY: the range is inside the mapping (checked above); volatile byte writes to shared memory.
+            unsafe { base.add(tail + i).write_volatile(*b) };
         }
         Ok(())
     }
@@ -131,7 +143,7 @@ impl DmaMemory {
     /// One aligned 64-bit volatile load (descriptor qwords are read whole, never torn).
     pub fn read_u64(&self, offset: usize) -> Result<u64, DmaMemError> {
         self.check(offset, 8)?;
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             let mut b = [0u8; 8];
             self.read(offset, &mut b)?;
             return Ok(u64::from_le_bytes(b));
@@ -143,7 +155,7 @@ impl DmaMemory {
     /// One aligned 64-bit volatile store (a WQE header qword lands in one piece).
     pub fn write_u64(&self, offset: usize, value: u64) -> Result<(), DmaMemError> {
         self.check(offset, 8)?;
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return self.write(offset, &value.to_le_bytes());
         }
         // SAFETY: in bounds and 8-byte aligned (the mapping is page-aligned).

@@ -186,7 +186,7 @@ impl TestDevice {
 }
 
 fn reg_offset(offset: u64, len: usize) -> Result<u64, Errno> {
-    if len != 4 || offset % 4 != 0 {
+    if len != 4 || !offset.is_multiple_of(4) {
         return Err(libc::EINVAL);
     }
     Ok(offset)

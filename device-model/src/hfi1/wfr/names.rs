@@ -110,7 +110,7 @@ fn classify(offset: u64) -> Option<Named> {
     }
     let msix = CCE_MSIX_TABLE_LOWER;
     if (msix..msix + 16 * u64::from(super::CCE_NUM_MSIX_VECTORS)).contains(&offset) {
-        let part = if offset % 16 == 0 { "CCE_MSIX_TABLE_LOWER" } else { "CCE_MSIX_TABLE_UPPER" };
+        let part = if offset.is_multiple_of(16) { "CCE_MSIX_TABLE_LOWER" } else { "CCE_MSIX_TABLE_UPPER" };
         return Some(Named::Indexed(part, "", (offset - msix) / 16));
     }
     // Elements of arrays and per-context families carry their index, the first one too

@@ -64,10 +64,10 @@ impl WfrShape {
             return Err(format!("sdma_engines {} not in 1..={TXE_NUM_SDMA_ENGINES}", self.sdma_engines));
         }
         // SEND_CTXT_CTRL's 14-bit BASE field counts 64-byte blocks.
-        if self.pio_mem_size < 0x1000 || self.pio_mem_size > 0x10_0000 || self.pio_mem_size % 64 != 0 {
+        if self.pio_mem_size < 0x1000 || self.pio_mem_size > 0x10_0000 || !self.pio_mem_size.is_multiple_of(64) {
             return Err(format!("pio_mem_size {:#x} not a multiple of 64 in 0x1000..=0x100000", self.pio_mem_size));
         }
-        if self.sdma_mem_size < 64 * u64::from(self.sdma_engines) || self.sdma_mem_size % 64 != 0 {
+        if self.sdma_mem_size < 64 * u64::from(self.sdma_engines) || !self.sdma_mem_size.is_multiple_of(64) {
             return Err(format!("sdma_mem_size {:#x} too small or unaligned", self.sdma_mem_size));
         }
         Ok(())
