@@ -25,19 +25,58 @@ pub const GLPCI_LBARCTRL: u64 = 0x0009_DE74;
 pub const GLPE_CPUSTATUS0: u64 = 0x0050_BA5C;
 pub const GLPE_CPUSTATUS2: u64 = 0x0050_BA64;
 
+/// Most regions a step watches, and the most bytes of one (a WQE, the host context, the CCQ shadow area).
+pub const MAX_WATCHES: usize = 3;
+pub const WATCH_BYTES: usize = 64;
+
+/// The watched queue memory at one moment, held inline: a snapshot is taken at every barrier and register
+/// write of both drivers, and a heap vector per region cost the fuzz target more than comparing them.
+/// Bytes past a region's length stay zero, so equal snapshots are equal fields.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Mem {
+    n: u8,
+    lens: [u8; MAX_WATCHES],
+    bytes: [[u8; WATCH_BYTES]; MAX_WATCHES],
+}
+
+impl Default for Mem {
+    fn default() -> Self {
+        Mem { n: 0, lens: [0; MAX_WATCHES], bytes: [[0; WATCH_BYTES]; MAX_WATCHES] }
+    }
+}
+
+impl Mem {
+    /// Region `i` as it was (empty if it did not exist), `None` past the watched regions.
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        (i < usize::from(self.n)).then(|| &self.bytes[i][..usize::from(self.lens[i])])
+    }
+    pub fn regions(&self) -> impl Iterator<Item = &[u8]> {
+        (0..usize::from(self.n)).filter_map(|i| self.get(i))
+    }
+    /// A snapshot holding these regions (tests); `None` if there are too many or one is too long.
+    pub fn of(regions: &[&[u8]]) -> Option<Mem> {
+        let mut m = Mem { n: u8::try_from(regions.len()).ok()?, ..Mem::default() };
+        for (i, r) in regions.iter().enumerate() {
+            m.bytes.get_mut(i)?.get_mut(..r.len())?.copy_from_slice(r);
+            m.lens[i] = u8::try_from(r.len()).ok()?;
+        }
+        Some(m)
+    }
+}
+
 /// One thing a driver did that the device could observe. `mem` is the watched queue memory at that
 /// moment (the order of stores shows there: a header stored before the barrier would already be in the
 /// snapshot the barrier takes).
 #[derive(Clone, PartialEq, Eq)]
 pub enum Event {
     Read { off: u64, val: u32 },
-    Write { off: u64, val: u32, mem: Vec<Vec<u8>> },
-    Wmb { mem: Vec<Vec<u8>> },
+    Write { off: u64, val: u32, mem: Mem },
+    Wmb { mem: Mem },
     Rmb,
 }
 
-fn qwords(mem: &[Vec<u8>]) -> Vec<Vec<String>> {
-    mem.iter()
+fn qwords(mem: &Mem) -> Vec<Vec<String>> {
+    mem.regions()
         .map(|r| {
             r.chunks(8).map(|c| format!("{:#x}", c.iter().rev().fold(0u64, |a, b| a << 8 | u64::from(*b)))).collect()
         })
@@ -55,8 +94,9 @@ impl std::fmt::Debug for Event {
     }
 }
 
-/// Reads one watched region as the device would see it now.
-pub type Watch = Box<dyn Fn() -> Vec<u8> + Send>;
+/// Reads one watched region as the device would see it now into the buffer, and returns its length (0 if
+/// it does not exist or cannot be read, the buffer then untouched).
+pub type Watch = Box<dyn Fn(&mut [u8; WATCH_BYTES]) -> usize + Send>;
 
 #[derive(Default)]
 struct TraceInner {
@@ -72,14 +112,23 @@ impl Trace {
     fn lock(&self) -> MutexGuard<'_, TraceInner> {
         self.0.lock().unpoison()
     }
-    pub fn set_watches(&self, w: Vec<Watch>) {
+    /// The regions every later snapshot holds, at most [`MAX_WATCHES`] (the rest are not watched).
+    pub fn set_watches(&self, mut w: Vec<Watch>) {
+        debug_assert!(w.len() <= MAX_WATCHES, "{} regions watched", w.len());
+        w.truncate(MAX_WATCHES);
         self.lock().watches = w;
     }
     pub fn take(&self) -> Vec<Event> {
         std::mem::take(&mut self.lock().events)
     }
-    fn snapshot(inner: &TraceInner) -> Vec<Vec<u8>> {
-        inner.watches.iter().map(|w| w()).collect()
+    fn snapshot(inner: &TraceInner) -> Mem {
+        let mut m = Mem::default();
+        for (i, w) in inner.watches.iter().enumerate() {
+            // A watch reads at most WATCH_BYTES, into a zeroed region.
+            m.lens[i] = u8::try_from(w(&mut m.bytes[i])).unwrap_or(0);
+        }
+        m.n = inner.watches.len() as u8;
+        m
     }
     pub fn push_wmb(&self) {
         let mut g = self.lock();
@@ -221,5 +270,38 @@ impl DeviceAccess for FakeIrdma {
     }
     fn wait_irq(&self, _vector: u32, _timeout: Duration) -> udriver::access::Result<bool> {
         Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_are_equal_only_with_the_same_regions_lengths_and_bytes() {
+        let wqe = [7u8; WATCH_BYTES];
+        let of = |r: &[&[u8]]| Mem::of(r).unwrap_or_else(|| panic!("{} regions", r.len()));
+        let base = of(&[&[], &wqe]);
+        let cases: [(&str, Mem, bool); 5] = [
+            ("the same", of(&[&[], &wqe]), true),
+            ("a region missing", of(&[&wqe]), false),
+            ("a shorter region", of(&[&[], &wqe[..56]]), false),
+            ("one byte changed", of(&[&[], &[&wqe[..63], &[8]].concat()]), false),
+            ("an empty region added", of(&[&[], &wqe, &[]]), false),
+        ];
+        for (what, m, equal) in cases {
+            assert_eq!(m == base, equal, "{what}");
+        }
+        assert_eq!(base.get(1), Some(&wqe[..]));
+        assert_eq!(base.get(0), Some(&[][..]));
+        assert_eq!(base.get(2), None);
+    }
+
+    #[test]
+    fn a_snapshot_refuses_more_regions_or_bytes_than_it_holds() {
+        let long = [0u8; WATCH_BYTES + 1];
+        assert!(Mem::of(&[&long]).is_none());
+        assert!(Mem::of(&[&[], &[], &[], &[]]).is_none());
+        assert!(Mem::of(&[&[1], &[2], &[3]]).is_some());
     }
 }

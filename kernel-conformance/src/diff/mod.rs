@@ -127,7 +127,7 @@ fn qword(b: &[u8], i: usize) -> u64 {
 /// a zero header; the final header carries the valid bit; a doorbell sees the whole WQE. (A qword left
 /// unzeroed shows as the two sides' different poison patterns in the WQE comparison.)
 fn check_publication(events: &[Event], slot_watch: usize, final_slot: &[u8], polarity: u8) -> Result<(), String> {
-    let wmbs: Vec<&Vec<Vec<u8>>> =
+    let wmbs: Vec<&fake::Mem> =
         events.iter().filter_map(|e| if let Event::Wmb { mem } = e { Some(mem) } else { None }).collect();
     let [at_barrier] = wmbs.as_slice() else { return Err(format!("{} barriers, not 1", wmbs.len())) };
     let at_barrier = at_barrier.get(slot_watch).ok_or("slot not watched")?;
@@ -146,7 +146,7 @@ fn check_publication(events: &[Event], slot_watch: usize, final_slot: &[u8], pol
     }
     for e in events {
         if let Event::Write { off: CQPDB, mem, .. } = e {
-            if mem.get(slot_watch).map(Vec::as_slice) != Some(final_slot) {
+            if mem.get(slot_watch) != Some(final_slot) {
                 return Err("the doorbell rang before the WQE was complete".into());
             }
         }
@@ -383,17 +383,20 @@ pub fn run_case(case: &Case) -> Result<Coverage, DiffError> {
 
 #[cfg(test)]
 mod tests {
-    use super::fake::CQPERRCODES;
+    use super::fake::{Mem, CQPERRCODES};
     use super::*;
 
     fn slot(q: [u64; 8]) -> Vec<u8> {
         q.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
+    fn mem(q: [u64; 8]) -> Mem {
+        Mem::of(&[&[], &slot(q)]).unwrap_or_else(|| panic!("two regions of at most 64 bytes"))
+    }
     fn wmb(q: [u64; 8]) -> Event {
-        Event::Wmb { mem: vec![vec![], slot(q)] }
+        Event::Wmb { mem: mem(q) }
     }
     fn db(q: [u64; 8]) -> Event {
-        Event::Write { off: CQPDB, val: 1, mem: vec![vec![], slot(q)] }
+        Event::Write { off: CQPDB, val: 1, mem: mem(q) }
     }
 
     #[test]

@@ -291,13 +291,13 @@ impl Side for KernelSide {
     fn watch(&self, r: Region) -> Watch {
         let env = self.k.env().clone();
         let at = self.region(r);
-        Box::new(move || {
-            let Some((va, len)) = at else { return Vec::new() };
-            let mut b = vec![0; len];
-            if env.read(va, &mut b) {
-                b
+        Box::new(move |buf| {
+            let Some((va, len)) = at else { return 0 };
+            let read = buf.get_mut(..len).is_some_and(|b| env.read(va, b));
+            if read {
+                len
             } else {
-                Vec::new()
+                0
             }
         })
     }
@@ -624,13 +624,13 @@ impl Side for UdriverSide {
     }
     fn watch(&self, r: Region) -> Watch {
         let at = self.region(r);
-        Box::new(move || {
-            let Some((b, off, len)) = &at else { return Vec::new() };
-            let mut v = vec![0; *len];
-            if b.read(*off, &mut v).is_ok() {
-                v
+        Box::new(move |buf| {
+            let Some((b, off, len)) = &at else { return 0 };
+            let read = buf.get_mut(..*len).is_some_and(|v| b.read(*off, v).is_ok());
+            if read {
+                *len
             } else {
-                Vec::new()
+                0
             }
         })
     }
