@@ -5,7 +5,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -50,8 +49,9 @@ pub trait BarrierObserver: Send + Sync {
 pub enum Delays {
     /// Sleep at least the time asked for (a real device needs it).
     Real,
-    /// Yield only: a test device answers at once, so waiting changes nothing but the run time.
-    Yield,
+    /// Return at once: the device is a passive fake answering on the caller's thread (the differential
+    /// tests), so a wait could change nothing but the run time.
+    Skip,
 }
 
 pub struct ShimEnv {
@@ -59,8 +59,9 @@ pub struct ShimEnv {
     pool: Arc<DmaPool>,
     bar: BarWindow,
     delays: Delays,
-    /// Live coherent allocations by CPU address.
-    buffers: Mutex<BTreeMap<usize, DmaBuffer>>,
+    /// Live coherent allocations with their CPU addresses: a handful per function, so a list, scanned (a
+    /// lookup per kernel memory access; a map's generic code cost the instrumented fuzz target more).
+    buffers: Mutex<Vec<(usize, DmaBuffer)>>,
     observer: Mutex<Option<Arc<dyn BarrierObserver>>>,
     /// WARNs, traps and misuse the kernel code or the shim ran into; a test fails on any.
     bugs: Mutex<Vec<String>>,
@@ -81,7 +82,7 @@ impl ShimEnv {
             pool,
             bar,
             delays,
-            buffers: Mutex::new(BTreeMap::new()),
+            buffers: Mutex::new(Vec::new()),
             observer: Mutex::new(None),
             bugs: Mutex::new(Vec::new()),
         }))
@@ -152,17 +153,20 @@ impl ShimEnv {
             }
         };
         let (va, iova) = (buf.addr() as usize, buf.iova(0)?);
-        lock(&self.buffers).insert(va, buf);
+        lock(&self.buffers).push((va, buf));
         Some((va, iova))
     }
 
     pub(crate) fn dma_free(&self, va: usize, size: usize, pa: u64) {
-        let buf = lock(&self.buffers).remove(&va);
+        let buf = {
+            let mut bufs = lock(&self.buffers);
+            bufs.iter().position(|(at, _)| *at == va).map(|i| bufs.swap_remove(i).1)
+        };
         match buf {
             Some(b) if b.iova(0) == Some(pa) && b.len() >= size => b.release(&self.pool),
             Some(b) => {
                 self.bug(format!("dma_free_coherent({va:#x}, {size:#x}, {pa:#x}) does not match the allocation"));
-                lock(&self.buffers).insert(va, b);
+                lock(&self.buffers).push((va, b));
             }
             None => self.bug(format!("dma_free_coherent of {va:#x}, which is not allocated")),
         }
@@ -174,9 +178,11 @@ impl ShimEnv {
     }
 
     fn with_buffer<R>(&self, va: u64, len: usize, f: impl FnOnce(&DmaBuffer, usize) -> Option<R>) -> Option<R> {
+        let va = usize::try_from(va).ok()?;
         let bufs = lock(&self.buffers);
-        let (base, buf) = bufs.range(..=va as usize).next_back()?;
-        let off = va as usize - base;
+        // Allocations never overlap: the one holding `va` is the only candidate.
+        let (base, buf) = bufs.iter().find(|(base, b)| va >= *base && va - *base < b.len())?;
+        let off = va - base;
         if off.checked_add(len)? > buf.len() {
             return None;
         }
@@ -191,6 +197,9 @@ impl ShimEnv {
         self.with_buffer(va, 8, |b, off| b.read_u64(off).ok())
     }
     /// Writes kernel DMA memory by CPU address, as the device would (a test device's CQEs).
+    pub fn write(&self, va: u64, data: &[u8]) -> bool {
+        self.with_buffer(va, data.len(), |b, off| b.write(off, data).ok()).is_some()
+    }
     pub fn write_u64(&self, va: u64, v: u64) -> bool {
         self.with_buffer(va, 8, |b, off| b.write_u64(off, v).ok()).is_some()
     }
@@ -211,7 +220,7 @@ impl ShimEnv {
     pub(crate) fn udelay(&self, us: u64) {
         match self.delays {
             Delays::Real => std::thread::sleep(Duration::from_micros(us)),
-            Delays::Yield => std::thread::yield_now(),
+            Delays::Skip => {}
         }
     }
 }
@@ -233,7 +242,7 @@ mod tests {
 
     fn env() -> Arc<ShimEnv> {
         let fake = FakeIrdma::new(Trace::default(), CreateResponse::Done);
-        ShimEnv::new(Arc::new(DmaPool::new(fake, false)), Delays::Yield).unwrap()
+        ShimEnv::new(Arc::new(DmaPool::new(fake, false)), Delays::Skip).unwrap()
     }
 
     #[test]
@@ -260,5 +269,31 @@ mod tests {
         assert_eq!((e.take_bugs().len(), e.dma_allocations()), (0, 0));
         e.dma_free(va, 100, pa);
         assert_eq!(e.take_bugs().len(), 1, "a double free is reported");
+    }
+
+    /// Every access names the one allocation that holds all of its bytes, or none.
+    #[test]
+    fn kernel_memory_is_reached_only_inside_one_live_allocation() {
+        let e = env();
+        let (a, _) = e.dma_alloc(4096).unwrap();
+        let (b, b_pa) = e.dma_alloc(8192).unwrap();
+        let (a, b) = (a as u64, b as u64);
+        let cases: [(&str, u64, usize, bool); 7] = [
+            ("the first byte of one", a, 1, true),
+            ("the last qword of one", a + 4088, 8, true),
+            ("a whole WQE of the other", b + 8128, 64, true),
+            ("past the end of one", a + 4090, 8, false),
+            ("before every allocation", a.min(b) - 1, 1, false),
+            ("just past the other", b + 8192, 8, false),
+            ("a zero-length access at an end", b + 8192, 0, false),
+        ];
+        for (what, va, len, reached) in cases {
+            assert_eq!(e.write(va, &vec![0x5A; len]), reached, "write: {what}");
+            assert_eq!(e.read(va, &mut vec![0; len]), reached, "read: {what}");
+        }
+        e.write(b + 64, &0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(e.read_u64(b + 64), Some(0x0102_0304_0506_0708), "bytes land little-endian");
+        e.dma_free(b as usize, 8192, b_pa);
+        assert_eq!(e.read_u64(b + 64), None, "freed memory is not reached");
     }
 }

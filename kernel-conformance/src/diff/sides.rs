@@ -113,8 +113,13 @@ const WQE: usize = 64;
 const CQE: usize = 32;
 
 fn hw_attrs(max_done_count: u32) -> KernelHwAttrs {
-    // One PE-ready check is all a ready device needs; the sleep is a yield (Delays::Yield).
+    // One PE-ready check is all a ready device needs; the sleep is skipped (Delays::Skip).
     KernelHwAttrs { max_pe_ready_count: 14, max_done_count, max_sleep_count: 10 }
+}
+
+/// Qwords as the little-endian bytes a device sees, for one write of a whole CQE or WQE.
+fn qwords_le<const N: usize>(qw: &[u64; N]) -> Vec<u8> {
+    qw.iter().flat_map(|q| q.to_le_bytes()).collect()
 }
 
 // ---- kernel ------------------------------------------------------------------------------------------------
@@ -133,7 +138,7 @@ impl KernelSide {
         let trace = Trace::default();
         let fake = FakeIrdma::new(trace.clone(), create);
         let pool = Arc::new(DmaPool::new(fake.clone(), false));
-        let env = ShimEnv::new(pool, Delays::Yield).map_err(|e| e.to_string())?;
+        let env = ShimEnv::new(pool, Delays::Skip).map_err(|e| e.to_string())?;
         env.set_observer(Some(Arc::new(trace.clone())));
         let k = KernelIrdma::new(env).map_err(|e| e.to_string())?;
         Ok(Self { trace, fake, k, max_done_count, ccq_ok: false })
@@ -303,19 +308,14 @@ impl Side for KernelSide {
     }
     fn write_cqe(&self, slot: u32, qw: [u64; 4]) {
         let s = self.k.state();
-        let base = s.ccq_va + u64::from(slot) * CQE as u64;
-        for (i, q) in qw.iter().enumerate() {
-            self.k.env().write_u64(base + 8 * i as u64, *q);
-        }
+        self.k.env().write(s.ccq_va + u64::from(slot) * CQE as u64, &qwords_le(&qw));
     }
     fn poison(&self) -> u64 {
         POISON_KERNEL
     }
     fn fill_slot(&self, idx: u32, qw: &[u64; 8]) {
         if let Some((va, _)) = self.region(Region::SqSlot(idx)) {
-            for (i, q) in qw.iter().enumerate() {
-                self.k.env().write_u64(va + 8 * i as u64, *q);
-            }
+            self.k.env().write(va, &qwords_le(qw));
         }
     }
     fn take_bugs(&self) -> Vec<String> {

@@ -91,7 +91,9 @@ pub fn setup_tid_rdma_wqe(qp: &mut QpLocked<'_>, wqe: &mut RvtSwqe) {
     let Some(remote) = qp.tid_rdma_remote else { return };
     let new_opcode = match wqe.opcode {
         IbWrOpcode::RdmaRead if hfi1_check_sge_align(&wqe.sg_list) => IbWrOpcode::TidRdmaRead,
-        IbWrOpcode::RdmaWrite if wqe.remote_addr.is_multiple_of(PAGE_SIZE) && u64::from(wqe.length) % PAGE_SIZE == 0 => {
+        IbWrOpcode::RdmaWrite
+            if wqe.remote_addr.is_multiple_of(PAGE_SIZE) && u64::from(wqe.length) % PAGE_SIZE == 0 =>
+        {
             IbWrOpcode::TidRdmaWrite
         }
         _ => return,
