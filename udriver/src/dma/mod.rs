@@ -39,6 +39,14 @@ impl IovaAllocator {
         Some(start)
     }
 
+    /// Whether all of `[base, limit)`, the range it was made with, is free again.
+    pub fn is_unused(&self, base: u64, limit: u64) -> bool {
+        match limit.checked_sub(base) {
+            Some(len) if len > 0 => self.free.len() == 1 && self.free.get(&base) == Some(&len),
+            _ => self.free.is_empty(),
+        }
+    }
+
     pub fn free(&mut self, start: u64, len: u64) {
         let Some(len) = len.checked_next_multiple_of(PAGE_SIZE) else { return };
         let (mut s, mut l) = (start, len.max(PAGE_SIZE));
@@ -64,13 +72,20 @@ impl IovaAllocator {
 /// [`DmaPool::sub_allocating`] carves small contiguous buffers out of shared 2 MiB slabs instead (one memfd,
 /// one mapping each), for clients that need many buffers over a transport that limits files: the vfio-user
 /// server mmaps at most 64 files per client and serves the rest by messages (docs/bench.md, "Scale").
+/// A pool made with [`DmaPool::recycling`] keeps released memory for the next buffer of its size.
 pub struct DmaPool {
     dev: Arc<dyn DeviceAccess>,
     iova: Mutex<IovaAllocator>,
     try_huge: bool,
     /// `None`: no sub-allocation.
     slabs: Option<Mutex<Vec<Slab>>>,
+    /// `None`: released memory is unmapped and closed. `Some`: at most [`MAX_SPARE`] released memories,
+    /// kept for reuse.
+    spare: Option<Mutex<Vec<DmaMemory>>>,
 }
+
+/// Most released memories a recycling pool keeps.
+pub const MAX_SPARE: usize = 16;
 
 /// One shared memfd mapped once; its pages are handed out by IOVA.
 struct Slab {
@@ -91,7 +106,41 @@ pub const IOVA_LIMIT: u64 = 0x100_0000_0000;
 
 impl DmaPool {
     pub fn new(dev: Arc<dyn DeviceAccess>, try_huge: bool) -> Self {
-        Self { dev, iova: Mutex::new(IovaAllocator::new(IOVA_BASE, IOVA_LIMIT)), try_huge, slabs: None }
+        Self { dev, iova: Mutex::new(IovaAllocator::new(IOVA_BASE, IOVA_LIMIT)), try_huge, slabs: None, spare: None }
+    }
+
+    /// A pool that keeps the memory (memfd and mapping) of released contiguous buffers and hands it out
+    /// again, zeroed, to the next contiguous buffer of the same page count: no memfd, mmap, munmap and close
+    /// per buffer. Only for a device that lets go of memory once it is unmapped, one in this process (the
+    /// kernel diff's passive fake): a device that kept its mapping would see the memory's next user.
+    pub fn recycling(dev: Arc<dyn DeviceAccess>) -> Self {
+        Self { spare: Some(Mutex::new(Vec::new())), ..Self::new(dev, false) }
+    }
+
+    /// Whether every buffer has been released: no IOVA is in use, so the next buffers get the IOVAs the
+    /// first ones got (a pool kept across runs then starts each from the same state).
+    pub fn is_idle(&self) -> bool {
+        self.iova.lock().unpoison().is_unused(IOVA_BASE, IOVA_LIMIT)
+    }
+
+    /// Spare memory of exactly `bytes`, zeroed, if a recycling pool has some.
+    fn take_spare(&self, bytes: usize) -> Option<DmaMemory> {
+        let mut spare = self.spare.as_ref()?.lock().unpoison();
+        let i = spare.iter().position(|m| m.len() == bytes)?;
+        let mem = spare.swap_remove(i);
+        mem.zero_unshared();
+        Some(mem)
+    }
+
+    /// Keeps released memory no device maps any more, if this pool recycles and has room.
+    fn keep_spare(&self, mem: Arc<DmaMemory>) {
+        let Some(spare) = &self.spare else { return };
+        // Unshared: no other buffer (a slab's) holds it.
+        let Ok(mem) = Arc::try_unwrap(mem) else { return };
+        let mut spare = spare.lock().unpoison();
+        if spare.len() < MAX_SPARE {
+            spare.push(mem);
+        }
     }
 
     /// A pool whose contiguous buffers of at most [`SLAB_MAX_BUFFER`] share [`SLAB_SIZE`] slabs.
@@ -162,7 +211,10 @@ impl DmaPool {
                 return self.alloc_from_slab(slabs, len, npages * PAGE_SIZE);
             }
         }
-        let mem = Arc::new(DmaMemory::new(len, self.try_huge)?);
+        let mem = match self.take_spare((npages * PAGE_SIZE) as usize) {
+            Some(m) => Arc::new(m),
+            None => Arc::new(DmaMemory::new(len, self.try_huge)?),
+        };
         let iova = self.alloc_iova(npages * PAGE_SIZE)?;
         if let Err(e) = self.dev.dma_map(&mem, 0, npages * PAGE_SIZE, iova) {
             self.iova.lock().unpoison().free(iova, npages * PAGE_SIZE);
@@ -291,10 +343,13 @@ impl DmaBuffer {
         }
         match self.origin {
             Origin::Maps => {
-                let mut alloc = pool.iova.lock().unpoison();
-                for (iova, len) in &self.maps {
-                    alloc.free(*iova, *len);
+                {
+                    let mut alloc = pool.iova.lock().unpoison();
+                    for (iova, len) in &self.maps {
+                        alloc.free(*iova, *len);
+                    }
                 }
+                pool.keep_spare(self.mem);
             }
             Origin::Span { base, span } => pool.iova.lock().unpoison().free(base, span),
             Origin::Slab => {
@@ -367,6 +422,60 @@ mod tests {
         x.release(&plain);
         y.release(&plain);
         assert_eq!(dev.mapped(), 0);
+    }
+
+    #[test]
+    fn a_recycling_pool_gives_released_memory_to_the_next_buffer_of_its_size_zeroed() {
+        let dev = FakeIrdma::scripted();
+        let pool = DmaPool::recycling(dev.clone());
+        assert!(pool.is_idle());
+        let a = pool.alloc_contiguous(100).unwrap();
+        let (addr, iova) = (a.addr(), a.iova(0));
+        a.fill(0, 100, 0xEE).unwrap();
+        assert!(!pool.is_idle(), "a buffer is out");
+        a.release(&pool);
+        assert!(pool.is_idle());
+        assert_eq!(dev.mapped(), 0, "released memory is unmapped from the device");
+
+        let other = pool.alloc_contiguous(2 * PAGE_SIZE as usize).unwrap();
+        assert_ne!(other.addr(), addr, "two pages do not reuse one");
+        let b = pool.alloc_contiguous(4096).unwrap();
+        assert_eq!(b.addr(), addr, "the same page count reuses the memory");
+        let mut data = vec![1u8; 4096];
+        b.read(0, &mut data).unwrap();
+        assert!(data.iter().all(|&x| x == 0), "handed out zeroed");
+        assert_ne!(b.iova(0), iova, "a new IOVA: the first one now belongs to the two-page buffer");
+        assert_eq!(dev.mapped(), 2);
+        other.release(&pool);
+        b.release(&pool);
+        assert!(pool.is_idle());
+    }
+
+    #[test]
+    fn a_pool_is_idle_only_when_every_iova_is_back() {
+        let dev = FakeIrdma::scripted();
+        let pool = DmaPool::new(dev.clone(), false);
+        let a = pool.alloc_contiguous(64).unwrap();
+        let f = pool.alloc_fragmented(&[1, 2]).unwrap();
+        assert!(!pool.is_idle());
+        a.release(&pool);
+        assert!(!pool.is_idle(), "the fragmented buffer's span is still out");
+        f.release(&pool);
+        assert!(pool.is_idle());
+        // (range, lengths taken from it, whether it is all free)
+        let cases: [(u64, u64, &[u64], bool); 4] = [
+            (0x1000, 0x3000, &[], true),
+            (0x1000, 0x3000, &[0x1000], false),
+            (0x1000, 0x3000, &[0x1000, 0x1000], false),
+            (0x1000, 0x1000, &[], true),
+        ];
+        for (base, limit, taken, unused) in cases {
+            let mut alloc = IovaAllocator::new(base, limit);
+            for len in taken {
+                assert!(alloc.alloc(*len).is_some());
+            }
+            assert_eq!(alloc.is_unused(base, limit), unused, "[{base:#x}, {limit:#x}) with {taken:?} taken");
+        }
     }
 
     #[test]
