@@ -278,14 +278,17 @@ mod tests {
         let (a, _) = e.dma_alloc(4096).unwrap();
         let (b, b_pa) = e.dma_alloc(8192).unwrap();
         let (a, b) = (a as u64, b as u64);
-        let cases: [(&str, u64, usize, bool); 7] = [
+        // The two mappings may be adjacent, either way round: "past" means past both.
+        let (first, past) = (a.min(b), (a + 4096).max(b + 8192));
+        let cases: [(&str, u64, usize, bool); 8] = [
             ("the first byte of one", a, 1, true),
             ("the last qword of one", a + 4088, 8, true),
             ("a whole WQE of the other", b + 8128, 64, true),
-            ("past the end of one", a + 4090, 8, false),
-            ("before every allocation", a.min(b) - 1, 1, false),
-            ("just past the other", b + 8192, 8, false),
-            ("a zero-length access at an end", b + 8192, 0, false),
+            ("across the end of one", a + 4090, 8, false),
+            ("across the end of the other", b + 8190, 4, false),
+            ("before both", first - 1, 1, false),
+            ("just past both", past, 8, false),
+            ("a zero-length access past both", past, 0, false),
         ];
         for (what, va, len, reached) in cases {
             assert_eq!(e.write(va, &vec![0x5A; len]), reached, "write: {what}");

@@ -121,6 +121,12 @@ impl Trace {
     pub fn take(&self) -> Vec<Event> {
         std::mem::take(&mut self.lock().events)
     }
+    /// No events and no watched regions: as new, for the next case.
+    pub fn reset(&self) {
+        let mut g = self.lock();
+        g.events.clear();
+        g.watches.clear();
+    }
     fn snapshot(inner: &TraceInner) -> Mem {
         let mut m = Mem::default();
         for (i, w) in inner.watches.iter().enumerate() {
@@ -171,25 +177,34 @@ pub enum CreateResponse {
     Status { value: u32 },
 }
 
-#[derive(Default)]
 struct Regs {
+    create: CreateResponse,
     ccqpstatus: u32,
     cqpdb: u32,
     cqperrcodes: u32,
     cqptail_op_err: bool,
 }
 
+impl Default for Regs {
+    fn default() -> Self {
+        Regs { create: CreateResponse::Done, ccqpstatus: 0, cqpdb: 0, cqperrcodes: 0, cqptail_op_err: false }
+    }
+}
+
 /// A passive irdma register file. CQPTAIL follows the last CQPDB value (every posted WQE counts as
 /// fetched), which is what the register-polled CCQ destroy waits for; CQEs are written by the harness.
 pub struct FakeIrdma {
     trace: Trace,
-    create: CreateResponse,
     regs: Mutex<Regs>,
 }
 
 impl FakeIrdma {
     pub fn new(trace: Trace, create: CreateResponse) -> Arc<Self> {
-        Arc::new(Self { trace, create, regs: Mutex::new(Regs::default()) })
+        Arc::new(Self { trace, regs: Mutex::new(Regs { create, ..Regs::default() }) })
+    }
+    /// Every register as after reset, answering a CQP create with `create` (the next case's device).
+    pub fn reset(&self, create: CreateResponse) {
+        *self.regs() = Regs { create, ..Regs::default() };
     }
     fn regs(&self) -> MutexGuard<'_, Regs> {
         self.regs.lock().unpoison()
@@ -220,7 +235,7 @@ impl FakeIrdma {
             CQPDB => r.cqpdb = val,
             CQPTAIL if val == 0 => r.cqptail_op_err = false,
             CCQPSTATUS if val == 0 => r.ccqpstatus = 0,
-            CCQPLOW if val != 0 => match self.create {
+            CCQPLOW if val != 0 => match r.create {
                 CreateResponse::Done => r.ccqpstatus = 1,
                 CreateResponse::Error { errcodes } => {
                     r.ccqpstatus = 0x8000_0001;

@@ -24,7 +24,7 @@ use thiserror::Error;
 
 pub use case::{Case, Consume, Step};
 use fake::{Event, CQPDB};
-use sides::{KernelSide, Region, Side, UdriverSide};
+use sides::{KernelSide, Region, Rig, Side, UdriverSide};
 
 /// defs.h: an opcode none of the cases posts, for polls that wait for the wrong one.
 const IRDMA_CQP_OP_NOP: u8 = 0x24;
@@ -333,10 +333,24 @@ impl Run {
     }
 }
 
+thread_local! {
+    /// The two sides' rigs, kept for the thread's next case while they come back idle.
+    static RIGS: std::cell::RefCell<Option<(Rig, Rig)>> = const { std::cell::RefCell::new(None) };
+}
+
 /// Runs one case on both drivers. `Ok` means no difference anywhere.
 pub fn run_case(case: &Case) -> Result<Coverage, DiffError> {
-    let k = KernelSide::new(case.create, case.max_done_count).map_err(DiffError::Setup)?;
-    let u = UdriverSide::new(case.create, case.max_done_count, k.contexts());
+    let (rk, ru) = RIGS.with(|r| r.borrow_mut().take()).unwrap_or_default();
+    let result = run_case_on(&rk, &ru, case);
+    if rk.end_case() & ru.end_case() {
+        RIGS.with(|r| *r.borrow_mut() = Some((rk, ru)));
+    }
+    result
+}
+
+fn run_case_on(rk: &Rig, ru: &Rig, case: &Case) -> Result<Coverage, DiffError> {
+    let k = KernelSide::new(rk, case.create, case.max_done_count).map_err(DiffError::Setup)?;
+    let u = UdriverSide::new(ru, case.create, case.max_done_count, k.contexts());
     let mut r = Run { k, u, step: 0, what: "".into(), cov: Coverage::default(), dev_head: 0, dev_pol: 1, ccq_size: 0 };
 
     if r.simple("irdma_sc_dev_init".into(), |d| d.dev_init())? != 0 {
@@ -397,6 +411,30 @@ mod tests {
     }
     fn db(q: [u64; 8]) -> Event {
         Event::Write { off: CQPDB, val: 1, mem: mem(q) }
+    }
+
+    /// A case on rigs an earlier case used runs as on new ones, and every case gives its rigs back idle.
+    #[test]
+    fn cases_on_reused_rigs_run_as_on_new_ones_and_leave_them_idle() {
+        use arbitrary::{Arbitrary, Unstructured};
+        let (rk, ru) = (Rig::default(), Rig::default());
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for i in 0..60 {
+            let bytes: Vec<u8> = (0..3000)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let Ok(case) = Case::arbitrary(&mut Unstructured::new(&bytes)) else { continue };
+            let fresh = run_case_on(&Rig::default(), &Rig::default(), &case);
+            let reused = run_case_on(&rk, &ru, &case);
+            assert_eq!(reused, fresh, "case {i}: {case:#?}");
+            assert!(fresh.is_ok(), "case {i}: {fresh:?}");
+            assert_eq!((rk.end_case(), ru.end_case()), (true, true), "case {i} left a buffer out: {case:#?}");
+        }
     }
 
     #[test]

@@ -122,6 +122,40 @@ fn qwords_le<const N: usize>(qw: &[u64; N]) -> Vec<u8> {
     qw.iter().flat_map(|q| q.to_le_bytes()).collect()
 }
 
+/// What one side keeps from case to case: its trace, its fake device and a recycling DMA pool. A pool per
+/// case made a memfd and a mapping per buffer and tore them down again: a tenth of the fuzz target's time.
+#[derive(Clone)]
+pub struct Rig {
+    trace: Trace,
+    fake: Arc<FakeIrdma>,
+    pool: Arc<DmaPool>,
+}
+
+impl Default for Rig {
+    fn default() -> Self {
+        let trace = Trace::default();
+        let fake = FakeIrdma::new(trace.clone(), CreateResponse::Done);
+        let pool = Arc::new(DmaPool::recycling(fake.clone()));
+        Rig { trace, fake, pool }
+    }
+}
+
+impl Rig {
+    /// The rig as a new case finds it: no events, no watches, the registers as after reset.
+    fn start(&self, create: CreateResponse) -> Self {
+        self.trace.reset();
+        self.fake.reset(create);
+        self.clone()
+    }
+    /// Ends a case once its sides are gone: drops what the trace still holds of it (its watches hold the
+    /// memory), and says whether a next case can run on this rig as on a new one: every buffer came back,
+    /// so the next case's buffers get the same IOVAs (which the WQEs and contexts the sides compare carry).
+    pub fn end_case(&self) -> bool {
+        self.trace.reset();
+        self.pool.is_idle()
+    }
+}
+
 // ---- kernel ------------------------------------------------------------------------------------------------
 
 pub struct KernelSide {
@@ -134,10 +168,8 @@ pub struct KernelSide {
 }
 
 impl KernelSide {
-    pub fn new(create: CreateResponse, max_done_count: u32) -> Result<Self, String> {
-        let trace = Trace::default();
-        let fake = FakeIrdma::new(trace.clone(), create);
-        let pool = Arc::new(DmaPool::new(fake.clone(), false));
+    pub fn new(rig: &Rig, create: CreateResponse, max_done_count: u32) -> Result<Self, String> {
+        let Rig { trace, fake, pool } = rig.start(create);
         let env = ShimEnv::new(pool, Delays::Skip).map_err(|e| e.to_string())?;
         env.set_observer(Some(Arc::new(trace.clone())));
         let k = KernelIrdma::new(env).map_err(|e| e.to_string())?;
@@ -406,10 +438,8 @@ fn entry_type(v: u32) -> IrdmaQuadEntryType {
 }
 
 impl UdriverSide {
-    pub fn new(create: CreateResponse, max_done_count: u32, ctx: Contexts) -> Self {
-        let trace = Trace::default();
-        let fake = FakeIrdma::new(trace.clone(), create);
-        let pool = Arc::new(DmaPool::new(fake.clone(), false));
+    pub fn new(rig: &Rig, create: CreateResponse, max_done_count: u32, ctx: Contexts) -> Self {
+        let Rig { trace, fake, pool } = rig.start(create);
         let hw = IrdmaHw::new(fake.clone());
         let attrs = IrdmaHwAttrs {
             max_done_count,
@@ -436,6 +466,13 @@ impl UdriverSide {
     fn alloc(&self, len: usize) -> Option<Arc<DmaBuffer>> {
         self.pool.alloc_contiguous(len).ok().map(Arc::new)
     }
+    /// Gives a buffer back to the pool once nothing else holds it (else it is just dropped, and the pool is
+    /// not idle: its rig is not reused).
+    fn release(&self, b: Option<Arc<DmaBuffer>>) {
+        if let Some(b) = b.and_then(|b| Arc::try_unwrap(b).ok()) {
+            b.release(&self.pool);
+        }
+    }
     fn queue(&self, b: &Arc<DmaBuffer>) -> Box<dyn QueueMemory> {
         Box::new(RecQueue { buf: b.clone(), trace: self.trace.clone() })
     }
@@ -449,6 +486,18 @@ impl UdriverSide {
             }
             Region::Shadow if self.ccq.is_some() => Some((self.shadow.clone()?, 0, 64)),
             Region::Shadow => None,
+        }
+    }
+}
+
+impl Drop for UdriverSide {
+    fn drop(&mut self) {
+        // The trace's watches and the queues hold the buffers too: they go first.
+        self.trace.reset();
+        self.cqp = None;
+        self.ccq = None;
+        for b in [self.sq.take(), self.host_ctx.take(), self.ring.take(), self.shadow.take()] {
+            self.release(b);
         }
     }
 }
@@ -505,8 +554,9 @@ impl Side for UdriverSide {
             },
             cqp_compl_ctx: self.ctx.cqp,
         };
-        self.sq = Some(sq);
-        self.host_ctx = Some(hc);
+        for old in [self.sq.replace(sq), self.host_ctx.replace(hc)] {
+            self.release(old);
+        }
         match irdma_sc_cqp_init(info) {
             Ok(cqp) => {
                 self.cqp = Some(cqp);
@@ -536,8 +586,9 @@ impl Side for UdriverSide {
             vsi_idx: c.vsi_idx,
             cq_ctx: self.ctx.ccq,
         };
-        self.ring = Some(ring);
-        self.shadow = Some(shadow);
+        for old in [self.ring.replace(ring), self.shadow.replace(shadow)] {
+            self.release(old);
+        }
         match irdma_sc_ccq_init(self.hw.clone(), info) {
             Ok(ccq) => {
                 self.ccq = Some(ccq);
