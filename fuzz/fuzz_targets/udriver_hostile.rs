@@ -405,8 +405,8 @@ fn run_irdma(dev: Arc<Hostile>, sq_sel: u8, ccq_extra: u8, event: bool, ops: Vec
     let config = IrdmaDevConfig {
         hw_attrs: IrdmaHwAttrs {
             // A withheld CCQ completion costs 100 x max_done_count + 1 polls (irdma_sc_poll_for_cqp_op_done):
-            // 101 here, each a yield (a zero max_sleep), as only the number of looks can change what a look
-            // sees (WITHHELD_WAIT).
+            // 101 here, with no wait between them (a zero max_sleep), as only the number of looks can change
+            // what a look sees (WITHHELD_WAIT).
             max_done_count: 1,
             max_sleep: Duration::ZERO,
             max_pe_ready_count: 1,
