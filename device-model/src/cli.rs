@@ -256,6 +256,11 @@ pub struct Args {
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=MAX_BUSY_POLL_US))]
     pub busy_poll_us: Option<u64>,
 
+    /// Agree to `write_multiple` when a client proposes it [default: off]. QEMU 10.1 and 10.2 then send every
+    /// request from their I/O thread, a thread hand-off more per trapped access (docs/bench.md, the guest mode).
+    #[arg(long)]
+    pub write_multiple: bool,
+
     /// Serve one client per socket, then exit once every socket has had its client.
     #[arg(long)]
     pub once: bool,

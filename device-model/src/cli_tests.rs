@@ -175,6 +175,7 @@ fn long_help_documents_every_option_and_examples() {
         "--irdma-qhash-capacity <N>",
         "--worker-spin-us <US>",
         "--busy-poll-us <US>",
+        "--write-multiple",
         "--once",
         "--log-level <LEVEL>",
         "Examples:",
@@ -264,6 +265,15 @@ fn the_session_record_limit_is_mib_from_one_to_a_tebibyte_and_unset_unless_given
         assert_eq!(got, want.map(Some), "--record-max-mib {given}");
     }
     assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().record_max_mib, None);
+}
+
+#[test]
+fn write_multiple_is_off_unless_given() {
+    let cases: [(&[&str], bool); 2] =
+        [(&["--hfi1", "/tmp/h"], false), (&["--hfi1", "/tmp/h", "--write-multiple"], true)];
+    for (args, want) in cases {
+        assert_eq!(parse(args).ok().map(|a| a.write_multiple), Some(want), "{args:?}");
+    }
 }
 
 #[test]

@@ -206,8 +206,11 @@ fn run(args: &Args) -> Result<(), String> {
         None => None,
     };
 
-    let config =
-        ServerConfig { busy_poll: Duration::from_micros(args.busy_poll_us.unwrap_or(0)), ..ServerConfig::default() };
+    let config = ServerConfig {
+        busy_poll: Duration::from_micros(args.busy_poll_us.unwrap_or(0)),
+        write_multiple: args.write_multiple,
+        ..ServerConfig::default()
+    };
     let mut threads = Vec::new();
     let mut stops = Vec::new();
     for (((function, listener), s), recorder) in functions.into_iter().zip(listeners).zip(&served).zip(recorders) {

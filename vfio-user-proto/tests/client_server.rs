@@ -186,7 +186,7 @@ fn region_info_carries_sparse_areas_and_the_region_fd() {
 
 #[test]
 fn write_multi_and_reset_reach_the_device() {
-    let srv = Running::start(ServerConfig::default());
+    let srv = Running::start(ServerConfig { write_multiple: true, ..ServerConfig::default() });
     let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
     assert!(c.server_caps().write_multiple);
     let (a, b) = (7u32.to_le_bytes(), 0x42u32.to_le_bytes());

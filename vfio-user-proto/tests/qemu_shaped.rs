@@ -22,6 +22,22 @@ const QEMU_VERSION: &[u8] = b"\0\0\0\0{\"capabilities\":{\"max_msg_fds\":16,\"ma
 \"write_multiple\":true}}\0";
 const GUEST_RAM: u64 = 0x2000_0000;
 
+/// `write_multiple` is agreed only when the server is configured for it and the client proposes it (QEMU
+/// 10.2 then queues every request through its I/O thread: ServerConfig::write_multiple).
+#[test]
+fn write_multiple_is_agreed_only_when_configured_and_proposed() {
+    let without = b"\0\0\0\0{\"capabilities\":{\"max_msg_fds\":16,\"pgsizes\":4096}}\0";
+    let cases: [(bool, &[u8], Option<bool>); 4] =
+        [(false, QEMU_VERSION, None), (true, QEMU_VERSION, Some(true)), (true, without, None), (false, without, None)];
+    for (configured, proposal, agreed) in cases {
+        let srv = Running::start(ServerConfig { write_multiple: configured, ..ServerConfig::default() });
+        let v = Raw::connect(&srv).version_with(proposal);
+        let text = v.payload.get(4..v.payload.len() - 1).unwrap_or_default();
+        let caps: serde_json::Value = serde_json::from_slice(text).unwrap();
+        assert_eq!(caps["capabilities"]["write_multiple"].as_bool(), agreed, "configured {configured}");
+    }
+}
+
 fn map(r: &Raw, iova: u64, size: u64, offset: u64, flags: u32, fd: Option<&std::fs::File>) {
     let fds: Vec<OwnedFd> = fd.map(|f| OwnedFd::from(f.try_clone().unwrap())).into_iter().collect();
     r.ok(c::DMA_MAP, &DmaMap { argsz: 32, flags, offset, address: iova, size }.encode(), &fds);
@@ -85,7 +101,7 @@ fn qemu_10_2_boot_viommu_and_guest_dma_sequence_is_served() {
     let caps: serde_json::Value = serde_json::from_slice(&text[..text.len() - 1]).unwrap();
     let caps = &caps["capabilities"];
     assert_eq!((caps["max_msg_fds"].as_u64(), caps["pgsizes"].as_u64()), (Some(16), Some(4096)));
-    assert_eq!(caps["write_multiple"].as_bool(), Some(true));
+    assert_eq!(caps["write_multiple"].as_bool(), None, "not agreed unless configured");
 
     let ram = memfd("qemu-guest-ram", GUEST_RAM, true);
     // Boot: RAM with fd and offset = GPA, ROM/VRAM/own BAR without fd.

@@ -31,6 +31,12 @@ pub struct ServerConfig {
     /// After a reply, how long the connection thread polls the socket without blocking while requests
     /// come in bursts (`server::poll`); zero never polls. Costs a core while it polls.
     pub busy_poll: Duration,
+    /// Whether `write_multiple` is agreed to when the client proposes it. Off by default: QEMU 10.1 and
+    /// 10.2, once it is agreed, send every request from their I/O thread instead of the vCPU's (their
+    /// `VFIO_PROXY_USE_MULTI` is 0x16, which holds `VFIO_PROXY_FORCE_QUEUED`'s bit too; fixed upstream in
+    /// QEMU commit 6a66c9f7), which added a thread hand-off to every trapped access: 1.3-1.5x in the guest
+    /// (docs/bench.md). REGION_WRITE_MULTI is served either way.
+    pub write_multiple: bool,
 }
 
 impl Default for ServerConfig {
@@ -44,6 +50,7 @@ impl Default for ServerConfig {
             mmap_limits: MmapLimits::default(),
             recorder: None,
             busy_poll: Duration::ZERO,
+            write_multiple: false,
         }
     }
 }

@@ -197,7 +197,7 @@ impl<'a> Conn<'a> {
         ours.insert("max_data_xfer_size".into(), json!(xfer));
         ours.insert("max_dma_maps".into(), json!(lower(self.cfg.max_dma_maps, client_maps)));
         ours.insert("pgsizes".into(), json!(PAGE_SIZE));
-        if write_multiple {
+        if write_multiple && self.cfg.write_multiple {
             ours.insert("write_multiple".into(), json!(true));
         }
         let text = json!({ "capabilities": Value::Object(ours) }).to_string();
