@@ -445,7 +445,14 @@ mod tests {
         assert_eq!(normalize(kept.clone()), kept, "a store between them");
         assert_eq!(normalize(vec![wmb(b), db(b)]), vec![db(b)]);
         let errread = Event::Read { off: CQPERRCODES, val: 5 };
-        assert_eq!(normalize(vec![errread.clone(), Event::Rmb]), vec![errread, Event::Rmb], "register reads are kept");
+        assert_eq!(
+            normalize(vec![errread.clone(), Event::Rmb]),
+            vec![errread.clone(), Event::Rmb],
+            "register reads are kept"
+        );
+        let long = vec![Event::Rmb, wmb(b), db(b), wmb(a), errread.clone(), db(a), wmb(a), db(a)];
+        let want = vec![Event::Rmb, db(b), wmb(a), errread, db(a), db(a)];
+        assert_eq!(normalize(long), want, "only a barrier directly before its write goes, wherever it is");
     }
 
     #[test]
