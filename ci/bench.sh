@@ -91,15 +91,15 @@ else
             ( exec 9>/dev/cpu_dma_latency && printf '\0\0\0\0' >&9 &&
               bash ci/run-qemu.sh --accel tcg --quiet --bench --rig "$TARGET_DIR/release/rig" \
                 --bench-budget-ms "$GUEST_BUDGET" --result "$WORK/qemu-guest-lat0.json" --device-model "$DM" \
-                --udriver "$UDRIVER_STATIC" >&2 ) || echo "the boot with idle latency 0 failed" >"$WORK/guest-lat0-skip"
+                --udriver "$UDRIVER_STATIC" >&2 9>&- ) || echo "the boot with idle latency 0 failed" >"$WORK/guest-lat0-skip"
         else
             echo "/dev/cpu_dma_latency is not writable here" >"$WORK/guest-lat0-skip"
         fi
     else
-        echo "not requested (--no-guest)" >"$WORK/guest-skip"
+        echo "not requested (--no-guest)" | tee "$WORK/guest-lat0-skip" >"$WORK/guest-skip"
     fi
 fi
-[ "$QEMU" = 1 ] || echo "not requested (--no-qemu or --case)" >"$WORK/guest-skip"
+[ "$QEMU" = 1 ] || echo "not requested (--no-qemu or --case)" | tee "$WORK/guest-lat0-skip" >"$WORK/guest-skip"
 
 mkdir -p "$OUT"
 python3 - "$WORK" "$OUT" <<'EOF'

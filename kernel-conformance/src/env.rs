@@ -196,10 +196,11 @@ impl ShimEnv {
     pub fn read_u64(&self, va: u64) -> Option<u64> {
         self.with_buffer(va, 8, |b, off| b.read_u64(off).ok())
     }
-    /// Writes kernel DMA memory by CPU address, as the device would (a test device's CQEs).
+    /// Writes kernel DMA memory by CPU address, as the device would (a test device's CQEs, a whole WQE).
     pub fn write(&self, va: u64, data: &[u8]) -> bool {
         self.with_buffer(va, data.len(), |b, off| b.write(off, data).ok()).is_some()
     }
+    /// One qword of kernel DMA memory by CPU address, little-endian, as the device would write it.
     pub fn write_u64(&self, va: u64, v: u64) -> bool {
         self.with_buffer(va, 8, |b, off| b.write_u64(off, v).ok()).is_some()
     }

@@ -51,7 +51,7 @@ impl Mem {
         (i < usize::from(self.n)).then(|| &self.bytes[i][..usize::from(self.lens[i])])
     }
     pub fn regions(&self) -> impl Iterator<Item = &[u8]> {
-        (0..usize::from(self.n)).filter_map(|i| self.get(i))
+        self.bytes.iter().zip(self.lens).take(usize::from(self.n)).map(|(b, len)| &b[..usize::from(len)])
     }
     /// A snapshot holding these regions (tests); `None` if there are too many or one is too long.
     pub fn of(regions: &[&[u8]]) -> Option<Mem> {
@@ -116,16 +116,20 @@ impl Trace {
     pub fn set_watches(&self, mut w: Vec<Watch>) {
         debug_assert!(w.len() <= MAX_WATCHES, "{} regions watched", w.len());
         w.truncate(MAX_WATCHES);
-        self.lock().watches = w;
+        // The old watches go once the lock is let go: the last of them may take a side's memory with it.
+        let old = std::mem::replace(&mut self.lock().watches, w);
+        drop(old);
     }
     pub fn take(&self) -> Vec<Event> {
         std::mem::take(&mut self.lock().events)
     }
     /// No events and no watched regions: as new, for the next case.
     pub fn reset(&self) {
-        let mut g = self.lock();
-        g.events.clear();
-        g.watches.clear();
+        let (events, watches) = {
+            let mut g = self.lock();
+            (std::mem::take(&mut g.events), std::mem::take(&mut g.watches))
+        };
+        drop((events, watches));
     }
     fn snapshot(inner: &TraceInner) -> Mem {
         let mut m = Mem::default();

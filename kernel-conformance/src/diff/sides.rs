@@ -490,6 +490,14 @@ impl UdriverSide {
     }
 }
 
+impl Drop for KernelSide {
+    fn drop(&mut self) {
+        // The trace's watches hold the environment, whose observer holds the trace: break the cycle, so
+        // the kernel's memory goes back to the pool with the side.
+        self.trace.reset();
+    }
+}
+
 impl Drop for UdriverSide {
     fn drop(&mut self) {
         // The trace's watches and the queues hold the buffers too: they go first.

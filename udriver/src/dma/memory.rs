@@ -1,6 +1,7 @@
 //! `DmaMemory`, the only type of the driver's DMA code with `unsafe`: it owns one mmap of a memfd and checks
 //! bounds before every access. The device may write the memory at any time (it is shared with another
-//! process or thread), so every access is volatile and no Rust reference ever points into it.
+//! process or thread), so every access through a shared reference is volatile and no Rust reference ever
+//! points into it; only the owner, with `&mut`, zeroes it in one go for reuse (`zero_unshared`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
@@ -164,10 +165,13 @@ impl DmaMemory {
     }
 
     /// Zeroes the whole mapping with one `memset`, for memory no device holds a mapping of any more (a
-    /// recycling pool's spare memory): nothing else accesses it meanwhile, so the stores need not be
-    /// volatile, and a page of instrumented qword stores cost the fuzz targets more than a fresh memfd.
-    pub(super) fn zero_unshared(&self) {
-        // SAFETY: the whole mapping, which this value owns; the caller guarantees no device maps it now.
+    /// recycling pool's spare memory, unmapped from its device and owned by the pool alone): nothing else
+    /// accesses it meanwhile, so the stores need not be volatile, and a page of instrumented qword stores cost
+    /// the fuzz targets more than a fresh memfd.
+    pub(super) fn zero_unshared(&mut self) {
+        // SAFETY: the whole mapping, owned by this value, reached through `&mut self`: no other reference of
+        // this process points into it, and the pool keeps only memory every device mapping of which was
+        // removed (DmaPool::keep_spare).
         unsafe { self.ptr.as_ptr().write_bytes(0, self.len) };
     }
 

@@ -127,20 +127,21 @@ impl DmaPool {
     fn take_spare(&self, bytes: usize) -> Option<DmaMemory> {
         let mut spare = self.spare.as_ref()?.lock().unpoison();
         let i = spare.iter().position(|m| m.len() == bytes)?;
-        let mem = spare.swap_remove(i);
+        let mut mem = spare.remove(i);
         mem.zero_unshared();
         Some(mem)
     }
 
-    /// Keeps released memory no device maps any more, if this pool recycles and has room.
+    /// Keeps released memory no device maps any more, if this pool recycles; the oldest spare makes room.
     fn keep_spare(&self, mem: Arc<DmaMemory>) {
         let Some(spare) = &self.spare else { return };
         // Unshared: no other buffer (a slab's) holds it.
         let Ok(mem) = Arc::try_unwrap(mem) else { return };
         let mut spare = spare.lock().unpoison();
-        if spare.len() < MAX_SPARE {
-            spare.push(mem);
+        if spare.len() >= MAX_SPARE {
+            spare.remove(0);
         }
+        spare.push(mem);
     }
 
     /// A pool whose contiguous buffers of at most [`SLAB_MAX_BUFFER`] share [`SLAB_SIZE`] slabs.
@@ -211,11 +212,17 @@ impl DmaPool {
                 return self.alloc_from_slab(slabs, len, npages * PAGE_SIZE);
             }
         }
+        let iova = self.alloc_iova(npages * PAGE_SIZE)?;
         let mem = match self.take_spare((npages * PAGE_SIZE) as usize) {
             Some(m) => Arc::new(m),
-            None => Arc::new(DmaMemory::new(len, self.try_huge)?),
+            None => match DmaMemory::new(len, self.try_huge) {
+                Ok(m) => Arc::new(m),
+                Err(e) => {
+                    self.iova.lock().unpoison().free(iova, npages * PAGE_SIZE);
+                    return Err(e);
+                }
+            },
         };
-        let iova = self.alloc_iova(npages * PAGE_SIZE)?;
         if let Err(e) = self.dev.dma_map(&mem, 0, npages * PAGE_SIZE, iova) {
             self.iova.lock().unpoison().free(iova, npages * PAGE_SIZE);
             return Err(e.into());
@@ -338,8 +345,9 @@ impl DmaBuffer {
     }
     /// Unmaps the buffer from the device and gives its IOVA back.
     pub fn release(self, pool: &DmaPool) {
+        let mut unmapped = true;
         for (iova, len) in &self.maps {
-            let _ = pool.dev.dma_unmap(*iova, *len);
+            unmapped &= pool.dev.dma_unmap(*iova, *len).is_ok();
         }
         match self.origin {
             Origin::Maps => {
@@ -349,7 +357,10 @@ impl DmaBuffer {
                         alloc.free(*iova, *len);
                     }
                 }
-                pool.keep_spare(self.mem);
+                // Memory a device may still map is never handed to another buffer.
+                if unmapped {
+                    pool.keep_spare(self.mem);
+                }
             }
             Origin::Span { base, span } => pool.iova.lock().unpoison().free(base, span),
             Origin::Slab => {

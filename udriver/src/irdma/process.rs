@@ -135,7 +135,12 @@ fn wait_for(dev: &IrdmaDev, scratch: u64, deadline: Instant) -> Result<Done> {
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
         match dev.config.wait_mode {
-            IrdmaCqpWaitMode::Poll => sleep(dev.config.hw_attrs.max_sleep.min(remaining)),
+            // Until a deadline, not a count: with no sleep between looks it yields, as the device may answer
+            // from another thread.
+            IrdmaCqpWaitMode::Poll => match dev.config.hw_attrs.max_sleep.min(remaining) {
+                d if d.is_zero() => std::thread::yield_now(),
+                d => sleep(d),
+            },
             IrdmaCqpWaitMode::Event { vector } => {
                 dev.hw.device().wait_irq(vector, remaining.min(dev.config.irq_slice))?;
             }
