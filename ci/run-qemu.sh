@@ -34,7 +34,7 @@
 #                         device model's RcvArray against the kernel's TIDs and injects the data
 #   --bench               run the in-guest benchmark (`udriver bench`) instead of the demos: besides our two
 #                         functions, an hfi1 function behind rust-vmm's vfio-user server and one behind ours
-#                         with busy-poll on (both served by `rig serve-peers`), and QEMU's edu device
+#                         with busy-poll off (both served by `rig serve-peers`; the device model polls by default), and QEMU's edu device
 #   --rig PATH            rig binary for --bench (default target/{release,debug}/rig)
 #   --bench-budget-ms N   wall time per measured variant inside the guest (default 1000)
 #   --append "PARAMS"     extra guest kernel parameters
@@ -273,7 +273,7 @@ if [ "$BENCH" = 1 ]; then
         sleep 0.1
     done
     [ -S "$PEER_SOCK" ] && [ -S "$POLLED_SOCK" ] || fail "rig serve-peers did not listen within 10 s: $(tail -n 5 "$LOG_DIR/serve-peers.log")"
-    log "rig serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, busy-polled $POLLED_ID"
+    log "rig serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, ours without busy-poll $POLLED_ID"
 fi
 
 # --- QEMU -------------------------------------------------------------------------------------------------

@@ -24,6 +24,9 @@ pub const MAX_QHASH_CAPACITY: u32 = 65536;
 pub const MAX_WORKER_SPIN_US: u64 = crate::hfi1::MAX_WORKER_SPIN.as_micros() as u64;
 /// Largest `--busy-poll-us`: longer than any gap between a guest's trapped accesses in a burst.
 pub const MAX_BUSY_POLL_US: u64 = 1000;
+/// `--busy-poll-us` when not given: in a QEMU guest it took a trapped access to 0.93x (vCPUs halting) and
+/// 0.68-0.75x (polling) of the same without it (docs/bench.md, "The guest's thread hand-offs").
+pub const DEFAULT_BUSY_POLL_US: u64 = 50;
 /// Largest `--record-max-mib`: 1 TiB.
 pub const MAX_RECORD_MIB: u64 = 1 << 20;
 
@@ -251,10 +254,12 @@ pub struct Args {
     pub worker_spin_us: Option<u64>,
 
     /// After each reply, how long a connection's thread polls its socket without blocking while requests come
-    /// in bursts, in microseconds, 0..=1000 [default: 0, off]. Saves a wake-up per trapped access while a
-    /// client waits for each reply, at the cost of a busy core (docs/bench.md, case (a) and the guest mode).
-    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=MAX_BUSY_POLL_US))]
-    pub busy_poll_us: Option<u64>,
+    /// in bursts, in microseconds, 0..=1000 (0: off) [default: 50]. Saves a wake-up per trapped access while a
+    /// client waits for each reply, at the cost of a busy core while it polls: faster for a QEMU guest, slower
+    /// for a client that shares the server's cores (docs/bench.md, case (a) and the guest mode).
+    #[arg(long, value_name = "US", default_value_t = DEFAULT_BUSY_POLL_US,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_BUSY_POLL_US))]
+    pub busy_poll_us: u64,
 
     /// Agree to `write_multiple` when a client proposes it [default: off]. QEMU 10.1 and 10.2 then send every
     /// request from their I/O thread, a thread hand-off more per trapped access (docs/bench.md, the guest mode).

@@ -207,7 +207,7 @@ fn run(args: &Args) -> Result<(), String> {
     };
 
     let config = ServerConfig {
-        busy_poll: Duration::from_micros(args.busy_poll_us.unwrap_or(0)),
+        busy_poll: Duration::from_micros(args.busy_poll_us),
         write_multiple: args.write_multiple,
         ..ServerConfig::default()
     };

@@ -50,17 +50,17 @@ enum RigCommand {
         cases: Vec<String>,
     },
     /// The in-guest benchmark's extra hfi1 functions, until killed: one served by rust-vmm's vfio-user server
-    /// (PCI 1b36:1102) and one by ours with busy-poll on (1b36:1103), for QEMU's vfio-user-pci
-    /// (ci/run-qemu.sh --bench).
+    /// (PCI 1b36:1102) and one by ours with its busy-poll at `--busy-poll-us` (1b36:1103; off by default, the
+    /// comparison for the device model's own default), for QEMU's vfio-user-pci (ci/run-qemu.sh --bench).
     ServePeers {
         /// Socket of the function behind rust-vmm's server.
         #[arg(long, value_name = "SOCKET")]
         peer: std::path::PathBuf,
-        /// Socket of the function behind our server with busy-poll.
+        /// Socket of the function behind our server with the other busy-poll setting.
         #[arg(long, value_name = "SOCKET")]
         polled: std::path::PathBuf,
-        /// The busy-poll budget of the second function, in microseconds.
-        #[arg(long, default_value_t = 50)]
+        /// The busy-poll budget of the second function, in microseconds (0: off).
+        #[arg(long, default_value_t = 0)]
         busy_poll_us: u64,
     },
 }

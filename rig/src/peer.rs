@@ -167,7 +167,7 @@ pub fn hfi1_function(device_id: u16) -> Result<Arc<Function>, RigError> {
 }
 
 /// `rig serve-peers`: an hfi1 function behind rust-vmm's server on `peer` and one behind ours with `busy_poll`
-/// on `polled`, each serving one client after another until the process is killed or a socket fails.
+/// (zero: off) on `polled`, each serving one client after another until the process is killed or a socket fails.
 pub fn serve_peers(peer: &Path, polled: &Path, busy_poll: Duration) -> Result<(), RigError> {
     let peer_fn = hfi1_function(PEER_DEVICE_ID)?;
     let polled_fn = hfi1_function(POLLED_DEVICE_ID)?;

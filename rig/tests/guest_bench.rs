@@ -1,5 +1,5 @@
 //! The in-guest benchmark (`udriver bench`) run on the host over vfio-user instead of VFIO: our hfi1 and
-//! irdma functions, the rust-vmm peer and our busy-polled server, with a tiny budget. Each case must run and
+//! irdma functions, the rust-vmm peer and our server with its busy-poll on, with a tiny budget. Each case must run and
 //! check its data; no time is asserted.
 
 use std::sync::Arc;
