@@ -6,6 +6,7 @@
 use std::sync::Mutex;
 
 use arbitrary::{Arbitrary, Unstructured};
+use kernel_conformance::diff::case::xorshift_bytes;
 use kernel_conformance::diff::{run_case, Case, Coverage};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
@@ -59,14 +60,7 @@ fn the_cases_reach_wqes_full_rings_cqes_and_error_cqes() {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut total = Coverage::default();
     for _ in 0..300 {
-        let bytes: Vec<u8> = (0..3000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let bytes = xorshift_bytes(&mut x, 3000);
         let case = Case::arbitrary(&mut Unstructured::new(&bytes)).unwrap();
         total.add(&run_case(&case).unwrap_or_else(|e| panic!("{e}\n{case:#?}")));
     }

@@ -230,3 +230,16 @@ impl<'a> Arbitrary<'a> for Case {
         Ok(Case { cqp, ccq, create, max_done_count: u.int_in_range(1..=4)?, ccq_create_error, steps, destroy_op_err })
     }
 }
+
+/// `n` bytes of a xorshift64 stream from `state`, which moves on: reproducible inputs for cases built from a
+/// fixed seed (the tests that need the same cases every run).
+pub fn xorshift_bytes(state: &mut u64, n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            *state as u8
+        })
+        .collect()
+}

@@ -420,14 +420,7 @@ mod tests {
         let (rk, ru) = (Rig::default(), Rig::default());
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         for i in 0..60 {
-            let bytes: Vec<u8> = (0..3000)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+            let bytes = case::xorshift_bytes(&mut x, 3000);
             let Ok(case) = Case::arbitrary(&mut Unstructured::new(&bytes)) else { continue };
             let fresh = run_case_on(&Rig::default(), &Rig::default(), &case);
             let reused = run_case_on(&rk, &ru, &case);
