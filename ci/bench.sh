@@ -351,11 +351,11 @@ def guest_table(ga, heading):
     if not ga or ga.get("error"):
         return
     print(f"  {'':<18} {'read':>10} {'write':>10}", file=sys.stderr)
-    for who in ("ours", "ours, busy-poll off", "peer", "edu"):
+    for who in ("ours", "ours, plain", "peer", "edu"):
         r, w = metric(ga, f"{who}: trapped read, median"), metric(ga, f"{who}: trapped write, median")
         if r is not None:
             print(f"  {who:<18} {fmt(r, 'ns'):>10} {fmt(w, 'ns'):>10}", file=sys.stderr)
-    for name in ("ours / edu, read", "busy-poll off / ours, read"):
+    for name in ("ours / edu, read", "plain / ours, read"):
         v = metric(ga, name)
         if v is not None:
             print(f"  {name:<28} {v:.2f}x", file=sys.stderr)

@@ -34,7 +34,8 @@
 #                         device model's RcvArray against the kernel's TIDs and injects the data
 #   --bench               run the in-guest benchmark (`udriver bench`) instead of the demos: besides our two
 #                         functions, an hfi1 function behind rust-vmm's vfio-user server and one behind ours
-#                         with busy-poll off (both served by `rig serve-peers`; the device model polls by default), and QEMU's edu device
+#                         plain, without busy-poll and keep-warm (both served by `rig serve-peers`; the device
+#                         model has both on by default), and QEMU's edu device
 #   --rig PATH            rig binary for --bench (default target/{release,debug}/rig)
 #   --bench-budget-ms N   wall time per measured variant inside the guest (default 1000)
 #   --append "PARAMS"     extra guest kernel parameters
@@ -47,7 +48,7 @@
 # Exit status 0 only if every step the guest ran is ok. Prints the result file's path on stdout.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,44s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,48s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 DEVICE_MODEL=${RDMA_EMU_DEVICE_MODEL:-}
 UDRIVER=${RDMA_EMU_UDRIVER:-}

@@ -27,6 +27,13 @@ pub const MAX_BUSY_POLL_US: u64 = 1000;
 /// `--busy-poll-us` when not given: in a QEMU guest it took a trapped access to 0.93x (vCPUs halting) and
 /// 0.68-0.75x (polling) of the same without it (docs/bench.md, "The guest's thread hand-offs").
 pub const DEFAULT_BUSY_POLL_US: u64 = 50;
+/// Longest `--keep-warm-us`.
+pub const MAX_KEEP_WARM_US: u64 = 10_000;
+/// `--keep-warm-us` when not given: in a QEMU guest on a VM whose idle vCPUs halt, it took a trapped read from
+/// 37-43 us to 17-24 us (docs/bench.md, "Keep-warm").
+pub const DEFAULT_KEEP_WARM_US: u64 = 1000;
+/// Most `--keep-warm-threads`.
+pub const MAX_KEEP_WARM_THREADS: u64 = 8;
 /// Largest `--record-max-mib`: 1 TiB.
 pub const MAX_RECORD_MIB: u64 = 1 << 20;
 
@@ -260,6 +267,20 @@ pub struct Args {
     #[arg(long, value_name = "US", default_value_t = DEFAULT_BUSY_POLL_US,
           value_parser = clap::value_parser!(u64).range(0..=MAX_BUSY_POLL_US))]
     pub busy_poll_us: u64,
+
+    /// After each request, how long idle CPUs are kept from halting, in microseconds, 0..=10000 (0: off)
+    /// [default: 1000], so that the guest's threads woken there need not wait for a halted (virtual) CPU: a 0 us
+    /// CPU latency request on /dev/cpu_dma_latency where it is writable, else threads spinning at SCHED_IDLE
+    /// (docs/bench.md, "Keep-warm").
+    #[arg(long, value_name = "US", default_value_t = DEFAULT_KEEP_WARM_US,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_KEEP_WARM_US))]
+    pub keep_warm_us: u64,
+
+    /// Keep CPUs warm with this many threads spinning at SCHED_IDLE, 1..=8, instead of the CPU latency request
+    /// [default: the request where /dev/cpu_dma_latency is writable, else one spinner per CPU besides one, at
+    /// most two].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_KEEP_WARM_THREADS))]
+    pub keep_warm_threads: Option<u64>,
 
     /// Agree to `write_multiple` when a client proposes it [default: off]. QEMU 10.1 and 10.2 then send every
     /// request from their I/O thread, a thread hand-off more per trapped access (docs/bench.md, the guest mode).

@@ -285,3 +285,25 @@ fn busy_poll_is_microseconds_up_to_a_millisecond_and_50_unless_given() {
     }
     assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().busy_poll_us, 50);
 }
+
+#[test]
+fn keep_warm_is_microseconds_up_to_ten_milliseconds_and_1000_unless_given() {
+    let table: [(&str, Option<u64>); 4] =
+        [("0", Some(0)), ("1000", Some(1000)), ("10000", Some(10_000)), ("10001", None)];
+    for (given, want) in table {
+        let got = parse(&["--hfi1", "/tmp/h", "--keep-warm-us", given]).ok().map(|a| a.keep_warm_us);
+        assert_eq!(got, want, "--keep-warm-us {given}");
+    }
+    assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().keep_warm_us, 1000);
+}
+
+#[test]
+fn keep_warm_threads_are_one_to_eight_and_unset_unless_given() {
+    let table: [(&str, Option<Option<u64>>); 4] =
+        [("0", None), ("1", Some(Some(1))), ("8", Some(Some(8))), ("9", None)];
+    for (given, want) in table {
+        let got = parse(&["--hfi1", "/tmp/h", "--keep-warm-threads", given]).ok().map(|a| a.keep_warm_threads);
+        assert_eq!(got, want, "--keep-warm-threads {given}");
+    }
+    assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().keep_warm_threads, None);
+}

@@ -16,6 +16,7 @@ use device_model::shutdown::{accept_one, Termination};
 use device_model::socket_owner::{self, SocketFile};
 use device_model::trace::{Filter, Sink};
 use vfio_user_proto::record::Recorder;
+use vfio_user_proto::server::{KeepWarm, WarmMeans};
 use vfio_user_proto::{Server, ServerConfig};
 
 fn main() -> ExitCode {
@@ -206,9 +207,23 @@ fn run(args: &Args) -> Result<(), String> {
         None => None,
     };
 
+    let keep_warm = match args.keep_warm_us {
+        0 => None,
+        us => {
+            let window = Duration::from_micros(us);
+            let warm = match args.keep_warm_threads {
+                None => KeepWarm::start_auto(window),
+                Some(n) => KeepWarm::start(window, WarmMeans::Spin { threads: n as usize }),
+            }
+            .map_err(|e| format!("starting the keep-warm thread: {e}"))?;
+            tracing::info!("keeping idle CPUs warm for {us} us after each request: {:?}", warm.means());
+            Some(Arc::new(warm))
+        }
+    };
     let config = ServerConfig {
         busy_poll: Duration::from_micros(args.busy_poll_us),
         write_multiple: args.write_multiple,
+        keep_warm,
         ..ServerConfig::default()
     };
     let mut threads = Vec::new();

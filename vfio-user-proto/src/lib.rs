@@ -11,6 +11,7 @@ pub mod dma_space;
 pub mod frame_reader;
 pub mod irq;
 pub mod record;
+pub mod sched;
 pub mod server;
 pub mod sock;
 pub mod sync;

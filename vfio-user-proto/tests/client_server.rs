@@ -15,6 +15,7 @@ use vfio_user_proto::device::{
     irq, region, region_flags, Device, DeviceContext, DeviceInfo, IrqInfo, RegionInfo, SparseArea,
 };
 use vfio_user_proto::dma::DmaError;
+use vfio_user_proto::server::{KeepWarm, WarmMeans};
 use vfio_user_proto::wire::irq_set_flags as f;
 use vfio_user_proto::{Client, ClientConfig, ClientDmaBacking, DmaProt, ServerConfig};
 
@@ -339,6 +340,23 @@ fn a_busy_polling_server_serves_bursts_message_dma_and_idle_gaps_alike() {
     for i in 0..20 {
         w32(&c, regs::SCRATCH, i + 7);
         assert_eq!(r32(&c, regs::SCRATCH), i + 7);
+    }
+}
+
+#[test]
+fn every_request_opens_the_shared_keep_warm_window_and_the_server_serves_as_usual() {
+    let warm = Arc::new(KeepWarm::start(Duration::from_secs(3600), WarmMeans::Spin { threads: 1 }).unwrap());
+    let srv = Running::start(ServerConfig {
+        busy_poll: Duration::from_millis(1),
+        keep_warm: Some(warm.clone()),
+        ..Default::default()
+    });
+    assert!(!warm.is_warm(), "no request yet");
+    let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
+    assert!(warm.is_warm(), "the VERSION exchange was a request");
+    for i in 0..50 {
+        w32(&c, regs::SCRATCH, i);
+        assert_eq!(r32(&c, regs::SCRATCH), i);
     }
 }
 

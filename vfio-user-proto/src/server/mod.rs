@@ -12,6 +12,7 @@ mod config;
 mod conn;
 mod outbound;
 mod poll;
+mod warm;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::AssertUnwindSafe;
@@ -33,6 +34,7 @@ pub use config::ServerConfig;
 use conn::Conn;
 use outbound::Outbound;
 use poll::BusyPoll;
+pub use warm::{KeepWarm, WarmMeans};
 
 #[derive(Debug, Error)]
 pub enum ServerError {
@@ -208,6 +210,9 @@ impl Server {
             };
             match next {
                 Ok(Some(msg)) => {
+                    if let Some(warm) = &self.config.keep_warm {
+                        warm.request();
+                    }
                     conn.handle(msg)?;
                     poll.handled();
                 }
