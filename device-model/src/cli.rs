@@ -269,18 +269,20 @@ pub struct Args {
     pub busy_poll_us: u64,
 
     /// After each request, how long idle CPUs are kept from halting, in microseconds, 0..=10000 (0: off)
-    /// [default: 1000], so that the guest's threads woken there need not wait for a halted (virtual) CPU: a 0 us
-    /// CPU latency request on /dev/cpu_dma_latency where it is writable, else threads spinning at SCHED_IDLE
-    /// (docs/bench.md, "Keep-warm").
+    /// [default: 1000], so that the guest's threads woken there need not wait for a halted (virtual) CPU:
+    /// threads spinning at SCHED_IDLE, or with --keep-warm-qos a CPU latency request (docs/bench.md, "Keep-warm").
     #[arg(long, value_name = "US", default_value_t = DEFAULT_KEEP_WARM_US,
           value_parser = clap::value_parser!(u64).range(0..=MAX_KEEP_WARM_US))]
     pub keep_warm_us: u64,
 
-    /// Keep CPUs warm with this many threads spinning at SCHED_IDLE, 1..=8, instead of the CPU latency request
-    /// [default: the request where /dev/cpu_dma_latency is writable, else one spinner per CPU besides one, at
-    /// most two].
+    /// How many keep-warm threads spin, 1..=8 [default: one per CPU besides one, at most two].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_KEEP_WARM_THREADS))]
     pub keep_warm_threads: Option<u64>,
+
+    /// Keep CPUs warm with a 0 us CPU latency request on /dev/cpu_dma_latency (PM QoS; needs write access to
+    /// it) instead of spinning threads. Machine-wide while held: other processes' wake-ups get faster too.
+    #[arg(long, conflicts_with = "keep_warm_threads")]
+    pub keep_warm_qos: bool,
 
     /// Agree to `write_multiple` when a client proposes it [default: off]. QEMU 10.1 and 10.2 then send every
     /// request from their I/O thread, a thread hand-off more per trapped access (docs/bench.md, the guest mode).

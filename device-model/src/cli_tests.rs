@@ -307,3 +307,15 @@ fn keep_warm_threads_are_one_to_eight_and_unset_unless_given() {
     }
     assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().keep_warm_threads, None);
 }
+
+#[test]
+fn keep_warm_qos_is_off_unless_given_and_excludes_spinner_counts() {
+    let cases: [(&[&str], Option<bool>); 3] = [
+        (&["--hfi1", "/tmp/h"], Some(false)),
+        (&["--hfi1", "/tmp/h", "--keep-warm-qos"], Some(true)),
+        (&["--hfi1", "/tmp/h", "--keep-warm-qos", "--keep-warm-threads", "2"], None),
+    ];
+    for (args, want) in cases {
+        assert_eq!(parse(args).ok().map(|a| a.keep_warm_qos), want, "{args:?}");
+    }
+}

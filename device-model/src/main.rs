@@ -211,11 +211,12 @@ fn run(args: &Args) -> Result<(), String> {
         0 => None,
         us => {
             let window = Duration::from_micros(us);
-            let warm = match args.keep_warm_threads {
-                None => KeepWarm::start_auto(window),
-                Some(n) => KeepWarm::start(window, WarmMeans::Spin { threads: n as usize }),
-            }
-            .map_err(|e| format!("starting the keep-warm thread: {e}"))?;
+            let means = match (args.keep_warm_qos, args.keep_warm_threads) {
+                (true, _) => WarmMeans::PmQos,
+                (false, Some(n)) => WarmMeans::Spin { threads: n as usize },
+                (false, None) => WarmMeans::default(),
+            };
+            let warm = KeepWarm::start(window, means).map_err(|e| format!("starting keep-warm: {e}"))?;
             tracing::info!("keeping idle CPUs warm for {us} us after each request: {:?}", warm.means());
             Some(Arc::new(warm))
         }

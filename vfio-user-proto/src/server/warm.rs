@@ -7,12 +7,13 @@
 //! thread woken by it) land on the other CPUs. For a window after each request, one of two means keeps them
 //! awake:
 //!
+//! - [`WarmMeans::Spin`] (the default): threads spinning at `SCHED_IDLE`, which run only where nothing else
+//!   wants the CPU; the scheduler counts such a CPU as idle when it places a woken thread, which preempts the
+//!   spinner at once. No privilege needed, and nothing outside this process changes.
 //! - [`WarmMeans::PmQos`]: a CPU latency request of 0 us on `/dev/cpu_dma_latency` (PM QoS), so that idle
 //!   CPUs poll instead of halting and a wake-up needs no interrupt. It takes write access to that device
-//!   (root, as a rule).
-//! - [`WarmMeans::Spin`]: threads spinning at `SCHED_IDLE`, which run only where nothing else wants the CPU;
-//!   the scheduler counts such a CPU as idle when it places a woken thread, which preempts the spinner at
-//!   once. No privilege needed, but a wake-up there still takes an interrupt.
+//!   (root, as a rule), and it is a machine-wide setting: while it is held every process's wake-ups are
+//!   faster, and measured beside us the peer server got faster too (docs/bench.md, "Keep-warm").
 //!
 //! Either way one thread, asleep between bursts, applies and lifts the means: the first request of a burst
 //! wakes it, and it lifts them once a window has passed without a request.
@@ -45,6 +46,12 @@ pub enum WarmMeans {
     PmQos,
     /// This many threads spinning at `SCHED_IDLE` while warm.
     Spin { threads: usize },
+}
+
+impl Default for WarmMeans {
+    fn default() -> Self {
+        WarmMeans::Spin { threads: WarmMeans::default_spinners() }
+    }
 }
 
 impl WarmMeans {
@@ -162,17 +169,6 @@ impl std::fmt::Debug for KeepWarm {
 }
 
 impl KeepWarm {
-    /// The PM QoS request if [`CPU_LATENCY_QOS`] can be opened for writing, else the default spinners.
-    pub fn start_auto(window: Duration) -> std::io::Result<Self> {
-        match open_qos() {
-            Ok(qos) => Self::start_with(window, Held::Qos(qos)),
-            Err(e) => {
-                tracing::debug!("{e}; keeping CPUs warm by spinning instead");
-                Self::start_with(window, Held::Spin(WarmMeans::default_spinners()))
-            }
-        }
-    }
-
     /// Starts the thread(s) of `means`, asleep until the first request.
     pub fn start(window: Duration, means: WarmMeans) -> std::io::Result<Self> {
         let held = match means {
