@@ -274,7 +274,7 @@ if [ "$BENCH" = 1 ]; then
         sleep 0.1
     done
     [ -S "$PEER_SOCK" ] && [ -S "$POLLED_SOCK" ] || fail "rig serve-peers did not listen within 10 s: $(tail -n 5 "$LOG_DIR/serve-peers.log")"
-    log "rig serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, ours without busy-poll $POLLED_ID"
+    log "rig serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, ours plain $POLLED_ID"
 fi
 
 # --- QEMU -------------------------------------------------------------------------------------------------

@@ -29,8 +29,8 @@ pub const MAX_BUSY_POLL_US: u64 = 1000;
 pub const DEFAULT_BUSY_POLL_US: u64 = 50;
 /// Longest `--keep-warm-us`.
 pub const MAX_KEEP_WARM_US: u64 = 10_000;
-/// `--keep-warm-us` when not given: in a QEMU guest on a VM whose idle vCPUs halt, it took a trapped read from
-/// 37-43 us to 17-24 us (docs/bench.md, "Keep-warm").
+/// `--keep-warm-us` when not given: in a QEMU guest on a VM whose idle vCPUs halt, one spinner took a trapped
+/// read from 37-43 us to 24-32 us (docs/bench.md, "Keep-warm").
 pub const DEFAULT_KEEP_WARM_US: u64 = 1000;
 /// Most `--keep-warm-threads`.
 pub const MAX_KEEP_WARM_THREADS: u64 = 8;

@@ -208,7 +208,12 @@ fn run(args: &Args) -> Result<(), String> {
     };
 
     let keep_warm = match args.keep_warm_us {
-        0 => None,
+        0 => {
+            if args.keep_warm_qos || args.keep_warm_threads.is_some() {
+                tracing::warn!("--keep-warm-us 0: keep-warm is off, --keep-warm-qos/--keep-warm-threads do nothing");
+            }
+            None
+        }
         us => {
             let window = Duration::from_micros(us);
             let means = match (args.keep_warm_qos, args.keep_warm_threads) {
