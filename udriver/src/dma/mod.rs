@@ -435,6 +435,63 @@ mod tests {
         assert_eq!(dev.mapped(), 0);
     }
 
+    /// A device whose unmaps fail while `fail` is set (and then leave the mapping in place).
+    struct FailingUnmap {
+        inner: Arc<FakeIrdma>,
+        fail: std::sync::atomic::AtomicBool,
+    }
+
+    impl DeviceAccess for FailingUnmap {
+        fn identity(&self) -> crate::access::DeviceIdentity {
+            self.inner.identity()
+        }
+        fn read32(&self, bar: u32, offset: u64) -> crate::access::Result<u32> {
+            self.inner.read32(bar, offset)
+        }
+        fn write32(&self, bar: u32, offset: u64, value: u32) -> crate::access::Result<()> {
+            self.inner.write32(bar, offset, value)
+        }
+        fn read64(&self, bar: u32, offset: u64) -> crate::access::Result<u64> {
+            self.inner.read64(bar, offset)
+        }
+        fn write64(&self, bar: u32, offset: u64, value: u64) -> crate::access::Result<()> {
+            self.inner.write64(bar, offset, value)
+        }
+        fn dma_map(&self, mem: &Arc<DmaMemory>, offset: u64, len: u64, iova: u64) -> crate::access::Result<()> {
+            self.inner.dma_map(mem, offset, len, iova)
+        }
+        fn dma_unmap(&self, iova: u64, len: u64) -> crate::access::Result<()> {
+            if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(crate::access::AccessError::Io {
+                    op: "dma_unmap",
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                });
+            }
+            self.inner.dma_unmap(iova, len)
+        }
+        fn enable_msix(&self, nvec: u32) -> crate::access::Result<()> {
+            self.inner.enable_msix(nvec)
+        }
+        fn wait_irq(&self, vector: u32, timeout: std::time::Duration) -> crate::access::Result<bool> {
+            self.inner.wait_irq(vector, timeout)
+        }
+    }
+
+    #[test]
+    fn a_recycling_pool_never_keeps_memory_whose_unmap_failed() {
+        let dev = Arc::new(FailingUnmap { inner: FakeIrdma::scripted(), fail: true.into() });
+        let pool = DmaPool::recycling(dev.clone());
+        let spares = |pool: &DmaPool| pool.spare.as_ref().map(|s| s.lock().unpoison().len());
+        let a = pool.alloc_contiguous(4096).unwrap();
+        a.release(&pool);
+        assert_eq!(spares(&pool), Some(0), "the device may still map it: not kept for another buffer");
+        assert_eq!(dev.inner.mapped(), 1, "the failed unmap left the mapping");
+        dev.fail.store(false, std::sync::atomic::Ordering::Relaxed);
+        let b = pool.alloc_contiguous(4096).unwrap();
+        b.release(&pool);
+        assert_eq!(spares(&pool), Some(1), "an unmapped one is kept");
+    }
+
     #[test]
     fn a_recycling_pool_gives_released_memory_to_the_next_buffer_of_its_size_zeroed() {
         let dev = FakeIrdma::scripted();
