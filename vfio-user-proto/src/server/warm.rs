@@ -141,12 +141,6 @@ impl Shared {
     }
 }
 
-/// What a [`KeepWarm`] holds to do its work.
-enum Held {
-    Qos(File),
-    Spin(usize),
-}
-
 fn open_qos() -> std::io::Result<File> {
     File::options()
         .write(true)
@@ -171,14 +165,6 @@ impl std::fmt::Debug for KeepWarm {
 impl KeepWarm {
     /// Starts the thread(s) of `means`, asleep until the first request.
     pub fn start(window: Duration, means: WarmMeans) -> std::io::Result<Self> {
-        let held = match means {
-            WarmMeans::PmQos => Held::Qos(open_qos()?),
-            WarmMeans::Spin { threads } => Held::Spin(threads),
-        };
-        Self::start_with(window, held)
-    }
-
-    fn start_with(window: Duration, held: Held) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             base: Instant::now(),
             until: AtomicU64::new(0),
@@ -188,18 +174,14 @@ impl KeepWarm {
             lock: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let means = match &held {
-            Held::Qos(_) => WarmMeans::PmQos,
-            Held::Spin(threads) => WarmMeans::Spin { threads: *threads },
-        };
         let mut warm = KeepWarm { shared, means, threads: Vec::new() };
         let builder = || std::thread::Builder::new().name("keep-warm".into());
-        match held {
-            Held::Qos(qos) => {
-                let s = warm.shared.clone();
+        match means {
+            WarmMeans::PmQos => {
+                let (s, qos) = (warm.shared.clone(), open_qos()?);
                 warm.threads.push(builder().spawn(move || s.hold_qos(qos))?);
             }
-            Held::Spin(threads) => {
+            WarmMeans::Spin { threads } => {
                 for _ in 0..threads {
                     let s = warm.shared.clone();
                     // On error `warm` drops here, stopping the threads already started.
