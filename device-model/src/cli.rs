@@ -30,7 +30,8 @@ pub const DEFAULT_BUSY_POLL_US: u64 = 50;
 /// Longest `--keep-warm-us`.
 pub const MAX_KEEP_WARM_US: u64 = 10_000;
 /// `--keep-warm-us` when not given: in a QEMU guest on a VM whose idle vCPUs halt, one spinner took a trapped
-/// read from 37-43 us to 24-32 us (docs/bench.md, "Keep-warm").
+/// read from 37-43 us to 24-32 us on one machine, and made it slower on another; so by default it is tried
+/// (docs/bench.md, "Keep-warm" and "Keep-warm tries itself").
 pub const DEFAULT_KEEP_WARM_US: u64 = 1000;
 /// Most `--keep-warm-threads`.
 pub const MAX_KEEP_WARM_THREADS: u64 = 8;
@@ -283,6 +284,12 @@ pub struct Args {
     /// it) instead of spinning threads. Machine-wide while held: other processes' wake-ups get faster too.
     #[arg(long, conflicts_with = "keep_warm_threads")]
     pub keep_warm_qos: bool,
+
+    /// Keep CPUs warm after every request. By default keep-warm is tried against not keeping warm, in
+    /// alternating blocks of a burst's requests, and kept only while it shortens the client's round trips: on
+    /// some machines spinners make a wake-up slower (docs/bench.md, "Keep-warm tries itself").
+    #[arg(long)]
+    pub keep_warm_always: bool,
 
     /// Agree to `write_multiple` when a client proposes it [default: off]. QEMU 10.1 and 10.2 then send every
     /// request from their I/O thread, a thread hand-off more per trapped access (docs/bench.md, the guest mode).

@@ -319,3 +319,15 @@ fn keep_warm_qos_is_off_unless_given_and_excludes_spinner_counts() {
         assert_eq!(parse(args).ok().map(|a| a.keep_warm_qos), want, "{args:?}");
     }
 }
+
+#[test]
+fn keep_warm_is_tried_unless_always_is_given() {
+    let cases: [(&[&str], bool); 3] = [
+        (&["--hfi1", "/tmp/h"], false),
+        (&["--hfi1", "/tmp/h", "--keep-warm-always"], true),
+        (&["--hfi1", "/tmp/h", "--keep-warm-always", "--keep-warm-qos"], true),
+    ];
+    for (args, want) in cases {
+        assert_eq!(parse(args).unwrap().keep_warm_always, want, "{args:?}");
+    }
+}

@@ -16,7 +16,7 @@ use device_model::shutdown::{accept_one, Termination};
 use device_model::socket_owner::{self, SocketFile};
 use device_model::trace::{Filter, Sink};
 use vfio_user_proto::record::Recorder;
-use vfio_user_proto::server::{KeepWarm, WarmMeans};
+use vfio_user_proto::server::{KeepWarm, WarmMeans, WarmPolicy};
 use vfio_user_proto::{Server, ServerConfig};
 
 fn main() -> ExitCode {
@@ -209,8 +209,11 @@ fn run(args: &Args) -> Result<(), String> {
 
     let keep_warm = match args.keep_warm_us {
         0 => {
-            if args.keep_warm_qos || args.keep_warm_threads.is_some() {
-                tracing::warn!("--keep-warm-us 0: keep-warm is off, --keep-warm-qos/--keep-warm-threads do nothing");
+            if args.keep_warm_qos || args.keep_warm_threads.is_some() || args.keep_warm_always {
+                tracing::warn!(
+                    "--keep-warm-us 0: keep-warm is off, --keep-warm-qos/--keep-warm-threads/--keep-warm-always do \
+                     nothing"
+                );
             }
             None
         }
@@ -221,8 +224,9 @@ fn run(args: &Args) -> Result<(), String> {
                 (false, Some(n)) => WarmMeans::Spin { threads: n as usize },
                 (false, None) => WarmMeans::default(),
             };
-            let warm = KeepWarm::start(window, means).map_err(|e| format!("starting keep-warm: {e}"))?;
-            tracing::info!("keeping idle CPUs warm for {us} us after each request: {:?}", warm.means());
+            let policy = if args.keep_warm_always { WarmPolicy::Always } else { WarmPolicy::Tried };
+            let warm = KeepWarm::start(window, means, policy).map_err(|e| format!("starting keep-warm: {e}"))?;
+            tracing::info!("keeping idle CPUs warm for {us} us after each request: {:?}, {policy:?}", warm.means());
             Some(Arc::new(warm))
         }
     };

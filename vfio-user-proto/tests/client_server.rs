@@ -15,7 +15,7 @@ use vfio_user_proto::device::{
     irq, region, region_flags, Device, DeviceContext, DeviceInfo, IrqInfo, RegionInfo, SparseArea,
 };
 use vfio_user_proto::dma::DmaError;
-use vfio_user_proto::server::{KeepWarm, WarmMeans};
+use vfio_user_proto::server::{KeepWarm, WarmMeans, WarmPolicy};
 use vfio_user_proto::wire::irq_set_flags as f;
 use vfio_user_proto::{Client, ClientConfig, ClientDmaBacking, DmaProt, ServerConfig};
 
@@ -345,7 +345,9 @@ fn a_busy_polling_server_serves_bursts_message_dma_and_idle_gaps_alike() {
 
 #[test]
 fn every_request_opens_the_shared_keep_warm_window_and_the_server_serves_as_usual() {
-    let warm = Arc::new(KeepWarm::start(Duration::from_secs(3600), WarmMeans::Spin { threads: 1 }).unwrap());
+    let warm = Arc::new(
+        KeepWarm::start(Duration::from_secs(3600), WarmMeans::Spin { threads: 1 }, WarmPolicy::Always).unwrap(),
+    );
     let srv = Running::start(ServerConfig {
         busy_poll: Duration::from_millis(1),
         keep_warm: Some(warm.clone()),
@@ -358,6 +360,26 @@ fn every_request_opens_the_shared_keep_warm_window_and_the_server_serves_as_usua
         w32(&c, regs::SCRATCH, i);
         assert_eq!(r32(&c, regs::SCRATCH), i);
     }
+}
+
+#[test]
+fn a_tried_keep_warm_judges_the_clients_round_trips_and_reaches_a_verdict() {
+    // A trial is four blocks of 256 requests; the window is long enough that every round trip of this debug
+    // build is within it.
+    let warm =
+        Arc::new(KeepWarm::start(Duration::from_secs(1), WarmMeans::Spin { threads: 1 }, WarmPolicy::Tried).unwrap());
+    let srv = Running::start(ServerConfig {
+        busy_poll: Duration::from_millis(1),
+        keep_warm: Some(warm.clone()),
+        ..Default::default()
+    });
+    let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
+    for i in 0..600 {
+        w32(&c, regs::SCRATCH, i);
+        assert_eq!(r32(&c, regs::SCRATCH), i);
+    }
+    let v = warm.verdict().expect("1200 round trips end a trial");
+    assert!(!v.median_warm.is_zero() && !v.median_cold.is_zero(), "both arms measured real gaps: {v:?}");
 }
 
 #[test]

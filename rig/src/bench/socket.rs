@@ -19,7 +19,7 @@ use device_model::probe::Probe;
 use device_model::trace::{Filter, Sink};
 use vfio_user_proto::client::{Client, ClientConfig};
 use vfio_user_proto::device::region;
-use vfio_user_proto::server::{KeepWarm, ServerConfig, WarmMeans};
+use vfio_user_proto::server::{KeepWarm, ServerConfig, WarmMeans, WarmPolicy};
 use vfio_user_proto::wire::{HEADER_SIZE, REGION_RW_SIZE};
 
 use crate::peer::PeerServed;
@@ -187,7 +187,8 @@ pub fn round_trip(budget: Duration) -> Case {
             sink.to_file(std::path::Path::new("/dev/null")).map_err(|e| format!("/dev/null: {e}"))?;
             let probe = function.probe().clone();
             probe.trace.set_sink(sink);
-            let warm = KeepWarm::start(WARM, WarmMeans::default()).map_err(|e| format!("keep-warm: {e}"))?;
+            let warm = KeepWarm::start(WARM, WarmMeans::default(), WarmPolicy::default())
+                .map_err(|e| format!("keep-warm: {e}"))?;
             case.note(format!("keep-warm: {:?}, {} us", warm.means(), WARM.as_micros()));
             let ours_config = ServerConfig { busy_poll: POLL, keep_warm: Some(Arc::new(warm)), ..Default::default() };
             let served = Served::with_config(function, ours_config).map_err(|e| e.to_string())?;

@@ -12,6 +12,7 @@ mod config;
 mod conn;
 mod outbound;
 mod poll;
+mod trial;
 mod warm;
 
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -34,7 +35,8 @@ pub use config::ServerConfig;
 use conn::Conn;
 use outbound::Outbound;
 use poll::BusyPoll;
-pub use warm::{KeepWarm, WarmMeans};
+pub use trial::Verdict;
+pub use warm::{KeepWarm, WarmMeans, WarmPolicy};
 
 #[derive(Debug, Error)]
 pub enum ServerError {
@@ -196,6 +198,8 @@ impl Server {
         out: &Outbound,
     ) -> Result<(), ServerError> {
         let mut poll = BusyPoll::new(self.config.busy_poll);
+        // When the last reply went out, for keep-warm's trial (only read while keep-warm is configured).
+        let mut replied: Option<std::time::Instant> = None;
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());
@@ -211,10 +215,13 @@ impl Server {
             match next {
                 Ok(Some(msg)) => {
                     if let Some(warm) = &self.config.keep_warm {
-                        warm.request();
+                        warm.request(replied.map(|t| t.elapsed()));
                     }
                     conn.handle(msg)?;
                     poll.handled();
+                    if self.config.keep_warm.is_some() {
+                        replied = Some(std::time::Instant::now());
+                    }
                 }
                 Ok(None) => {}
                 Err(FrameError::Closed) | Err(FrameError::Stopped) => return Ok(()),

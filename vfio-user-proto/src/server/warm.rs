@@ -17,6 +17,9 @@
 //!
 //! Either way the threads (one for the request, the spinners for spinning) sleep between bursts: the first
 //! request of a burst wakes them, and they stop once a window has passed without a request.
+//!
+//! Whether either pays depends on the machine, so by default ([`WarmPolicy::Tried`]) it is tried against
+//! not keeping warm, on the clients' own round trips, and kept only where it wins (`super::trial`).
 
 #![forbid(unsafe_code)]
 
@@ -27,6 +30,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::trial::{Trial, Verdict};
 use crate::sched::set_idle_policy;
 use crate::sync::Unpoison;
 
@@ -62,8 +66,21 @@ impl WarmMeans {
     }
 }
 
+/// Whether keeping warm is tried against not, or done after every request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WarmPolicy {
+    /// Tried in blocks of a burst's requests against not keeping warm, and kept only where it shortens the
+    /// gap between a reply and the next request.
+    #[default]
+    Tried,
+    /// After every request.
+    Always,
+}
+
 struct Shared {
     base: Instant,
+    /// `None` under [`WarmPolicy::Always`].
+    trial: Option<Mutex<Trial>>,
     /// Nanoseconds after `base` until which the CPUs are kept warm.
     until: AtomicU64,
     window: u64,
@@ -158,15 +175,20 @@ pub struct KeepWarm {
 
 impl std::fmt::Debug for KeepWarm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeepWarm").field("means", &self.means).field("window_ns", &self.shared.window).finish()
+        f.debug_struct("KeepWarm")
+            .field("means", &self.means)
+            .field("window_ns", &self.shared.window)
+            .field("tried", &self.shared.trial.is_some())
+            .finish()
     }
 }
 
 impl KeepWarm {
     /// Starts the thread(s) of `means`, asleep until the first request.
-    pub fn start(window: Duration, means: WarmMeans) -> std::io::Result<Self> {
+    pub fn start(window: Duration, means: WarmMeans, policy: WarmPolicy) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             base: Instant::now(),
+            trial: (policy == WarmPolicy::Tried).then(|| Mutex::new(Trial::default())),
             until: AtomicU64::new(0),
             window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
             stop: AtomicBool::new(false),
@@ -196,15 +218,38 @@ impl KeepWarm {
         self.means
     }
 
-    /// A request arrived: keep the CPUs awake for one window from now.
-    pub fn request(&self) {
+    /// A request arrived, `since_reply` after the reply before it on its connection (`None` for a
+    /// connection's first): keep the CPUs awake for one window from now, unless the trial says it does not
+    /// pay. Only a gap within the window is a round trip of a burst; a longer one is idle time.
+    pub fn request(&self, since_reply: Option<Duration>) {
         let s = &*self.shared;
+        if let Some(trial) = &s.trial {
+            let mut t = trial.lock().unpoison();
+            if let Some(gap) = since_reply.filter(|g| g.as_nanos() <= u128::from(s.window)) {
+                if let Some(v) = t.record(gap) {
+                    tracing::debug!(
+                        "keep-warm trial: {} (median gap {:?} warm, {:?} not)",
+                        if v.warm { "keeping warm" } else { "not keeping warm" },
+                        v.median_warm,
+                        v.median_cold
+                    );
+                }
+            }
+            if !t.warm() {
+                return;
+            }
+        }
         // fetch_max: servers sharing it may race, and the later deadline must win.
         s.until.fetch_max(s.now().saturating_add(s.window), Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) > 0 {
             let _guard = s.lock.lock().unpoison();
             s.wake.notify_all();
         }
+    }
+
+    /// The outcome of the latest trial (`None` before the first ends, or under [`WarmPolicy::Always`]).
+    pub fn verdict(&self) -> Option<Verdict> {
+        self.shared.trial.as_ref().and_then(|t| t.lock().unpoison().last())
     }
 
     /// Whether the window of the latest request is still open.
@@ -246,12 +291,13 @@ mod tests {
 
     #[test]
     fn spinners_sleep_until_a_request_spin_while_requests_come_and_sleep_a_window_after_the_last() {
-        let warm = KeepWarm::start(Duration::from_millis(100), WarmMeans::Spin { threads: 2 }).unwrap();
+        let warm =
+            KeepWarm::start(Duration::from_millis(100), WarmMeans::Spin { threads: 2 }, WarmPolicy::Always).unwrap();
         wait_until("both threads sleep before any request", || warm.sleeping() == 2);
         assert!(!warm.is_warm());
         // Requests closer together than the window keep both threads up.
         wait_until("a request wakes both threads", || {
-            warm.request();
+            warm.request(None);
             warm.sleeping() == 0
         });
         wait_until("both threads sleep again once no request came for a window", || {
@@ -262,8 +308,8 @@ mod tests {
     #[test]
     fn dropping_it_joins_every_thread_spinning_or_asleep() {
         for window in [Duration::ZERO, Duration::from_secs(60)] {
-            let warm = KeepWarm::start(window, WarmMeans::Spin { threads: 2 }).unwrap();
-            warm.request();
+            let warm = KeepWarm::start(window, WarmMeans::Spin { threads: 2 }, WarmPolicy::Always).unwrap();
+            warm.request(None);
             let shared = Arc::downgrade(&warm.shared);
             drop(warm);
             assert!(shared.upgrade().is_none(), "every thread ended and let go of it (window {window:?})");
@@ -281,7 +327,7 @@ mod tests {
 
     #[test]
     fn the_qos_request_is_zero_during_a_burst_and_lifted_after_it_and_on_drop() {
-        let Ok(warm) = KeepWarm::start(Duration::from_millis(100), WarmMeans::PmQos) else {
+        let Ok(warm) = KeepWarm::start(Duration::from_millis(100), WarmMeans::PmQos, WarmPolicy::Always) else {
             eprintln!("skipped: {CPU_LATENCY_QOS} is not writable here");
             return;
         };
@@ -290,12 +336,12 @@ mod tests {
             return;
         };
         wait_until("the request is 0 during a burst", || {
-            warm.request();
+            warm.request(None);
             qos_value() == Some(QOS_WARM_US)
         });
         wait_until("the request is lifted a window after the last request", || qos_value() == Some(before));
         wait_until("a new burst requests 0 again", || {
-            warm.request();
+            warm.request(None);
             qos_value() == Some(QOS_WARM_US)
         });
         drop(warm);
