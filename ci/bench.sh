@@ -10,8 +10,8 @@
 #   --no-qemu            skip every guest boot: (f), (g) and the in-guest benchmark
 #   --no-guest           skip only the in-guest benchmark boot
 #   --guest-budget-ms N  wall time per measured variant inside the guest (default 1000)
-#   --guest-boots N      in-guest benchmark boots per condition (default 3): where threads land is fixed per boot,
-#                        so the trapped-access ratios are judged by their median over the boots
+#   --guest-boots N      in-guest benchmark boots per condition (default 3): where threads land is fixed per
+#                        boot, so the trapped-access ratios are judged by their median over the boots
 #   --out DIR            where the results and plots go (default docs/bench)
 #
 # (a)-(e), the worker spin and the scale curves come from `rig bench --json` (release build, one process,
@@ -20,7 +20,8 @@
 # benchmark boots it --guest-boots times more with ci/run-qemu.sh --bench: `udriver bench` over VFIO against our
 # functions, rust-vmm's peer, our plain server and QEMU's edu; where /dev/cpu_dma_latency is writable, as many
 # boots again hold the host's idle exit latency at 0 us (PM QoS), reported as guest-a-lat0. A boot that cannot be
-# had is skipped, with the reason in the results. The plot shows every target as measured/target on a log scale; scale.svg the curves.
+# had is skipped, with the reason in the results. The plot shows every target as measured/target on a log scale;
+# scale.svg the curves.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
@@ -200,6 +201,8 @@ def boots(prefix):
 
 
 def median(xs):
+    if not xs:
+        return math.nan
     xs = sorted(xs)
     n = len(xs)
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
@@ -237,11 +240,14 @@ def guest_cases():
     if reported:
         bench = reported[0][1]["bench"]
         cases = bench["cases"]
-        ga = [(k, c) for k, r in reported for c in r["bench"]["cases"] if c.get("id") == "guest-a" and not c.get("error")]
+        ga = [(k, c) for k, r in reported for c in r["bench"]["cases"]
+              if c.get("id") == "guest-a" and not c.get("error")]
         cases = [over_boots(ga) if c.get("id") == "guest-a" and ga else c for c in cases]
+        failed = "; ".join(p for k, r in boots("qemu-guest") if k not in dict(reported)
+                           for p in r.get("problems", []))
         for c in cases:
             if why:
-                c["notes"].append(why)
+                c["notes"].append(why + (f" ({failed})" if failed else ""))
             c["notes"].append(f"measured inside the TCG guest by udriver bench ({bench.get('date')}, budget "
                               f"{bench.get('budget_ms')} ms per variant, guest nproc {bench['machine']['nproc']})")
         return cases
@@ -271,7 +277,7 @@ def guest_lat0_case():
     case = over_boots(ga)
     case["id"] = "guest-a-lat0"
     case["title"] += ", with the host's idle exit latency held at 0 us (/dev/cpu_dma_latency)"
-    case["notes"].append("the same boots as guest-a with a PM QoS request of 0 us held open: idle CPUs poll "
+    case["notes"].append("boots made as guest-a's, with a PM QoS request of 0 us held open: idle CPUs poll "
                          "instead of halting, so a thread hand-off does not wait for a halted vCPU to wake")
     return [case]
 
@@ -415,9 +421,13 @@ def guest_table(ga, heading):
         v = metric(ga, name)
         if v is not None:
             print(f"  {name:<28} {v:.2f}x", file=sys.stderr)
-    per = [m for m in ga.get("metrics", []) if m["name"].startswith("boot ")]
-    if per:
-        print("  by boot: " + ", ".join(f"{m['name'].split(':')[0]} {m['value']:.2f}x" for m in per), file=sys.stderr)
+    per = {}
+    for m in ga.get("metrics", []):
+        if m["name"].startswith("boot "):
+            boot, what = m["name"].split(": ", 1)
+            per.setdefault(what, []).append(f"{boot} {m['value']:.2f}x")
+    for what, vals in per.items():
+        print(f"  {what}, by boot: " + ", ".join(vals), file=sys.stderr)
     for t in ga.get("targets", []):
         print(f"  {t['what']:<28} {t['measured']:.2f}x (target <= {t['bound']}x): {'met' if t['met'] else 'MISSED'}",
               file=sys.stderr)

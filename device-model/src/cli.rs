@@ -272,6 +272,7 @@ pub struct Args {
     /// After each request, how long idle CPUs are kept from halting, in microseconds, 0..=10000 (0: off)
     /// [default: 1000], so that the guest's threads woken there need not wait for a halted (virtual) CPU:
     /// threads spinning at SCHED_IDLE, or with --keep-warm-qos a CPU latency request (docs/bench.md, "Keep-warm").
+    /// Tried against not keeping warm, and kept only where it pays, unless --keep-warm-always.
     #[arg(long, value_name = "US", default_value_t = DEFAULT_KEEP_WARM_US,
           value_parser = clap::value_parser!(u64).range(0..=MAX_KEEP_WARM_US))]
     pub keep_warm_us: u64,

@@ -226,7 +226,11 @@ fn run(args: &Args) -> Result<(), String> {
             };
             let policy = if args.keep_warm_always { WarmPolicy::Always } else { WarmPolicy::Tried };
             let warm = KeepWarm::start(window, means, policy).map_err(|e| format!("starting keep-warm: {e}"))?;
-            tracing::info!("keeping idle CPUs warm for {us} us after each request: {:?}, {policy:?}", warm.means());
+            tracing::info!(
+                "keep-warm: idle CPUs kept from halting for {us} us after a request ({:?}, {})",
+                warm.means(),
+                if warm.is_tried() { "tried against not keeping warm" } else { "after every request" }
+            );
             Some(Arc::new(warm))
         }
     };

@@ -380,7 +380,8 @@ fn run(input: Input) {
         for c in input.calls.into_iter().take(MAX_STEPS) {
             let start = Instant::now();
             call(&client, &c, &backing);
-            // The call is formatted only when it failed: a Debug of its data on every step was CPU time.
+            // The call is formatted only when it overran its deadline: a Debug of its data on every step was
+            // CPU time.
             assert!(start.elapsed() < CALL_DEADLINE, "{c:?} took {:?}", start.elapsed());
         }
         drop(client);

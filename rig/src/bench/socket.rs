@@ -189,8 +189,9 @@ pub fn round_trip(budget: Duration) -> Case {
             probe.trace.set_sink(sink);
             let warm = KeepWarm::start(WARM, WarmMeans::default(), WarmPolicy::default())
                 .map_err(|e| format!("keep-warm: {e}"))?;
-            case.note(format!("keep-warm: {:?}, {} us", warm.means(), WARM.as_micros()));
-            let ours_config = ServerConfig { busy_poll: POLL, keep_warm: Some(Arc::new(warm)), ..Default::default() };
+            case.note(format!("keep-warm: {:?}, {} us, tried", warm.means(), WARM.as_micros()));
+            let warm = Arc::new(warm);
+            let ours_config = ServerConfig { busy_poll: POLL, keep_warm: Some(warm.clone()), ..Default::default() };
             let served = Served::with_config(function, ours_config).map_err(|e| e.to_string())?;
             let plain_served = Served::function(hfi1_function()?).map_err(|e| e.to_string())?;
             let polled_config = ServerConfig { busy_poll: POLL, ..Default::default() };
@@ -232,6 +233,16 @@ pub fn round_trip(budget: Duration) -> Case {
                 WARM.as_micros()
             ));
             drop((client, plain, polled, peer));
+            // Which arm the last trial kept: the ours variant ran with it for most of its requests.
+            case.note(match warm.verdict() {
+                Some(v) => format!(
+                    "keep-warm's last trial: {} (median gap {:.1} us warm, {:.1} us not)",
+                    if v.warm { "kept warm" } else { "not kept warm" },
+                    v.median_warm.as_secs_f64() * 1e6,
+                    v.median_cold.as_secs_f64() * 1e6
+                ),
+                None => "keep-warm's trial did not end".into(),
+            });
             Ok(())
         })
 }

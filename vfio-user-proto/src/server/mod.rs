@@ -214,12 +214,16 @@ impl Server {
             };
             match next {
                 Ok(Some(msg)) => {
+                    // Only a command we answer is a round trip: the client's replies to our DMA requests and
+                    // its no-reply commands are not, and the next gap would span them.
+                    let answered = msg.header.is_command() && !msg.header.no_reply();
+                    let tried = self.config.keep_warm.as_ref().filter(|w| w.is_tried());
                     if let Some(warm) = &self.config.keep_warm {
-                        warm.request(replied.map(|t| t.elapsed()));
+                        warm.request(replied.take().filter(|_| answered).map(|t| t.elapsed()));
                     }
                     conn.handle(msg)?;
                     poll.handled();
-                    if self.config.keep_warm.is_some() {
+                    if tried.is_some() && answered {
                         replied = Some(std::time::Instant::now());
                     }
                 }

@@ -30,7 +30,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::trial::{Trial, Verdict};
+use super::trial::{Trial, Verdict, MIN_BURST_GAP};
 use crate::sched::set_idle_policy;
 use crate::sync::Unpoison;
 
@@ -81,6 +81,8 @@ struct Shared {
     base: Instant,
     /// `None` under [`WarmPolicy::Always`].
     trial: Option<Mutex<Trial>>,
+    /// The longest gap the trial counts as a round trip.
+    burst_gap: Duration,
     /// Nanoseconds after `base` until which the CPUs are kept warm.
     until: AtomicU64,
     window: u64,
@@ -98,6 +100,14 @@ impl Shared {
 
     fn warm(&self) -> bool {
         self.now() < self.until.load(Ordering::SeqCst)
+    }
+
+    /// Wakes the threads waiting for a burst (a request only takes the lock when one is).
+    fn wake_sleepers(&self) {
+        if self.sleeping.load(Ordering::SeqCst) > 0 {
+            let _guard = self.lock.lock().unpoison();
+            self.wake.notify_all();
+        }
     }
 
     fn stopped(&self) -> bool {
@@ -189,6 +199,7 @@ impl KeepWarm {
         let shared = Arc::new(Shared {
             base: Instant::now(),
             trial: (policy == WarmPolicy::Tried).then(|| Mutex::new(Trial::default())),
+            burst_gap: window.max(MIN_BURST_GAP),
             until: AtomicU64::new(0),
             window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
             stop: AtomicBool::new(false),
@@ -218,33 +229,48 @@ impl KeepWarm {
         self.means
     }
 
-    /// A request arrived, `since_reply` after the reply before it on its connection (`None` for a
-    /// connection's first): keep the CPUs awake for one window from now, unless the trial says it does not
-    /// pay. Only a gap within the window is a round trip of a burst; a longer one is idle time.
+    /// A request arrived, `since_reply` after the reply before it on its connection (`None` when there is
+    /// no such reply to time it from): keep the CPUs awake for one window from now, unless the trial says
+    /// it does not pay. Only a gap up to the window (at least [`MIN_BURST_GAP`]) is a round trip of a burst;
+    /// a longer one is the client's idle time. The servers sharing this `KeepWarm` feed one trial.
     pub fn request(&self, since_reply: Option<Duration>) {
         let s = &*self.shared;
-        if let Some(trial) = &s.trial {
+        let deadline = s.now().saturating_add(s.window);
+        let Some(trial) = &s.trial else {
+            // fetch_max: servers sharing it may race, and the later deadline must win.
+            s.until.fetch_max(deadline, Ordering::SeqCst);
+            return s.wake_sleepers();
+        };
+        let (warm, verdict) = {
             let mut t = trial.lock().unpoison();
-            if let Some(gap) = since_reply.filter(|g| g.as_nanos() <= u128::from(s.window)) {
-                if let Some(v) = t.record(gap) {
-                    tracing::debug!(
-                        "keep-warm trial: {} (median gap {:?} warm, {:?} not)",
-                        if v.warm { "keeping warm" } else { "not keeping warm" },
-                        v.median_warm,
-                        v.median_cold
-                    );
-                }
+            let was_warm = t.warm();
+            let verdict = since_reply.filter(|&g| g <= s.burst_gap).and_then(|g| t.record(g));
+            let warm = t.warm();
+            if warm {
+                s.until.fetch_max(deadline, Ordering::SeqCst);
+            } else if was_warm {
+                // A cold arm begins: close the warm window now, or its spinners would run into the cold
+                // block. Under the trial's lock, so no warm request can reopen it behind this one.
+                s.until.store(s.now(), Ordering::SeqCst);
             }
-            if !t.warm() {
-                return;
-            }
+            (warm, verdict)
+        };
+        if let Some(v) = verdict {
+            tracing::debug!(
+                "keep-warm trial: {} (median gap {:?} warm, {:?} not)",
+                if v.warm { "keeping warm" } else { "not keeping warm" },
+                v.median_warm,
+                v.median_cold
+            );
         }
-        // fetch_max: servers sharing it may race, and the later deadline must win.
-        s.until.fetch_max(s.now().saturating_add(s.window), Ordering::SeqCst);
-        if s.sleeping.load(Ordering::SeqCst) > 0 {
-            let _guard = s.lock.lock().unpoison();
-            s.wake.notify_all();
+        if warm {
+            s.wake_sleepers();
         }
+    }
+
+    /// Whether the trial runs (`WarmPolicy::Tried`): only then do servers time their replies.
+    pub fn is_tried(&self) -> bool {
+        self.shared.trial.is_some()
     }
 
     /// The outcome of the latest trial (`None` before the first ends, or under [`WarmPolicy::Always`]).
@@ -303,6 +329,54 @@ mod tests {
         wait_until("both threads sleep again once no request came for a window", || {
             warm.sleeping() == 2 && !warm.is_warm()
         });
+    }
+
+    #[test]
+    fn a_tried_keep_warm_closes_the_window_when_a_cold_block_begins_and_its_spinner_sleeps() {
+        use super::super::trial::BLOCK;
+        let warm = KeepWarm::start(Duration::from_secs(60), WarmMeans::Spin { threads: 1 }, WarmPolicy::Tried).unwrap();
+        assert!(warm.is_tried());
+        let round_trip = Some(Duration::from_micros(20));
+        warm.request(None);
+        for _ in 0..BLOCK - 1 {
+            warm.request(round_trip);
+        }
+        assert!(warm.is_warm(), "the first block is warm");
+        wait_until("the spinner spins in the warm block", || warm.sleeping() == 0);
+        warm.request(round_trip);
+        assert!(!warm.is_warm(), "the first request of the cold block closed the 60 s window");
+        wait_until("the spinner sleeps in the cold block", || warm.sleeping() == 1);
+        warm.request(round_trip);
+        assert!(!warm.is_warm(), "and cold requests do not reopen it");
+    }
+
+    /// Which arm the trial is in, read from the trial itself (the window may be too short to see it).
+    fn trial_warm(warm: &KeepWarm) -> bool {
+        warm.shared.trial.as_ref().expect("tried").lock().unpoison().warm()
+    }
+
+    #[test]
+    fn only_gaps_up_to_the_window_or_min_burst_gap_move_the_trial_on() {
+        use super::super::trial::BLOCK;
+        // (window, a gap that counts, a gap that does not)
+        let table = [
+            (Duration::from_secs(10), Duration::from_secs(10), Duration::from_secs(11)),
+            (Duration::from_micros(50), MIN_BURST_GAP, MIN_BURST_GAP + Duration::from_micros(1)),
+        ];
+        for (window, counts, idle) in table {
+            let warm = KeepWarm::start(window, WarmMeans::Spin { threads: 1 }, WarmPolicy::Tried).unwrap();
+            for _ in 0..4 * BLOCK {
+                warm.request(Some(idle));
+            }
+            warm.request(None);
+            for _ in 0..BLOCK - 1 {
+                warm.request(Some(counts));
+            }
+            assert!(trial_warm(&warm), "window {window:?}: idle gaps and no gap left the first block warm");
+            warm.request(Some(counts));
+            assert!(!trial_warm(&warm), "window {window:?}: the block's last round trip ended it");
+            assert!(!warm.is_warm(), "window {window:?}: and the cold block closed the window");
+        }
     }
 
     #[test]
