@@ -30,6 +30,11 @@ use vfio_user_proto::{Client, ClientConfig, ClientDmaBacking, DmaProt};
 /// 4 ms: a fifth of the wall time, docs/fuzzing.md). A reply that still comes late is a late reply, which
 /// the client must drop anyway.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(1);
+/// The client busy-polls for its replies, as the scripted server for its requests: on a VM, waking the other
+/// side's vCPU was most of an input's time (docs/fuzzing.md). Both busy-poll paths are then fuzzed too.
+const CLIENT_POLL: Duration = Duration::from_micros(100);
+/// How long the scripted server polls for the client's next request before it sleeps.
+const SERVER_POLL: Duration = Duration::from_micros(100);
 /// A call that takes longer than this (several timeouts) is a hang.
 const CALL_DEADLINE: Duration = Duration::from_secs(2);
 const MAX_STEPS: usize = 32;
@@ -370,8 +375,10 @@ fn run(input: Input) {
     let fds_before = open_fds();
     let Ok((client_end, server_end)) = UnixStream::pair() else { return };
     let (version, steps) = (input.version, input.steps);
-    let server = server_thread.run(move || server_loop(Peer::new(server_end, MAX_XFER + 8192), version, steps));
-    let config = ClientConfig { timeout: CLIENT_TIMEOUT, max_msg_fds: 8, max_data_xfer_size: MAX_XFER };
+    let server = server_thread
+        .run(move || server_loop(Peer::new(server_end, MAX_XFER + 8192).spinning(SERVER_POLL), version, steps));
+    let config =
+        ClientConfig { timeout: CLIENT_TIMEOUT, max_msg_fds: 8, max_data_xfer_size: MAX_XFER, busy_poll: CLIENT_POLL };
     let start = Instant::now();
     let client = Client::from_stream(client_end, config);
     assert!(start.elapsed() < CALL_DEADLINE, "negotiation took {:?}", start.elapsed());

@@ -223,22 +223,42 @@ fn after_disconnect_the_device_is_detached_and_its_old_dma_space_fails() {
 }
 
 #[test]
-fn a_request_to_a_dead_server_times_out_with_etimedout() {
-    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-    // A "server" that answers VERSION and then never again.
-    let t = std::thread::spawn(move || {
-        use vfio_user_proto::sock::{recv_message, send_message, RecvLimits};
-        use vfio_user_proto::wire::Header;
-        let lim = RecvLimits { max_msg_size: 1 << 16, max_fds: 1, stall_timeout: Duration::from_secs(1), stop: None };
-        let m = recv_message(&b, &lim).unwrap();
-        let p = [0u8, 0, 0, 0];
-        send_message(&b, &Header::reply(&m.header, 4), &[&p], &[]).unwrap();
-        let _ = recv_message(&b, &lim);
-        std::thread::sleep(Duration::from_millis(400));
-    });
-    let c = Client::from_stream(a, ClientConfig { timeout: Duration::from_millis(200), ..Default::default() }).unwrap();
-    assert_eq!(c.device_info().unwrap_err().errno(), libc::ETIMEDOUT);
-    t.join().unwrap();
+fn a_request_to_a_dead_server_times_out_with_etimedout_however_long_the_client_busy_polls() {
+    // A busy-poll longer than the timeout still ends at the deadline: the "server" stays silent but keeps
+    // the socket open for 2 s, so a poll past the deadline would end in a disconnect after that.
+    for busy_poll in [Duration::ZERO, Duration::from_millis(1), Duration::from_secs(10)] {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        // A "server" that answers VERSION and then never again.
+        let t = std::thread::spawn(move || {
+            use vfio_user_proto::sock::{recv_message, send_message, RecvLimits};
+            use vfio_user_proto::wire::Header;
+            let lim =
+                RecvLimits { max_msg_size: 1 << 16, max_fds: 1, stall_timeout: Duration::from_secs(1), stop: None };
+            let m = recv_message(&b, &lim).unwrap();
+            let p = [0u8, 0, 0, 0];
+            send_message(&b, &Header::reply(&m.header, 4), &[&p], &[]).unwrap();
+            let _ = recv_message(&b, &lim);
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        let config = ClientConfig { timeout: Duration::from_millis(200), busy_poll, ..Default::default() };
+        let c = Client::from_stream(a, config).unwrap();
+        assert_eq!(c.device_info().unwrap_err().errno(), libc::ETIMEDOUT, "busy-poll {busy_poll:?}");
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn a_busy_polling_client_gets_every_reply_of_a_blocking_and_of_a_polling_server() {
+    for (server_poll, client_poll) in
+        [(Duration::ZERO, Duration::from_millis(1)), (Duration::from_millis(1), Duration::from_millis(1))]
+    {
+        let srv = Running::start(ServerConfig { busy_poll: server_poll, ..Default::default() });
+        let c = Client::connect(&srv.path, ClientConfig { busy_poll: client_poll, ..Default::default() }).unwrap();
+        for i in 0..50 {
+            w32(&c, regs::SCRATCH, i + 3);
+            assert_eq!(r32(&c, regs::SCRATCH), i + 3, "server poll {server_poll:?}");
+        }
+    }
 }
 
 #[test]

@@ -74,7 +74,8 @@ impl Client {
         let caps = Self::negotiate(&stream, &config, max_msg_size)?;
         let frames =
             FrameReader::new(FrameLimits { max_msg_size, max_fds: config.max_msg_fds, stall_timeout: config.timeout });
-        let shared = Arc::new(Shared::new(stream, frames, config.max_data_xfer_size, config.timeout)?);
+        let shared =
+            Arc::new(Shared::new(stream, frames, config.max_data_xfer_size, config.timeout, config.busy_poll)?);
         let s = shared.clone();
         let idle = std::thread::Builder::new().name("vfio-user-client".into()).spawn(move || s.idle_reader())?;
         Ok(Client { shared, idle: Some(idle), next_id: AtomicU16::new(1), config, caps, max_msg_size })

@@ -28,7 +28,7 @@ use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use super::types::{ClientDmaBacking, ClientError, DmaProt};
 use crate::device::Errno;
 use crate::frame_reader::{FrameReader, Wait};
-use crate::sock::{send_message, Message};
+use crate::sock::{send_message, FrameError, Message};
 use crate::sync::Unpoison;
 use crate::wire::{command, DmaRw, Header};
 
@@ -116,6 +116,8 @@ pub(crate) struct Shared {
     /// call could block past the deadline).
     slice: Duration,
     slice_is_timeout: bool,
+    /// `ClientConfig::busy_poll`.
+    busy_poll: Duration,
     pub backed: RwLock<Vec<Backed>>,
     pub closed: AtomicBool,
     max_xfer: u32,
@@ -149,6 +151,7 @@ impl Shared {
         reader: FrameReader,
         max_xfer: u32,
         timeout: Duration,
+        busy_poll: Duration,
     ) -> std::io::Result<Self> {
         let kick = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let slice = timeout.min(READ_SLICE);
@@ -166,6 +169,7 @@ impl Shared {
             kick,
             slice,
             slice_is_timeout: slice == timeout,
+            busy_poll,
             backed: RwLock::new(Vec::new()),
             closed: AtomicBool::new(false),
             max_xfer,
@@ -292,7 +296,7 @@ impl Shared {
                     }
                 }
             }
-            match r.next(&self.stream, Wait::Block) {
+            match self.next_message(&mut r, deadline) {
                 Ok(Some(m)) if m.header.is_reply() && m.header.msg_id == id => {
                     self.release(r);
                     self.waiters().remove(id);
@@ -316,6 +320,24 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// The next message: polled for without blocking for up to `busy_poll` (not past `deadline`) first,
+    /// then read blocking for at most a slice.
+    fn next_message(&self, r: &mut FrameReader, deadline: Instant) -> Result<Option<Message>, FrameError> {
+        if !self.busy_poll.is_zero() {
+            let until = (Instant::now() + self.busy_poll).min(deadline);
+            loop {
+                if let Some(m) = r.next(&self.stream, Wait::NoWait)? {
+                    return Ok(Some(m));
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        r.next(&self.stream, Wait::Block)
     }
 
     /// Gives the role up and wakes the callers sleeping for it.
