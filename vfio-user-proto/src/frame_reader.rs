@@ -160,6 +160,20 @@ impl FrameReader {
         Ok(())
     }
 
+    /// Reads without blocking until a whole message is there (`Some`) or `until` has passed (`None`): the
+    /// busy-poll of a server's connection and of a client waiting for its reply.
+    pub fn poll_until(&mut self, stream: &UnixStream, until: Instant) -> Result<Option<Message>, FrameError> {
+        loop {
+            if let Some(m) = self.next(stream, Wait::NoWait)? {
+                return Ok(Some(m));
+            }
+            if Instant::now() >= until {
+                return Ok(None);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
     /// The next complete message: from the buffer if one is there, otherwise after reading. `Ok(None)`
     /// when nothing complete has arrived (with [`Wait::Block`]: by the receive timeout, or a signal).
     /// After `BadSize` the stream cannot be resynchronised and the reader must not be used further.

@@ -235,12 +235,7 @@ pub fn round_trip(budget: Duration) -> Case {
             drop((client, plain, polled, peer));
             // Which arm the last trial kept: the ours variant ran with it for most of its requests.
             case.note(match warm.verdict() {
-                Some(v) => format!(
-                    "keep-warm's last trial: {} (median gap {:.1} us warm, {:.1} us not)",
-                    if v.warm { "kept warm" } else { "not kept warm" },
-                    v.median_warm.as_secs_f64() * 1e6,
-                    v.median_cold.as_secs_f64() * 1e6
-                ),
+                Some(v) => format!("keep-warm's last trial: {v}"),
                 None => "keep-warm's trial did not end".into(),
             });
             Ok(())

@@ -326,15 +326,8 @@ impl Shared {
     /// then read blocking for at most a slice.
     fn next_message(&self, r: &mut FrameReader, deadline: Instant) -> Result<Option<Message>, FrameError> {
         if !self.busy_poll.is_zero() {
-            let until = (Instant::now() + self.busy_poll).min(deadline);
-            loop {
-                if let Some(m) = r.next(&self.stream, Wait::NoWait)? {
-                    return Ok(Some(m));
-                }
-                if Instant::now() >= until {
-                    break;
-                }
-                std::hint::spin_loop();
+            if let Some(m) = r.poll_until(&self.stream, (Instant::now() + self.busy_poll).min(deadline))? {
+                return Ok(Some(m));
             }
         }
         r.next(&self.stream, Wait::Block)

@@ -198,7 +198,8 @@ impl Server {
         out: &Outbound,
     ) -> Result<(), ServerError> {
         let mut poll = BusyPoll::new(self.config.busy_poll);
-        // When the last reply went out, for keep-warm's trial (only read while keep-warm is configured).
+        // When the last reply went out, for keep-warm's trial (only kept while it runs).
+        let tried = self.config.keep_warm.as_ref().is_some_and(|w| w.is_tried());
         let mut replied: Option<std::time::Instant> = None;
         loop {
             if self.stop.load(Ordering::Acquire) {
@@ -217,13 +218,12 @@ impl Server {
                     // Only a command we answer is a round trip: the client's replies to our DMA requests and
                     // its no-reply commands are not, and the next gap would span them.
                     let answered = msg.header.is_command() && !msg.header.no_reply();
-                    let tried = self.config.keep_warm.as_ref().filter(|w| w.is_tried());
                     if let Some(warm) = &self.config.keep_warm {
                         warm.request(replied.take().filter(|_| answered).map(|t| t.elapsed()));
                     }
                     conn.handle(msg)?;
                     poll.handled();
-                    if tried.is_some() && answered {
+                    if tried && answered {
                         replied = Some(std::time::Instant::now());
                     }
                 }
@@ -247,16 +247,10 @@ impl Server {
         budget: Duration,
         poll: &mut BusyPoll,
     ) -> Result<Option<crate::sock::Message>, FrameError> {
-        let start = std::time::Instant::now();
-        loop {
-            if let Some(m) = reader.next(stream, Wait::NoWait)? {
-                return Ok(Some(m));
-            }
-            if start.elapsed() >= budget {
-                poll.missed();
-                return Ok(None);
-            }
-            std::hint::spin_loop();
+        let m = reader.poll_until(stream, std::time::Instant::now() + budget)?;
+        if m.is_none() {
+            poll.missed();
         }
+        Ok(m)
     }
 }

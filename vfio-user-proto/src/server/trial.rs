@@ -50,6 +50,13 @@ pub struct Verdict {
     pub median_cold: Duration,
 }
 
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kept = if self.warm { "keeping warm" } else { "not keeping warm" };
+        write!(f, "{kept} (median gap {:?} warm, {:?} not)", self.median_warm, self.median_cold)
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct Trial {
     phase: Phase,

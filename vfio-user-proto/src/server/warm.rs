@@ -256,12 +256,7 @@ impl KeepWarm {
             (warm, verdict)
         };
         if let Some(v) = verdict {
-            tracing::debug!(
-                "keep-warm trial: {} (median gap {:?} warm, {:?} not)",
-                if v.warm { "keeping warm" } else { "not keeping warm" },
-                v.median_warm,
-                v.median_cold
-            );
+            tracing::debug!("keep-warm trial: {v}");
         }
         if warm {
             s.wake_sleepers();
