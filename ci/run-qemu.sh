@@ -38,6 +38,9 @@
 #                         model has both on by default), and QEMU's edu device
 #   --rig PATH            rig binary for --bench (default target/{release,debug}/rig)
 #   --bench-budget-ms N   wall time per measured variant inside the guest (default 1000)
+#   --reply-poll-us N     how long QEMU's vCPU thread reads its own vfio-user reply before it sleeps (env
+#                         RDMA_EMU_REPLY_POLL_US, default 50; 0 leaves QEMU waiting for its I/O thread); needs
+#                         qemu-patches/0005 (x-reply-poll-us), which ci/get-qemu.sh's build has
 #   --append "PARAMS"     extra guest kernel parameters
 #   --result FILE         result JSON (default $CARGO_TARGET_DIR or target/, then rdma-emu/result-<mode>.json)
 #   --logs DIR            log directory (default a new /tmp/rdma-emu-run.XXXXXX); kept on failure
@@ -48,7 +51,7 @@
 # Exit status 0 only if every step the guest ran is ok. Prints the result file's path on stdout.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,48s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,51s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 DEVICE_MODEL=${RDMA_EMU_DEVICE_MODEL:-}
 UDRIVER=${RDMA_EMU_UDRIVER:-}
@@ -60,6 +63,7 @@ HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST=""
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
 BENCH=0 RIG=${RDMA_EMU_RIG:-} BENCH_BUDGET_MS=1000
+REPLY_POLL_US=${RDMA_EMU_REPLY_POLL_US:-50} REPLY_POLL_SET=${RDMA_EMU_REPLY_POLL_US:+1}
 # The in-guest benchmark's extra functions: rig serve-peers' device IDs (rig/src/peer.rs) and QEMU's edu.
 PEER_ID=1b36:1102 POLLED_ID=1b36:1103 EDU_ID=1234:11e8
 need() { [ "$1" -ge 2 ] || usage; }
@@ -89,6 +93,7 @@ while [ $# -gt 0 ]; do
         --bench) BENCH=1; shift ;;
         --rig) need $#; RIG=$2; shift 2 ;;
         --bench-budget-ms) need $#; BENCH_BUDGET_MS=$2; shift 2 ;;
+        --reply-poll-us) need $#; REPLY_POLL_US=$2; REPLY_POLL_SET=1; shift 2 ;;
         --append) need $#; APPEND_EXTRA=$2; shift 2 ;;
         --result) need $#; RESULT=$2; shift 2 ;;
         --logs) need $#; LOG_DIR=$2; shift 2 ;;
@@ -113,6 +118,7 @@ is_uint "$KDRIVER_TIMEOUT" && [ "$KDRIVER_TIMEOUT" -ge 1 ] || die "--kdriver-tim
 [ -z "$HFI1_USER_HOST" ] || [ -x "$HFI1_USER_HOST" ] || die "--hfi1-user-host $HFI1_USER_HOST is not executable"
 case "$ACCEL" in auto|tcg|kvm) ;; *) die "--accel must be auto, tcg or kvm" ;; esac
 is_uint "$BENCH_BUDGET_MS" && [ "$BENCH_BUDGET_MS" -ge 1 ] || die "--bench-budget-ms must be a number of milliseconds"
+is_uint "$REPLY_POLL_US" && [ "$REPLY_POLL_US" -le 1000000 ] || die "--reply-poll-us must be a number of microseconds <= 1000000"
 [ "$BENCH" = 0 ] || [ "$DEVICES" = 1 ] || die "--bench needs the devices"
 [ "$BENCH" = 0 ] || [ -z "$SOCKETS_DIR" ] || die "--bench starts its own servers: not with --sockets"
 command -v python3 >/dev/null || apt_install python3
@@ -142,6 +148,18 @@ deadline_left() { # seconds left of --timeout
 QEMU=${RDMA_EMU_QEMU:-}
 [ -n "$QEMU" ] || QEMU=$(bash "$REPO_ROOT/ci/get-qemu.sh") || fail "ci/get-qemu.sh failed"
 [ -x "$QEMU" ] || fail "QEMU $QEMU is not executable"
+# The vCPU thread reading its own reply (qemu-patches/0005) takes two wake-ups off every trapped access
+# (docs/bench.md, "The waiter reads its own reply"). A QEMU without it is still usable unless it was asked for.
+REPLY_POLL=()
+if [ "$REPLY_POLL_US" != 0 ]; then
+    if "$QEMU" -device vfio-user-pci,help 2>/dev/null | grep -q 'x-reply-poll-us='; then
+        REPLY_POLL=(-global "vfio-user-pci.x-reply-poll-us=$REPLY_POLL_US")
+    elif [ -n "$REPLY_POLL_SET" ]; then
+        fail "--reply-poll-us $REPLY_POLL_US: $QEMU has no vfio-user-pci.x-reply-poll-us (qemu-patches/0005)"
+    else
+        log "note: $QEMU has no vfio-user-pci.x-reply-poll-us (qemu-patches/0005): its vCPU waits for the I/O thread"
+    fi
+fi
 
 if [ -z "$KERNEL" ] || [ -z "$INITRD" ]; then
     [ -z "$KERNEL$INITRD" ] || fail "--kernel and --initrd go together"
@@ -308,6 +326,7 @@ QCMD+=(-device "intel-iommu,caching-mode=on"
     -kernel "$KERNEL" -initrd "$INITRD" -append "$APPEND"
     -nodefaults -display none -serial stdio)
 [ "$ALLOW_REBOOT" = 1 ] || QCMD+=(-no-reboot)
+QCMD+=("${REPLY_POLL[@]}")
 if [ "$DEVICES" = 1 ]; then
     for dev in hfi1 irdma; do
         if [ "$dev" = hfi1 ]; then sock=$HFI1_SOCK id=$HFI1_ID; else sock=$IRDMA_SOCK id=$IRDMA_ID; fi
@@ -469,11 +488,11 @@ trap - EXIT
 # --- result -----------------------------------------------------------------------------------------------
 set +e
 python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
-    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" "$BENCH" <<'EOF'
+    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" "$BENCH" "${REPLY_POLL:+$REPLY_POLL_US}" <<'EOF'
 import json, os, sys
 
 (log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
- dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status, bench) = sys.argv[1:]
+ dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status, bench, reply_poll) = sys.argv[1:]
 qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
 
 def read(name):
@@ -666,6 +685,7 @@ result = {
     "memory": memory,
     "accel": accel,
     "qemu": qemu,
+    "qemu_reply_poll_us": int(reply_poll) if reply_poll else 0,
     "kernel": kernel,
     "initrd": initrd,
     "qemu_exit_status": qemu_rc,
