@@ -86,8 +86,8 @@ else
     qemu_run kdriver --hfi1-wfr --hfi1-id none --irdma-id none || echo "ci/run-qemu.sh --hfi1-wfr failed" >"$WORK/kdriver-skip"
     # The in-guest benchmark: udriver bench over VFIO, with rust-vmm's peer and QEMU's edu beside our functions.
     if [ "$GUEST" = 1 ]; then
-        guest_boot() { # result-file label skip-file
-            bash ci/run-qemu.sh --accel tcg --quiet --bench --rig "$TARGET_DIR/release/rig" \
+        guest_boot() { # result-file label skip-file [more ci/run-qemu.sh options]
+            bash ci/run-qemu.sh --accel tcg --quiet --bench --rig "$TARGET_DIR/release/rig" "${@:4}" \
                 --bench-budget-ms "$GUEST_BUDGET" --result "$1" --device-model "$DM" --udriver "$UDRIVER_STATIC" >&2 ||
                 echo "$2 failed (see its log above)" >>"$3"
         }
@@ -111,9 +111,8 @@ else
         # One boot of QEMU as it is upstream, its vCPU waiting for the I/O thread to read each reply
         # (qemu-patches/0005 off): what the patch is worth, same servers, same run. Reported, not judged.
         log "ci/run-qemu.sh --bench --reply-poll-us 0 (TCG)"
-        bash ci/run-qemu.sh --accel tcg --quiet --bench --rig "$TARGET_DIR/release/rig" --reply-poll-us 0 \
-            --bench-budget-ms "$GUEST_BUDGET" --result "$WORK/qemu-guest-nopoll-1.json" --device-model "$DM" \
-            --udriver "$UDRIVER_STATIC" >&2 || echo "ci/run-qemu.sh --bench --reply-poll-us 0 failed" >"$WORK/guest-nopoll-skip"
+        guest_boot "$WORK/qemu-guest-nopoll-1.json" "ci/run-qemu.sh --bench --reply-poll-us 0" \
+            "$WORK/guest-nopoll-skip" --reply-poll-us 0
     else
         echo "not requested (--no-guest)" | tee "$WORK/guest-lat0-skip" "$WORK/guest-nopoll-skip" >"$WORK/guest-skip"
     fi
