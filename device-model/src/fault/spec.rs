@@ -375,10 +375,12 @@ impl FaultSpec {
         Ok(spec)
     }
 
-    /// Refuses a fault armed on a device it cannot apply to.
+    /// Refuses a fault armed on a device it cannot apply to: `device` is a device's name or its kind (a
+    /// second chip-personality function, "hfi1-wfr1", is of kind "hfi1-wfr").
     pub fn check_device(&self, device: &str) -> Result<(), SpecError> {
+        let kind = if crate::hfi1::WFR_NAMES.contains(&device) { crate::hfi1::WFR_NAMES[0] } else { device };
         match self.kind.devices() {
-            Some(only) if !only.contains(&device) => {
+            Some(only) if !only.contains(&kind) => {
                 Err(SpecError::Device { fault: self.kind.name(), device: device.to_string(), only: only.join(", ") })
             }
             _ => Ok(()),
