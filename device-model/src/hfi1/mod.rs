@@ -1,6 +1,7 @@
 //! hfi1 (Omni-Path HFI, "WFR") receive side for TID RDMA: the RcvArray, the per-context TID flow table,
 //! a receive engine that places TID RDMA data packets, and a loopback send path. See docs/hfi1-device.md.
 
+pub mod cable;
 mod chip;
 mod control;
 mod counters;
