@@ -56,6 +56,24 @@ impl DeviceOptions {
     fn engine(&self) -> Result<Arc<dyn Engine>, String> {
         let spin = self.worker_spin_us.map(Duration::from_micros);
         Ok(match self.kind {
+            DeviceKind::Hfi1 | DeviceKind::Hfi1Wfr => Arc::new(self.hfi1()?),
+            DeviceKind::Irdma => {
+                let mut config = IrdmaConfig::default();
+                if let Some(n) = self.irdma_qhash_capacity {
+                    config.qhash_capacity = n as usize;
+                }
+                if let Some(s) = spin {
+                    config.worker = WorkerMode::Thread { spin: s };
+                }
+                Arc::new(Irdma::new(config))
+            }
+        })
+    }
+
+    fn hfi1(&self) -> Result<Hfi1, String> {
+        let spin = self.worker_spin_us.map(Duration::from_micros);
+        Ok(match self.kind {
+            DeviceKind::Irdma => return Err("not an hfi1 device".into()),
             DeviceKind::Hfi1 | DeviceKind::Hfi1Wfr => {
                 let mut config = if self.kind == DeviceKind::Hfi1 {
                     Hfi1Config::default()
@@ -74,29 +92,35 @@ impl DeviceOptions {
                 if let Some(s) = spin {
                     config.worker = WorkerMode::Thread { spin: s };
                 }
-                Arc::new(Hfi1::new(config).map_err(|e| format!("hfi1: {e}"))?)
-            }
-            DeviceKind::Irdma => {
-                let mut config = IrdmaConfig::default();
-                if let Some(n) = self.irdma_qhash_capacity {
-                    config.qhash_capacity = n as usize;
-                }
-                if let Some(s) = spin {
-                    config.worker = WorkerMode::Thread { spin: s };
-                }
-                Arc::new(Irdma::new(config))
+                Hfi1::new(config).map_err(|e| format!("hfi1: {e}"))?
             }
         })
     }
 
     /// The device, with `faults` armed.
     pub fn build(&self, faults: &[FaultSpec]) -> Result<Arc<Function>, String> {
-        let function =
-            Function::try_new(self.engine()?, self.pci_ids()).map_err(|e| format!("{}: {e}", self.kind.name()))?;
+        self.wrap(self.engine()?, faults)
+    }
+
+    fn wrap(&self, engine: Arc<dyn Engine>, faults: &[FaultSpec]) -> Result<Arc<Function>, String> {
+        let function = Function::try_new(engine, self.pci_ids()).map_err(|e| format!("{}: {e}", self.kind.name()))?;
         for spec in faults {
             function.arm_fault(spec.clone())?;
         }
         Ok(function)
+    }
+
+    /// Two chip-personality functions joined by a cable (docs/hfi1-fabric.md): `a` is end A.
+    pub fn build_cabled(
+        a: (&DeviceOptions, &[FaultSpec]),
+        b: (&DeviceOptions, &[FaultSpec]),
+    ) -> Result<[Arc<Function>; 2], String> {
+        if a.0.kind != DeviceKind::Hfi1Wfr || b.0.kind != DeviceKind::Hfi1Wfr {
+            return Err("a cable joins two hfi1-wfr functions".into());
+        }
+        let (ea, eb) = (a.0.hfi1()?, b.0.hfi1()?);
+        Hfi1::connect(&ea, &eb).map_err(|e| e.to_string())?;
+        Ok([a.0.wrap(Arc::new(ea), a.1)?, b.0.wrap(Arc::new(eb), b.1)?])
     }
 
     /// What a recording's header says about the device: these options and the faults armed when its

@@ -1,4 +1,5 @@
-//! Control-socket commands of the hfi1 engine (JSON objects): inject, dump, reset, counters.
+//! Control-socket commands of the hfi1 engine (JSON objects): inject, dump, reset, counters, and on a cabled
+//! chip-personality function link and capture.
 //! Every field is checked; a hostile request gets an error, never a panic.
 
 #![forbid(unsafe_code)]
@@ -67,11 +68,25 @@ fn parse_inject(req: &Value) -> Result<(Packet, Vec<u8>)> {
 /// A control request, checked field by field; the engine carries it out.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Command {
-    Inject { packet: Packet, payload: Vec<u8> },
+    Inject {
+        packet: Packet,
+        payload: Vec<u8>,
+    },
     Dump,
     Reset,
     Counters,
+    /// The port's link and the cable's counters.
+    Link,
+    /// Starts a wire capture into `file` (at most `max_bytes`), or stops it.
+    Capture {
+        file: Option<std::path::PathBuf>,
+        max_bytes: u64,
+    },
 }
+
+/// A capture file's default and largest size.
+pub const CAPTURE_DEFAULT_MIB: u64 = 1024;
+pub const CAPTURE_MAX_MIB: u64 = 1 << 20;
 
 pub(super) fn parse(req: &Value) -> Result<Command> {
     let cmd = req.get("cmd").and_then(Value::as_str).ok_or_else(|| err("request needs a string \"cmd\""))?;
@@ -83,7 +98,19 @@ pub(super) fn parse(req: &Value) -> Result<Command> {
         "dump" => Command::Dump,
         "reset" => Command::Reset,
         "counters" => Command::Counters,
-        other => return Err(err(format!("unknown command \"{other}\" (inject, dump, reset, counters)"))),
+        "link" => Command::Link,
+        "capture" => {
+            let file = match (req.get("file"), req.get("stop")) {
+                (Some(Value::String(f)), None) if !f.is_empty() => Some(std::path::PathBuf::from(f)),
+                (None, Some(Value::Bool(true))) => None,
+                _ => return Err(err("capture needs \"file\": PATH or \"stop\": true")),
+            };
+            let mib = field_or(req, "max_mib", CAPTURE_MAX_MIB, CAPTURE_DEFAULT_MIB)?.max(1);
+            Command::Capture { file, max_bytes: mib << 20 }
+        }
+        other => {
+            return Err(err(format!("unknown command \"{other}\" (inject, dump, reset, counters, link, capture)")))
+        }
     })
 }
 
@@ -99,6 +126,28 @@ mod tests {
             assert!(matches!(decode_hex(bad), Err(Hfi1Error::Control(_))), "{bad}");
         }
         assert!(decode_hex(&"00".repeat(LB_MAX_PAYLOAD + 1)).is_err());
+    }
+
+    #[test]
+    fn capture_takes_a_file_or_stop_and_refuses_anything_else() {
+        let ok = [
+            (json!({"cmd":"capture","file":"/tmp/w.pcap"}), Some("/tmp/w.pcap"), CAPTURE_DEFAULT_MIB << 20),
+            (json!({"cmd":"capture","file":"/tmp/w.pcap","max_mib":2}), Some("/tmp/w.pcap"), 2 << 20),
+            (json!({"cmd":"capture","stop":true}), None, CAPTURE_DEFAULT_MIB << 20),
+        ];
+        for (req, file, max_bytes) in ok {
+            let want = Command::Capture { file: file.map(Into::into), max_bytes };
+            assert_eq!(parse(&req).unwrap(), want, "{req}");
+        }
+        for bad in [
+            json!({"cmd":"capture"}),
+            json!({"cmd":"capture","file":""}),
+            json!({"cmd":"capture","file":3}),
+            json!({"cmd":"capture","file":"/x","stop":true}),
+            json!({"cmd":"capture","file":"/x","max_mib":-1}),
+        ] {
+            assert!(matches!(parse(&bad), Err(Hfi1Error::Control(_))), "{bad}");
+        }
     }
 
     #[test]

@@ -133,6 +133,16 @@ impl Hfi1 {
         result.recv_timeout(WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("no result from the worker".into()))
     }
 
+    /// The port as the control socket's `link` shows it: physical and logical state, neighbour, cable.
+    pub fn link_status(&self) -> serde_json::Value {
+        let dc = self.shared.lock_wfr().map(|w| w.dump()["dc8051"].clone());
+        serde_json::json!({
+            "device": self.config.name(),
+            "port": dc,
+            "cable": self.shared.cable.get().map(|e| e.status()),
+        })
+    }
+
     /// The control socket's dump.
     pub fn dump(&self) -> serde_json::Value {
         let mut v = self.shared.lock_chip().dump(&self.shared.counters);
@@ -149,6 +159,9 @@ impl Hfi1 {
         v["counters"] = counters_json(&self.shared.counters);
         if let Some(w) = self.shared.lock_wfr() {
             v["wfr"] = w.dump();
+        }
+        if let Some(end) = self.shared.cable.get() {
+            v["cable"] = end.status();
         }
         v
     }
@@ -357,6 +370,13 @@ impl Engine for Hfi1 {
                 Ok(serde_json::json!({"ok": true}))
             }
             Command::Counters => Ok(counters_json(self.shared_counters())),
+            Command::Link => Ok(self.link_status()),
+            Command::Capture { file, max_bytes } => {
+                let end = self.shared.cable.get().ok_or_else(|| format!("{} has no cable", self.config.name()))?;
+                let started = file.as_ref().map(|f| f.display().to_string());
+                end.capture(file, max_bytes)?;
+                Ok(serde_json::json!({"capture": started}))
+            }
         }
     }
 

@@ -23,6 +23,7 @@ pub mod wfr;
 mod worker;
 
 pub use crate::worker::WorkerMode;
+pub use control::{CAPTURE_DEFAULT_MIB, CAPTURE_MAX_MIB};
 pub use counters::Counters;
 pub use device::Hfi1;
 pub use flow::{FlowCheck, FlowEntry};
@@ -246,3 +247,7 @@ mod tests {
 #[cfg(test)]
 #[path = "wfr_device_tests.rs"]
 mod wfr_device_tests;
+
+#[cfg(test)]
+#[path = "fabric_tests.rs"]
+mod fabric_tests;

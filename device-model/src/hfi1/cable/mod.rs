@@ -169,7 +169,10 @@ impl Drop for Inner {
         let (tx, _) = crossbeam_channel::bounded(0);
         drop(std::mem::replace(&mut self.tx, tx));
         if let Some(t) = self.thread.lock().unpoison().take() {
-            let _ = t.join();
+            // The cable thread itself may drop the last end (a port it held last): it ends on its own then.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -366,6 +369,8 @@ impl Link {
                 self.polling[end.index()] = false;
                 if self.up {
                     self.set_up(false);
+                    // The link is down for both: each end trains again only once it polls again.
+                    self.polling = [false, false];
                     // Packets in flight die with the link.
                     self.held.clear();
                     let why = reason.map_or(Val::Str("none"), |r| Val::Dec(r.into()));

@@ -226,3 +226,17 @@ fn the_capture_records_both_directions_and_stops_on_request() {
     // ERF flags: interface 0 for A to B, then 1 for B to A.
     assert_eq!((bytes[24 + 16 + 9], bytes[24 + rec + 16 + 9]), (0x4, 0x5));
 }
+
+#[test]
+fn after_a_loss_the_link_trains_only_once_both_ends_poll_again() {
+    let r = rig();
+    up(&r);
+    r.ea.phy(Phy::Down { reason: Some(0) });
+    r.b.wait(2);
+    // A polls again while B, taken down by the loss, has not: no training yet.
+    r.ea.phy(Phy::Polling);
+    r.eb.transmit(packet(1)); // a message behind A's, so the cable has handled it
+    assert!(!r.ea.link_up());
+    r.eb.phy(Phy::Polling);
+    assert!(matches!(r.b.wait(3)[2], Seen::Link(LinkEvent::Up(_))));
+}

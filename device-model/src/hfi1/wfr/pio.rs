@@ -400,7 +400,7 @@ mod tests {
         assert!(p.write(csr(SEND_CTXT_CTRL), depth << SEND_CTXT_CTRL_CTXT_DEPTH_SHIFT));
         p.write(csr(SEND_CTXT_CREDIT_RETURN_ADDR), 0x10000);
         let intr = if credit_intr { SEND_CTXT_CREDIT_CTRL_CREDIT_INTR_SMASK } else { 0 };
-        p.write(csr(SEND_CTXT_CREDIT_CTRL), intr | depth / 2);
+        p.write(csr(SEND_CTXT_CREDIT_CTRL), intr | (depth / 2));
         p.init(SEND_PIO_INIT_CTXT_PIO_SINGLE_CTXT_INIT_SMASK | (CTXT << SEND_PIO_INIT_CTXT_PIO_CTXT_NUM_SHIFT));
         p.write(csr(SEND_CTXT_CTRL), (depth << SEND_CTXT_CTRL_CTXT_DEPTH_SHIFT) | SEND_CTXT_CTRL_CTXT_ENABLE_SMASK);
         p
