@@ -3,7 +3,10 @@
 //! The kernel source is never in the repository: `ci/kernel-source.sh` fetches Debian's linux-source
 //! package at the guest kernel's version, extracts what is needed under the cache directory, and prints
 //! the tree's path. This script finds it through `RDMA_EMU_KERNEL_SRC`, else at the script's default
-//! cache path, and fails with instructions if neither holds the files.
+//! cache path. Set explicitly, `RDMA_EMU_KERNEL_SRC` must hold the files (ci/test.sh relies on that). Found
+//! at neither, the crate builds without the kernel (no `kernel_source` cfg: an empty library, tests that
+//! compile to nothing, a binary that says why) and a one-line warning says how to get the source, so a fresh
+//! clone's `cargo build` and `cargo test` work.
 
 use std::path::{Path, PathBuf};
 
@@ -40,29 +43,50 @@ fn default_cache() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rdma-emu"))
 }
 
-fn kernel_tree() -> PathBuf {
+/// The kernel tree, or `None` (after the warning) when none was asked for and the default path has none.
+fn kernel_tree() -> Option<PathBuf> {
     println!("cargo:rerun-if-env-changed=RDMA_EMU_KERNEL_SRC");
     println!("cargo:rerun-if-env-changed=RDMA_EMU_CACHE");
-    let candidates: Vec<PathBuf> = match std::env::var_os("RDMA_EMU_KERNEL_SRC") {
-        Some(p) => vec![PathBuf::from(p)],
-        None => default_cache().map(|c| c.join("kernel-source/current")).into_iter().collect(),
-    };
-    for c in &candidates {
-        if c.join("drivers/infiniband/hw/irdma/ctrl.c").is_file() {
-            return c.clone();
+    println!("cargo:rerun-if-env-changed=XDG_CACHE_HOME");
+    let has_ctrl = |t: &Path| t.join("drivers/infiniband/hw/irdma/ctrl.c").is_file();
+    if let Some(p) = std::env::var_os("RDMA_EMU_KERNEL_SRC") {
+        let tree = PathBuf::from(p);
+        if has_ctrl(&tree) {
+            return Some(tree);
         }
+        // Asked for explicitly (ci/test.sh does): its absence is an error, not a skip.
+        eprintln!(
+            "RDMA_EMU_KERNEL_SRC={} holds no drivers/infiniband/hw/irdma/ctrl.c. Run ci/kernel-source.sh (it \
+             fetches and caches Debian's linux-source-6.12 at the guest kernel's version and prints the path), or \
+             point RDMA_EMU_KERNEL_SRC at an extracted kernel tree.",
+            tree.display()
+        );
+        std::process::exit(1);
     }
-    let looked: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
-    panic!(
-        "\n\nkernel-conformance needs the Linux irdma sources (Debian linux-source-6.12 at the guest kernel's \
-         version) and found none at [{}].\nRun `ci/kernel-source.sh` (it installs and caches them and prints \
-         the path), or set RDMA_EMU_KERNEL_SRC to an extracted kernel tree.\n\n",
-        looked.join(", ")
+    let Some(tree) = default_cache().map(|c| c.join("kernel-source/current")) else {
+        println!(
+            "cargo:warning=skipped the kernel's irdma ctrl.c and its tests (no HOME, no \
+             RDMA_EMU_KERNEL_SRC); run ci/kernel-source.sh and set RDMA_EMU_KERNEL_SRC to the path it prints"
+        );
+        return None;
+    };
+    if has_ctrl(&tree) {
+        return Some(tree);
+    }
+    // Rebuilds once ci/kernel-source.sh has created the tree (the link is what it replaces last).
+    println!("cargo:rerun-if-changed={}", tree.display());
+    println!(
+        "cargo:warning=skipped the kernel's irdma ctrl.c and its tests (no source at {}); \
+         run ci/kernel-source.sh to get it",
+        tree.display()
     );
+    None
 }
 
 fn main() {
-    let tree = kernel_tree();
+    println!("cargo:rustc-check-cfg=cfg(kernel_source)");
+    let Some(tree) = kernel_tree() else { return };
+    println!("cargo:rustc-cfg=kernel_source");
     let irdma = tree.join("drivers/infiniband/hw/irdma");
     let version = std::fs::read_to_string(tree.join("../version"))
         .or_else(|_| std::fs::read_to_string(tree.join("version")))

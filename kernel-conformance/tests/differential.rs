@@ -3,6 +3,9 @@
 //! in results, WQE or context bytes, register traces or store order fails the case. 10,000 cases a run
 //! (KERNEL_DIFF_CASES changes it, KERNEL_DIFF_SEED replays one).
 
+// Nothing to run without the kernel source (build.rs says so and how to get it).
+#![cfg(kernel_source)]
+
 use std::sync::Mutex;
 
 use arbitrary::{Arbitrary, Unstructured};

@@ -6,6 +6,9 @@
 //! Expected values: opcodes and enums from the kernel source (defs.h, type.h), error codes from the device
 //! model's documented table (docs/irdma-device.md), classification from the entries the kernel added.
 
+// Nothing to run without the kernel source (build.rs says so and how to get it).
+#![cfg(kernel_source)]
+
 use std::time::Duration;
 
 use device_model::engine::Engine;

@@ -4,18 +4,28 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(kernel_source)]
 use std::path::PathBuf;
 use std::process::ExitCode;
+#[cfg(kernel_source)]
 use std::sync::Arc;
 
+#[cfg(kernel_source)]
 use clap::Parser;
+#[cfg(kernel_source)]
 use device_model::irdma::IrdmaConfig;
+#[cfg(kernel_source)]
 use kernel_conformance::backend::{IrdmaModel, Transport};
+#[cfg(kernel_source)]
 use kernel_conformance::session::{run_session, SessionOptions};
+#[cfg(kernel_source)]
 use udriver::access::DeviceAccess;
+#[cfg(kernel_source)]
 use udriver::backend::vfio_user::VfioUserBackend;
+#[cfg(kernel_source)]
 use udriver::dma::DmaPool;
 
+#[cfg(kernel_source)]
 #[derive(Parser)]
 #[command(
     name = "kernel-irdma",
@@ -34,6 +44,7 @@ struct Cli {
     json: bool,
 }
 
+#[cfg(kernel_source)]
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut _model = None;
@@ -88,4 +99,10 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+#[cfg(not(kernel_source))]
+fn main() -> ExitCode {
+    eprintln!("kernel-irdma: built without the kernel's irdma source; run ci/kernel-source.sh, then build again");
+    ExitCode::FAILURE
 }
