@@ -64,7 +64,7 @@ HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c0900
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
 BENCH=0 RIG=${RDMA_EMU_RIG:-} BENCH_BUDGET_MS=1000
 REPLY_POLL_US=${RDMA_EMU_REPLY_POLL_US:-50} REPLY_POLL_SET=${RDMA_EMU_REPLY_POLL_US:+1}
-# The in-guest benchmark's extra functions: rig serve-peers' device IDs (rig/src/peer.rs) and QEMU's edu.
+# The in-guest benchmark's extra functions: rig serve-peers' device IDs (testing/testbed/src/peer.rs) and QEMU's edu.
 PEER_ID=1b36:1102 POLLED_ID=1b36:1103 EDU_ID=1234:11e8
 need() { [ "$1" -ge 2 ] || usage; }
 while [ $# -gt 0 ]; do

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use device_model::build::DeviceOptions;
 use device_model::cli::{Args, DeviceKind, Listen, Served, Tool};
 use device_model::control::{serve_control, ControlTarget};
+use device_model::device_options::DeviceOptions;
 use device_model::replay::{self, Report};
 use device_model::shutdown::{accept_one, Termination};
 use device_model::socket_owner::{self, SocketFile};

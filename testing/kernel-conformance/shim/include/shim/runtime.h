@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The functions the harness's Rust side provides (kernel-conformance/src/shim.rs). Everything the kernel
+ * The functions the harness's Rust side provides (testing/kernel-conformance/src/shim.rs). Everything the kernel
  * code does to the outside world (MMIO, DMA memory, time, logging) goes through these.
  */
 #ifndef SHIM_RUNTIME_H

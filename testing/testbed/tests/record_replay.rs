@@ -6,9 +6,9 @@ mod irdma_common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use device_model::build::DeviceOptions;
 use device_model::cli::DeviceKind;
 use device_model::control::{handle_request, ControlTarget};
+use device_model::device_options::DeviceOptions;
 use device_model::replay::{load, replay, replay_file};
 use rig::Served;
 use udriver::access::DeviceAccess;
