@@ -45,7 +45,7 @@ for t in the_kernel_irdma_session_passes_every_step_on_both_transports \
         die "the kernel-conformance test $t did not pass (did kernel-conformance build without the kernel source?)"
 done
 log "irdma integration tests again, over a real vfio-user socket"
-UDRIVER_IT_BACKEND=vfio-user cargo test -p rig --test irdma_inproc
+UDRIVER_IT_BACKEND=vfio-user cargo test -p testbed --test irdma_inproc
 
 if [ "$E2E" = 1 ]; then
     log "QEMU end-to-end (fd-mapped guest RAM, then DMA_READ/WRITE messages, then the lifecycle scenarios)"

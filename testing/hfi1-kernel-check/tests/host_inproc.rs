@@ -21,18 +21,18 @@ use device_model::hfi1::{Hfi1, Hfi1Config, HFI1_BAR};
 use serde_json::{json, Value};
 use vfio_user_proto::dma::{DmaAccess, HeapMemory};
 
-use hfi1_user::abi::{
+use hfi1_kernel_check::abi::{
     create_tid, flow_expected_readback, flow_program_value, put_tid_value, tid_order, Hfi1BaseInfo, Hfi1CtxtInfo,
     MmapToken, MmapType, TidInfo, HFI1_CAP_HDRSUPP, HFI1_USER_SWVERSION, RCV_CTXT_CTRL_ENABLE_SMASK,
     RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK,
 };
-use hfi1_user::channel::LineChannel;
-use hfi1_user::guest::session::{run, GuestOptions, GuestResult};
-use hfi1_user::guest::{ContextFacts, GuestError, GuestMemory, TidUpdate, UserContext};
-use hfi1_user::host::session::{serve, HostReport};
-use hfi1_user::host::HostConfig;
-use hfi1_user::proto::{BufferKind, GuestMsg, Hello, HostMsg, PROTO_VERSION};
-use hfi1_user::sys::{interleaved, SysError};
+use hfi1_kernel_check::channel::LineChannel;
+use hfi1_kernel_check::guest::session::{run, GuestOptions, GuestResult};
+use hfi1_kernel_check::guest::{ContextFacts, GuestError, GuestMemory, TidUpdate, UserContext};
+use hfi1_kernel_check::host::session::{serve, HostReport};
+use hfi1_kernel_check::host::HostConfig;
+use hfi1_kernel_check::proto::{BufferKind, GuestMsg, Hello, HostMsg, PROTO_VERSION};
+use hfi1_kernel_check::sys::{interleaved, SysError};
 
 const PAGE: u64 = 4096;
 /// The context the mock kernel hands out, and its RcvArray layout (eager entries, then expected ones).
@@ -73,7 +73,7 @@ struct MockMem {
 }
 
 impl MockMem {
-    fn pieces(&self, offset: usize, len: usize) -> hfi1_user::guest::Result<Vec<(u64, usize, usize)>> {
+    fn pieces(&self, offset: usize, len: usize) -> hfi1_kernel_check::guest::Result<Vec<(u64, usize, usize)>> {
         if offset + len > self.pages.len() * PAGE as usize {
             return Err(GuestError::Setup(format!("mock access [{offset:#x}, +{len:#x}) out of range")));
         }
@@ -97,13 +97,13 @@ impl GuestMemory for MockMem {
     fn size(&self) -> usize {
         self.pages.len() * PAGE as usize
     }
-    fn read(&self, offset: usize, out: &mut [u8]) -> hfi1_user::guest::Result<()> {
+    fn read(&self, offset: usize, out: &mut [u8]) -> hfi1_kernel_check::guest::Result<()> {
         for (pa, at, n) in self.pieces(offset, out.len())? {
             self.mem.read(pa, &mut out[at..at + n]).map_err(|e| GuestError::Setup(e.to_string()))?;
         }
         Ok(())
     }
-    fn write(&self, offset: usize, data: &[u8]) -> hfi1_user::guest::Result<()> {
+    fn write(&self, offset: usize, data: &[u8]) -> hfi1_kernel_check::guest::Result<()> {
         for (pa, at, n) in self.pieces(offset, data.len())? {
             self.mem.write(pa, &data[at..at + n]).map_err(|e| GuestError::Setup(e.to_string()))?;
         }
@@ -230,13 +230,13 @@ impl UserContext for MockKernel {
         }
     }
 
-    fn write_flow(&mut self, flow: u32, value: u64) -> hfi1_user::guest::Result<u64> {
+    fn write_flow(&mut self, flow: u32, value: u64) -> hfi1_kernel_check::guest::Result<u64> {
         let at = tid_flow_csr(u64::from(CTXT), u64::from(flow));
         w(&self.dev, at, value);
         Ok(r(&self.dev, at))
     }
 
-    fn map(&mut self, kind: BufferKind, pages: usize) -> hfi1_user::guest::Result<MockMem> {
+    fn map(&mut self, kind: BufferKind, pages: usize) -> hfi1_kernel_check::guest::Result<MockMem> {
         let mut pas = Vec::with_capacity(pages);
         match kind {
             BufferKind::Scattered => {
@@ -264,7 +264,7 @@ impl UserContext for MockKernel {
         Ok(MockMem { vaddr, pages: pas, mem: self.mem.clone() })
     }
 
-    fn tid_update(&mut self, mem: &MockMem, offset: usize, len: usize) -> hfi1_user::guest::Result<TidUpdate> {
+    fn tid_update(&mut self, mem: &MockMem, offset: usize, len: usize) -> hfi1_kernel_check::guest::Result<TidUpdate> {
         let npages = len.div_ceil(PAGE as usize);
         if npages > EXPECTED as usize {
             // pin_rcv_pages: "Expected buffer too big".
@@ -333,7 +333,7 @@ impl UserContext for MockKernel {
         Ok(TidUpdate { tidlist, length })
     }
 
-    fn tid_free(&mut self, tidlist: &[u32]) -> hfi1_user::guest::Result<u32> {
+    fn tid_free(&mut self, tidlist: &[u32]) -> hfi1_kernel_check::guest::Result<u32> {
         let mut freed = 0;
         for &t in tidlist {
             let rel = TidInfo::decode(t).rcventry().unwrap() as usize;
@@ -356,7 +356,7 @@ impl UserContext for MockKernel {
         Ok(freed)
     }
 
-    fn pfns(&self, mem: &MockMem, offset: usize, pages: usize) -> hfi1_user::guest::Result<Vec<u64>> {
+    fn pfns(&self, mem: &MockMem, offset: usize, pages: usize) -> hfi1_kernel_check::guest::Result<Vec<u64>> {
         Ok(mem.pages[offset / PAGE as usize..][..pages].iter().map(|pa| pa >> 12).collect())
     }
 }

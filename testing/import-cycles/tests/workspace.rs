@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use module_graph::Graph;
+use import_cycles::Graph;
 
 /// Every crate root of the workspace (and of fuzz/, its own workspace).
 const ROOTS: [&str; 12] = [
@@ -38,7 +38,7 @@ fn no_module_imports_one_that_imports_it_back() {
 /// re-exports its children is not one.
 #[test]
 fn the_checker_finds_a_cycle_and_ignores_re_exports() {
-    let dir = std::env::temp_dir().join(format!("module-graph-test-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("import-cycles-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("eng")).unwrap();
     let files = [

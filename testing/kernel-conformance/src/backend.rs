@@ -1,5 +1,5 @@
 //! How the harness reaches a device model: the rig's in-process backend, or a real vfio-user socket served in
-//! this process (`rig::Served`). Kept in one module so the rest of the harness does not care which.
+//! this process (`testbed::Served`). Kept in one module so the rest of the harness does not care which.
 
 #![forbid(unsafe_code)]
 
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::{Function, PciIds};
-use rig::{InProcess, Served};
+use testbed::{InProcess, Served};
 use udriver::access::DeviceAccess;
 use udriver::backend::vfio_user::VfioUserBackend;
 use udriver::dma::DmaPool;

@@ -1,4 +1,4 @@
-//! `rig`: udriver's commands with the device model in this process (no VM, no socket), and the benchmarks.
+//! `testbed`: udriver's commands with the device model in this process (no VM, no socket), and the benchmarks.
 
 #![forbid(unsafe_code)]
 
@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use rig::{InProcess, Kind};
+use testbed::{InProcess, Kind};
 use udriver::cli;
 
 #[derive(Parser)]
 #[command(
-    name = "rig",
+    name = "testbed",
     version,
     about = "udriver's demos and stress runs against the device model in this process, and the benchmarks",
-    after_help = "Examples:\n  rig --in-process hfi1 hfi1-demo\n  rig --in-process irdma stress --seconds 5 --threads 4\n  \
-rig bench --case d"
+    after_help = "Examples:\n  testbed --in-process hfi1 hfi1-demo\n  testbed --in-process irdma stress --seconds 5 --threads 4\n  \
+testbed bench --case d"
 )]
 struct Cli {
     /// Which emulated function to build in this process (for the driver commands).
@@ -26,7 +26,7 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
-    command: RigCommand,
+    command: TestbedCommand,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -36,7 +36,7 @@ enum DeviceArg {
 }
 
 #[derive(Subcommand)]
-enum RigCommand {
+enum TestbedCommand {
     #[command(flatten)]
     Driver(cli::Command),
     /// Benchmarks (a)-(e) of docs/bench.md, each against its own device-model server thread over a real
@@ -67,20 +67,20 @@ enum RigCommand {
 
 fn run(cli: &Cli) -> Result<ExitCode, String> {
     match &cli.command {
-        RigCommand::Driver(command) => {
+        TestbedCommand::Driver(command) => {
             if command.device().is_some() {
-                return Err("rig builds the device itself: give --in-process hfi1|irdma, not a PCI address".into());
+                return Err("testbed builds the device itself: give --in-process hfi1|irdma, not a PCI address".into());
             }
             let kind = match cli.in_process.ok_or("give --in-process hfi1|irdma")? {
                 DeviceArg::Hfi1 => Kind::Hfi1,
                 DeviceArg::Irdma => Kind::Irdma,
             };
-            let function = rig::function(kind).map_err(|e| e.to_string())?;
+            let function = testbed::function(kind).map_err(|e| e.to_string())?;
             cli::run(command, Arc::new(InProcess::new(function)), cli.json)
         }
-        RigCommand::Bench { budget_ms, cases } => {
-            let opts = rig::bench::BenchOptions { budget: Duration::from_millis(*budget_ms), cases: cases.clone() };
-            let report = rig::bench::run(&opts);
+        TestbedCommand::Bench { budget_ms, cases } => {
+            let opts = testbed::bench::BenchOptions { budget: Duration::from_millis(*budget_ms), cases: cases.clone() };
+            let report = testbed::bench::run(&opts);
             if cli.json {
                 println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
             } else {
@@ -89,8 +89,9 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             // A missed target is a measurement; a case that could not run or failed its own checks is an error.
             Ok(if report.cases.iter().any(|c| c.error.is_some()) { ExitCode::from(1) } else { ExitCode::SUCCESS })
         }
-        RigCommand::ServePeers { peer, polled, busy_poll_us } => {
-            rig::peer::serve_peers(peer, polled, Duration::from_micros(*busy_poll_us)).map_err(|e| e.to_string())?;
+        TestbedCommand::ServePeers { peer, polled, busy_poll_us } => {
+            testbed::peer::serve_peers(peer, polled, Duration::from_micros(*busy_poll_us))
+                .map_err(|e| e.to_string())?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -99,7 +100,7 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     cli::init_tracing();
-    run(&cli).unwrap_or_else(|e| cli::fail("rig", cli.json, &e))
+    run(&cli).unwrap_or_else(|e| cli::fail("testbed", cli.json, &e))
 }
 
 #[cfg(test)]
@@ -112,15 +113,15 @@ mod tests {
     fn the_command_line_is_consistent_and_takes_the_documented_forms() {
         Cli::command().debug_assert();
         let cases: [&[&str]; 5] = [
-            &["rig", "--in-process", "hfi1", "hfi1-demo"],
-            &["rig", "--in-process", "irdma", "stress", "--seconds", "5", "--threads", "4"],
-            &["rig", "--json", "irdma-demo", "--in-process", "irdma", "--wait", "irq"],
-            &["rig", "bench", "--case", "d", "--case", "a"],
-            &["rig", "serve-peers", "--peer", "/tmp/p.sock", "--polled", "/tmp/q.sock", "--busy-poll-us", "20"],
+            &["testbed", "--in-process", "hfi1", "hfi1-demo"],
+            &["testbed", "--in-process", "irdma", "stress", "--seconds", "5", "--threads", "4"],
+            &["testbed", "--json", "irdma-demo", "--in-process", "irdma", "--wait", "irq"],
+            &["testbed", "bench", "--case", "d", "--case", "a"],
+            &["testbed", "serve-peers", "--peer", "/tmp/p.sock", "--polled", "/tmp/q.sock", "--busy-poll-us", "20"],
         ];
         for args in cases {
             assert!(Cli::try_parse_from(args).is_ok(), "{args:?}");
         }
-        assert!(Cli::try_parse_from(["rig", "--in-process", "nic", "info"]).is_err());
+        assert!(Cli::try_parse_from(["testbed", "--in-process", "nic", "info"]).is_err());
     }
 }

@@ -166,7 +166,7 @@ pub fn hfi1_function(device_id: u16) -> Result<Arc<Function>, RigError> {
     Ok(Function::try_new(engine, PciIds { device_id, ..PciIds::hfi1_default() })?)
 }
 
-/// `rig serve-peers`: an hfi1 function behind rust-vmm's server on `peer` and one behind ours with `busy_poll`
+/// `testbed serve-peers`: an hfi1 function behind rust-vmm's server on `peer` and one behind ours with `busy_poll`
 /// (zero: off) on `polled`, each serving one client after another until the process is killed or a socket fails.
 pub fn serve_peers(peer: &Path, polled: &Path, busy_poll: Duration) -> Result<(), RigError> {
     let peer_fn = hfi1_function(PEER_DEVICE_ID)?;
@@ -175,7 +175,7 @@ pub fn serve_peers(peer: &Path, polled: &Path, busy_poll: Duration) -> Result<()
     let listener = UnixListener::bind(polled).map_err(|source| RigError::Io { op: "bind", source })?;
     let server = Server::new(polled_fn, ServerConfig { busy_poll, ..Default::default() });
     let ours = std::thread::Builder::new()
-        .name("rig-polled".into())
+        .name("testbed-polled".into())
         .spawn(move || server.serve(listener))
         .map_err(|source| RigError::Io { op: "spawn server thread", source })?;
     let _ = std::fs::remove_file(peer);
@@ -207,7 +207,7 @@ impl PeerServed {
         let server = vfio_user::Server::new(&path, true, irqs, regions)
             .map_err(|e| RigError::Peer(format!("bind {}: {e}", path.display())))?;
         let thread = std::thread::Builder::new()
-            .name("rig-peer".into())
+            .name("testbed-peer".into())
             .spawn(move || {
                 let _fds = fds;
                 let mut backend = PeerBackend::new(device);
@@ -239,7 +239,10 @@ impl Drop for PeerServed {
             if t.is_finished() {
                 let _ = t.join();
             } else {
-                tracing::warn!("rig: the peer on {} still serves a client; its thread is left", self.path.display());
+                tracing::warn!(
+                    "testbed: the peer on {} still serves a client; its thread is left",
+                    self.path.display()
+                );
             }
         }
         let _ = std::fs::remove_file(&self.path);

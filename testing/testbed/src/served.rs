@@ -27,7 +27,7 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 /// A socket path of this process's own, unique per call.
 pub(crate) fn socket_path(what: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
-        "rdma-emu-rig-{what}-{}-{}.sock",
+        "rdma-emu-testbed-{what}-{}-{}.sock",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ))
@@ -52,10 +52,10 @@ impl Served {
         let server = Server::new(function, config);
         let stop = server.shutdown_handle();
         let thread = std::thread::Builder::new()
-            .name("rig-server".into())
+            .name("testbed-server".into())
             .spawn(move || {
                 if let Err(e) = server.serve(listener) {
-                    tracing::warn!("rig server stopped: {e}");
+                    tracing::warn!("testbed server stopped: {e}");
                 }
             })
             .map_err(|source| RigError::Io { op: "spawn server thread", source })?;

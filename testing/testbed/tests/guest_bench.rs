@@ -8,7 +8,7 @@ use std::time::Duration;
 use device_model::engine::Engine;
 use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::PciIds;
-use rig::peer::{hfi1_function, PeerServed, PEER_DEVICE_ID, POLLED_DEVICE_ID};
+use testbed::peer::{hfi1_function, PeerServed, PEER_DEVICE_ID, POLLED_DEVICE_ID};
 use udriver::access::DeviceAccess;
 use udriver::backend::vfio_user::VfioUserBackend;
 use udriver::bench::guest::{run, GuestDevices};
@@ -20,13 +20,13 @@ fn connect(path: &std::path::Path) -> Arc<dyn DeviceAccess> {
 
 #[test]
 fn every_guest_case_runs_against_ours_the_peer_and_the_polled_server() {
-    let ours = rig::Served::function(hfi1_function(0x1100).unwrap()).unwrap();
+    let ours = testbed::Served::function(hfi1_function(0x1100).unwrap()).unwrap();
     let irdma =
-        rig::Served::new(Arc::new(Irdma::new(IrdmaConfig::default())) as Arc<dyn Engine>, PciIds::irdma_default())
+        testbed::Served::new(Arc::new(Irdma::new(IrdmaConfig::default())) as Arc<dyn Engine>, PciIds::irdma_default())
             .unwrap();
     let peer = PeerServed::new(hfi1_function(PEER_DEVICE_ID).unwrap()).unwrap();
     let polled_config = ServerConfig { busy_poll: Duration::from_micros(50), ..Default::default() };
-    let polled = rig::Served::with_config(hfi1_function(POLLED_DEVICE_ID).unwrap(), polled_config).unwrap();
+    let polled = testbed::Served::with_config(hfi1_function(POLLED_DEVICE_ID).unwrap(), polled_config).unwrap();
     let devs = GuestDevices {
         hfi1: connect(ours.path()),
         irdma: Some(connect(irdma.path())),

@@ -8,8 +8,8 @@ use std::time::Duration;
 use device_model::engine::Engine;
 use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::{Function, PciIds};
-use rig::InProcess;
 use serde_json::{json, Value};
+use testbed::InProcess;
 use udriver::access::DeviceAccess;
 use udriver::backend::vfio_user::VfioUserBackend;
 

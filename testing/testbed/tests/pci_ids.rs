@@ -25,8 +25,8 @@ fn udriver_leaves_the_chip_personality_to_the_kernel_driver() {
 fn in_process_functions_are_identified_by_the_table() {
     use std::sync::Arc;
     use udriver::access::DeviceAccess;
-    for (kind, want) in [(rig::Kind::Hfi1, DeviceKind::Hfi1), (rig::Kind::Irdma, DeviceKind::Irdma)] {
-        let dev: Arc<dyn DeviceAccess> = Arc::new(rig::InProcess::new(rig::function(kind).unwrap()));
+    for (kind, want) in [(testbed::Kind::Hfi1, DeviceKind::Hfi1), (testbed::Kind::Irdma, DeviceKind::Irdma)] {
+        let dev: Arc<dyn DeviceAccess> = Arc::new(testbed::InProcess::new(testbed::function(kind).unwrap()));
         assert_eq!(udriver::cli::kind_of(dev.as_ref()), Some(want));
     }
 }

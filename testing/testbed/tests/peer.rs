@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use device_model::hfi1::{regs, Hfi1, Hfi1Config, HFI1_BAR};
 use device_model::pci::{Function, PciIds};
-use rig::peer::PeerServed;
+use testbed::peer::PeerServed;
 use udriver::access::DeviceAccess;
 use udriver::backend::vfio_user::VfioUserBackend;
 
@@ -17,7 +17,7 @@ fn hfi1_function() -> Arc<Function> {
 #[test]
 fn the_peer_serves_a_function_as_our_server_does() {
     for map_bars in [false, true] {
-        let ours = rig::Served::function(hfi1_function()).unwrap();
+        let ours = testbed::Served::function(hfi1_function()).unwrap();
         let peer = PeerServed::new(hfi1_function()).unwrap();
         let a: Arc<dyn DeviceAccess> = Arc::new(VfioUserBackend::connect(ours.path(), map_bars).unwrap());
         let b: Arc<dyn DeviceAccess> = Arc::new(VfioUserBackend::connect(peer.path(), map_bars).unwrap());

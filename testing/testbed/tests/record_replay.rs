@@ -10,7 +10,7 @@ use device_model::cli::DeviceKind;
 use device_model::control::{handle_request, ControlTarget};
 use device_model::device_options::DeviceOptions;
 use device_model::replay::{load, replay, replay_file};
-use rig::Served;
+use testbed::Served;
 use udriver::access::DeviceAccess;
 use udriver::backend::vfio_user::VfioUserBackend;
 use udriver::demo::hfi1::{hfi1_demo, Hfi1DemoOptions};

@@ -17,12 +17,12 @@ use udriver::demo::irdma::{irdma_demo, IrdmaDemoOptions};
 use udriver::irdma::process::IrdmaCqpWaitMode;
 
 /// The engine served with its default IDs, and a client of it.
-struct Served(rig::Served);
+struct Served(testbed::Served);
 
 impl Served {
     fn new(_tag: &str, engine: Arc<dyn Engine>) -> Served {
         let ids = PciIds::default_for(engine.name()).unwrap();
-        Served(rig::Served::new(engine, ids).unwrap())
+        Served(testbed::Served::new(engine, ids).unwrap())
     }
 
     fn connect(&self, map_bars: bool) -> Arc<dyn DeviceAccess> {

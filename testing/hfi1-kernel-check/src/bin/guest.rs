@@ -12,11 +12,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use hfi1_user::channel::LineChannel;
-use hfi1_user::errno::io_error_name;
-use hfi1_user::guest::real::RealContext;
-use hfi1_user::guest::session::{run, GuestOptions};
-use hfi1_user::proto::GuestMsg;
+use hfi1_kernel_check::channel::LineChannel;
+use hfi1_kernel_check::errno::io_error_name;
+use hfi1_kernel_check::guest::real::RealContext;
+use hfi1_kernel_check::guest::session::{run, GuestOptions};
+use hfi1_kernel_check::proto::GuestMsg;
 use rustix::termios::{tcflush, tcgetattr, tcsetattr, OptionalActions, QueueSelector};
 
 #[derive(Parser)]

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use hfi1_user::host::session::{serve, HostReport};
-use hfi1_user::host::HostConfig;
+use hfi1_kernel_check::host::session::{serve, HostReport};
+use hfi1_kernel_check::host::HostConfig;
 
 #[derive(Parser)]
 #[command(

@@ -68,7 +68,7 @@ pub fn run(opts: &BenchOptions) -> BenchReport {
         cases.push(scale::scale(budget));
     }
     BenchReport {
-        tool: "rig",
+        tool: "testbed",
         date: utc_string(now),
         machine: Machine::this(),
         build: if cfg!(debug_assertions) { "debug" } else { "release" },

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use device_model::hfi1::{Hfi1, Hfi1Config};
 use device_model::pci::{Function, PciIds};
-use rig::InProcess;
 use serde_json::{json, Value};
+use testbed::InProcess;
 use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
 use udriver::backend::mmio::MappedBar;
 use udriver::dma::{DmaBuffer, DmaMemory, DmaPool};
@@ -113,7 +113,7 @@ pub enum Backend {
 
 pub const BACKENDS: [Backend; 3] = [Backend::Trapped, Backend::Mapped, Backend::VfioUser];
 
-pub use rig::Served as ServedSocket;
+pub use testbed::Served as ServedSocket;
 
 /// The device: its engine (for control commands) and the driver's view of it.
 pub struct Dev {
