@@ -20,6 +20,9 @@ log "kernel source for kernel-conformance"
 RDMA_EMU_KERNEL_SRC=$(bash ci/kernel-source.sh)
 export RDMA_EMU_KERNEL_SRC
 
+log "docs/bench.md's results table against docs/bench/results.json"
+bash ci/bench-table.sh --check
+
 log "cargo fmt --check"
 cargo fmt --all --check
 
