@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use device_model::build::DeviceOptions;
 use device_model::cli::{Args, DeviceKind, Listen, Served, Tool};
 use device_model::control::{serve_control, ControlTarget};
+use device_model::device_options::DeviceOptions;
 use device_model::hfi1::{CAPTURE_DEFAULT_MIB, WFR_NAMES};
 use device_model::pci::Function;
 use device_model::replay::{self, Report};

@@ -37,8 +37,8 @@ use vfio_user_proto::sock::Message;
 use vfio_user_proto::wire::{command, DmaRw, Header};
 use vfio_user_proto::{Server, ServerConfig};
 
-use crate::build::DeviceOptions;
 use crate::control::{handle_request, ControlTarget};
+use crate::device_options::DeviceOptions;
 use crate::pci::Function;
 use crate::probe::SharedReplay;
 use crate::trace::Filter;
