@@ -371,6 +371,15 @@ impl Engine for Hfi1 {
             }
             Command::Counters => Ok(counters_json(self.shared_counters())),
             Command::Link => Ok(self.link_status()),
+            Command::Wire { packet } => {
+                if !matches!(self.config.personality, Personality::Wfr(_)) {
+                    return Err(format!("{} has no port", self.config.name()));
+                }
+                Ok(serde_json::json!({"queued": super::port::arrive(&self.shared, &self.worker, packet, false)}))
+            }
+            Command::LinkEvent(event) => {
+                Ok(serde_json::json!({"applied": super::port::apply_link(&self.shared, event, false)}))
+            }
             Command::Capture { file, max_bytes } => {
                 let end = self.shared.cable.get().ok_or_else(|| format!("{} has no cable", self.config.name()))?;
                 let started = file.as_ref().map(|f| f.display().to_string());

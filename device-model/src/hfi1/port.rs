@@ -61,43 +61,78 @@ impl Port for HfiPort {
     }
 
     fn link(&self, event: LinkEvent) -> bool {
-        let applied = {
-            let _chip = self.shared.lock_chip();
-            self.shared.lock_wfr().and_then(|mut w| w.link_event(event))
-        };
-        let probe = &self.shared.probe;
-        let (kind, neighbor) = match event {
-            LinkEvent::Up(n) => ("link-up", n.guid),
-            LinkEvent::Down { .. } => ("link-down", 0),
-        };
-        probe.trace.event(
-            Block::Link,
-            Level::Info,
-            kind,
-            &[("neighbor_guid", Val::Hex(neighbor)), ("applied", Val::Bool(applied.is_some()))],
-        );
-        match applied {
-            Some(vectors) => {
-                vectors.into_iter().for_each(|v| self.shared.raise(v));
-                true
-            }
-            None => false,
-        }
+        apply_link(&self.shared, event, true)
     }
 
     fn receive(&self, packet: WirePacket) {
-        let s = &self.shared;
-        s.counters.wire_rx_packets.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut q = s.ingress.lock().unpoison();
-            if q.len() >= INGRESS_QUEUE {
-                s.counters.wire_rx_ingress_overflow.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            q.push_back(packet);
-        }
         if let Some(worker) = self.worker.upgrade() {
-            kick(&worker, s, &s.ingress_kicked, Job::Ingress);
+            arrive(&self.shared, &worker, packet, true);
         }
     }
+}
+
+/// What the cable (or a control request standing in for it) tells the port. `record`: log it in the session
+/// being recorded as the control request a replay issues at the same point.
+pub(super) fn apply_link(shared: &Shared, event: LinkEvent, record: bool) -> bool {
+    let applied = {
+        let _chip = shared.lock_chip();
+        let applied = shared.lock_wfr().and_then(|mut w| w.link_event(event));
+        if record {
+            let request = match event {
+                LinkEvent::Up(n) => serde_json::json!({"cmd": "link-event", "event": "up",
+                    "neighbor_guid": n.guid, "node_type": n.node_type, "port": n.port}),
+                LinkEvent::Down { reason } => {
+                    serde_json::json!({"cmd": "link-event", "event": "down", "reason": reason})
+                }
+            };
+            shared.record_input(request, serde_json::json!({"applied": applied.is_some()}));
+        }
+        applied
+    };
+    let (kind, neighbor) = match event {
+        LinkEvent::Up(n) => ("link-up", n.guid),
+        LinkEvent::Down { .. } => ("link-down", 0),
+    };
+    shared.probe.trace.event(
+        Block::Link,
+        Level::Info,
+        kind,
+        &[("neighbor_guid", Val::Hex(neighbor)), ("applied", Val::Bool(applied.is_some()))],
+    );
+    match applied {
+        Some(vectors) => {
+            vectors.into_iter().for_each(|v| shared.raise(v));
+            true
+        }
+        None => false,
+    }
+}
+
+/// A packet from the wire: queued for the worker (false: the queue was full, the packet is dropped and
+/// counted). `record` as for [`apply_link`].
+pub(super) fn arrive(shared: &Shared, worker: &WorkQueue<Job>, packet: WirePacket, record: bool) -> bool {
+    shared.counters.wire_rx_packets.fetch_add(1, Ordering::Relaxed);
+    let queued = {
+        let mut q = shared.ingress.lock().unpoison();
+        let queued = q.len() < INGRESS_QUEUE;
+        if record {
+            let request = serde_json::json!({"cmd": "wire", "packet_hex": hex(&packet.bytes),
+                "sc4": packet.sc4, "test_ebp": packet.test_ebp});
+            shared.record_input(request, serde_json::json!({"queued": queued}));
+        }
+        if queued {
+            q.push_back(packet);
+        } else {
+            shared.counters.wire_rx_ingress_overflow.fetch_add(1, Ordering::Relaxed);
+        }
+        queued
+    };
+    if queued {
+        kick(worker, shared, &shared.ingress_kicked, Job::Ingress);
+    }
+    queued
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -151,6 +151,15 @@ impl Shared {
         self.tell_cable(signal);
     }
 
+    /// Logs an input from outside the device (the cable's packets and link events) in the session being
+    /// recorded, as the control request that reproduces it and its reply.
+    pub(super) fn record_input(&self, mut request: serde_json::Value, result: serde_json::Value) {
+        let Some(session) = self.probe.recorder().and_then(|r| r.current()) else { return };
+        request["device"] = self.probe.device().into();
+        let id = session.control_request(&request.to_string());
+        session.control_reply(id, &serde_json::json!({"ok": true, "result": result}).to_string());
+    }
+
     /// Passes the port's physical news to the cable (call without locks: the cable may take a moment).
     pub(super) fn tell_cable(&self, signal: Option<super::cable::Phy>) {
         if let (Some(phy), Some(end)) = (signal, self.cable.get()) {

@@ -53,7 +53,7 @@ const REREAD_FOR: Duration = Duration::from_secs(2);
 /// Mismatches listed in a report at most.
 const MAX_LISTED: usize = 20;
 /// Control commands whose replies depend only on the device's state, and are compared.
-const COMPARED: &[&str] = &["inject", "classify", "reset", "fault"];
+const COMPARED: &[&str] = &["inject", "classify", "reset", "fault", "wire", "link-event"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
