@@ -485,16 +485,16 @@ impl Rig {
                 std::mem::swap(&mut self.hmem, &mut self.wmem);
             }
             WfrOp::Pio { ctxt, block, qw, sop, value } => {
-                let at = u64::from(ctxt % 8) << wfr::pio::PIO_ADDR_CONTEXT_SHIFT
-                    | u64::from(block) * wfr::pio::PIO_BLOCK_SIZE
-                    | u64::from(qw % 8) * 8;
+                let at = (u64::from(ctxt % 8) << wfr::pio::PIO_ADDR_CONTEXT_SHIFT)
+                    | (u64::from(block) * wfr::pio::PIO_BLOCK_SIZE)
+                    | (u64::from(qw % 8) * 8);
                 let sop = if sop { wfr::pio::SOP_DISTANCE } else { 0 };
                 self.wfr_write64(wfr::TXE_PIO_SEND + sop + at, value);
             }
             WfrOp::PioPacket { ctxt, start, pbc_flags, len_delta, body } => {
                 let body = &body[..body.len().min(2048)];
                 let dws = ((body.len().div_ceil(4) + 2) as i64 + i64::from(len_delta)).clamp(0, 0xFFF) as u64;
-                let pbc = (u64::from(pbc_flags) << 12 & 0xFFFF_F000) | dws;
+                let pbc = ((u64::from(pbc_flags) << 12) & 0xFFFF_F000) | dws;
                 let mut bytes = pbc.to_le_bytes().to_vec();
                 bytes.extend_from_slice(body);
                 bytes.resize(bytes.len().div_ceil(64) * 64, 0);
@@ -513,7 +513,7 @@ impl Rig {
                 self.wfr_write64(k(wcsr::SEND_CTXT_CREDIT_RETURN_ADDR), credit.iova());
                 let intr = if intr { wfr::pio::SEND_CTXT_CREDIT_CTRL_CREDIT_INTR_SMASK } else { 0 };
                 self.wfr_write64(k(wcsr::SEND_CTXT_CREDIT_CTRL), intr);
-                let init = wfr::pio::SEND_PIO_INIT_CTXT_PIO_SINGLE_CTXT_INIT_SMASK | u64::from(ctxt % 8) << 8;
+                let init = wfr::pio::SEND_PIO_INIT_CTXT_PIO_SINGLE_CTXT_INIT_SMASK | (u64::from(ctxt % 8) << 8);
                 self.wfr_write64(wcsr::SEND_PIO_INIT_CTXT, init);
                 self.wfr_write64(k(wcsr::SEND_CTXT_CTRL), depth | wfr::pio::SEND_CTXT_CTRL_CTXT_ENABLE_SMASK);
             }
