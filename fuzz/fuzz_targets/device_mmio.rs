@@ -431,7 +431,7 @@ impl Rig {
         }
         let send = wcsr::SEND_CTXT_CREDIT_RETURN_ADDR;
         let shape_ctxts = 8;
-        if (send..send + shape_ctxts * 0x100).contains(&offset) && (offset - send) % 0x100 == 0 {
+        if (send..send + shape_ctxts * 0x100).contains(&offset) && (offset - send).is_multiple_of(0x100) {
             let c = (offset - send) / 0x100;
             let addr = self.wfr_read64(offset) & wfr::pio::SEND_CTXT_CREDIT_RETURN_ADDR_ADDRESS_SMASK;
             self.wmem.allow(addr + 8 * (c % 8), 8);
