@@ -112,7 +112,7 @@ enum Msg {
 /// Packets one direction holds back (delay and reorder faults) at most; more are dropped and counted.
 pub const MAX_HELD: usize = 1024;
 /// Packets queued to the cable thread at most; a sender past this is dropping (counted).
-pub const QUEUE: usize = 4096;
+pub const QUEUE: usize = 1024;
 /// Packets the cable remembers for its status.
 pub const RECENT: usize = 32;
 /// How long a reordered packet waits for the packet that is to overtake it before it goes alone.
