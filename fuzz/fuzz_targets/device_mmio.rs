@@ -410,7 +410,8 @@ impl Rig {
 
     /// The oracle's allowed set for the chip personality, from what the driver programmed (read back after
     /// the write): each receive context's header queue and tail address, each send context's credit-return
-    /// slot (`addr + 8 * (context & 7)`). Eager buffers are RcvArray entries (`note_hfi_write`).
+    /// slot (`addr + 8 * (context & 7)`), each SDMA engine's head address. Eager buffers are RcvArray entries
+    /// (`note_hfi_write`).
     fn note_wfr_write(&self, offset: u64) {
         let ctxts = wfr_config().rcv_contexts as u64;
         if (hregs::RXE_KCTXT_BASE..hregs::RXE_KCTXT_BASE + ctxts * hregs::KCTXT_STRIDE).contains(&offset) {
@@ -428,6 +429,11 @@ impl Rig {
                 self.wmem.allow(k(hregs::RCV_HDR_ADDR), entries * dwords * 4);
             }
             self.wmem.allow(k(hregs::RCV_HDR_TAIL_ADDR), 8);
+        }
+        // An SDMA engine writes its head back where SEND_DMA_HEAD_ADDR says.
+        let head = wcsr::SEND_DMA_HEAD_ADDR;
+        if (head..head + 2 * 0x100).contains(&offset) && (offset - head).is_multiple_of(0x100) {
+            self.wmem.allow(self.wfr_read64(offset), 8);
         }
         let send = wcsr::SEND_CTXT_CREDIT_RETURN_ADDR;
         let shape_ctxts = 8;
