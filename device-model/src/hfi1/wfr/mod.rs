@@ -130,6 +130,14 @@ impl Wfr {
         self.sdma.advance(walk, done, to_host, int_req)
     }
 
+    /// AHG header slots of an engine (see `sdma::Sdma::ahg_store`, `ahg_load`).
+    pub fn sdma_ahg_store(&mut self, walk: &sdma::Walk, slot: usize, header: &[u8]) {
+        self.sdma.ahg_store(walk, slot, header);
+    }
+    pub fn sdma_ahg_load(&self, walk: &sdma::Walk, slot: usize) -> Vec<u8> {
+        self.sdma.ahg_load(walk, slot)
+    }
+
     /// The worker found an error in `walk`'s descriptors: the engine halts; the vectors to send.
     pub fn sdma_fail(&mut self, walk: &sdma::Walk, bits: u64) -> Vec<u16> {
         let mut raised = Raised::default();

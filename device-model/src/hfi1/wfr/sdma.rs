@@ -47,6 +47,11 @@ pub const IS_SDMA_START: u32 = 192;
 pub const IS_SDMA_PROGRESS_START: u32 = 208;
 pub const IS_SDMA_IDLE_START: u32 = 224;
 
+/// AHG: header slots per engine (sdma_ahg_alloc hands out 0..31), and the bytes one keeps: the PBC and
+/// headers of the packet that stored it (at most 32 dwords).
+pub const AHG_SLOTS: usize = 32;
+pub const AHG_SLOT_BYTES: usize = 128;
+
 /// Per-engine CSR spacing (write_kctxt_csr).
 const STRIDE: u64 = 0x100;
 
@@ -70,6 +75,8 @@ struct Engine {
     epoch: u64,
     /// Descriptors done since the last progress interrupt.
     since_progress: u64,
+    /// AHG header slots, allocated on first use.
+    ahg: Vec<Vec<u8>>,
 }
 
 impl Engine {
@@ -266,6 +273,22 @@ impl Sdma {
         if let Some(eng) = self.engines.get_mut(walk.engine).filter(|eng| eng.epoch == walk.epoch) {
             Self::halt(eng, walk.engine, bits, errs, raised);
         }
+    }
+
+    /// AHG COPY: `header` (the first descriptor's bytes) is kept in slot `slot` of `walk`'s engine.
+    pub fn ahg_store(&mut self, walk: &Walk, slot: usize, header: &[u8]) {
+        let Some(eng) = self.engines.get_mut(walk.engine).filter(|eng| eng.epoch == walk.epoch) else { return };
+        if eng.ahg.is_empty() {
+            eng.ahg = vec![Vec::new(); AHG_SLOTS];
+        }
+        if let Some(s) = eng.ahg.get_mut(slot) {
+            *s = header[..header.len().min(AHG_SLOT_BYTES)].to_vec();
+        }
+    }
+
+    /// AHG APPLY: the header kept in slot `slot` of `walk`'s engine (empty if none was stored).
+    pub fn ahg_load(&self, walk: &Walk, slot: usize) -> Vec<u8> {
+        self.engines.get(walk.engine).and_then(|eng| eng.ahg.get(slot)).cloned().unwrap_or_default()
     }
 
     pub fn engines(&self) -> usize {
