@@ -35,8 +35,7 @@ pub const SDMA_DESC1_HEADER_INDEX_SHIFT: u32 = 8;
 pub const SDMA_DESC1_HEADER_INDEX_MASK: u64 = 0x1F;
 pub const SDMA_DESC1_HEADER_DWS_SHIFT: u32 = 4;
 pub const SDMA_DESC1_HEADER_DWS_MASK: u64 = 0xF;
-/// AHG modes (sdma.h SDMA_AHG_*): none, store the header, apply 1, up to 5, up to 9 updates to a stored one.
-pub const SDMA_AHG_NO_AHG: u64 = 0;
+/// AHG modes (sdma.h SDMA_AHG_*; 0 is none): store the header, apply 1, up to 5, up to 9 updates to a stored one.
 pub const SDMA_AHG_COPY: u64 = 1;
 pub const SDMA_AHG_APPLY_UPDATE1: u64 = 2;
 pub const SDMA_AHG_APPLY_UPDATE2: u64 = 3;
