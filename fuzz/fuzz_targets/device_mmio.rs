@@ -5,7 +5,8 @@
 //! register file of the hfi1 chip personality (every CSR the kernel names, the per-context and per-engine
 //! families, raw offsets over its 64 MiB BAR0) with RcvArray, flows and injected packets; host
 //! contexts, CQP WQEs, shadow areas and loopback segments for irdma; for the chip personality also the PIO
-//! send buffers, send and receive contexts, packets from the cable and its link news. Oracles: no panic, no hang (every
+//! send buffers, send and receive contexts, SDMA engines and their descriptor rings, packets from the cable
+//! and its link news. Oracles: no panic, no hang (every
 //! wait is bounded and a missed deadline is a crash), register invariants, and no device write outside
 //! the buffers the driver allowed (RcvArray buffers for hfi1, and for the chip personality also the header
 //! queues, tail addresses and credit-return slots it programmed; CCQ rings named by a fetched CREATE_CQ for
@@ -222,6 +223,24 @@ enum WfrOp {
     /// The cable's link news (`link-event`).
     Link {
         up: bool,
+    },
+    /// init_sdma_regs of engine `engine` (ring of 64 << `len_code` descriptors at `ring`), then running.
+    SdmaEngine {
+        engine: bool,
+        ring: Addr,
+        len_code: u8,
+        head_addr: Addr,
+        ctrl: u8,
+    },
+    /// A packet's descriptors written into the engine's ring at `slot` (as sdma.c submit_tx does: FIRST and
+    /// LAST, the generation of the slot's lap, AHG modes), then SEND_DMA_TAIL moved past them.
+    SdmaPacket {
+        engine: bool,
+        slot: u16,
+        descs: Vec<(Addr, u16, u8)>,
+        gen: u8,
+        pbc: Option<u16>,
+        tail: Option<u16>,
     },
 }
 
@@ -556,6 +575,47 @@ impl Rig {
                     serde_json::json!({"cmd": "link-event", "event": "down", "reason": null})
                 };
                 let _ = self.wfr.control(&req);
+            }
+            WfrOp::SdmaEngine { engine, ring, len_code, head_addr, ctrl } => {
+                let k = |reg| reg + 0x100 * u64::from(engine);
+                let len = (u64::from(len_code % 4) + 1) << 6; // (1..=4) * 64 descriptors: the count is the field
+                self.wfr_write64(k(wcsr::SEND_DMA_BASE_ADDR), ring.iova());
+                self.wfr_write64(k(wcsr::SEND_DMA_LEN_GEN), len);
+                self.wfr_write64(k(wcsr::SEND_DMA_LEN_GEN), len | (4 << 16));
+                self.wfr_write64(k(wcsr::SEND_DMA_TAIL), 0);
+                self.wfr_write64(k(wcsr::SEND_DMA_HEAD_ADDR), head_addr.iova());
+                self.wfr_write64(k(wcsr::SEND_DMA_DESC_CNT), 8);
+                self.wfr_write64(k(wcsr::SEND_DMA_CTRL), u64::from(ctrl & 0xF));
+            }
+            WfrOp::SdmaPacket { engine, slot, descs, gen, pbc, tail } => {
+                let k = |reg| reg + 0x100 * u64::from(engine);
+                let base = self.wfr_read64(k(wcsr::SEND_DMA_BASE_ADDR));
+                let ring = ((self.wfr_read64(k(wcsr::SEND_DMA_LEN_GEN)) >> 6) & 0x3FF) * 64;
+                if ring == 0 {
+                    return;
+                }
+                let n = descs.len().clamp(1, 8);
+                // The packet's PBC at its first buffer, when asked: the length its descriptors add up to.
+                let total: u64 = descs.iter().take(n).map(|d| u64::from(d.1 % 2048)).sum();
+                if let (Some(flags), Some(d)) = (pbc, descs.first()) {
+                    let v = ((u64::from(flags) << 12) & 0xFFFF_F000) | ((total / 4) & 0xFFF);
+                    self.wmem.host_write(d.0.iova(), &v.to_le_bytes());
+                }
+                for (i, (at, len, mode)) in descs.iter().take(n).enumerate() {
+                    let s = (u64::from(slot) + i as u64) % ring;
+                    let mut qw0 = (u64::from(len % 2048) << 48) | (at.iova() & ((1 << 48) - 1));
+                    if i == 0 {
+                        qw0 |= 1 << 63;
+                    }
+                    if i == n - 1 {
+                        qw0 |= 1 << 62;
+                    }
+                    let qw1 = (u64::from(gen % 4) << 2) | (u64::from(*mode) << 8) | 1;
+                    self.wmem.host_write(base.wrapping_add(16 * s), &qw0.to_le_bytes());
+                    self.wmem.host_write(base.wrapping_add(16 * s + 8), &qw1.to_le_bytes());
+                }
+                let t = tail.map_or((u64::from(slot) + n as u64) % ring, u64::from);
+                self.wfr_write64(k(wcsr::SEND_DMA_TAIL), t);
             }
             WfrOp::Reset => self.wfr.reset(),
             WfrOp::Control(which) => {
