@@ -42,7 +42,7 @@ impl Peer {
 
     /// Reads the next message, waiting at most `wait`. `Ok(None)` on timeout.
     pub fn recv(&self, wait: Duration) -> Result<Option<Message>, FrameError> {
-        let limits = RecvLimits { max_msg_size: self.limits_max_msg, max_fds: 253, stall_timeout: wait, stop: None };
+        let limits = RecvLimits { max_msg_size: self.limits_max_msg, max_fds: 253, stall_timeout: wait };
         if !readable(&self.stream, self.spin, wait) {
             return Ok(None);
         }

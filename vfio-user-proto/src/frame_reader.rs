@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use rustix::net::{recv, recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
-use crate::sock::{set_peek_offset, FrameError, Message};
+use crate::sock::{set_peek_offset, wait_readable, FrameError, Message};
 use crate::wire::{Header, HEADER_SIZE};
 
 /// Holds any small message whole (REGION_WRITE_MULTI's 200 entries are the largest fixed part).
@@ -136,6 +136,13 @@ impl FrameReader {
         }
     }
 
+    /// A reader that reads message by message (the rest of the header, then the rest of the body) from
+    /// the start, as it does on a socket that refuses SO_PEEK_OFF: two receives per message where the peek
+    /// mode usually needs one. Measured against the peek mode by `rig bench` case (a) (docs/vfio-user.md).
+    pub fn exact(limits: FrameLimits) -> Self {
+        FrameReader { mode: Mode::ExactOnly, ..Self::new(limits) }
+    }
+
     /// Bytes of a message have been received but not the whole message.
     pub fn in_message(&self) -> bool {
         self.body.is_some() || self.end > self.start
@@ -175,13 +182,18 @@ impl FrameReader {
     }
 
     /// The next complete message: from the buffer if one is there, otherwise after reading. `Ok(None)`
-    /// when nothing complete has arrived (with [`Wait::Block`]: by the receive timeout, or a signal).
-    /// After `BadSize` the stream cannot be resynchronised and the reader must not be used further.
+    /// when nothing complete has arrived (with [`Wait::Block`]: by the receive timeout, the stall clock inside
+    /// a message, or a signal). After `BadSize` the stream cannot be resynchronised and the reader must not be
+    /// used further.
     pub fn next(&mut self, stream: &UnixStream, wait: Wait) -> Result<Option<Message>, FrameError> {
         loop {
             if let Some(m) = self.parse()? {
                 return Ok(Some(m));
             }
+            let wait = match wait {
+                Wait::Block if self.in_message() => self.wait_for_rest(stream)?,
+                w => w,
+            };
             match self.fill(stream, wait)? {
                 Filled::Bytes | Filled::Again => {}
                 Filled::Eof if self.in_message() => return Err(FrameError::Truncated),
@@ -200,6 +212,24 @@ impl FrameReader {
     }
 
     /// Cuts the next complete message, or starts body mode for one that is not complete yet.
+    /// Inside a message a blocking read must not outlast the stall timeout, whatever the socket's own receive
+    /// timeout (a server's is none, so that an idle connection sleeps until its next message): waits for more
+    /// bytes for what is left of it (or of the socket's timeout, if shorter), then reads without blocking.
+    fn wait_for_rest(&mut self, stream: &UnixStream) -> Result<Wait, FrameError> {
+        // Peeked bytes would keep the socket readable: the wait must see only new ones.
+        self.consume_seen(stream)?;
+        let since = *self.stalled_since.get_or_insert_with(Instant::now);
+        let mut left = self.limits.stall_timeout.saturating_sub(since.elapsed());
+        if let Ok(Some(t)) = stream.read_timeout() {
+            left = left.min(t);
+        }
+        if !left.is_zero() {
+            // false: timed out or interrupted; the read that follows finds nothing and `next` judges the stall.
+            wait_readable(stream, left)?;
+        }
+        Ok(Wait::NoWait)
+    }
+
     fn parse(&mut self) -> Result<Option<Message>, FrameError> {
         if let Some(body) = &self.body {
             if body.filled < body.payload.len() {

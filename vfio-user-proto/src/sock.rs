@@ -9,7 +9,6 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -24,9 +23,6 @@ use crate::wire::{Header, HEADER_SIZE};
 /// Linux's `SCM_MAX_FD`: no message can carry more descriptors than this.
 pub const SCM_MAX_FD: u32 = 253;
 
-/// How often a reader waiting between messages looks at its stop flag.
-const STOP_POLL_INTERVAL: Duration = Duration::from_millis(50);
-
 #[derive(Debug, Error)]
 pub enum FrameError {
     #[error("peer closed the connection")]
@@ -35,8 +31,6 @@ pub enum FrameError {
     Truncated,
     #[error("peer stalled in the middle of a message")]
     Timeout,
-    #[error("stopped")]
-    Stopped,
     /// The header's size cannot be trusted, so the stream cannot be resynchronised.
     #[error("message size {size} outside [16, {max}]")]
     BadSize { header: Header, size: u32, max: u32 },
@@ -54,15 +48,14 @@ pub struct Message {
     pub fds_truncated: bool,
 }
 
-/// Receive-side limits and waits.
-pub struct RecvLimits<'a> {
+/// Receive-side limits and waits. Between messages [`recv_message`] blocks for as long as the socket's
+/// receive timeout lets it (none: until the next message, the peer's close, or a [`crate::stop::Stop`]).
+pub struct RecvLimits {
     /// Largest whole message (header included) accepted.
     pub max_msg_size: u32,
     pub max_fds: u32,
     /// Longest a peer may stall between two parts of one message.
     pub stall_timeout: Duration,
-    /// While waiting for the next message, return `Stopped` once this is set.
-    pub stop: Option<&'a AtomicBool>,
 }
 
 fn to_timespec(d: Duration) -> Timespec {
@@ -115,19 +108,8 @@ fn recv_exact(
     let mut deadline = Instant::now() + limits.stall_timeout;
     while pos < buf.len() {
         let mut flags = RecvFlags::CMSG_CLOEXEC;
-        if pos == 0 && first_wait_unbounded {
-            // Between messages: a peer may be idle for as long as it likes, unless we are told to stop.
-            if let Some(stop) = limits.stop {
-                loop {
-                    if stop.load(Ordering::Acquire) {
-                        return Err(FrameError::Stopped);
-                    }
-                    if wait_readable(stream, STOP_POLL_INTERVAL)? {
-                        break;
-                    }
-                }
-            }
-        } else {
+        // Between messages a peer may be idle for as long as it likes: a blocking read.
+        if pos > 0 || !first_wait_unbounded {
             // The rest of a message has almost always arrived with its start: try first and poll only if
             // it has not (a poll per part was a third of the syscalls of a register round trip).
             flags |= RecvFlags::DONTWAIT;

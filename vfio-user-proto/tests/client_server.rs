@@ -15,7 +15,6 @@ use vfio_user_proto::device::{
     irq, region, region_flags, Device, DeviceContext, DeviceInfo, IrqInfo, RegionInfo, SparseArea,
 };
 use vfio_user_proto::dma::DmaError;
-use vfio_user_proto::server::{KeepWarm, WarmMeans, WarmPolicy};
 use vfio_user_proto::wire::irq_set_flags as f;
 use vfio_user_proto::{Client, ClientConfig, ClientDmaBacking, DmaProt, ServerConfig};
 
@@ -232,8 +231,7 @@ fn a_request_to_a_dead_server_times_out_with_etimedout_however_long_the_client_b
         let t = std::thread::spawn(move || {
             use vfio_user_proto::sock::{recv_message, send_message, RecvLimits};
             use vfio_user_proto::wire::Header;
-            let lim =
-                RecvLimits { max_msg_size: 1 << 16, max_fds: 1, stall_timeout: Duration::from_secs(1), stop: None };
+            let lim = RecvLimits { max_msg_size: 1 << 16, max_fds: 1, stall_timeout: Duration::from_secs(1) };
             let m = recv_message(&b, &lim).unwrap();
             let p = [0u8, 0, 0, 0];
             send_message(&b, &Header::reply(&m.header, 4), &[&p], &[]).unwrap();
@@ -361,45 +359,6 @@ fn a_busy_polling_server_serves_bursts_message_dma_and_idle_gaps_alike() {
         w32(&c, regs::SCRATCH, i + 7);
         assert_eq!(r32(&c, regs::SCRATCH), i + 7);
     }
-}
-
-#[test]
-fn every_request_opens_the_shared_keep_warm_window_and_the_server_serves_as_usual() {
-    let warm = Arc::new(
-        KeepWarm::start(Duration::from_secs(3600), WarmMeans::Spin { threads: 1 }, WarmPolicy::Always).unwrap(),
-    );
-    let srv = Running::start(ServerConfig {
-        busy_poll: Duration::from_millis(1),
-        keep_warm: Some(warm.clone()),
-        ..Default::default()
-    });
-    assert!(!warm.is_warm(), "no request yet");
-    let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
-    assert!(warm.is_warm(), "the VERSION exchange was a request");
-    for i in 0..50 {
-        w32(&c, regs::SCRATCH, i);
-        assert_eq!(r32(&c, regs::SCRATCH), i);
-    }
-}
-
-#[test]
-fn a_tried_keep_warm_judges_the_clients_round_trips_and_reaches_a_verdict() {
-    // A trial is four blocks of 256 requests; the window is long enough that every round trip of this debug
-    // build is within it.
-    let warm =
-        Arc::new(KeepWarm::start(Duration::from_secs(1), WarmMeans::Spin { threads: 1 }, WarmPolicy::Tried).unwrap());
-    let srv = Running::start(ServerConfig {
-        busy_poll: Duration::from_millis(1),
-        keep_warm: Some(warm.clone()),
-        ..Default::default()
-    });
-    let c = Client::connect(&srv.path, ClientConfig::default()).unwrap();
-    for i in 0..600 {
-        w32(&c, regs::SCRATCH, i);
-        assert_eq!(r32(&c, regs::SCRATCH), i);
-    }
-    let v = warm.verdict().expect("1200 round trips end a trial");
-    assert!(!v.median_warm.is_zero() && !v.median_cold.is_zero(), "both arms measured real gaps: {v:?}");
 }
 
 #[test]

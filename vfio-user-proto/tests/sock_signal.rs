@@ -26,7 +26,7 @@ fn a_signal_while_waiting_for_the_rest_of_a_message_does_not_drop_it() {
     let reader = std::thread::spawn(move || {
         // SAFETY: pthread_self has no preconditions.
         tid_tx.send(unsafe { libc::pthread_self() }).expect("send thread id");
-        let limits = RecvLimits { max_msg_size: 4096, max_fds: 1, stall_timeout: Duration::from_secs(3), stop: None };
+        let limits = RecvLimits { max_msg_size: 4096, max_fds: 1, stall_timeout: Duration::from_secs(3) };
         recv_message(&rx, &limits)
     });
     let tid = tid_rx.recv().expect("thread id");

@@ -69,14 +69,9 @@ pub struct Hfi1Config {
     pub rcv_array_count: usize,
     /// Loopback doorbells that may wait for the worker; more are counted and dropped. Default 64.
     pub doorbell_queue: usize,
-    /// Where the worker's jobs run. Default a thread spinning [`DEFAULT_WORKER_SPIN`], as measured by
-    /// `udriver bench` (docs/bench.md).
+    /// Where the worker's jobs run. Default a thread that sleeps between jobs ([`WorkerMode::default`]).
     pub worker: WorkerMode,
 }
-
-/// The worker's default idle spin: on an idle host it made back-to-back small doorbells 1.7-1.8x faster
-/// (the next doorbell finds the worker awake); on a host loaded past its cores it costs, so it is a knob.
-pub const DEFAULT_WORKER_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 impl Default for Hfi1Config {
     fn default() -> Self {
@@ -85,7 +80,7 @@ impl Default for Hfi1Config {
             rcv_contexts: 8,
             rcv_array_count: 4096,
             doorbell_queue: 64,
-            worker: WorkerMode::Thread { spin: DEFAULT_WORKER_SPIN },
+            worker: WorkerMode::default(),
         }
     }
 }

@@ -97,7 +97,7 @@ impl Client {
         p.push(0);
         crate::sock::send_message(stream, &Header::command(0, cmd::VERSION, p.len()), &[&p], &[])?;
         stream.set_read_timeout(Some(config.timeout))?;
-        let limits = RecvLimits { max_msg_size, max_fds: 1, stall_timeout: config.timeout, stop: None };
+        let limits = RecvLimits { max_msg_size, max_fds: 1, stall_timeout: config.timeout };
         let reply = recv_message(stream, &limits);
         stream.set_read_timeout(None)?;
         let reply = reply?;

@@ -91,7 +91,7 @@ impl From<FrameError> for ClientError {
         match e {
             FrameError::Timeout => ClientError::Timeout(cmd::VERSION),
             FrameError::Io(e) => ClientError::Io(e),
-            FrameError::Closed | FrameError::Truncated | FrameError::Stopped => ClientError::Disconnected,
+            FrameError::Closed | FrameError::Truncated => ClientError::Disconnected,
             e @ FrameError::BadSize { .. } => ClientError::Protocol(e.to_string()),
         }
     }

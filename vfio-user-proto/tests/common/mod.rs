@@ -289,6 +289,8 @@ impl Running {
         let stop = server.shutdown_handle();
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let thread = std::thread::spawn(move || server.serve(listener));
+        // Serving: the listener's watch (a duplicate descriptor) is in place before a test counts descriptors.
+        assert!(wait_for(Duration::from_secs(10), || stop.watched_sockets() == 1), "the server never served");
         Running { path, device, stop, thread: Some(thread), _dir: dir }
     }
 }
@@ -393,8 +395,7 @@ pub mod raw {
             (&self.s).write_all(bytes).unwrap();
         }
         pub fn recv(&self) -> Result<Message, FrameError> {
-            let lim =
-                RecvLimits { max_msg_size: 1 << 21, max_fds: 4, stall_timeout: Duration::from_secs(3), stop: None };
+            let lim = RecvLimits { max_msg_size: 1 << 21, max_fds: 4, stall_timeout: Duration::from_secs(3) };
             recv_message(&self.s, &lim)
         }
         /// Sends a request and returns its successful reply.
