@@ -14,11 +14,10 @@ mod dc;
 mod errs;
 pub mod names;
 mod shape;
+mod storage;
 mod txe;
 
 pub use txe::{SEND_DMA_STATUS_ENG_CLEANED_UP_SMASK, SEND_DMA_STATUS_ENG_HALTED_SMASK};
-
-use std::collections::HashMap;
 
 use csr::*;
 
@@ -36,8 +35,8 @@ pub struct Wfr {
     dc: dc::Dc,
     txe: txe::Txe,
     errs: errs::ErrGroups,
-    /// Every other register: offset to value; absent offsets hold their reset value.
-    storage: HashMap<u64, u64>,
+    /// Every other register the kernel names: offset to value; absent offsets hold their reset value.
+    storage: storage::Storage,
     /// Accesses to offsets that no table names, since reset (a gap in the model).
     unnamed: u64,
 }
@@ -51,7 +50,7 @@ impl Wfr {
             dc: dc::Dc::default(),
             txe: txe::Txe::new(&shape),
             errs: errs::ErrGroups::default(),
-            storage: HashMap::new(),
+            storage: storage::Storage::default(),
             unnamed: 0,
         }
     }
@@ -88,7 +87,7 @@ impl Wfr {
             Some(v) => v,
             None => {
                 self.note_unnamed(offset);
-                self.storage.get(&offset).copied().unwrap_or_else(|| reset_value(offset))
+                self.storage.get(offset).unwrap_or_else(|| reset_value(offset))
             }
         }
     }
@@ -108,7 +107,7 @@ impl Wfr {
             || self.errs.write(offset, value);
         if !handled {
             self.note_unnamed(offset);
-            self.storage.insert(offset, value);
+            self.storage.write(offset, value);
             // Holding the DC in reset resets the 8051 (init_chip keeps it there across the FLR).
             if offset == CCE_DC_CTRL && value & CCE_DC_CTRL_DC_RESET_SMASK != 0 {
                 self.dc.reset_8051();
@@ -128,7 +127,7 @@ impl Wfr {
 
     /// State for the control socket's dump.
     pub fn dump(&self) -> serde_json::Value {
-        let mut storage: Vec<(u64, u64)> = self.storage.iter().map(|(&o, &v)| (o, v)).collect();
+        let mut storage: Vec<(u64, u64)> = self.storage.iter().collect();
         storage.sort_unstable();
         serde_json::json!({
             "shape": {
@@ -142,6 +141,9 @@ impl Wfr {
             "dc8051": self.dc.dump(),
             "sdma": self.txe.dump(),
             "unnamed_accesses": self.unnamed,
+            "storage_entries": self.storage.len(),
+            "storage_bytes": self.storage.footprint(),
+            "storage_dropped": self.storage.dropped(),
             "storage": storage.iter().filter(|(_, v)| *v != 0).map(|&(o, v)| serde_json::json!({
                 "offset": format!("{o:#x}"),
                 "name": names::name(o),
