@@ -234,6 +234,9 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
+    /// A guard against hanging, not a measure: each wait below ends on its event within milliseconds.
+    const HANG_GUARD: Duration = Duration::from_secs(30);
+
     #[test]
     fn jobs_run_in_order_with_their_epochs_and_the_queue_reports_idle() {
         let (seen_tx, seen) = mpsc::channel();
@@ -291,7 +294,7 @@ mod tests {
                 r.lock().unpoison().push((j.job, std::thread::current().id()));
                 if j.job == 1 {
                     let _ = started_tx.send(());
-                    let _ = release.lock().unpoison().recv_timeout(Duration::from_secs(5));
+                    let _ = release.lock().unpoison().recv_timeout(HANG_GUARD);
                 }
             })
             .unwrap(),
@@ -302,11 +305,11 @@ mod tests {
             q1.run_queued();
             std::thread::current().id()
         });
-        started.recv_timeout(Duration::from_secs(5)).unwrap();
+        started.recv_timeout(HANG_GUARD).unwrap();
         assert!(q.try_submit(0, 2));
-        let start = Instant::now();
+        // Job 1 holds the drainer until released below: had run_queued waited for it, it would return only
+        // at the hang guard, with job 2 run by then.
         q.run_queued();
-        assert!(start.elapsed() < Duration::from_secs(1), "run_queued waited for the other drainer");
         assert_eq!(ran.lock().unpoison().len(), 1, "job 2 waits for the drainer, not run twice or here");
         let _ = release_tx.send(());
         let other = drainer.join().unwrap();
@@ -319,23 +322,32 @@ mod tests {
         let (started_tx, started) = mpsc::channel::<()>();
         let (release_tx, release) = mpsc::channel::<()>();
         let release = Mutex::new(release);
-        let q = WorkQueue::spawn("t", 1, WorkerMode::Thread { spin: Duration::ZERO }, move |_: Stamped<u32>| {
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let r = Arc::clone(&ran);
+        let q = WorkQueue::spawn("t", 1, WorkerMode::Thread { spin: Duration::ZERO }, move |j: Stamped<u32>| {
+            r.lock().unpoison().push(j.job);
             let _ = started_tx.send(());
-            let _ = release.lock().unpoison().recv_timeout(Duration::from_secs(5));
+            let _ = release.lock().unpoison().recv_timeout(HANG_GUARD);
         })
         .unwrap();
         assert!(q.try_submit(7, 1));
-        started.recv_timeout(Duration::from_secs(5)).unwrap();
-        // Job 1 runs (epoch 7): one more fits the queue of one, the next is refused at once.
-        assert!(!q.wait_not_running(7, Duration::from_millis(20)));
+        started.recv_timeout(HANG_GUARD).unwrap();
+        // Job 1 runs (epoch 7) until released: one more fits the queue of one, the next is refused. Had the
+        // refusal waited for room, it would have come only at the hang guard, and been a success.
+        assert!(!q.wait_not_running(7, Duration::ZERO));
         assert!(q.try_submit(7, 2));
-        let start = Instant::now();
         assert!(!q.try_submit(7, 3));
-        assert!(start.elapsed() < Duration::from_secs(1));
+        // Dropping the queue stops the worker: job 1 is let go once the stop is set, the queued job 2 is dropped
+        // unrun, and the thread is joined.
+        let progress = Arc::clone(&q.progress);
+        let dropper = std::thread::spawn(move || drop(q));
+        let deadline = Instant::now() + HANG_GUARD;
+        while !progress.stop.load(Ordering::Acquire) {
+            assert!(Instant::now() < deadline, "drop never stopped the worker");
+            std::thread::yield_now();
+        }
         let _ = release_tx.send(());
-        drop(release_tx);
-        // The queued job is dropped unrun; the thread is joined.
-        drop(q);
-        assert!(start.elapsed() < Duration::from_secs(5));
+        dropper.join().unwrap();
+        assert_eq!(*ran.lock().unpoison(), vec![1], "the queued job was dropped, not run");
     }
 }

@@ -270,25 +270,41 @@ impl PeerServed {
     }
 }
 
+impl PeerServed {
+    /// Stops the peer (as dropping it does) and says whether its thread was joined: false when a client still
+    /// connected kept it serving past [`PEER_JOIN_WAIT`] (the thread is then left).
+    pub fn close(mut self) -> bool {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> bool {
+        let joined = match self.thread.take() {
+            None => true,
+            Some(t) => {
+                // rust-vmm's server has no stop: a thread whose client never came is woken by a connection that
+                // closes at once.
+                if !t.is_finished() {
+                    let _ = std::os::unix::net::UnixStream::connect(&self.path);
+                }
+                // A client still connected keeps the thread serving: wait a bounded time for it to end, then
+                // leave it rather than hang the caller.
+                match self.ended.recv_timeout(PEER_JOIN_WAIT) {
+                    Err(mpsc::RecvTimeoutError::Disconnected) => t.join().is_ok(),
+                    _ => {
+                        let path = self.path.display();
+                        tracing::warn!("rig: the peer on {path} still serves a client; its thread is left");
+                        false
+                    }
+                }
+            }
+        };
+        let _ = std::fs::remove_file(&self.path);
+        joined
+    }
+}
+
 impl Drop for PeerServed {
     fn drop(&mut self) {
-        // rust-vmm's server has no stop: a thread whose client never came is woken by a connection that
-        // closes at once.
-        if let Some(t) = self.thread.take() {
-            if !t.is_finished() {
-                let _ = std::os::unix::net::UnixStream::connect(&self.path);
-            }
-            // A client still connected keeps the thread serving: wait a bounded time for it to end, then
-            // leave it rather than hang the caller.
-            match self.ended.recv_timeout(PEER_JOIN_WAIT) {
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let _ = t.join();
-                }
-                _ => {
-                    tracing::warn!("rig: the peer on {} still serves a client; its thread is left", self.path.display())
-                }
-            }
-        }
-        let _ = std::fs::remove_file(&self.path);
+        self.stop();
     }
 }

@@ -78,6 +78,8 @@ pub struct TestDevice {
     pub attaches: AtomicUsize,
     pub detaches: AtomicUsize,
     pub resets: AtomicUsize,
+    /// Completion interrupts the worker has triggered (masked or not).
+    pub triggers: Arc<AtomicUsize>,
     _worker: JoinHandle<()>,
 }
 
@@ -106,6 +108,8 @@ impl TestDevice {
         let ctx: Arc<Mutex<Option<DeviceContext>>> = Arc::default();
         let (tx, rx) = unbounded::<Job>();
         let (wregs, wctx) = (regs.clone(), ctx.clone());
+        let triggers = Arc::new(AtomicUsize::new(0));
+        let wtriggers = triggers.clone();
         let worker = std::thread::spawn(move || {
             for job in rx {
                 // Copy the context and drop the lock before any DMA (the deadlock rule).
@@ -117,6 +121,7 @@ impl TestDevice {
                 wregs.result.store(r.unwrap_or(0), Ordering::Release);
                 wregs.status.store(if r.is_some() { status::DONE } else { status::ERROR }, Ordering::Release);
                 c.irq.trigger(irq::MSIX, 0);
+                wtriggers.fetch_add(1, Ordering::AcqRel);
             }
         });
         let bar2 = MemfdOptions::default().create("testdev-bar2").unwrap().into_file();
@@ -131,6 +136,7 @@ impl TestDevice {
             attaches: AtomicUsize::new(0),
             detaches: AtomicUsize::new(0),
             resets: AtomicUsize::new(0),
+            triggers,
             _worker: worker,
         })
     }
