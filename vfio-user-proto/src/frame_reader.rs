@@ -186,18 +186,23 @@ impl FrameReader {
     /// a message, or a signal). After `BadSize` the stream cannot be resynchronised and the reader must not be
     /// used further.
     pub fn next(&mut self, stream: &UnixStream, wait: Wait) -> Result<Option<Message>, FrameError> {
+        // Whether the wait for the rest of the message (below) has been made since the last bytes came.
+        let mut waited = false;
         loop {
             if let Some(m) = self.parse()? {
                 return Ok(Some(m));
             }
-            let wait = match wait {
-                Wait::Block if self.in_message() => self.wait_for_rest(stream)?,
-                w => w,
-            };
-            match self.fill(stream, wait)? {
-                Filled::Bytes | Filled::Again => {}
+            // Inside a message the rest has almost always arrived with its start: read without blocking, and
+            // wait (with the stall clock) only if it has not.
+            let inside = wait == Wait::Block && self.in_message();
+            match self.fill(stream, if inside { Wait::NoWait } else { wait })? {
+                Filled::Bytes | Filled::Again => waited = false,
                 Filled::Eof if self.in_message() => return Err(FrameError::Truncated),
                 Filled::Eof => return Err(FrameError::Closed),
+                Filled::Nothing if inside && !waited => {
+                    self.wait_for_rest(stream)?;
+                    waited = true;
+                }
                 Filled::Nothing => {
                     if self.in_message() {
                         let since = *self.stalled_since.get_or_insert_with(Instant::now);
@@ -211,11 +216,10 @@ impl FrameReader {
         }
     }
 
-    /// Cuts the next complete message, or starts body mode for one that is not complete yet.
     /// Inside a message a blocking read must not outlast the stall timeout, whatever the socket's own receive
     /// timeout (a server's is none, so that an idle connection sleeps until its next message): waits for more
-    /// bytes for what is left of it (or of the socket's timeout, if shorter), then reads without blocking.
-    fn wait_for_rest(&mut self, stream: &UnixStream) -> Result<Wait, FrameError> {
+    /// bytes for what is left of it (or of the socket's timeout, if shorter). A signal ends the wait early.
+    fn wait_for_rest(&mut self, stream: &UnixStream) -> Result<(), FrameError> {
         // Peeked bytes would keep the socket readable: the wait must see only new ones.
         self.consume_seen(stream)?;
         let since = *self.stalled_since.get_or_insert_with(Instant::now);
@@ -227,9 +231,10 @@ impl FrameReader {
             // false: timed out or interrupted; the read that follows finds nothing and `next` judges the stall.
             wait_readable(stream, left)?;
         }
-        Ok(Wait::NoWait)
+        Ok(())
     }
 
+    /// Cuts the next complete message, or starts body mode for one that is not complete yet.
     fn parse(&mut self) -> Result<Option<Message>, FrameError> {
         if let Some(body) = &self.body {
             if body.filled < body.payload.len() {
