@@ -231,9 +231,9 @@ fn a_request_to_a_dead_server_times_out_with_etimedout_however_long_the_client_b
         let (answered, hold) = std::sync::mpsc::channel::<()>();
         // A "server" that answers VERSION and then never again.
         let t = std::thread::spawn(move || {
-            use vfio_user_proto::sock::{recv_message, send_message, RecvLimits};
+            use vfio_user_proto::sock::{recv_message, send_message, FrameLimits};
             use vfio_user_proto::wire::Header;
-            let lim = RecvLimits { max_msg_size: 1 << 16, max_fds: 1, stall_timeout: Duration::from_secs(1) };
+            let lim = FrameLimits { max_msg_size: 1 << 16, max_fds: 1, stall_timeout: Duration::from_secs(1) };
             let m = recv_message(&b, &lim).unwrap();
             let p = [0u8, 0, 0, 0];
             send_message(&b, &Header::reply(&m.header, 4), &[&p], &[]).unwrap();

@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use vfio_user_proto::sock::{recv_message, RecvLimits};
+use vfio_user_proto::sock::{recv_message, FrameLimits};
 use vfio_user_proto::wire::{command, Header};
 
 /// Signals the handler has seen.
@@ -69,7 +69,7 @@ fn a_signal_while_waiting_for_the_rest_of_a_message_does_not_drop_it() {
     let reader = std::thread::spawn(move || {
         // SAFETY: pthread_self and gettid have no preconditions.
         tid_tx.send(unsafe { (libc::pthread_self(), libc::gettid()) }).expect("send thread id");
-        let limits = RecvLimits { max_msg_size: 4096, max_fds: 1, stall_timeout: Duration::from_secs(30) };
+        let limits = FrameLimits { max_msg_size: 4096, max_fds: 1, stall_timeout: Duration::from_secs(30) };
         recv_message(&rx, &limits)
     });
     let (thread, tid) = tid_rx.recv().expect("thread id");
@@ -88,7 +88,7 @@ fn a_signal_while_waiting_for_the_rest_of_a_message_does_not_drop_it() {
 /// and the message still arrives whole.
 #[test]
 fn a_signal_inside_a_message_does_not_drop_it_from_the_buffered_reader() {
-    use vfio_user_proto::frame_reader::{FrameLimits, FrameReader, Wait};
+    use vfio_user_proto::frame_reader::{FrameReader, Wait};
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     install_handler();
     let (mut tx, rx) = UnixStream::pair().expect("socketpair");

@@ -10,7 +10,7 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vfio_user_proto::sock::{recv_message, send_message, Message, RecvLimits};
+use vfio_user_proto::sock::{recv_message, send_message, FrameLimits, Message};
 use vfio_user_proto::wire::Header;
 
 /// Largest message accepted from the server (a DMA_WRITE of its largest transfer and then some).
@@ -30,7 +30,7 @@ impl Peer {
         let read_side = stream.try_clone()?;
         let (tx, incoming) = channel();
         let reader = std::thread::Builder::new().name("replay-reader".into()).spawn(move || {
-            let limits = RecvLimits { max_msg_size: MAX_MSG, max_fds: 253, stall_timeout: Duration::from_secs(10) };
+            let limits = FrameLimits { max_msg_size: MAX_MSG, max_fds: 253, stall_timeout: Duration::from_secs(10) };
             // Blocks until the next message; `close` shuts the socket down, which ends it.
             while let Ok(m) = recv_message(&read_side, &limits) {
                 if tx.send(m).is_err() {

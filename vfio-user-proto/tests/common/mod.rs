@@ -371,7 +371,7 @@ pub mod raw {
     use std::time::Duration;
 
     use vfio_user_proto::device::region;
-    use vfio_user_proto::sock::{borrow_all, recv_message, send_message, FrameError, Message, RecvLimits};
+    use vfio_user_proto::sock::{borrow_all, recv_message, send_message, FrameError, FrameLimits, Message};
     use vfio_user_proto::wire::{command as c, FourU32, Header};
 
     use super::Running;
@@ -401,7 +401,7 @@ pub mod raw {
             (&self.s).write_all(bytes).unwrap();
         }
         pub fn recv(&self) -> Result<Message, FrameError> {
-            let lim = RecvLimits { max_msg_size: 1 << 21, max_fds: 4, stall_timeout: Duration::from_secs(3) };
+            let lim = FrameLimits { max_msg_size: 1 << 21, max_fds: 4, stall_timeout: Duration::from_secs(3) };
             recv_message(&self.s, &lim)
         }
         /// Sends a request and returns its successful reply.
