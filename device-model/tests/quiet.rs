@@ -18,8 +18,11 @@ use vfio_user_proto::{Client, ClientConfig};
 
 /// How long the idle window lasts.
 const IDLE: Duration = Duration::from_secs(2);
-/// The sparse client: this many config-space reads, this far apart.
-const SPARSE_READS: u32 = 1000;
+/// The sparse client: rounds of this many config-space reads, this far apart, the configurations taking turns
+/// round by round and each leading in turn (so a burst of load from elsewhere falls on one round of one
+/// configuration, and the least disturbed round leaves it out).
+const ROUNDS: usize = 6;
+const READS_PER_ROUND: u32 = 200;
 const SPARSE_GAP: Duration = Duration::from_millis(2);
 /// Issue 31: a sparse client costs the defaults at most this multiple of the event-driven configuration's CPU.
 const SPARSE_RATIO: f64 = 1.5;
@@ -135,31 +138,60 @@ impl Drop for DeviceModel {
     }
 }
 
-/// What one configuration costs: idle, then under the sparse client.
+/// What one configuration costs: idle, and per round under the sparse client.
 struct Figures {
     idle: Usage,
-    sparse: Usage,
+    rounds: Vec<Usage>,
 }
 
-fn measure(tag: &str, options: &[&str]) -> Figures {
-    let dm = DeviceModel::start(tag, options);
-    let pid = dm.child.id();
-    let before = usage(pid);
-    std::thread::sleep(IDLE);
-    let idle = usage(pid) - before;
-    let client = Client::connect(&dm.dir.join("hfi1.sock"), ClientConfig::default()).unwrap();
-    let mut id = [0u8; 4];
-    client.region_read(region::CONFIG, 0, &mut id).unwrap();
-    assert_eq!(id, [0x36, 0x1b, 0x00, 0x11], "{tag}: the hfi1 function answers");
-    let before = usage(pid);
-    for _ in 0..SPARSE_READS {
-        // The client's pace: the workload, not a wait for the server.
-        std::thread::sleep(SPARSE_GAP);
-        client.region_read(region::CONFIG, 0, &mut id).unwrap();
+impl Figures {
+    /// The least disturbed round: load from elsewhere only adds CPU time (cache misses, a vCPU descheduled
+    /// while it runs our thread), never takes it away, so the lowest round is the nearest to what the
+    /// configuration itself costs.
+    fn sparse(&self) -> Usage {
+        self.rounds.iter().copied().min_by_key(|u| u.cpu_ns).unwrap_or_default()
     }
-    let sparse = usage(pid) - before;
-    drop(client);
-    Figures { idle, sparse }
+}
+
+/// Every configuration started, idle side by side, then the sparse client's rounds taking turns.
+fn measure() -> Vec<(&'static str, Figures)> {
+    let dms: Vec<(&str, DeviceModel)> =
+        CONFIGS.iter().map(|(name, opts)| (*name, DeviceModel::start(name, opts))).collect();
+    let before: Vec<Usage> = dms.iter().map(|(_, dm)| usage(dm.child.id())).collect();
+    std::thread::sleep(IDLE);
+    let idle: Vec<Usage> = dms.iter().zip(&before).map(|((_, dm), b)| usage(dm.child.id()) - *b).collect();
+    let clients: Vec<Client> = dms
+        .iter()
+        .map(|(name, dm)| {
+            let c = Client::connect(&dm.dir.join("hfi1.sock"), ClientConfig::default()).unwrap();
+            let mut id = [0u8; 4];
+            c.region_read(region::CONFIG, 0, &mut id).unwrap();
+            assert_eq!(id, [0x36, 0x1b, 0x00, 0x11], "{name}: the hfi1 function answers");
+            c
+        })
+        .collect();
+    let mut rounds: Vec<Vec<Usage>> = vec![Vec::new(); dms.len()];
+    for round in 0..ROUNDS {
+        // Each configuration leads a round in turn: none is always first after the pause between rounds.
+        for k in (0..dms.len()).map(|i| (i + round) % dms.len()) {
+            let ((_, dm), client) = (&dms[k], &clients[k]);
+            let pid = dm.child.id();
+            let before = usage(pid);
+            let mut b = [0u8; 4];
+            for _ in 0..READS_PER_ROUND {
+                // The client's pace: the workload, not a wait for the server.
+                std::thread::sleep(SPARSE_GAP);
+                client.region_read(region::CONFIG, 0, &mut b).unwrap();
+            }
+            rounds[k].push(usage(pid) - before);
+        }
+    }
+    drop(clients);
+    dms.into_iter()
+        .zip(idle)
+        .zip(rounds)
+        .map(|(((name, _dm), idle), rounds)| (name, Figures { idle, rounds }))
+        .collect()
 }
 
 #[test]
@@ -167,22 +199,27 @@ fn an_idle_device_model_never_wakes_and_a_sparse_client_costs_the_defaults_no_mo
     // Does this kernel count per-thread run time (schedstats)? This process has run, so its count is not 0.
     let me = usage(std::process::id());
     assert!(me.cpu_ns > 0, "no per-thread run time in /proc/PID/task/*/schedstat on this kernel");
-    let figures: Vec<(&str, Figures)> = CONFIGS.iter().map(|(name, opts)| (*name, measure(name, opts))).collect();
+    let figures = measure();
     let get = |name: &str| &figures.iter().find(|(n, _)| *n == name).unwrap().1;
 
     let mut case = Case::new("quiet", "device-model CPU while idle and with a sparse client (one read every 2 ms)");
     for (name, f) in &figures {
+        let sparse = f.sparse();
         case.metric(&format!("{name}: idle, CPU over {} s", IDLE.as_secs()), f.idle.cpu_ns as f64 / 1e6, "ms");
         case.metric(&format!("{name}: idle, thread wake-ups over {} s", IDLE.as_secs()), f.idle.runs as f64, "");
-        case.metric(&format!("{name}: sparse client, CPU"), f.sparse.cpu_ns as f64 / 1e6, "ms");
+        case.metric(
+            &format!("{name}: sparse client, CPU per round (least disturbed)"),
+            sparse.cpu_ns as f64 / 1e6,
+            "ms",
+        );
         case.metric(
             &format!("{name}: sparse client, CPU per read"),
-            f.sparse.cpu_ns as f64 / f64::from(SPARSE_READS) / 1e3,
+            sparse.cpu_ns as f64 / f64::from(READS_PER_ROUND) / 1e3,
             "us",
         );
-        case.metric(&format!("{name}: sparse client, thread wake-ups"), f.sparse.runs as f64, "");
+        case.metric(&format!("{name}: sparse client, thread wake-ups in that round"), sparse.runs as f64, "");
     }
-    let ratio = |name: &str| get(name).sparse.cpu_ns as f64 / (get("event-driven").sparse.cpu_ns.max(1)) as f64;
+    let ratio = |name: &str| get(name).sparse().cpu_ns as f64 / (get("event-driven").sparse().cpu_ns.max(1)) as f64;
     case.metric("--low-latency / event-driven, sparse client CPU", ratio("--low-latency"), "x");
     case.target(Target::new(
         "sparse client: defaults / event-driven CPU",
@@ -200,8 +237,9 @@ fn an_idle_device_model_never_wakes_and_a_sparse_client_costs_the_defaults_no_mo
     ));
     case.note(format!(
         "device-model --hfi1 --irdma spawned once per configuration (defaults; --busy-poll-us 0 --worker-spin-us \
-         0; --low-latency); idle window {} s once every thread sleeps; then a client of the hfi1 socket reads \
-         config space {SPARSE_READS} times, {} ms apart; CPU and wake-ups summed over the process's threads from \
+         0; --low-latency), all idle side by side for {} s once every thread sleeps; then a client of each hfi1 \
+         socket reads config space {READS_PER_ROUND} times, {} ms apart, the configurations taking turns for \
+         {ROUNDS} rounds, each configuration's least disturbed round judged; CPU and wake-ups summed over each process's threads from \
          /proc/PID/task/*/schedstat",
         IDLE.as_secs(),
         SPARSE_GAP.as_millis()
