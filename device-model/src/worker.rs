@@ -44,6 +44,11 @@ pub enum WorkerMode {
     Inline,
 }
 
+impl WorkerMode {
+    /// The workers as `device-model --low-latency` runs them: a thread polling [`LOW_LATENCY_SPIN`] after each job.
+    pub const LOW_LATENCY: WorkerMode = WorkerMode::Thread { spin: LOW_LATENCY_SPIN };
+}
+
 impl Default for WorkerMode {
     /// A thread that sleeps as soon as its queue is empty.
     fn default() -> Self {

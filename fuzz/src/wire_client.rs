@@ -6,7 +6,8 @@ use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use vfio_user_proto::sock::{recv_message, send_message, FrameError, FrameLimits, Message};
+use vfio_user_proto::frame_reader::{recv_message, FrameLimits};
+use vfio_user_proto::sock::{send_message, FrameError, Message};
 use vfio_user_proto::wire::Header;
 
 /// What came back for one request.

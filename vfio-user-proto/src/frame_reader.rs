@@ -415,6 +415,25 @@ impl FrameReader {
     }
 }
 
+/// Reads one whole message, with the same reader as the server and the client ([`FrameReader::exact`]: no
+/// read goes past the message, so the stream may go on with another reader). Between messages it blocks for
+/// as long as the socket's receive timeout lets it (none: until the next message, the peer's close, or a
+/// [`crate::stop::Stop`]), and a timeout there is [`FrameError::Timeout`]. On `BadSize` the header was
+/// consumed but the body was not.
+pub fn recv_message(stream: &UnixStream, limits: &FrameLimits) -> Result<Message, FrameError> {
+    let deadline = stream.read_timeout()?.map(|t| Instant::now() + t);
+    let mut reader = FrameReader::exact(*limits);
+    loop {
+        if let Some(m) = reader.next(stream, Wait::Block)? {
+            return Ok(m);
+        }
+        // The receive timeout, or a signal (then the read goes on).
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(FrameError::Timeout);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! Message framing over a UNIX stream socket, with SCM_RIGHTS fd passing (through rustix; the one `unsafe`
 //! block sets SO_PEEK_OFF, which rustix does not wrap).
 //!
-//! Reading is [`crate::frame_reader`]'s, for every reader of the crate: the header's size is checked against
+//! Reading is [`crate::frame_reader`]'s (with `recv_message` for one-off reads), for every reader of the crate: the header's size is checked against
 //! the limit before the body is allocated, at most `max_fds` descriptors are accepted per message (the kernel
 //! closes any beyond the control buffer and reports MSG_CTRUNC), and a peer that stalls inside a message hits
 //! a deadline.
@@ -10,14 +10,12 @@ use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use thiserror::Error;
 
-pub use crate::frame_reader::FrameLimits;
-use crate::frame_reader::{FrameReader, Wait};
 use crate::wire::{Header, HEADER_SIZE};
 
 /// Linux's `SCM_MAX_FD`: no message can carry more descriptors than this.
@@ -83,25 +81,6 @@ pub fn wait_readable(fd: impl AsFd, timeout: Duration) -> std::io::Result<bool> 
         Ok(n) => Ok(n > 0),
         Err(rustix::io::Errno::INTR) => Ok(false),
         Err(e) => Err(e.into()),
-    }
-}
-
-/// Reads one whole message, with the same reader as the server and the client ([`FrameReader::exact`]: no
-/// read goes past the message, so the stream may go on with another reader). Between messages it blocks for
-/// as long as the socket's receive timeout lets it (none: until the next message, the peer's close, or a
-/// [`crate::stop::Stop`]), and a timeout there is [`FrameError::Timeout`]. On `BadSize` the header was
-/// consumed but the body was not.
-pub fn recv_message(stream: &UnixStream, limits: &FrameLimits) -> Result<Message, FrameError> {
-    let deadline = stream.read_timeout()?.map(|t| Instant::now() + t);
-    let mut reader = FrameReader::exact(*limits);
-    loop {
-        if let Some(m) = reader.next(stream, Wait::Block)? {
-            return Ok(m);
-        }
-        // The receive timeout, or a signal (then the read goes on).
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(FrameError::Timeout);
-        }
     }
 }
 

@@ -231,7 +231,8 @@ fn a_request_to_a_dead_server_times_out_with_etimedout_however_long_the_client_b
         let (answered, hold) = std::sync::mpsc::channel::<()>();
         // A "server" that answers VERSION and then never again.
         let t = std::thread::spawn(move || {
-            use vfio_user_proto::sock::{recv_message, send_message, FrameLimits};
+            use vfio_user_proto::frame_reader::{recv_message, FrameLimits};
+            use vfio_user_proto::sock::send_message;
             use vfio_user_proto::wire::Header;
             let lim = FrameLimits { max_msg_size: 1 << 16, max_fds: 1, stall_timeout: Duration::from_secs(1) };
             let m = recv_message(&b, &lim).unwrap();

@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use vfio_user_proto::sock::{recv_message, FrameLimits};
+use vfio_user_proto::frame_reader::{recv_message, FrameLimits};
 use vfio_user_proto::wire::{command, Header};
 
 /// Signals the handler has seen.

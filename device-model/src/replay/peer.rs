@@ -10,7 +10,8 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vfio_user_proto::sock::{recv_message, send_message, FrameLimits, Message};
+use vfio_user_proto::frame_reader::{recv_message, FrameLimits};
+use vfio_user_proto::sock::{send_message, Message};
 use vfio_user_proto::wire::Header;
 
 /// Largest message accepted from the server (a DMA_WRITE of its largest transfer and then some).

@@ -13,13 +13,7 @@ mod socket;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use device_model::worker::{WorkerMode, LOW_LATENCY_SPIN};
-
 pub use udriver::bench::{utc_string, BenchReport, Better, Case, Machine, Metric, Samples, Target};
-
-/// The engines' workers as `device-model --low-latency` runs them: the targets are judged with the opt-in
-/// (docs/bench.md); the `spin` case measures what it gives over the default.
-pub(crate) const LOW_LATENCY: WorkerMode = WorkerMode::Thread { spin: LOW_LATENCY_SPIN };
 
 /// Every case `run` knows, in report order: (a)-(e) of issue 7, the hfi1 worker spin measurement, and the
 /// scale curves of issue 17.

@@ -80,7 +80,8 @@ fn timed(op: impl FnOnce() -> Result<(), String>) -> Result<u64, String> {
 /// spread 0.2-1.5x within one loaded run): each side of a pair is the fastest of `BEST_OF` runs interleaved
 /// with the other side's (p m p m p m), so a disturbance must last the whole triple to count.
 fn measure(budget: Duration, entries: usize) -> Result<Paired, String> {
-    let rig = Rig::new(Hfi1Config { worker: super::LOW_LATENCY, ..Default::default() }, true)?;
+    let rig =
+        Rig::new(Hfi1Config { worker: device_model::worker::WorkerMode::LOW_LATENCY, ..Default::default() }, true)?;
     let mut lb = Loopback::new(&rig, SEGMENT, entries, PACKET)?;
     lb.ring()?;
     lb.verify()?;

@@ -135,7 +135,7 @@ fn qhash_curves(case: &mut Case, budget: Duration) -> Result<(), String> {
 fn contexts_at(contexts: u32, budget: Duration) -> Result<(f64, f64), String> {
     let config = Hfi1Config {
         rcv_contexts: device_model::hfi1::RXE_NUM_CONTEXTS,
-        worker: super::LOW_LATENCY,
+        worker: device_model::worker::WorkerMode::LOW_LATENCY,
         ..Default::default()
     };
     let engine = Arc::new(Hfi1::new(config).map_err(|e| format!("hfi1 engine: {e}"))?);

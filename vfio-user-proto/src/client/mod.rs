@@ -23,8 +23,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::device::{DeviceInfo, IrqInfo, RegionFd, RegionInfo, SparseArea};
-use crate::frame_reader::{FrameLimits, FrameReader};
-use crate::sock::{recv_message, Message, SCM_MAX_FD};
+use crate::frame_reader::{recv_message, FrameLimits, FrameReader};
+use crate::sock::{Message, SCM_MAX_FD};
 use crate::sync::Unpoison;
 use crate::wire::{
     command as cmd, parse_sparse_caps, put_u16, put_u32, put_u64, DmaMap, DmaUnmap, FourU32, Header, Reader,

@@ -371,7 +371,8 @@ pub mod raw {
     use std::time::Duration;
 
     use vfio_user_proto::device::region;
-    use vfio_user_proto::sock::{borrow_all, recv_message, send_message, FrameError, FrameLimits, Message};
+    use vfio_user_proto::frame_reader::{recv_message, FrameLimits};
+    use vfio_user_proto::sock::{borrow_all, send_message, FrameError, Message};
     use vfio_user_proto::wire::{command as c, FourU32, Header};
 
     use super::Running;
