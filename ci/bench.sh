@@ -459,7 +459,10 @@ if quiet:
     for name in ("defaults", "event-driven", "--low-latency"):
         print(f"  {name:<14} idle {fmt(metric(quiet, f'{name}: idle, CPU over 2 s'), 'ms')}, "
               f"{fmt(metric(quiet, f'{name}: idle, thread wake-ups over 2 s'))} wake-ups; sparse "
-              f"{fmt(metric(quiet, f'{name}: sparse client, CPU'), 'ms')}", file=sys.stderr)
+              f"{fmt(metric(quiet, f'{name}: sparse client, CPU per read'), 'us')} CPU per read", file=sys.stderr)
+    for t in quiet.get("targets", []):
+        print(f"  {t['what']:<44} {t['measured']:.3g} (target <= {t['bound']:g}): {'met' if t['met'] else 'MISSED'}",
+              file=sys.stderr)
     if quiet.get("error"):
         print(f"  (quiet) {quiet['error']}", file=sys.stderr)
 def guest_table(ga, heading):
