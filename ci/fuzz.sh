@@ -62,6 +62,14 @@ for t in "${TARGETS[@]}"; do
 done
 [ "$BUILD_ONLY" = 1 ] && { log "fuzz: built, tests and regressions pass"; exit 0; }
 
+# The kernel differential with a fresh random seed (ci/test.sh runs its fixed one): new cases each run, and the
+# seed printed so that a difference replays. A plain release build of the main workspace, not the fuzz one.
+DIFF_SEED=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+log "fuzz: kernel differential, seed $DIFF_SEED (replay: KERNEL_DIFF_SEED=$DIFF_SEED cargo test -p kernel-conformance --test differential)"
+(cd "$REPO_ROOT" && env -u RUSTFLAGS -u CARGO_TARGET_DIR KERNEL_DIFF_SEED="$DIFF_SEED" \
+    cargo test --release -p kernel-conformance --test differential) ||
+    die "fuzz: the kernel differential found a difference with seed $DIFF_SEED"
+
 mkdir -p "$CARGO_TARGET_DIR/logs" artifacts
 ROWS=() FAILED=()
 for t in "${TARGETS[@]}"; do

@@ -34,8 +34,9 @@
 #                         device model's RcvArray against the kernel's TIDs and injects the data
 #   --bench               run the in-guest benchmark (`udriver bench`) instead of the demos: besides our two
 #                         functions, an hfi1 function behind rust-vmm's vfio-user server and one behind ours
-#                         plain, without busy-poll and keep-warm (both served by `testbed serve-peers`; the device
-#                         model has both on by default), and QEMU's edu device
+#                         with the device model's defaults (no busy-poll, no worker spin; both served by
+#                         `testbed serve-peers`; ci/bench.sh gives the device model --low-latency), and QEMU's edu
+#                         device
 #   --testbed PATH        testbed binary for --bench (default target/{release,debug}/testbed)
 #   --bench-budget-ms N   wall time per measured variant inside the guest (default 1000)
 #   --reply-poll-us N     how long QEMU's vCPU thread reads its own vfio-user reply before it sleeps (env
@@ -292,7 +293,7 @@ if [ "$BENCH" = 1 ]; then
         sleep 0.1
     done
     [ -S "$PEER_SOCK" ] && [ -S "$POLLED_SOCK" ] || fail "testbed serve-peers did not listen within 10 s: $(tail -n 5 "$LOG_DIR/serve-peers.log")"
-    log "testbed serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, ours plain $POLLED_ID"
+    log "testbed serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, ours with the defaults $POLLED_ID"
 fi
 
 # --- QEMU -------------------------------------------------------------------------------------------------

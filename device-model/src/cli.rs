@@ -24,17 +24,12 @@ pub const MAX_QHASH_CAPACITY: u32 = 65536;
 pub const MAX_WORKER_SPIN_US: u64 = crate::hfi1::MAX_WORKER_SPIN.as_micros() as u64;
 /// Largest `--busy-poll-us`: longer than any gap between a guest's trapped accesses in a burst.
 pub const MAX_BUSY_POLL_US: u64 = 1000;
-/// `--busy-poll-us` when not given: in a QEMU guest it took a trapped access to 0.93x (vCPUs halting) and
-/// 0.68-0.75x (polling) of the same without it (docs/bench.md, "The guest's thread hand-offs").
-pub const DEFAULT_BUSY_POLL_US: u64 = 50;
-/// Longest `--keep-warm-us`.
-pub const MAX_KEEP_WARM_US: u64 = 10_000;
-/// `--keep-warm-us` when not given: in a QEMU guest on a VM whose idle vCPUs halt, one spinner took a trapped
-/// read from 37-43 us to 24-32 us on one machine, and made it slower on another; so by default it is tried
-/// (docs/bench.md, "Keep-warm" and "Keep-warm tries itself").
-pub const DEFAULT_KEEP_WARM_US: u64 = 1000;
-/// Most `--keep-warm-threads`.
-pub const MAX_KEEP_WARM_THREADS: u64 = 8;
+/// `--busy-poll-us` under `--low-latency`: in a QEMU guest it took a trapped access to 0.93x (vCPUs halting)
+/// and 0.68-0.75x (polling) of the same without it (docs/bench.md, "The guest's thread hand-offs").
+pub const LOW_LATENCY_BUSY_POLL_US: u64 = 50;
+/// `--worker-spin-us` under `--low-latency`: back-to-back small doorbells 1.7-1.8x faster on an idle host
+/// (testbed bench's `spin` case).
+pub const LOW_LATENCY_WORKER_SPIN_US: u64 = crate::worker::LOW_LATENCY_SPIN.as_micros() as u64;
 /// Largest `--record-max-mib`: 1 TiB.
 pub const MAX_RECORD_MIB: u64 = 1 << 20;
 
@@ -276,41 +271,25 @@ pub struct Args {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_QHASH_CAPACITY)))]
     pub irdma_qhash_capacity: Option<u32>,
 
+    /// Trade CPU for latency: each connection thread polls its socket for 50 us after a reply while requests
+    /// come in bursts, and each device worker polls its queue for 50 us after a job (as --busy-poll-us 50
+    /// --worker-spin-us 50; either option given as well overrides its part). Off by default: then every thread
+    /// sleeps until its next event, and an idle or sparse client costs no CPU (docs/bench.md, "Quiet by
+    /// default").
+    #[arg(long)]
+    pub low_latency: bool,
+
     /// How long an idle device worker polls for the next doorbell before it sleeps, in microseconds, 0..=1000
-    /// (both engines) [default: 50]. 0 suits a host with fewer free cores than busy device workers.
+    /// (both engines) [default: 0, 50 with --low-latency].
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=MAX_WORKER_SPIN_US))]
     pub worker_spin_us: Option<u64>,
 
     /// After each reply, how long a connection's thread polls its socket without blocking while requests come
-    /// in bursts, in microseconds, 0..=1000 (0: off) [default: 50]. Saves a wake-up per trapped access while a
-    /// client waits for each reply, at the cost of a busy core while it polls: faster for a QEMU guest, slower
-    /// for a client that shares the server's cores (docs/bench.md, case (a) and the guest mode).
-    #[arg(long, value_name = "US", default_value_t = DEFAULT_BUSY_POLL_US,
-          value_parser = clap::value_parser!(u64).range(0..=MAX_BUSY_POLL_US))]
-    pub busy_poll_us: u64,
-
-    /// After each request, how long idle CPUs are kept from halting, in microseconds, 0..=10000 (0: off)
-    /// [default: 1000], so that the guest's threads woken there need not wait for a halted (virtual) CPU:
-    /// threads spinning at SCHED_IDLE, or with --keep-warm-qos a CPU latency request (docs/bench.md, "Keep-warm").
-    /// Tried against not keeping warm, and kept only where it pays, unless --keep-warm-always.
-    #[arg(long, value_name = "US", default_value_t = DEFAULT_KEEP_WARM_US,
-          value_parser = clap::value_parser!(u64).range(0..=MAX_KEEP_WARM_US))]
-    pub keep_warm_us: u64,
-
-    /// How many keep-warm threads spin, 1..=8 [default: one per CPU besides one, at most two].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_KEEP_WARM_THREADS))]
-    pub keep_warm_threads: Option<u64>,
-
-    /// Keep CPUs warm with a 0 us CPU latency request on /dev/cpu_dma_latency (PM QoS; needs write access to
-    /// it) instead of spinning threads. Machine-wide while held: other processes' wake-ups get faster too.
-    #[arg(long, conflicts_with = "keep_warm_threads")]
-    pub keep_warm_qos: bool,
-
-    /// Keep CPUs warm after every request. By default keep-warm is tried against not keeping warm, in
-    /// alternating blocks of a burst's requests, and kept only while it shortens the client's round trips: on
-    /// some machines spinners make a wake-up slower (docs/bench.md, "Keep-warm tries itself").
-    #[arg(long)]
-    pub keep_warm_always: bool,
+    /// in bursts, in microseconds, 0..=1000 (0: off) [default: 0, 50 with --low-latency]. Saves a wake-up per
+    /// trapped access while a client waits for each reply, at the cost of a busy core while it polls: faster
+    /// for a QEMU guest, slower for a client that shares the server's cores (docs/bench.md, case (a)).
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=MAX_BUSY_POLL_US))]
+    pub busy_poll_us: Option<u64>,
 
     /// Agree to `write_multiple` when a client proposes it [default: off]. QEMU 10.1 and 10.2 then send every
     /// request from their I/O thread, a thread hand-off more per trapped access (docs/bench.md, the guest mode).
@@ -412,6 +391,18 @@ impl Served {
 }
 
 impl Args {
+    /// The connections' busy-poll budget: `--busy-poll-us`, else `--low-latency`'s, else none.
+    pub fn busy_poll(&self) -> std::time::Duration {
+        let default = if self.low_latency { LOW_LATENCY_BUSY_POLL_US } else { 0 };
+        std::time::Duration::from_micros(self.busy_poll_us.unwrap_or(default))
+    }
+
+    /// The device workers' idle spin in microseconds: `--worker-spin-us`, else `--low-latency`'s, else `None`
+    /// (the engines' default, which does not spin).
+    pub fn worker_spin_us(&self) -> Option<u64> {
+        self.worker_spin_us.or(self.low_latency.then_some(LOW_LATENCY_WORKER_SPIN_US))
+    }
+
     /// The devices to serve, after the checks clap cannot express.
     pub fn served(&self) -> Result<Vec<Served>, CliError> {
         let ids = |kind: DeviceKind| {

@@ -1,6 +1,7 @@
 #![forbid(unsafe_code)]
 
 use clap::CommandFactory;
+use std::time::Duration;
 
 use super::*;
 
@@ -206,6 +207,7 @@ fn long_help_documents_every_option_and_examples() {
         "--irdma-qhash-capacity <N>",
         "--worker-spin-us <US>",
         "--busy-poll-us <US>",
+        "--low-latency",
         "--write-multiple",
         "--once",
         "--log-level <LEVEL>",
@@ -308,57 +310,31 @@ fn write_multiple_is_off_unless_given() {
 }
 
 #[test]
-fn busy_poll_is_microseconds_up_to_a_millisecond_and_50_unless_given() {
+fn busy_poll_is_microseconds_up_to_a_millisecond() {
     let table: [(&str, Option<u64>); 4] = [("0", Some(0)), ("50", Some(50)), ("1000", Some(1000)), ("1001", None)];
     for (given, want) in table {
         let got = parse(&["--hfi1", "/tmp/h", "--busy-poll-us", given]).ok().map(|a| a.busy_poll_us);
-        assert_eq!(got, want, "--busy-poll-us {given}");
+        assert_eq!(got, want.map(Some), "--busy-poll-us {given}");
     }
-    assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().busy_poll_us, 50);
 }
 
 #[test]
-fn keep_warm_is_microseconds_up_to_ten_milliseconds_and_1000_unless_given() {
-    let table: [(&str, Option<u64>); 4] =
-        [("0", Some(0)), ("1000", Some(1000)), ("10000", Some(10_000)), ("10001", None)];
-    for (given, want) in table {
-        let got = parse(&["--hfi1", "/tmp/h", "--keep-warm-us", given]).ok().map(|a| a.keep_warm_us);
-        assert_eq!(got, want, "--keep-warm-us {given}");
-    }
-    assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().keep_warm_us, 1000);
-}
-
-#[test]
-fn keep_warm_threads_are_one_to_eight_and_unset_unless_given() {
-    let table: [(&str, Option<Option<u64>>); 4] =
-        [("0", None), ("1", Some(Some(1))), ("8", Some(Some(8))), ("9", None)];
-    for (given, want) in table {
-        let got = parse(&["--hfi1", "/tmp/h", "--keep-warm-threads", given]).ok().map(|a| a.keep_warm_threads);
-        assert_eq!(got, want, "--keep-warm-threads {given}");
-    }
-    assert_eq!(parse(&["--irdma", "/tmp/i"]).unwrap().keep_warm_threads, None);
-}
-
-#[test]
-fn keep_warm_qos_is_off_unless_given_and_excludes_spinner_counts() {
-    let cases: [(&[&str], Option<bool>); 3] = [
-        (&["--hfi1", "/tmp/h"], Some(false)),
-        (&["--hfi1", "/tmp/h", "--keep-warm-qos"], Some(true)),
-        (&["--hfi1", "/tmp/h", "--keep-warm-qos", "--keep-warm-threads", "2"], None),
+fn nothing_spins_by_default_and_low_latency_turns_both_polls_on_unless_a_knob_says_otherwise() {
+    // (arguments, busy-poll in us, worker spin in us: None leaves the engines' default, which sleeps at once)
+    let table: [(&[&str], u64, Option<u64>); 6] = [
+        (&[], 0, None),
+        (&["--low-latency"], LOW_LATENCY_BUSY_POLL_US, Some(LOW_LATENCY_WORKER_SPIN_US)),
+        (&["--low-latency", "--busy-poll-us", "0"], 0, Some(LOW_LATENCY_WORKER_SPIN_US)),
+        (&["--low-latency", "--worker-spin-us", "0"], LOW_LATENCY_BUSY_POLL_US, Some(0)),
+        (&["--busy-poll-us", "20"], 20, None),
+        (&["--worker-spin-us", "10"], 0, Some(10)),
     ];
-    for (args, want) in cases {
-        assert_eq!(parse(args).ok().map(|a| a.keep_warm_qos), want, "{args:?}");
+    for (extra, poll_us, spin_us) in table {
+        let args = parse(&[&["--hfi1", "/tmp/h"], extra].concat()).unwrap();
+        assert_eq!(args.busy_poll(), Duration::from_micros(poll_us), "{extra:?}");
+        assert_eq!(args.worker_spin_us(), spin_us, "{extra:?}");
     }
-}
-
-#[test]
-fn keep_warm_is_tried_unless_always_is_given() {
-    let cases: [(&[&str], bool); 3] = [
-        (&["--hfi1", "/tmp/h"], false),
-        (&["--hfi1", "/tmp/h", "--keep-warm-always"], true),
-        (&["--hfi1", "/tmp/h", "--keep-warm-always", "--keep-warm-qos"], true),
-    ];
-    for (args, want) in cases {
-        assert_eq!(parse(args).unwrap().keep_warm_always, want, "{args:?}");
-    }
+    assert_eq!(crate::worker::WorkerMode::default(), crate::worker::WorkerMode::Thread { spin: Duration::ZERO });
+    assert_eq!(LOW_LATENCY_BUSY_POLL_US, 50);
+    assert_eq!(LOW_LATENCY_WORKER_SPIN_US, 50);
 }

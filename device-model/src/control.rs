@@ -15,12 +15,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
+use vfio_user_proto::stop::Stop;
 
 use crate::engine::Engine;
 use crate::fault::FaultSpec;
@@ -33,8 +34,8 @@ use crate::trace::{Filter, Format, Sink};
 pub const MAX_LINE: usize = 1 << 20;
 /// Clients served at once; one more is told so and closed.
 pub const MAX_CLIENTS: usize = 8;
-/// How often blocked reads and accepts look at the shutdown flag.
-const POLL: Duration = Duration::from_millis(50);
+/// How long `accept` backs off after an error other than an interruption (EMFILE and the like).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// A client that cannot take its reply within this time is dropped.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A client silent for this long gives its slot back.
@@ -295,35 +296,29 @@ fn guarded(f: impl FnOnce() -> Result<Value, String>) -> Value {
     }
 }
 
-/// Serves the control socket at `path` until `shutdown` is set; the thread then joins its clients and
+/// Serves the control socket at `path` until `shutdown` fires; the thread then joins its clients and
 /// removes the socket file. A stale socket at `path` is replaced; a live server or any other file there is
-/// an error ([`crate::socket_owner`]).
-pub fn serve_control(
-    path: &Path,
-    targets: Vec<Arc<dyn ControlTarget>>,
-    shutdown: Arc<AtomicBool>,
-) -> io::Result<JoinHandle<()>> {
+/// an error ([`crate::socket_owner`]). Its threads block on their sockets with no timeout but a client's idle
+/// one; `shutdown` shuts those sockets down.
+pub fn serve_control(path: &Path, targets: Vec<Arc<dyn ControlTarget>>, shutdown: Stop) -> io::Result<JoinHandle<()>> {
     let (listener, file) = crate::socket_owner::bind(path)?;
     let started = (|| {
         // The socket can reset devices and inject traffic: owner only.
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-        listener.set_nonblocking(true)
+        listener.set_nonblocking(false)?;
+        shutdown.watch(&listener)
     })();
-    started?; // on error `file` drops, which removes the socket
-    std::thread::Builder::new()
-        .name("control-accept".into())
-        .spawn(move || accept_loop(listener, file, Arc::from(targets), shutdown))
+    let watch = started?; // on error `file` drops, which removes the socket
+    std::thread::Builder::new().name("control-accept".into()).spawn(move || {
+        accept_loop(listener, file, Arc::from(targets), &shutdown);
+        drop(watch);
+    })
 }
 
-fn accept_loop(
-    listener: UnixListener,
-    file: SocketFile,
-    targets: Arc<[Arc<dyn ControlTarget>]>,
-    shutdown: Arc<AtomicBool>,
-) {
+fn accept_loop(listener: UnixListener, file: SocketFile, targets: Arc<[Arc<dyn ControlTarget>]>, shutdown: &Stop) {
     let active = Arc::new(AtomicUsize::new(0));
     let mut clients: Vec<JoinHandle<()>> = Vec::new();
-    while !shutdown.load(Ordering::Acquire) {
+    while !shutdown.is_stopped() {
         match listener.accept() {
             Ok((stream, _)) => {
                 clients.retain(|h| !h.is_finished());
@@ -347,12 +342,12 @@ fn accept_loop(
                     }
                 }
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
-                std::thread::sleep(POLL)
-            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            // The stop shut the listener down.
+            Err(_) if shutdown.is_stopped() => {}
             Err(e) => {
                 tracing::warn!("control socket accept failed: {e}");
-                std::thread::sleep(POLL);
+                std::thread::sleep(ACCEPT_BACKOFF);
             }
         }
     }
@@ -375,36 +370,33 @@ fn reply(stream: &mut UnixStream, value: &Value) -> io::Result<()> {
     stream.write_all(line.as_bytes())
 }
 
-fn serve_client(mut stream: UnixStream, targets: &[Arc<dyn ControlTarget>], shutdown: &AtomicBool) -> io::Result<()> {
+fn serve_client(mut stream: UnixStream, targets: &[Arc<dyn ControlTarget>], shutdown: &Stop) -> io::Result<()> {
     stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(POLL))?;
+    // The read blocks until the client writes, leaves or idles out; a stop shuts the socket down.
+    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    let _watch = shutdown.watch(&stream)?;
     let mut line: Vec<u8> = Vec::new();
     // After an over-long line, bytes up to the next newline are dropped.
     let mut discarding = false;
     let mut chunk = vec![0u8; READ_CHUNK];
-    let mut last_activity = Instant::now();
     loop {
-        if shutdown.load(Ordering::Acquire) {
+        if shutdown.is_stopped() {
             return Ok(());
         }
         let n = match stream.read(&mut chunk) {
             Ok(0) => {
-                if !discarding && !line.iter().all(u8::is_ascii_whitespace) {
+                if !discarding && !shutdown.is_stopped() && !line.iter().all(u8::is_ascii_whitespace) {
                     reply(&mut stream, &handle_request(targets, &line))?;
                 }
                 return Ok(());
             }
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
-                if last_activity.elapsed() > IDLE_TIMEOUT {
-                    return Ok(());
-                }
-                continue;
-            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            // Silent for IDLE_TIMEOUT: the slot goes back.
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Ok(()),
             Err(e) => return Err(e),
         };
-        last_activity = Instant::now();
         let mut rest = chunk.get(..n).unwrap_or_default();
         while !rest.is_empty() {
             let (piece, complete) = match rest.iter().position(|&b| b == b'\n') {

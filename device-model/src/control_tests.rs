@@ -3,6 +3,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
 use super::*;
 use crate::engine::{BarSpec, Interrupt};
@@ -47,14 +48,14 @@ fn socket_path(tag: &str) -> PathBuf {
 
 struct Server {
     path: PathBuf,
-    shutdown: Arc<AtomicBool>,
+    shutdown: Stop,
     handle: Option<JoinHandle<()>>,
 }
 
 impl Server {
     fn start(tag: &str, targets: Vec<Arc<dyn ControlTarget>>) -> Server {
         let path = socket_path(tag);
-        let shutdown = Arc::new(AtomicBool::new(false));
+        let shutdown = Stop::new();
         let handle = serve_control(&path, targets, shutdown.clone()).unwrap();
         Server { path, shutdown, handle: Some(handle) }
     }
@@ -65,7 +66,7 @@ impl Server {
         (s, r)
     }
     fn stop(mut self) {
-        self.shutdown.store(true, Ordering::SeqCst);
+        self.shutdown.stop();
         self.handle.take().unwrap().join().unwrap();
         assert!(!self.path.exists(), "socket file removed on shutdown");
     }
@@ -194,7 +195,7 @@ fn several_clients_are_served_at_once_and_one_too_many_is_refused() {
 fn a_file_that_is_not_a_socket_is_not_replaced() {
     let path = socket_path("file");
     std::fs::write(&path, b"keep me").unwrap();
-    let e = serve_control(&path, Vec::new(), Arc::new(AtomicBool::new(false))).unwrap_err();
+    let e = serve_control(&path, Vec::new(), Stop::new()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::AlreadyExists);
     assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
     std::fs::remove_file(&path).unwrap();
@@ -205,7 +206,7 @@ fn a_stale_socket_is_replaced() {
     let (t, _) = targets();
     let path = socket_path("stale");
     drop(UnixListener::bind(&path).unwrap());
-    let shutdown = Arc::new(AtomicBool::new(false));
+    let shutdown = Stop::new();
     let server = Server { handle: Some(serve_control(&path, t, shutdown.clone()).unwrap()), path, shutdown };
     let (mut s, mut r) = server.connect();
     assert_eq!(roundtrip(&mut s, &mut r, r#"{"cmd":"list"}"#)["ok"], json!(true));

@@ -3,9 +3,8 @@
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
 use device_model::cli::{Args, DeviceKind, Listen, Served, Tool};
@@ -14,11 +13,11 @@ use device_model::device_options::DeviceOptions;
 use device_model::hfi1::{CAPTURE_DEFAULT_MIB, WFR_NAMES};
 use device_model::pci::Function;
 use device_model::replay::{self, Report};
-use device_model::shutdown::{accept_one, Termination};
+use device_model::shutdown::{accept_one, Termination, Waker};
 use device_model::socket_owner::{self, SocketFile};
 use device_model::trace::{Filter, Sink};
 use vfio_user_proto::record::Recorder;
-use vfio_user_proto::server::{KeepWarm, WarmMeans, WarmPolicy};
+use vfio_user_proto::stop::Stop;
 use vfio_user_proto::{Server, ServerConfig};
 
 fn main() -> ExitCode {
@@ -47,7 +46,7 @@ fn options_for(args: &Args, s: &Served) -> DeviceOptions {
         hfi1_contexts: args.hfi1_contexts.filter(|_| hfi1),
         hfi1_rcvarray_entries: args.hfi1_rcvarray_entries.filter(|_| hfi1),
         irdma_qhash_capacity: args.irdma_qhash_capacity.filter(|_| s.kind == DeviceKind::Irdma),
-        worker_spin_us: args.worker_spin_us,
+        worker_spin_us: args.worker_spin_us(),
         instance: s.instance,
     }
 }
@@ -156,6 +155,16 @@ fn build_functions(args: &Args, served: &[Served]) -> Result<Vec<Arc<Function>>,
         .collect()
 }
 
+/// Counts its server thread as finished, and wakes the main thread to look, when the thread ends (however).
+struct Finished(Arc<AtomicUsize>, Waker);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        self.1.wake();
+    }
+}
+
 /// Adopts an inherited listening socket (`--fd`), after checking that it is one.
 fn adopt(fd: i32) -> Result<UnixListener, String> {
     // SAFETY: borrowed only for this one fcntl; a closed or invalid number gives EBADF, not UB.
@@ -223,7 +232,7 @@ fn run(args: &Args) -> Result<(), String> {
         tracing::info!("capturing the cable to {}", path.display());
     }
 
-    let shutdown = Arc::new(AtomicBool::new(false));
+    let shutdown = Stop::new();
     let control = match &args.control {
         Some(path) => {
             let targets: Vec<Arc<dyn ControlTarget>> =
@@ -236,50 +245,29 @@ fn run(args: &Args) -> Result<(), String> {
         None => None,
     };
 
-    let keep_warm = match args.keep_warm_us {
-        0 => {
-            if args.keep_warm_qos || args.keep_warm_threads.is_some() || args.keep_warm_always {
-                tracing::warn!(
-                    "--keep-warm-us 0: keep-warm is off, --keep-warm-qos/--keep-warm-threads/--keep-warm-always do \
-                     nothing"
-                );
-            }
-            None
-        }
-        us => {
-            let window = Duration::from_micros(us);
-            let means = match (args.keep_warm_qos, args.keep_warm_threads) {
-                (true, _) => WarmMeans::PmQos,
-                (false, Some(n)) => WarmMeans::Spin { threads: n as usize },
-                (false, None) => WarmMeans::default(),
-            };
-            let policy = if args.keep_warm_always { WarmPolicy::Always } else { WarmPolicy::Tried };
-            let warm = KeepWarm::start(window, means, policy).map_err(|e| format!("starting keep-warm: {e}"))?;
-            tracing::info!(
-                "keep-warm: idle CPUs kept from halting for {us} us after a request ({:?}, {})",
-                warm.means(),
-                if warm.is_tried() { "tried against not keeping warm" } else { "after every request" }
-            );
-            Some(Arc::new(warm))
-        }
-    };
-    let config = ServerConfig {
-        busy_poll: Duration::from_micros(args.busy_poll_us),
-        write_multiple: args.write_multiple,
-        keep_warm,
-        ..ServerConfig::default()
-    };
+    let config =
+        ServerConfig { busy_poll: args.busy_poll(), write_multiple: args.write_multiple, ..ServerConfig::default() };
+    if args.low_latency || !config.busy_poll.is_zero() || args.worker_spin_us().is_some_and(|us| us > 0) {
+        tracing::info!(
+            "low latency: connections busy-poll {} us after a reply, workers poll {} us after a job",
+            config.busy_poll.as_micros(),
+            args.worker_spin_us().unwrap_or(0)
+        );
+    }
     let mut threads = Vec::new();
     let mut stops = Vec::new();
+    let finished = Arc::new(AtomicUsize::new(0));
     for (((function, listener), s), recorder) in functions.into_iter().zip(listeners).zip(&served).zip(recorders) {
         let once = args.once;
         let name = s.name();
         let server = Server::new(function, ServerConfig { recorder: Some(recorder), ..config.clone() });
         stops.push(server.shutdown_handle());
         let stop = shutdown.clone();
+        let finished = Finished(finished.clone(), termination.waker().map_err(|e| format!("{name}: {e}"))?);
         let thread = std::thread::Builder::new()
             .name(format!("{name}-accept"))
             .spawn(move || {
+                let _finished = finished;
                 if once {
                     if let Some(stream) = accept_one(&listener, &stop) {
                         match server.serve_connection(stream) {
@@ -294,12 +282,12 @@ fn run(args: &Args) -> Result<(), String> {
             .map_err(|e| format!("spawning the {name} server thread: {e}"))?;
         threads.push(thread);
     }
-    if termination.wait_until(|| threads.iter().all(|t| t.is_finished())) {
+    if termination.wait_until(|| finished.load(Ordering::Acquire) == threads.len()) {
         tracing::info!("signal received: shutting down (a second one exits at once)");
     }
     // Stop accepting and close the clients: each connection detaches its device, which fails the device's
     // pending DMA and unmaps the client's memory after the accesses in flight.
-    shutdown.store(true, Ordering::Release);
+    shutdown.stop();
     stops.iter().for_each(|s| s.shutdown());
     for t in threads {
         let _ = t.join();

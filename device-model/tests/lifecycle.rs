@@ -1,6 +1,8 @@
 //! The device-model process's life: who owns its socket paths, and how signals end it.
 
+use std::collections::BTreeSet;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -21,7 +23,12 @@ fn dir(tag: &str) -> PathBuf {
 }
 
 fn spawn(dir: &Path) -> Child {
+    spawn_with(dir, &[])
+}
+
+fn spawn_with(dir: &Path, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_device-model"))
+        .args(extra)
         .arg("--hfi1")
         .arg(dir.join("hfi1.sock"))
         .arg("--irdma")
@@ -39,27 +46,40 @@ fn spawn(dir: &Path) -> Child {
 /// Starts a device model and waits until every socket answers.
 fn start(dir: &Path) -> Child {
     let child = spawn(dir);
-    for s in SOCKETS {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(dir.join(s)).is_err() {
-            assert!(Instant::now() < deadline, "{s} did not appear");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+    wait_for_sockets(dir);
     child
 }
 
-fn wait_exit(child: &mut Child, within: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return Some(st);
-        }
+fn wait_for_sockets(dir: &Path) {
+    for s in SOCKETS {
+        assert!(wait_until(|| UnixStream::connect(dir.join(s)).is_ok()), "{s} did not appear");
+    }
+}
+
+/// How long a condition may take before a test gives up on it: a guard against hanging, not a measure (every
+/// condition here normally holds within milliseconds).
+const HANG_GUARD: Duration = Duration::from_secs(30);
+
+/// Looks at `cond` until it holds; false if it still does not after [`HANG_GUARD`].
+fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + HANG_GUARD;
+    while !cond() {
         if Instant::now() >= deadline {
-            return None;
+            return false;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    true
+}
+
+/// The child's exit status once it has exited.
+fn wait_exit(child: &mut Child) -> Option<ExitStatus> {
+    let mut status = None;
+    wait_until(|| {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    status
 }
 
 fn signal(child: &Child, sig: rustix::process::Signal) {
@@ -90,8 +110,17 @@ fn a_second_device_model_on_live_sockets_refuses_and_the_first_keeps_serving() {
     let first = start(&d);
     let pid = first.id();
     let mut guard = Cleanup(vec![first], d.clone());
-    let fds_of_first = || std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
-    std::thread::sleep(Duration::from_millis(200)); // the start-up probes are closed
+    // What the descriptors of the first refer to (a socket by its inode). The start-up probes' connections may
+    // still be open here; they can only close. Its threads may still be taking further descriptors on objects
+    // it already has (a duplicate of a listener, to shut it down at exit), so objects are compared, not
+    // descriptor numbers: a connection the refused processes made it accept would be a new socket.
+    let fds_of_first = || -> BTreeSet<String> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| std::fs::read_link(e.path()).map(|t| t.display().to_string()).unwrap_or_default())
+            .collect()
+    };
     let fds_before = fds_of_first();
     // Each socket alone, so the refusal is about that socket (the others are fresh paths).
     for (i, s) in SOCKETS.iter().enumerate() {
@@ -116,12 +145,9 @@ fn a_second_device_model_on_live_sockets_refuses_and_the_first_keeps_serving() {
             assert!(!other.join(f).exists(), "{s}: the refused process left {f} behind");
         }
     }
-    // The refused processes' probes cost the first nothing.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while fds_of_first() > fds_before && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(fds_of_first(), fds_before, "descriptors of the first device model");
+    // The refused processes' probes cost the first nothing: every descriptor they made it open is closed again.
+    let leftover = || fds_of_first().difference(&fds_before).cloned().collect::<Vec<_>>();
+    assert!(wait_until(|| leftover().is_empty()), "descriptors the first device model kept: {:?}", leftover());
     // The first still answers on every socket.
     let c = Client::connect(&d.join("hfi1.sock"), ClientConfig::default()).unwrap();
     let mut ids = [0u8; 4];
@@ -165,7 +191,7 @@ fn sigterm_and_sigint_shut_down_gracefully_closing_clients_and_removing_the_sock
         c.region_write(region::CONFIG, 4, &6u16.to_le_bytes()).unwrap();
         let _control = UnixStream::connect(d.join("control.sock")).unwrap();
         signal(&guard.0[0], sig);
-        let status = wait_exit(&mut guard.0[0], Duration::from_secs(5)).expect("exits after the signal");
+        let status = wait_exit(&mut guard.0[0]).expect("exits after the signal");
         assert_eq!(status.code(), Some(0), "{sig:?}: graceful exit is 0, got {status:?}");
         for s in SOCKETS {
             assert!(!d.join(s).exists(), "{sig:?}: {s} removed");
@@ -176,12 +202,12 @@ fn sigterm_and_sigint_shut_down_gracefully_closing_clients_and_removing_the_sock
 }
 
 #[test]
-fn a_second_signal_during_a_stuck_shutdown_exits_at_once() {
-    let d = dir("second");
+fn a_client_that_never_reads_its_replies_does_not_hold_up_the_shutdown() {
+    let d = dir("unread");
     let child = start(&d);
     let mut guard = Cleanup(vec![child], d.clone());
-    // A client that sends requests and never reads the replies: the server's reply send blocks (for up to its
-    // 5 s send timeout), so the graceful shutdown cannot finish at once.
+    // A client that sends requests and never reads the replies, until the server's reply send blocks (it would
+    // for its 5 s send timeout): the shutdown shuts the connection down, which ends that send at once.
     let s = UnixStream::connect(d.join("hfi1.sock")).unwrap();
     let version = b"\0\0\x01\0{}\0";
     let mut m = Header::command(0, command::VERSION, version.len()).encode().to_vec();
@@ -192,34 +218,79 @@ fn a_second_signal_during_a_stuck_shutdown_exits_at_once() {
     let mut req = Header::command(1, command::REGION_READ, read.len()).encode().to_vec();
     req.extend_from_slice(&read);
     let mut sent = 0;
-    let mut blocked_since: Option<Instant> = None;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    // Until our sends stay blocked: the server has stopped reading, stuck sending us replies.
-    while blocked_since.is_none_or(|t| t.elapsed() < Duration::from_millis(300)) {
-        assert!(Instant::now() < deadline, "the server kept reading");
-        match (&s).write(&req) {
-            Ok(n) if n == req.len() => {
-                sent += 1;
-                blocked_since = None;
-            }
-            Ok(_) => break, // a partial message: the stream is out of sync from here, which is fine
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                blocked_since.get_or_insert_with(Instant::now);
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("send: {e}"),
-        }
-    }
-    signal(&guard.0[0], rustix::process::Signal::TERM);
-    let early = wait_exit(&mut guard.0[0], Duration::from_millis(500));
+    // Until the socket's buffers both ways are full: the server is stuck sending us a reply. (Our sends stay
+    // refused from then on, however often we try.)
     assert!(
-        early.is_none(),
-        "still shutting down (send blocked), but: {early:?} after {sent} requests, {}",
-        stderr_of(guard.0.pop().unwrap())
+        wait_until(|| {
+            // As many as fit now: the server must not wait for us between replies.
+            loop {
+                match (&s).write(&req) {
+                    Ok(n) if n == req.len() => sent += 1,
+                    Ok(_) => break, // a partial message: the stream is out of sync from here, which is fine
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("send: {e}"),
+                }
+            }
+            server_is_sending(guard.0[0].id())
+        }),
+        "the server never blocked sending ({sent} requests)"
     );
     signal(&guard.0[0], rustix::process::Signal::TERM);
-    let status = wait_exit(&mut guard.0[0], Duration::from_secs(1)).expect("the second signal exits at once");
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
-    assert_eq!(status.signal(), None);
+    let status = wait_exit(&mut guard.0[0]).expect("exits after the signal");
+    assert_eq!(status.code(), Some(0), "a graceful exit: {status:?}");
+    for f in SOCKETS {
+        assert!(!d.join(f).exists(), "{f} removed");
+    }
     drop(s);
+}
+
+/// Whether a thread of `pid` sleeps waiting for room to send (its kernel wait channel: the socket buffer
+/// allocation of `sendmsg`).
+fn server_is_sending(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks
+        .filter_map(|t| t.ok())
+        .any(|t| std::fs::read_to_string(t.path().join("wchan")).is_ok_and(|w| w.contains("sock_alloc_send_pskb")))
+}
+
+#[test]
+fn a_second_signal_during_a_stuck_shutdown_exits_at_once() {
+    let d = dir("second");
+    // A trace file nobody drains: a FIFO we hold open for reading and never read. Once its buffer is full, the
+    // thread that traces a register access blocks in its write, and a graceful shutdown cannot finish.
+    let fifo = d.join("trace.fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        0,
+    )
+    .unwrap();
+    let _undrained = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+    let child = spawn_with(&d, &["--trace", "hfi1=debug", "--trace-file", fifo.to_str().unwrap()]);
+    let mut guard = Cleanup(vec![child], d.clone());
+    wait_for_sockets(&d);
+    let c = Client::connect(
+        &d.join("hfi1.sock"),
+        ClientConfig { timeout: Duration::from_millis(500), ..ClientConfig::default() },
+    )
+    .unwrap();
+    // Each access traces a line; the first that gets no reply found the FIFO full.
+    let mut accesses = 0u32;
+    let mut b = [0u8; 4];
+    while c.region_read(region::CONFIG, 0, &mut b).is_ok() {
+        accesses += 1;
+        assert!(accesses < 1_000_000, "the trace never blocked");
+    }
+    signal(&guard.0[0], rustix::process::Signal::TERM);
+    // The graceful shutdown has begun once the listeners are shut down (a new connection is refused); it
+    // cannot end while the trace write blocks.
+    assert!(wait_until(|| UnixStream::connect(d.join("control.sock")).is_err()), "the shutdown never began");
+    assert_eq!(guard.0[0].try_wait().unwrap(), None, "stuck in the trace write, the device model is still there");
+    signal(&guard.0[0], rustix::process::Signal::TERM);
+    let status = wait_exit(&mut guard.0[0]).expect("the second signal ends it");
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "the second signal's exit, not a graceful one: {status:?}");
+    assert_eq!(status.signal(), None);
+    drop(c);
 }

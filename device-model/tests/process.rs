@@ -42,8 +42,8 @@ impl DeviceModel {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        // The probe connections above were clients too; give the server time to see them go.
-        std::thread::sleep(Duration::from_millis(100));
+        // The probe connections above were clients too: the server serves its clients one after another, so
+        // the next one is answered only once it has seen them go.
         dm
     }
 

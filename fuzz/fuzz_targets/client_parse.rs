@@ -377,8 +377,13 @@ fn run(input: Input) {
     let (version, steps) = (input.version, input.steps);
     let server = server_thread
         .run(move || server_loop(Peer::new(server_end, MAX_XFER + 8192).spinning(SERVER_POLL), version, steps));
-    let config =
-        ClientConfig { timeout: CLIENT_TIMEOUT, max_msg_fds: 8, max_data_xfer_size: MAX_XFER, busy_poll: CLIENT_POLL };
+    let config = ClientConfig {
+        timeout: CLIENT_TIMEOUT,
+        max_msg_fds: 8,
+        max_data_xfer_size: MAX_XFER,
+        busy_poll: CLIENT_POLL,
+        exact_reads: false,
+    };
     let start = Instant::now();
     let client = Client::from_stream(client_end, config);
     assert!(start.elapsed() < CALL_DEADLINE, "negotiation took {:?}", start.elapsed());

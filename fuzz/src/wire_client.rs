@@ -6,7 +6,8 @@ use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use vfio_user_proto::sock::{recv_message, send_message, FrameError, Message, RecvLimits};
+use vfio_user_proto::frame_reader::{recv_message, FrameLimits};
+use vfio_user_proto::sock::{send_message, FrameError, Message};
 use vfio_user_proto::wire::Header;
 
 /// What came back for one request.
@@ -42,7 +43,7 @@ impl Peer {
 
     /// Reads the next message, waiting at most `wait`. `Ok(None)` on timeout.
     pub fn recv(&self, wait: Duration) -> Result<Option<Message>, FrameError> {
-        let limits = RecvLimits { max_msg_size: self.limits_max_msg, max_fds: 253, stall_timeout: wait, stop: None };
+        let limits = FrameLimits { max_msg_size: self.limits_max_msg, max_fds: 253, stall_timeout: wait };
         if !readable(&self.stream, self.spin, wait) {
             return Ok(None);
         }

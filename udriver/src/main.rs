@@ -59,7 +59,7 @@ enum UCommand {
         /// An hfi1 function served by rust-vmm's vfio-user server (`testbed serve-peers`).
         #[arg(long)]
         peer: Option<String>,
-        /// An hfi1 function served by our server with busy-poll on (`testbed serve-peers`).
+        /// An hfi1 function served by our server with the device model's defaults (`testbed serve-peers`).
         #[arg(long)]
         polled: Option<String>,
         /// QEMU's edu device.

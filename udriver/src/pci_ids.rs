@@ -1,6 +1,6 @@
 //! The devices udriver drives, as a kernel driver names them: a `struct pci_device_id` table (`hfi1_pci_tbl`
 //! in hfi1's init.c) matched with `pci_match_id`. The IDs are the project's own functions (QEMU's 1b36
-//! vendor, docs/pci.md); a test in `rig` checks them against the device model's defaults.
+//! vendor, docs/pci.md); a test in `testbed` checks them against the device model's defaults.
 
 #![forbid(unsafe_code)]
 

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use rustix::net::{recv, recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
-use crate::sock::{set_peek_offset, FrameError, Message};
+use crate::sock::{set_peek_offset, wait_readable, FrameError, Message};
 use crate::wire::{Header, HEADER_SIZE};
 
 /// Holds any small message whole (REGION_WRITE_MULTI's 200 entries are the largest fixed part).
@@ -136,6 +136,13 @@ impl FrameReader {
         }
     }
 
+    /// A reader that reads message by message (the rest of the header, then the rest of the body) from
+    /// the start, as it does on a socket that refuses SO_PEEK_OFF: two receives per message where the peek
+    /// mode usually needs one. Measured against the peek mode by `testbed bench` case (a) (docs/vfio-user.md).
+    pub fn exact(limits: FrameLimits) -> Self {
+        FrameReader { mode: Mode::ExactOnly, ..Self::new(limits) }
+    }
+
     /// Bytes of a message have been received but not the whole message.
     pub fn in_message(&self) -> bool {
         self.body.is_some() || self.end > self.start
@@ -175,17 +182,27 @@ impl FrameReader {
     }
 
     /// The next complete message: from the buffer if one is there, otherwise after reading. `Ok(None)`
-    /// when nothing complete has arrived (with [`Wait::Block`]: by the receive timeout, or a signal).
-    /// After `BadSize` the stream cannot be resynchronised and the reader must not be used further.
+    /// when nothing complete has arrived (with [`Wait::Block`]: by the receive timeout, the stall clock inside
+    /// a message, or a signal). After `BadSize` the stream cannot be resynchronised and the reader must not be
+    /// used further.
     pub fn next(&mut self, stream: &UnixStream, wait: Wait) -> Result<Option<Message>, FrameError> {
+        // Whether the wait for the rest of the message (below) has been made since the last bytes came.
+        let mut waited = false;
         loop {
             if let Some(m) = self.parse()? {
                 return Ok(Some(m));
             }
-            match self.fill(stream, wait)? {
-                Filled::Bytes | Filled::Again => {}
+            // Inside a message the rest has almost always arrived with its start: read without blocking, and
+            // wait (with the stall clock) only if it has not.
+            let inside = wait == Wait::Block && self.in_message();
+            match self.fill(stream, if inside { Wait::NoWait } else { wait })? {
+                Filled::Bytes | Filled::Again => waited = false,
                 Filled::Eof if self.in_message() => return Err(FrameError::Truncated),
                 Filled::Eof => return Err(FrameError::Closed),
+                Filled::Nothing if inside && !waited => {
+                    self.wait_for_rest(stream)?;
+                    waited = true;
+                }
                 Filled::Nothing => {
                     if self.in_message() {
                         let since = *self.stalled_since.get_or_insert_with(Instant::now);
@@ -197,6 +214,24 @@ impl FrameReader {
                 }
             }
         }
+    }
+
+    /// Inside a message a blocking read must not outlast the stall timeout, whatever the socket's own receive
+    /// timeout (a server's is none, so that an idle connection sleeps until its next message): waits for more
+    /// bytes for what is left of it (or of the socket's timeout, if shorter). A signal ends the wait early.
+    fn wait_for_rest(&mut self, stream: &UnixStream) -> Result<(), FrameError> {
+        // Peeked bytes would keep the socket readable: the wait must see only new ones.
+        self.consume_seen(stream)?;
+        let since = *self.stalled_since.get_or_insert_with(Instant::now);
+        let mut left = self.limits.stall_timeout.saturating_sub(since.elapsed());
+        if let Ok(Some(t)) = stream.read_timeout() {
+            left = left.min(t);
+        }
+        if !left.is_zero() {
+            // false: timed out or interrupted; the read that follows finds nothing and `next` judges the stall.
+            wait_readable(stream, left)?;
+        }
+        Ok(())
     }
 
     /// Cuts the next complete message, or starts body mode for one that is not complete yet.
@@ -377,6 +412,25 @@ impl FrameReader {
             self.mode = if left == 0 { Self::peek_mode(stream) } else { Mode::Exact { left } };
         }
         Ok(Filled::Bytes)
+    }
+}
+
+/// Reads one whole message, with the same reader as the server and the client ([`FrameReader::exact`]: no
+/// read goes past the message, so the stream may go on with another reader). Between messages it blocks for
+/// as long as the socket's receive timeout lets it (none: until the next message, the peer's close, or a
+/// [`crate::stop::Stop`]), and a timeout there is [`FrameError::Timeout`]. On `BadSize` the header was
+/// consumed but the body was not.
+pub fn recv_message(stream: &UnixStream, limits: &FrameLimits) -> Result<Message, FrameError> {
+    let deadline = stream.read_timeout()?.map(|t| Instant::now() + t);
+    let mut reader = FrameReader::exact(*limits);
+    loop {
+        if let Some(m) = reader.next(stream, Wait::Block)? {
+            return Ok(m);
+        }
+        // The receive timeout, or a signal (then the read goes on).
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(FrameError::Timeout);
+        }
     }
 }
 

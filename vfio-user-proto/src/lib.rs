@@ -11,9 +11,9 @@ pub mod dma_space;
 pub mod frame_reader;
 pub mod irq;
 pub mod record;
-pub mod sched;
 pub mod server;
 pub mod sock;
+pub mod stop;
 pub mod sync;
 pub mod wire;
 

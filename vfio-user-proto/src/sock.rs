@@ -1,22 +1,19 @@
 //! Message framing over a UNIX stream socket, with SCM_RIGHTS fd passing (through rustix; the one `unsafe`
 //! block sets SO_PEEK_OFF, which rustix does not wrap).
 //!
-//! Reading is bounded: the header's size is checked against the limit before the body is allocated,
-//! at most `max_fds` descriptors are accepted per message (the kernel closes any beyond the control
-//! buffer and reports MSG_CTRUNC), and a peer that stalls inside a message hits a deadline.
+//! Reading is [`crate::frame_reader`]'s (with `recv_message` for one-off reads), for every reader of the crate: the header's size is checked against
+//! the limit before the body is allocated, at most `max_fds` descriptors are accepted per message (the kernel
+//! closes any beyond the control buffer and reports MSG_CTRUNC), and a peer that stalls inside a message hits
+//! a deadline.
 
-use std::io::{IoSlice, IoSliceMut};
+use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
-use rustix::net::{
-    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
-};
+use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use thiserror::Error;
 
 use crate::wire::{Header, HEADER_SIZE};
@@ -24,19 +21,16 @@ use crate::wire::{Header, HEADER_SIZE};
 /// Linux's `SCM_MAX_FD`: no message can carry more descriptors than this.
 pub const SCM_MAX_FD: u32 = 253;
 
-/// How often a reader waiting between messages looks at its stop flag.
-const STOP_POLL_INTERVAL: Duration = Duration::from_millis(50);
-
 #[derive(Debug, Error)]
 pub enum FrameError {
     #[error("peer closed the connection")]
     Closed,
     #[error("peer closed the connection in the middle of a message")]
     Truncated,
-    #[error("peer stalled in the middle of a message")]
+    /// The peer stalled in the middle of a message, or (`recv_message`) sent nothing within the socket's
+    /// receive timeout.
+    #[error("peer stalled in the middle of a message, or sent nothing in time")]
     Timeout,
-    #[error("stopped")]
-    Stopped,
     /// The header's size cannot be trusted, so the stream cannot be resynchronised.
     #[error("message size {size} outside [16, {max}]")]
     BadSize { header: Header, size: u32, max: u32 },
@@ -52,17 +46,6 @@ pub struct Message {
     pub fds: Vec<OwnedFd>,
     /// More descriptors arrived than the limit; the extra ones were closed by the kernel.
     pub fds_truncated: bool,
-}
-
-/// Receive-side limits and waits.
-pub struct RecvLimits<'a> {
-    /// Largest whole message (header included) accepted.
-    pub max_msg_size: u32,
-    pub max_fds: u32,
-    /// Longest a peer may stall between two parts of one message.
-    pub stall_timeout: Duration,
-    /// While waiting for the next message, return `Stopped` once this is set.
-    pub stop: Option<&'a AtomicBool>,
 }
 
 fn to_timespec(d: Duration) -> Timespec {
@@ -99,106 +82,6 @@ pub fn wait_readable(fd: impl AsFd, timeout: Duration) -> std::io::Result<bool> 
         Err(rustix::io::Errno::INTR) => Ok(false),
         Err(e) => Err(e.into()),
     }
-}
-
-/// Reads exactly `buf.len()` bytes, collecting descriptors. Returns the number of bytes read before EOF
-/// (less than `buf.len()` only on EOF).
-fn recv_exact(
-    stream: &UnixStream,
-    buf: &mut [u8],
-    fds: &mut Vec<OwnedFd>,
-    truncated: &mut bool,
-    limits: &RecvLimits,
-    first_wait_unbounded: bool,
-) -> Result<usize, FrameError> {
-    let mut pos = 0;
-    let mut deadline = Instant::now() + limits.stall_timeout;
-    while pos < buf.len() {
-        let mut flags = RecvFlags::CMSG_CLOEXEC;
-        if pos == 0 && first_wait_unbounded {
-            // Between messages: a peer may be idle for as long as it likes, unless we are told to stop.
-            if let Some(stop) = limits.stop {
-                loop {
-                    if stop.load(Ordering::Acquire) {
-                        return Err(FrameError::Stopped);
-                    }
-                    if wait_readable(stream, STOP_POLL_INTERVAL)? {
-                        break;
-                    }
-                }
-            }
-        } else {
-            // The rest of a message has almost always arrived with its start: try first and poll only if
-            // it has not (a poll per part was a third of the syscalls of a register round trip).
-            flags |= RecvFlags::DONTWAIT;
-        }
-        let room = (limits.max_fds as usize).saturating_sub(fds.len());
-        let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(room.max(1)))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let Some(dst) = buf.get_mut(pos..) else { break };
-        let mut iov = [IoSliceMut::new(dst)];
-        let msg = match recvmsg(stream, &mut iov, &mut control, flags) {
-            Ok(m) => m,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(rustix::io::Errno::AGAIN) if flags.contains(RecvFlags::DONTWAIT) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(FrameError::Timeout);
-                }
-                // `false` is a timeout or a signal (EINTR): either way the next pass looks at the deadline
-                // again rather than mistaking a signal for a stalled peer.
-                wait_readable(stream, left)?;
-                continue;
-            }
-            // Only a receive timeout (SO_RCVTIMEO) yields EAGAIN on our blocking sockets.
-            Err(rustix::io::Errno::AGAIN) => return Err(FrameError::Timeout),
-            Err(e) => return Err(FrameError::Io(e.into())),
-        };
-        if msg.flags.contains(ReturnFlags::CTRUNC) {
-            *truncated = true;
-        }
-        for m in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(rights) = m {
-                for fd in rights {
-                    if fds.len() < limits.max_fds as usize {
-                        fds.push(fd);
-                    } else {
-                        *truncated = true; // dropped here, so closed
-                    }
-                }
-            }
-        }
-        if msg.bytes == 0 {
-            return Ok(pos);
-        }
-        pos += msg.bytes;
-        deadline = Instant::now() + limits.stall_timeout;
-    }
-    Ok(pos)
-}
-
-/// Reads one whole message. On `BadSize` the header was consumed but the body was not.
-pub fn recv_message(stream: &UnixStream, limits: &RecvLimits) -> Result<Message, FrameError> {
-    let mut fds = Vec::new();
-    let mut truncated = false;
-    let mut hb = [0u8; HEADER_SIZE];
-    let got = recv_exact(stream, &mut hb, &mut fds, &mut truncated, limits, true)?;
-    if got == 0 {
-        return Err(FrameError::Closed);
-    }
-    if got < HEADER_SIZE {
-        return Err(FrameError::Truncated);
-    }
-    let header = Header::decode(&hb);
-    if (header.msg_size as usize) < HEADER_SIZE || header.msg_size > limits.max_msg_size {
-        return Err(FrameError::BadSize { header, size: header.msg_size, max: limits.max_msg_size });
-    }
-    let mut payload = vec![0u8; header.msg_size as usize - HEADER_SIZE];
-    let got = recv_exact(stream, &mut payload, &mut fds, &mut truncated, limits, false)?;
-    if got < payload.len() {
-        return Err(FrameError::Truncated);
-    }
-    Ok(Message { header, payload, fds, fds_truncated: truncated })
 }
 
 /// Sends `header` + `parts` as one message, with `fds` attached to its first bytes.

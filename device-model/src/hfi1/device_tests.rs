@@ -288,10 +288,9 @@ fn doorbell_returns_at_once_and_registers_are_served_while_a_dma_is_in_flight() 
     assert!(gated.mem.map(DESC, 0x1000) && gated.mem.map(EVEN_BUF, 8192) && gated.mem.map(ODD_BUF, 4096));
     let (dev, _) = programmed(gated.clone());
     put_desc(&gated.mem, DESC, Packet::kdeth0(0, false, 2, TIDCTRL_EVEN), 0, &[3; 8], 0);
-    let t = Instant::now();
+    // The gate stays shut until this test opens it below: a doorbell that waited for the DMA would never return.
     w(&dev, LB_BASE + LB_DESC_ADDR, DESC);
     w(&dev, LB_BASE + LB_DOORBELL, 1);
-    assert!(t.elapsed() < Duration::from_secs(1));
     let start = Instant::now();
     while gated.reads.load(Ordering::SeqCst) == 0 {
         assert!(start.elapsed() < Duration::from_secs(5));

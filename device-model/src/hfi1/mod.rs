@@ -76,8 +76,7 @@ pub struct Hfi1Config {
     pub rcv_array_count: usize,
     /// Loopback doorbells that may wait for the worker; more are counted and dropped. Default 64.
     pub doorbell_queue: usize,
-    /// Where the worker's jobs run. Default a thread spinning [`DEFAULT_WORKER_SPIN`], as measured by
-    /// `udriver bench` (docs/bench.md).
+    /// Where the worker's jobs run. Default a thread that sleeps between jobs ([`WorkerMode::default`]).
     pub worker: WorkerMode,
     /// Which of the process's chip-personality functions this is, below [`MAX_WFR_FUNCTIONS`]: it names the
     /// device and, through [`Hfi1Config::wfr_instance`], its node GUID. 0 on the project's own function.
@@ -89,10 +88,6 @@ pub const MAX_WFR_FUNCTIONS: u8 = 2;
 /// Control-socket and trace names of the chip-personality functions, by instance.
 pub const WFR_NAMES: [&str; MAX_WFR_FUNCTIONS as usize] = ["hfi1-wfr", "hfi1-wfr1"];
 
-/// The worker's default idle spin: on an idle host it made back-to-back small doorbells 1.7-1.8x faster
-/// (the next doorbell finds the worker awake); on a host loaded past its cores it costs, so it is a knob.
-pub const DEFAULT_WORKER_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
-
 impl Default for Hfi1Config {
     fn default() -> Self {
         Self {
@@ -100,7 +95,7 @@ impl Default for Hfi1Config {
             rcv_contexts: 8,
             rcv_array_count: 4096,
             doorbell_queue: 64,
-            worker: WorkerMode::Thread { spin: DEFAULT_WORKER_SPIN },
+            worker: WorkerMode::default(),
             instance: 0,
         }
     }

@@ -156,6 +156,13 @@ impl Ccq {
 
     /// Writes `cqe` into `slot`, its valid qword last.
     pub fn write_slot(&self, dma: &dyn DmaAccess, slot: u32, cqe: [u64; 4]) -> Result<(), DmaError> {
+        self.write_body(dma, slot, cqe)?;
+        self.write_valid(dma, slot, cqe)
+    }
+
+    /// Writes qwords 0..2 of `cqe` into `slot` (and zeroes an extended CQE's second half): the driver does not
+    /// see the CQE yet, its valid bit is in qword 3.
+    pub fn write_body(&self, dma: &dyn DmaAccess, slot: u32, cqe: [u64; 4]) -> Result<(), DmaError> {
         let addr = self.slot_addr(slot);
         let mut body = [0u8; 24];
         for (chunk, q) in body.chunks_exact_mut(8).zip(&cqe[..3]) {
@@ -165,7 +172,12 @@ impl Ccq {
         if self.cfg.extended_cqe {
             dma.write(addr + IRDMA_CQE_SIZE, &[0u8; 32])?;
         }
-        dma.write_u64(addr + 24, cqe[3])
+        Ok(())
+    }
+
+    /// Writes qword 3 of `cqe`, with its valid bit, into `slot`: from here the CQE is the driver's.
+    pub fn write_valid(&self, dma: &dyn DmaAccess, slot: u32, cqe: [u64; 4]) -> Result<(), DmaError> {
+        dma.write_u64(self.slot_addr(slot) + 24, cqe[3])
     }
 
     /// Moves the head to the next slot, flipping the polarity at the wrap.

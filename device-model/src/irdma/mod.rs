@@ -42,8 +42,7 @@ pub struct IrdmaConfig {
     pub ccq_full_wait: Duration,
     /// Largest CCQ the device accepts in CREATE_CQ (entries). Default 1 << 20 (CQEIDX is 20 bits).
     pub max_ccq_size: u64,
-    /// Where the CQP worker's jobs run. Default a thread that polls 50 µs for the next request before it
-    /// sleeps.
+    /// Where the CQP worker's jobs run. Default a thread that sleeps between jobs ([`WorkerMode::default`]).
     pub worker: WorkerMode,
 }
 
@@ -54,7 +53,7 @@ impl Default for IrdmaConfig {
             msix_vectors: 4,
             ccq_full_wait: Duration::from_millis(10),
             max_ccq_size: 1 << 20,
-            worker: WorkerMode::Thread { spin: Duration::from_micros(50) },
+            worker: WorkerMode::default(),
         }
     }
 }

@@ -50,7 +50,7 @@ impl Irqs {
 
 /// The driver side: SQ and CCQ positions as the kernel keeps them.
 struct Rig {
-    dev: Irdma,
+    dev: Arc<Irdma>,
     mem: Arc<HeapMemory>,
     irqs: Arc<Irqs>,
     sq_size: u32,
@@ -116,6 +116,11 @@ fn create_cq_wqe(size: u64, ring: u64, ceq: Option<u64>) -> [u64; 8] {
 
 impl Rig {
     fn with_config(config: IrdmaConfig) -> Rig {
+        Rig::with_dma(config, |_, mem| mem)
+    }
+
+    /// The device sees the client's memory through what `dma` makes of it (given the device and the memory).
+    fn with_dma(config: IrdmaConfig, dma: impl FnOnce(&Arc<Irdma>, Arc<HeapMemory>) -> Arc<dyn DmaAccess>) -> Rig {
         let mem = Arc::new(HeapMemory::new());
         assert!(mem.map(CTX_PA, 0x1000));
         assert!(mem.map(SQ_PA, 0x2_0000));
@@ -123,8 +128,8 @@ impl Rig {
         assert!(mem.map(SHADOW_PA, 0x1000));
         assert!(mem.map(DESC_PA, 0x1000));
         let irqs = Arc::new(Irqs::default());
-        let dev = Irdma::new(config);
-        dev.attach(mem.clone(), irqs.clone());
+        let dev = Arc::new(Irdma::new(config));
+        dev.attach(dma(&dev, mem.clone()), irqs.clone());
         Rig { dev, mem, irqs, sq_size: 0, head: 0, polarity: false, ccq_size: 0, ccq_head: 0, ccq_polarity: true }
     }
 
@@ -607,6 +612,78 @@ fn unmapped_sq_gives_an_error_completion_and_the_device_keeps_working() {
     rig.ring();
     assert_eq!(rig.poll().unwrap().error(), None);
     assert_eq!(rig.r32(IRDMA_CQPTAIL), 4);
+}
+
+/// The client's memory as the device sees it, with CQPTAIL read before every write into the CCQ ring (as a
+/// driver polling it between the device's steps would see it) and those writes failing while `fail` is set.
+struct RingWatch {
+    mem: Arc<HeapMemory>,
+    dev: std::sync::Weak<Irdma>,
+    fail: std::sync::atomic::AtomicBool,
+    /// (offset of the write in its 32-byte slot, CQPTAIL just before it).
+    seen: Mutex<Vec<(u64, u32)>>,
+}
+
+impl DmaAccess for RingWatch {
+    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        self.mem.read(iova, buf)
+    }
+    fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+        if (CCQ_PA..CCQ_PA + 0x2_0000).contains(&iova) {
+            if let Some(dev) = self.dev.upgrade() {
+                let mut b = [0u8; 4];
+                // The worker holds no lock over its DMA (the deadlock rule), so a register read here is a
+                // driver's read between two of its steps.
+                dev.mmio_read(0, IRDMA_CQPTAIL, &mut b);
+                self.seen.lock().unwrap().push(((iova - CCQ_PA) % 32, u32::from_le_bytes(b)));
+            }
+            if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(DmaError::Unmapped { iova, len: buf.len() as u64 });
+            }
+        }
+        self.mem.write(iova, buf)
+    }
+}
+
+fn ring_watch_rig() -> (Rig, Arc<RingWatch>) {
+    let mut watch = None;
+    let rig = Rig::with_dma(IrdmaConfig::default(), |dev, mem| {
+        let w = Arc::new(RingWatch { mem, dev: Arc::downgrade(dev), fail: Default::default(), seen: Mutex::default() });
+        watch = Some(w.clone());
+        w
+    });
+    (rig, watch.unwrap())
+}
+
+#[test]
+fn a_cqe_becomes_valid_only_after_cqptail_has_moved_past_it() {
+    let (mut rig, watch) = ring_watch_rig();
+    rig.create_cqp(16);
+    rig.create_ccq(16);
+    watch.seen.lock().unwrap().clear();
+    rig.post(nop());
+    rig.ring();
+    assert_eq!(rig.poll().map(|c| c.idx()), Some(1));
+    // The body (qwords 0..2) lands while the tail still stands at the CQE's WQE; qword 3 with the valid bit
+    // after it moved: a driver that sees the CQE samples the tail past it (irdma_sc_ccq_destroy).
+    assert_eq!(*watch.seen.lock().unwrap(), [(0, 1), (24, 2)]);
+}
+
+#[test]
+fn a_cqe_that_cannot_be_written_shows_the_tail_with_cqp_op_err_never_the_tail_alone() {
+    let (mut rig, watch) = ring_watch_rig();
+    rig.create_cqp(16);
+    rig.create_ccq(16);
+    watch.seen.lock().unwrap().clear();
+    watch.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    rig.post(nop());
+    rig.ring();
+    // While the device tried the CQE, the tail had not moved; once it did, CQP_OP_ERR came with it.
+    assert_eq!(*watch.seen.lock().unwrap(), [(0, 1)]);
+    assert_eq!(rig.r32(IRDMA_CQPTAIL), 0x8000_0002);
+    assert_eq!(rig.r32(IRDMA_CQPERRCODES), 0x8004_0002);
+    assert_eq!(rig.counter("cqe_write_errors"), 1);
+    assert_eq!(rig.poll(), None, "nothing reached the ring");
 }
 
 #[test]

@@ -280,56 +280,34 @@ impl Worker {
                 }
             }
         });
-        // CQPTAIL moves before the CQE lands: a driver that has seen the CQE samples the tail past it, as
-        // irdma_sc_ccq_destroy does before it posts and waits for the tail to move. An error CQE's codes are
-        // in CQPERRCODES by then too (irdma_sc_ccq_get_cqe_info reads it). So does the CCQ's head, which
-        // the control dump shows: a driver that saw the CQE finds the device past it.
+        // One publish per completion, made once it is known whether the CQE reaches the ring and before the
+        // driver can see it: the CQE's body is written first (the driver sees nothing until the valid qword),
+        // then CQPTAIL, CQPERRCODES and the CCQ's head are published, then the valid qword lands. So a driver
+        // that has seen the CQE samples the tail past it, as irdma_sc_ccq_destroy does before it posts and
+        // waits for the tail to move; it finds an error CQE's codes in CQPERRCODES (irdma_sc_ccq_get_cqe_info
+        // reads them); the control dump shows the device past it; and a CQE that could not be written shows
+        // with the tail, CQP_OP_ERR set, never the tail alone.
         let before = self.ccq;
-        if let (Some(_), Some(ccq)) = (cqe, self.ccq.as_mut()) {
-            ccq.advance();
-        }
-        if cqe.is_some()
-            && !self.publish(|st| {
-                if !stalled {
-                    st.regs.cqptail = IRDMA_CQPTAIL_WQTAIL.put(u64::from(tail)) as u32;
-                }
-                if let Some((major, minor)) = status {
-                    st.regs.cqperrcodes = cqperrcodes(major, minor);
-                }
-            })
-        {
-            return false;
-        }
-        let mut wrote_cqe = false;
+        let mut landing = None;
         if let (Some((slot, cqe)), Some(ccq)) = (cqe, self.ccq.as_mut()) {
-            match ccq.write_slot(dma, slot, cqe) {
+            match ccq.write_body(dma, slot, cqe) {
                 Ok(()) => {
-                    bump(&c.cqes);
-                    wrote_cqe = true;
-                    observe::cqe_written(&probe, slot, Some(&cqe), false);
+                    ccq.advance();
+                    landing = Some((slot, cqe));
                 }
-                Err(_) => {
-                    // Nothing landed: the head stays (published again below).
-                    *ccq = before.unwrap_or(*ccq);
-                    bump(&c.dma_errors);
-                    bump(&c.cqe_write_errors);
-                    status = Some(WqeError::Dma(DmaStage::CqeWrite).codes());
-                    observe::cqe_written(&probe, slot, None, false);
-                }
+                Err(_) => status = Some(self.cqe_lost(slot)),
             }
         }
         let mut vector = None;
-        let mut fire = false;
-        if let Some(ccq) = self.ccq.as_mut().filter(|q| wrote_cqe && q.armed) {
+        if let Some(ccq) = self.ccq.as_mut().filter(|q| landing.is_some() && q.armed) {
             ccq.armed = false;
-            fire = true;
             vector = Some(ccq.cfg.ceq_id);
         }
         let mut target = None;
         let published = self.publish(|st| {
             // An error delivered in a CQE is the driver's already; CQP_OP_ERR flags only errors the CQE
             // could not carry, so irdma_cqp_poll_registers never sees a stale one (§3.9).
-            let err = IRDMA_CQPTAIL_CQP_OP_ERR.put(u64::from(status.is_some() && !wrote_cqe));
+            let err = IRDMA_CQPTAIL_CQP_OP_ERR.put(u64::from(status.is_some() && landing.is_none()));
             if !stalled {
                 st.regs.cqptail = (IRDMA_CQPTAIL_WQTAIL.put(u64::from(tail)) | err) as u32;
             }
@@ -338,10 +316,36 @@ impl Worker {
             }
             target = vector.map(|ceq| msix_vector(st, ceq, self.shared.config.msix_vectors));
         });
-        if published && fire {
+        let Some((slot, cqe)) = landing.filter(|_| published) else { return published };
+        let valid = self.ccq.as_ref().map(|ccq| ccq.write_valid(dma, slot, cqe));
+        if let Some(Err(_)) = valid {
+            // The ring lost its mapping between the CQE's two writes (a client unmapping it under a running
+            // CQP): the valid bit never landed, so the head goes back and the loss is flagged as above, in a
+            // second publish. Only such a client sees the tail before the flag.
+            self.ccq = before;
+            let codes = self.cqe_lost(slot);
+            return self.publish(|st| {
+                if !stalled {
+                    st.regs.cqptail |= IRDMA_CQPTAIL_CQP_OP_ERR.put(1) as u32;
+                }
+                st.regs.cqperrcodes = cqperrcodes(codes.0, codes.1);
+            });
+        }
+        bump(&c.cqes);
+        observe::cqe_written(&probe, slot, Some(&cqe), false);
+        if vector.is_some() {
             self.raise(target.flatten());
         }
-        published
+        true
+    }
+
+    /// A CQE that did not reach the ring: counted and traced; returns the codes CQPERRCODES then carries.
+    fn cqe_lost(&self, slot: u32) -> (u16, u16) {
+        let c = &self.shared.counters;
+        bump(&c.dma_errors);
+        bump(&c.cqe_write_errors);
+        observe::cqe_written(&self.shared.probe, slot, None, false);
+        WqeError::Dma(DmaStage::CqeWrite).codes()
     }
 
     /// One device step: whether the vector was masked then shows in the PBA.

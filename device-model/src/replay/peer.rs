@@ -6,13 +6,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vfio_user_proto::sock::{recv_message, send_message, Message, RecvLimits};
+use vfio_user_proto::frame_reader::{recv_message, FrameLimits};
+use vfio_user_proto::sock::{send_message, Message};
 use vfio_user_proto::wire::Header;
 
 /// Largest message accepted from the server (a DMA_WRITE of its largest transfer and then some).
@@ -24,7 +23,6 @@ pub(super) struct Peer {
     replies: HashMap<u16, VecDeque<Message>>,
     requests: VecDeque<Message>,
     closed: bool,
-    stop: Arc<AtomicBool>,
     reader: Option<JoinHandle<()>>,
 }
 
@@ -32,16 +30,9 @@ impl Peer {
     pub fn new(stream: UnixStream) -> std::io::Result<Peer> {
         let read_side = stream.try_clone()?;
         let (tx, incoming) = channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
         let reader = std::thread::Builder::new().name("replay-reader".into()).spawn(move || {
-            let limits = RecvLimits {
-                max_msg_size: MAX_MSG,
-                max_fds: 253,
-                stall_timeout: Duration::from_secs(10),
-                stop: Some(&stop2),
-            };
-            let _ = read_side.set_read_timeout(Some(Duration::from_millis(50)));
+            let limits = FrameLimits { max_msg_size: MAX_MSG, max_fds: 253, stall_timeout: Duration::from_secs(10) };
+            // Blocks until the next message; `close` shuts the socket down, which ends it.
             while let Ok(m) = recv_message(&read_side, &limits) {
                 if tx.send(m).is_err() {
                     break;
@@ -54,7 +45,6 @@ impl Peer {
             replies: HashMap::new(),
             requests: VecDeque::new(),
             closed: false,
-            stop,
             reader: Some(reader),
         })
     }
@@ -136,9 +126,15 @@ impl Peer {
     }
 
     /// Ends the connection: the server sees the client leave.
-    pub fn close(mut self) {
+    pub fn close(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Peer {
+    /// Shutting the socket down ends the reader's blocked read, so the join is prompt.
+    fn drop(&mut self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        self.stop.store(true, Ordering::Release);
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }

@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -35,10 +36,14 @@ impl Format {
     }
 }
 
+/// Most lines a memory sink keeps: the newest, the older ones dropped (and counted).
+pub const MEMORY_LINES: usize = 65_536;
+
 enum Output {
     Stderr,
     File(File, PathBuf),
-    Memory(Vec<String>),
+    /// The newest lines, and how many older ones were dropped.
+    Memory(VecDeque<String>, u64),
 }
 
 /// A trace destination shared by every device's tracer. Each line is one `write` (so a killed process
@@ -61,9 +66,9 @@ impl Sink {
         GLOBAL.get_or_init(|| Arc::new(Sink::new(Output::Stderr))).clone()
     }
 
-    /// A sink that keeps its lines, for tests.
+    /// A sink that keeps its newest [`MEMORY_LINES`] lines, for tests and benchmarks.
     pub fn memory() -> Arc<Sink> {
-        Arc::new(Sink::new(Output::Memory(Vec::new())))
+        Arc::new(Sink::new(Output::Memory(VecDeque::new(), 0)))
     }
 
     pub fn format(&self) -> Format {
@@ -92,15 +97,23 @@ impl Sink {
         match &*self.lock() {
             Output::Stderr => "stderr".into(),
             Output::File(_, p) => p.display().to_string(),
-            Output::Memory(_) => "memory".into(),
+            Output::Memory(..) => "memory".into(),
         }
     }
 
     /// The lines kept by a memory sink (emptied).
     pub fn take_lines(&self) -> Vec<String> {
         match &mut *self.lock() {
-            Output::Memory(v) => std::mem::take(v),
+            Output::Memory(v, _) => std::mem::take(v).into(),
             _ => Vec::new(),
+        }
+    }
+
+    /// Lines a memory sink dropped to stay within [`MEMORY_LINES`].
+    pub fn dropped_lines(&self) -> u64 {
+        match &*self.lock() {
+            Output::Memory(_, dropped) => *dropped,
+            _ => 0,
         }
     }
 
@@ -152,9 +165,13 @@ impl Sink {
             Output::File(f, _) => {
                 let _ = f.write_all(line.as_bytes());
             }
-            Output::Memory(v) => {
+            Output::Memory(v, dropped) => {
                 line.pop();
-                v.push(line);
+                if v.len() == MEMORY_LINES {
+                    v.pop_front();
+                    *dropped += 1;
+                }
+                v.push_back(line);
             }
         }
     }

@@ -104,3 +104,19 @@ fn an_unnamed_offset_is_shown_by_bar_and_offset() {
     t.register(&RegisterName::unnamed(), false, 0, 0x1234, 4, 0xffff_ffff);
     assert!(sink.take_lines()[0].ends_with("] irdma R BAR0+0x1234 = 0xffffffff"));
 }
+
+#[test]
+fn a_memory_sink_keeps_its_newest_lines_up_to_its_bound_and_counts_the_rest() {
+    let t = Tracer::new("irdma");
+    let sink = Sink::memory();
+    t.set_sink(sink.clone());
+    t.set_filter(&Filter::parse("irdma::cqp=info").unwrap());
+    let extra = 3;
+    for head in 0..(super::sink::MEMORY_LINES + extra) as u64 {
+        t.event(Block::Cqp, Level::Info, "doorbell", &[("head", Val::Dec(head))]);
+    }
+    assert_eq!(sink.dropped_lines(), extra as u64);
+    let lines = sink.take_lines();
+    assert_eq!(lines.len(), super::sink::MEMORY_LINES);
+    assert!(lines[0].ends_with(&format!(" head={extra}")), "the oldest kept: {}", lines[0]);
+}

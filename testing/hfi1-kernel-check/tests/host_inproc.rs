@@ -10,7 +10,6 @@
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +19,7 @@ use device_model::hfi1::regs::{kctxt_csr, tid_flow_csr, RCV_ARRAY, RCV_CTXT_CTRL
 use device_model::hfi1::{Hfi1, Hfi1Config, HFI1_BAR};
 use serde_json::{json, Value};
 use vfio_user_proto::dma::{DmaAccess, HeapMemory};
+use vfio_user_proto::stop::Stop;
 
 use hfi1_kernel_check::abi::{
     create_tid, flow_expected_readback, flow_program_value, put_tid_value, tid_order, Hfi1BaseInfo, Hfi1CtxtInfo,
@@ -409,7 +409,7 @@ struct Rig {
     dev: Arc<Hfi1>,
     mem: Arc<HeapMemory>,
     maps: Maps,
-    shutdown: Arc<AtomicBool>,
+    shutdown: Stop,
     server: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -429,7 +429,7 @@ impl Rig {
             w(&dev, RCV_ARRAY + 8 * (EAGER_BASE + i), put_tid_value(0x0800_0000 + i * PAGE, 1));
         }
         let maps: Maps = Arc::new(Mutex::new(Vec::new()));
-        let shutdown = Arc::new(AtomicBool::new(false));
+        let shutdown = Stop::new();
         let target: Arc<dyn ControlTarget> = Arc::new(Wfr { dev: dev.clone(), maps: maps.clone() });
         let server = serve_control(&dir.path().join("dm.sock"), vec![target], shutdown.clone()).unwrap();
         Self { dir, dev, mem, maps, shutdown, server: Some(server) }
@@ -456,7 +456,7 @@ impl Rig {
 
 impl Drop for Rig {
     fn drop(&mut self) {
-        self.shutdown.store(true, std::sync::atomic::Ordering::Release);
+        self.shutdown.stop();
         if let Some(s) = self.server.take() {
             let _ = s.join();
         }

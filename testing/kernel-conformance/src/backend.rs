@@ -1,4 +1,4 @@
-//! How the harness reaches a device model: the rig's in-process backend, or a real vfio-user socket served in
+//! How the harness reaches a device model: the testbed's in-process backend, or a real vfio-user socket served in
 //! this process (`testbed::Served`). Kept in one module so the rest of the harness does not care which.
 
 #![forbid(unsafe_code)]

@@ -1,7 +1,9 @@
 //! Differential property test: random cases (ring sizes and states, CQP and CCQ parameters, quad-hash
 //! infos, completions with and without errors) run on the kernel's ctrl.c and on udriver; any difference
 //! in results, WQE or context bytes, register traces or store order fails the case. 10,000 cases a run
-//! (KERNEL_DIFF_CASES changes it, KERNEL_DIFF_SEED replays one).
+//! (KERNEL_DIFF_CASES changes it) from a fixed seed, so `cargo test` (ci/test.sh) runs the same cases every
+//! time; KERNEL_DIFF_SEED=N runs others (ci/fuzz.sh gives a fresh random one each run and prints it, so a
+//! difference it finds replays with that seed).
 
 // Nothing to run without the kernel source (build.rs says so and how to get it).
 #![cfg(kernel_source)]
@@ -18,11 +20,15 @@ use vfio_user_proto::sync::Unpoison;
 /// Summed over the run, for the closing line (a proptest body cannot return anything).
 static TOTAL: Mutex<(u64, Coverage)> = Mutex::new((0, Coverage::ZERO));
 
+/// The seed of a plain `cargo test`.
+const DEFAULT_SEED: u64 = 31;
+
+fn seed_value() -> u64 {
+    std::env::var("KERNEL_DIFF_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_SEED)
+}
+
 fn seed() -> RngSeed {
-    match std::env::var("KERNEL_DIFF_SEED").ok().and_then(|v| v.parse().ok()) {
-        Some(s) => RngSeed::Fixed(s),
-        None => RngSeed::Random,
-    }
+    RngSeed::Fixed(seed_value())
 }
 
 fn cases() -> u32 {
@@ -49,7 +55,8 @@ proptest! {
                 t.1.add(&c);
                 if t.0 == u64::from(cases()) {
                     let k = kernel_conformance::KERNEL_SOURCE_VERSION;
-                    eprintln!("{} differential cases against {k}, no difference: {:?}", t.0, t.1);
+                    let seed = seed_value();
+                    eprintln!("{} differential cases (seed {seed}) against {k}, no difference: {:?}", t.0, t.1);
                 }
             }
             Err(e) => prop_assert!(false, "{e}\ncase: {case:#?}"),

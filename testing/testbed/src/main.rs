@@ -49,9 +49,10 @@ enum TestbedCommand {
         #[arg(long = "case", value_name = "ID")]
         cases: Vec<String>,
     },
-    /// The in-guest benchmark's extra hfi1 functions, until killed: one served by rust-vmm's vfio-user server
-    /// (PCI 1b36:1102) and one by ours with its busy-poll at `--busy-poll-us` (1b36:1103; off by default, the
-    /// comparison for the device model's own default), for QEMU's vfio-user-pci (ci/run-qemu.sh --bench).
+    /// The in-guest benchmark's extra hfi1 functions, until SIGTERM or SIGINT (which remove both sockets): one
+    /// served by rust-vmm's vfio-user server (PCI 1b36:1102) and one by ours with its busy-poll at
+    /// `--busy-poll-us` (1b36:1103; off by default: the device model's defaults, beside its `--low-latency`), for
+    /// QEMU's vfio-user-pci (ci/run-qemu.sh --bench).
     ServePeers {
         /// Socket of the function behind rust-vmm's server.
         #[arg(long, value_name = "SOCKET")]

@@ -10,14 +10,16 @@
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use device_model::hfi1::{Hfi1, Hfi1Config};
 use device_model::pci::{Function, PciIds};
+use device_model::shutdown::Termination;
+use device_model::socket_owner;
 use vfio_user_proto::server::{Server, ServerConfig};
 
 use vfio_bindings::bindings::vfio::vfio_region_info;
@@ -166,24 +168,66 @@ pub fn hfi1_function(device_id: u16) -> Result<Arc<Function>, RigError> {
     Ok(Function::try_new(engine, PciIds { device_id, ..PciIds::hfi1_default() })?)
 }
 
+/// Removes a socket file when dropped: rust-vmm's server binds its socket itself, so none of ours owns it.
+struct RemoveOnDrop<'a>(&'a Path);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
+}
+
 /// `testbed serve-peers`: an hfi1 function behind rust-vmm's server on `peer` and one behind ours with `busy_poll`
-/// (zero: off) on `polled`, each serving one client after another until the process is killed or a socket fails.
+/// (zero: off, as `device-model` by default) on `polled`, each serving one client after another until SIGTERM
+/// or SIGINT, or until a server fails. Both socket files are removed on the way out.
 pub fn serve_peers(peer: &Path, polled: &Path, busy_poll: Duration) -> Result<(), RigError> {
+    let io = |op| move |source| RigError::Io { op, source };
+    let termination = Termination::install().map_err(io("install signal handlers"))?;
     let peer_fn = hfi1_function(PEER_DEVICE_ID)?;
     let polled_fn = hfi1_function(POLLED_DEVICE_ID)?;
-    let _ = std::fs::remove_file(polled);
-    let listener = UnixListener::bind(polled).map_err(|source| RigError::Io { op: "bind", source })?;
-    let server = Server::new(polled_fn, ServerConfig { busy_poll, ..Default::default() });
-    let ours = std::thread::Builder::new()
-        .name("testbed-polled".into())
-        .spawn(move || server.serve(listener))
-        .map_err(|source| RigError::Io { op: "spawn server thread", source })?;
+    // Dropped on every way out, which removes the file.
+    let (listener, _polled_file) =
+        socket_owner::bind(polled).map_err(|e| RigError::Io { op: "bind", source: std::io::Error::other(e) })?;
     let _ = std::fs::remove_file(peer);
-    let result = serve(peer_fn, peer);
-    drop(ours);
-    for path in [peer, polled] {
-        let _ = std::fs::remove_file(path);
+    let _peer_file = RemoveOnDrop(peer);
+    let server = Server::new(polled_fn, ServerConfig { busy_poll, ..Default::default() });
+    let stop = server.shutdown_handle();
+    let (done_tx, done) = mpsc::channel::<Result<(), RigError>>();
+    let ours = {
+        let (waker, done_tx) = (termination.waker().map_err(io("waker"))?, done_tx.clone());
+        std::thread::Builder::new()
+            .name("testbed-polled".into())
+            .spawn(move || {
+                let r = server.serve(listener).map_err(io("serve"));
+                let _ = done_tx.send(r);
+                waker.wake();
+            })
+            .map_err(io("spawn server thread"))?
+    };
+    {
+        let waker = termination.waker().map_err(io("waker"))?;
+        let peer = peer.to_path_buf();
+        // rust-vmm's server has no stop: this thread ends with the process (or on its own error).
+        std::thread::Builder::new()
+            .name("testbed-peer".into())
+            .spawn(move || {
+                let _ = done_tx.send(serve(peer_fn, &peer));
+                waker.wake();
+            })
+            .map_err(io("spawn peer thread"))?;
     }
+    let mut result = Ok(());
+    if !termination.wait_until(|| match done.try_recv() {
+        Ok(r) => {
+            result = r;
+            true
+        }
+        Err(_) => false,
+    }) {
+        tracing::warn!("testbed serve-peers: a server stopped, so both stop");
+    }
+    stop.shutdown();
+    let _ = ours.join();
     result
 }
 
@@ -196,6 +240,8 @@ const PEER_JOIN_WAIT: Duration = Duration::from_secs(5);
 pub struct PeerServed {
     path: PathBuf,
     thread: Option<JoinHandle<Result<(), RigError>>>,
+    /// Closed when the thread ends (its sender drops), however it ends.
+    ended: mpsc::Receiver<()>,
 }
 
 impl PeerServed {
@@ -206,15 +252,17 @@ impl PeerServed {
         let (regions, irqs, fds) = layout(device.as_ref());
         let server = vfio_user::Server::new(&path, true, irqs, regions)
             .map_err(|e| RigError::Peer(format!("bind {}: {e}", path.display())))?;
+        let (ended_tx, ended) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("testbed-peer".into())
             .spawn(move || {
+                let _ended = ended_tx;
                 let _fds = fds;
                 let mut backend = PeerBackend::new(device);
                 server.run(&mut backend).map_err(|e| RigError::Peer(e.to_string()))
             })
             .map_err(|source| RigError::Io { op: "spawn peer thread", source })?;
-        Ok(Self { path, thread: Some(thread) })
+        Ok(Self { path, thread: Some(thread), ended })
     }
 
     pub fn path(&self) -> &Path {
@@ -222,29 +270,41 @@ impl PeerServed {
     }
 }
 
+impl PeerServed {
+    /// Stops the peer (as dropping it does) and says whether its thread was joined: false when a client still
+    /// connected kept it serving past [`PEER_JOIN_WAIT`] (the thread is then left).
+    pub fn close(mut self) -> bool {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> bool {
+        let joined = match self.thread.take() {
+            None => true,
+            Some(t) => {
+                // rust-vmm's server has no stop: a thread whose client never came is woken by a connection that
+                // closes at once.
+                if !t.is_finished() {
+                    let _ = std::os::unix::net::UnixStream::connect(&self.path);
+                }
+                // A client still connected keeps the thread serving: wait a bounded time for it to end, then
+                // leave it rather than hang the caller.
+                match self.ended.recv_timeout(PEER_JOIN_WAIT) {
+                    Err(mpsc::RecvTimeoutError::Disconnected) => t.join().is_ok(),
+                    _ => {
+                        let path = self.path.display();
+                        tracing::warn!("testbed: the peer on {path} still serves a client; its thread is left");
+                        false
+                    }
+                }
+            }
+        };
+        let _ = std::fs::remove_file(&self.path);
+        joined
+    }
+}
+
 impl Drop for PeerServed {
     fn drop(&mut self) {
-        // rust-vmm's server has no stop: a thread whose client never came is woken by a connection that
-        // closes at once.
-        if let Some(t) = self.thread.take() {
-            if !t.is_finished() {
-                let _ = std::os::unix::net::UnixStream::connect(&self.path);
-            }
-            // A client still connected keeps the thread serving: wait a bounded time, then leave it rather
-            // than hang the caller.
-            let deadline = Instant::now() + PEER_JOIN_WAIT;
-            while !t.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            if t.is_finished() {
-                let _ = t.join();
-            } else {
-                tracing::warn!(
-                    "testbed: the peer on {} still serves a client; its thread is left",
-                    self.path.display()
-                );
-            }
-        }
-        let _ = std::fs::remove_file(&self.path);
+        self.stop();
     }
 }

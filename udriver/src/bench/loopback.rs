@@ -209,3 +209,23 @@ impl<'a> Loopback<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hfi1::fake;
+
+    #[test]
+    fn a_context_without_expected_entries_is_an_error_not_a_division_by_zero() {
+        // One TID group, all of it eager (rcvarr_split 100): the context has no expected entry.
+        let dev = fake::FakeHfi1::new(8, 1);
+        let params = Hfi1Params { rcvarr_split: 100, ..Default::default() };
+        let dd = Hfi1Devdata::probe(dev.clone(), params).unwrap();
+        let rcd = Hfi1Ctxtdata::hfi1_create_ctxtdata(&dd, 0).unwrap();
+        assert_eq!(rcd.expected_count, 0);
+        let pool = Arc::new(DmaPool::new(dev.clone(), false));
+        let drv = Hfi1Driver { rcd: rcd.clone(), rcds: vec![rcd], dd, pool, dev };
+        let mut next = 0;
+        assert_eq!(drv.program_expected(&mut next, 4), Err("context 0 has no expected RcvArray entries".into()));
+    }
+}

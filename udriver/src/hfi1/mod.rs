@@ -20,7 +20,7 @@ pub mod wait;
 pub mod wqe;
 
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -23,8 +23,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::device::{DeviceInfo, IrqInfo, RegionFd, RegionInfo, SparseArea};
-use crate::frame_reader::{FrameLimits, FrameReader};
-use crate::sock::{recv_message, Message, RecvLimits, SCM_MAX_FD};
+use crate::frame_reader::{recv_message, FrameLimits, FrameReader};
+use crate::sock::{Message, SCM_MAX_FD};
 use crate::sync::Unpoison;
 use crate::wire::{
     command as cmd, parse_sparse_caps, put_u16, put_u32, put_u64, DmaMap, DmaUnmap, FourU32, Header, Reader,
@@ -72,8 +72,8 @@ impl Client {
         let max_msg_size = config.max_data_xfer_size.saturating_add(MSG_OVERHEAD);
         stream.set_write_timeout(Some(config.timeout))?;
         let caps = Self::negotiate(&stream, &config, max_msg_size)?;
-        let frames =
-            FrameReader::new(FrameLimits { max_msg_size, max_fds: config.max_msg_fds, stall_timeout: config.timeout });
+        let limits = FrameLimits { max_msg_size, max_fds: config.max_msg_fds, stall_timeout: config.timeout };
+        let frames = if config.exact_reads { FrameReader::exact(limits) } else { FrameReader::new(limits) };
         let shared =
             Arc::new(Shared::new(stream, frames, config.max_data_xfer_size, config.timeout, config.busy_poll)?);
         let s = shared.clone();
@@ -97,7 +97,7 @@ impl Client {
         p.push(0);
         crate::sock::send_message(stream, &Header::command(0, cmd::VERSION, p.len()), &[&p], &[])?;
         stream.set_read_timeout(Some(config.timeout))?;
-        let limits = RecvLimits { max_msg_size, max_fds: 1, stall_timeout: config.timeout, stop: None };
+        let limits = FrameLimits { max_msg_size, max_fds: 1, stall_timeout: config.timeout };
         let reply = recv_message(stream, &limits);
         stream.set_read_timeout(None)?;
         let reply = reply?;

@@ -34,7 +34,8 @@ use crate::wire::{command, DmaRw, Header};
 
 /// How long no request must have been made before the idle reader takes the socket.
 pub(crate) const QUIET: Duration = Duration::from_micros(500);
-/// How often the idle reader, holding the role, looks at the closed flag.
+/// How often the idle reader, holding the role while a message is partly received, looks at the stall clock.
+/// Between messages it waits for the socket or the kick alone (closing kicks it too).
 const IDLE_POLL: Duration = Duration::from_millis(50);
 /// Longest a caller sleeps before it looks at the reader role again (notifications normally wake it).
 const FOLLOWER_SLICE: Duration = Duration::from_millis(20);
@@ -376,8 +377,8 @@ impl Shared {
     }
 
     fn kick_idle(&self) {
-        // Non-blocking; the counter cannot overflow in practice, and a failed kick only delays the caller
-        // until the idle reader's next poll timeout.
+        // Non-blocking; the counter is drained at every kick it delivers, so it cannot overflow, and a caller
+        // waiting for the role kicks again at each of its looks.
         let _ = rustix::io::write(&self.kick, &1u64.to_ne_bytes());
     }
 
@@ -418,7 +419,8 @@ impl Shared {
                 return r;
             }
             let mut fds = [PollFd::new(&self.stream, PollFlags::IN), PollFd::new(&self.kick, PollFlags::IN)];
-            match poll(&mut fds, Some(&to_timespec(IDLE_POLL))) {
+            let stall_check = r.in_message().then(|| to_timespec(IDLE_POLL));
+            match poll(&mut fds, stall_check.as_ref()) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => {
                     tracing::debug!("client idle reader cannot poll: {e}");
@@ -431,7 +433,7 @@ impl Shared {
                 let _ = rustix::io::read(&self.kick, &mut b);
                 return r;
             }
-            // Also after a timeout: `next` notices a peer stalled inside a message.
+            // Also after a stall check's timeout: `next` notices a peer stalled inside a message.
             loop {
                 match r.next(&self.stream, Wait::NoWait) {
                     Ok(Some(m)) => {

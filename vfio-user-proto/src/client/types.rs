@@ -45,6 +45,9 @@ pub struct ClientConfig {
     /// that answers within microseconds then costs no wake-up of the caller, at the price of a busy core
     /// while it polls; worth it where a wake-up is expensive (a VM's halted vCPU: docs/fuzzing.md).
     pub busy_poll: Duration,
+    /// Read each message with exact reads (`FrameReader::exact`) instead of peeking: the simple path the peek
+    /// mode is measured against (testbed bench case (a)). Off by default.
+    pub exact_reads: bool,
 }
 
 impl Default for ClientConfig {
@@ -54,6 +57,7 @@ impl Default for ClientConfig {
             max_msg_fds: 16,
             max_data_xfer_size: 1 << 20,
             busy_poll: Duration::ZERO,
+            exact_reads: false,
         }
     }
 }
@@ -91,7 +95,7 @@ impl From<FrameError> for ClientError {
         match e {
             FrameError::Timeout => ClientError::Timeout(cmd::VERSION),
             FrameError::Io(e) => ClientError::Io(e),
-            FrameError::Closed | FrameError::Truncated | FrameError::Stopped => ClientError::Disconnected,
+            FrameError::Closed | FrameError::Truncated => ClientError::Disconnected,
             e @ FrameError::BadSize { .. } => ClientError::Protocol(e.to_string()),
         }
     }

@@ -166,6 +166,17 @@ fn a_record_over_max_record_ends_the_session_and_leaves_what_came_before_readabl
 }
 
 #[test]
+fn a_header_over_max_header_is_refused_before_any_file_is_made() {
+    let dir = temp_dir("header");
+    let rec = Recorder::new(&dir, "hfi1", serde_json::json!({ "faults": "x".repeat(MAX_HEADER) })).unwrap();
+    let e = rec.begin().err().expect("a header no reader accepts is refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(!rec.is_recording());
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no file left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_session_stops_at_its_byte_limit_and_what_fit_stays_readable() {
     // A DMA read record is a tag and a length (5 bytes), the iova (8) and its data: 21 bytes with 8 of data.
     let dir = temp_dir("limit");

@@ -167,9 +167,16 @@ pub struct Session {
 
 impl Session {
     fn create(path: PathBuf, header: &serde_json::Value, max_bytes: u64) -> io::Result<Session> {
+        let text = header.to_string();
+        // A reader refuses a longer header, and with it the whole file: refuse it here, before the file exists.
+        if text.len() > super::MAX_HEADER {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a session header of {} bytes is over {}; nothing is recorded", text.len(), super::MAX_HEADER),
+            ));
+        }
         let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
         let mut w = BufWriter::with_capacity(1 << 16, file);
-        let text = header.to_string();
         w.write_all(MAGIC)?;
         w.write_all(&(text.len() as u32).to_le_bytes())?;
         w.write_all(text.as_bytes())?;

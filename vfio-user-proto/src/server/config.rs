@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use crate::dma_space::MmapLimits;
 use crate::record::Recorder;
-use crate::server::KeepWarm;
 
 /// Room for the fixed parts of any message beyond its data (REGION_WRITE_MULTI's 200 entries are the largest).
 const MSG_OVERHEAD: u32 = 8192;
@@ -38,9 +37,9 @@ pub struct ServerConfig {
     /// QEMU commit 6a66c9f7), which added a thread hand-off to every trapped access: 1.3-1.5x in the guest
     /// (docs/bench.md). REGION_WRITE_MULTI is served either way.
     pub write_multiple: bool,
-    /// Threads that keep idle CPUs from halting for a window after each request (`server::warm`), shared
-    /// by every server of a process; `None`: none.
-    pub keep_warm: Option<Arc<KeepWarm>>,
+    /// Read each message with exact reads (`FrameReader::exact`) instead of peeking: the simple path the peek
+    /// mode is measured against (testbed bench case (a)). Off by default.
+    pub exact_reads: bool,
 }
 
 impl Default for ServerConfig {
@@ -55,7 +54,7 @@ impl Default for ServerConfig {
             recorder: None,
             busy_poll: Duration::ZERO,
             write_multiple: false,
-            keep_warm: None,
+            exact_reads: false,
         }
     }
 }

@@ -12,12 +12,9 @@ mod config;
 mod conn;
 mod outbound;
 mod poll;
-mod trial;
-mod warm;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
@@ -28,15 +25,14 @@ use crate::dma_space::{DmaSpace, MessageDma};
 use crate::frame_reader::{FrameLimits, FrameReader, Wait};
 use crate::irq::IrqState;
 use crate::record::{RecordingDma, Session};
-use crate::sock::{wait_readable, FrameError, SCM_MAX_FD};
+use crate::sock::{FrameError, SCM_MAX_FD};
+use crate::stop::Stop;
 use crate::wire::{Header, HEADER_SIZE};
 
 pub use config::ServerConfig;
 use conn::Conn;
 use outbound::Outbound;
 use poll::BusyPoll;
-pub use trial::Verdict;
-pub use warm::{KeepWarm, WarmMeans, WarmPolicy};
 
 #[derive(Debug, Error)]
 pub enum ServerError {
@@ -51,28 +47,33 @@ pub enum ServerError {
     DevicePanic,
 }
 
-/// Makes [`Server::serve`] (and a running connection) return promptly.
+/// Makes [`Server::serve`] (and a running connection) return promptly: it shuts down the listening
+/// socket and the connection, whose threads block on them with no timeout ([`crate::stop`]).
 #[derive(Clone)]
-pub struct ShutdownHandle(Arc<AtomicBool>);
+pub struct ShutdownHandle(Stop);
 
 impl ShutdownHandle {
     pub fn shutdown(&self) {
-        self.0.store(true, Ordering::Release);
+        self.0.stop();
+    }
+
+    /// Sockets a shutdown would shut down now: the listener once `serve` has taken it, and the connection
+    /// while one is served (each holds a duplicate descriptor meanwhile).
+    pub fn watched_sockets(&self) -> usize {
+        self.0.watched()
     }
 }
 
 pub struct Server {
     device: Arc<dyn Device>,
     config: ServerConfig,
-    stop: Arc<AtomicBool>,
+    stop: Stop,
     /// One client at a time: the device has one context.
     busy: Mutex<()>,
 }
 
-/// How long `serve` waits for a connection between looks at the shutdown flag.
-const ACCEPT_POLL: Duration = Duration::from_millis(50);
-/// The socket's receive timeout while serving: how often an idle connection looks at the shutdown flag.
-const STOP_POLL: Duration = Duration::from_millis(50);
+/// How long `serve` backs off after an accept error other than "no connection" (EMFILE and the like).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 
 impl Server {
@@ -82,17 +83,19 @@ impl Server {
         // A zero socket timeout would mean "none" to the kernel (and is refused by std).
         config.dma_timeout = config.dma_timeout.max(MIN_TIMEOUT);
         config.stall_timeout = config.stall_timeout.max(MIN_TIMEOUT);
-        Server { device, config, stop: Arc::new(AtomicBool::new(false)), busy: Mutex::new(()) }
+        Server { device, config, stop: Stop::new(), busy: Mutex::new(()) }
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle(self.stop.clone())
     }
 
-    /// Accepts and serves clients one after another until the shutdown handle fires.
+    /// Accepts and serves clients one after another until the shutdown handle fires. Blocks in `accept`
+    /// while no client is connected: an idle server wakes for nothing.
     pub fn serve(&self, listener: UnixListener) -> std::io::Result<()> {
-        listener.set_nonblocking(true)?;
-        while !self.stop.load(Ordering::Acquire) {
+        listener.set_nonblocking(false)?;
+        let _watch = self.stop.watch(&listener)?;
+        while !self.stop.is_stopped() {
             match listener.accept() {
                 Ok((stream, _)) => {
                     if let Err(e) = stream.set_nonblocking(false) {
@@ -104,14 +107,13 @@ impl Server {
                         Err(e) => tracing::warn!("client dropped: {e}"),
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    wait_readable(&listener, ACCEPT_POLL)?;
-                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // The shutdown handle shut the listener down (EINVAL).
+                Err(_) if self.stop.is_stopped() => {}
                 Err(e) => {
                     // EMFILE and friends pass; keep serving.
                     tracing::warn!("accept failed: {e}");
-                    std::thread::sleep(ACCEPT_POLL);
+                    std::thread::sleep(ACCEPT_BACKOFF);
                 }
             }
         }
@@ -126,6 +128,8 @@ impl Server {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return Err(ServerError::Busy),
         };
+        // A stop shuts the connection down, which ends its blocked read.
+        let _watch = self.stop.watch(&stream)?;
         stream.set_write_timeout(Some(self.config.dma_timeout))?;
         let out = Arc::new(Outbound::new(stream.try_clone()?, self.config.dma_timeout, self.config.max_data_xfer_size));
         let messages: Arc<dyn MessageDma> = out.clone();
@@ -176,13 +180,15 @@ impl Server {
         irq: &IrqState,
         session: Option<&Arc<Session>>,
     ) -> Result<(), ServerError> {
-        // A blocking read per message (no poll first) that still sees the shutdown flag in time.
-        stream.set_read_timeout(Some(STOP_POLL))?;
-        let mut reader = FrameReader::new(FrameLimits {
+        // A blocking read per message, with no poll first and no timeout between messages (a stop shuts the
+        // socket down); inside a message the reader's stall clock bounds it.
+        stream.set_read_timeout(None)?;
+        let limits = FrameLimits {
             max_msg_size: self.config.max_msg_size(),
             max_fds: self.config.max_msg_fds,
             stall_timeout: self.config.stall_timeout,
-        });
+        };
+        let mut reader = if self.config.exact_reads { FrameReader::exact(limits) } else { FrameReader::new(limits) };
         let mut conn = Conn::new(&*self.device, &self.config, out, dma, irq, session);
         let result = self.serve_messages(stream, &mut reader, &mut conn, out);
         // Bytes peeked but left unread would turn the client's end of stream into ECONNRESET.
@@ -198,11 +204,8 @@ impl Server {
         out: &Outbound,
     ) -> Result<(), ServerError> {
         let mut poll = BusyPoll::new(self.config.busy_poll);
-        // When the last reply went out, for keep-warm's trial (only kept while it runs).
-        let tried = self.config.keep_warm.as_ref().is_some_and(|w| w.is_tried());
-        let mut replied: Option<std::time::Instant> = None;
         loop {
-            if self.stop.load(Ordering::Acquire) {
+            if self.stop.is_stopped() {
                 return Ok(());
             }
             let next = match poll.budget() {
@@ -215,20 +218,11 @@ impl Server {
             };
             match next {
                 Ok(Some(msg)) => {
-                    // Only a command we answer is a round trip: the client's replies to our DMA requests and
-                    // its no-reply commands are not, and the next gap would span them.
-                    let answered = msg.header.is_command() && !msg.header.no_reply();
-                    if let Some(warm) = &self.config.keep_warm {
-                        warm.request(replied.take().filter(|_| answered).map(|t| t.elapsed()));
-                    }
                     conn.handle(msg)?;
                     poll.handled();
-                    if tried && answered {
-                        replied = Some(std::time::Instant::now());
-                    }
                 }
                 Ok(None) => {}
-                Err(FrameError::Closed) | Err(FrameError::Stopped) => return Ok(()),
+                Err(FrameError::Closed) => return Ok(()),
                 Err(FrameError::BadSize { header, size, max }) => {
                     // The body length is unknown, so the stream cannot be resynchronised: answer and close.
                     let errno = if (size as usize) < HEADER_SIZE { libc::EINVAL } else { libc::E2BIG };

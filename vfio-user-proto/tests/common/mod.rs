@@ -78,6 +78,8 @@ pub struct TestDevice {
     pub attaches: AtomicUsize,
     pub detaches: AtomicUsize,
     pub resets: AtomicUsize,
+    /// Completion interrupts the worker has triggered (masked or not).
+    pub triggers: Arc<AtomicUsize>,
     _worker: JoinHandle<()>,
 }
 
@@ -106,6 +108,8 @@ impl TestDevice {
         let ctx: Arc<Mutex<Option<DeviceContext>>> = Arc::default();
         let (tx, rx) = unbounded::<Job>();
         let (wregs, wctx) = (regs.clone(), ctx.clone());
+        let triggers = Arc::new(AtomicUsize::new(0));
+        let wtriggers = triggers.clone();
         let worker = std::thread::spawn(move || {
             for job in rx {
                 // Copy the context and drop the lock before any DMA (the deadlock rule).
@@ -117,6 +121,7 @@ impl TestDevice {
                 wregs.result.store(r.unwrap_or(0), Ordering::Release);
                 wregs.status.store(if r.is_some() { status::DONE } else { status::ERROR }, Ordering::Release);
                 c.irq.trigger(irq::MSIX, 0);
+                wtriggers.fetch_add(1, Ordering::AcqRel);
             }
         });
         let bar2 = MemfdOptions::default().create("testdev-bar2").unwrap().into_file();
@@ -131,6 +136,7 @@ impl TestDevice {
             attaches: AtomicUsize::new(0),
             detaches: AtomicUsize::new(0),
             resets: AtomicUsize::new(0),
+            triggers,
             _worker: worker,
         })
     }
@@ -289,6 +295,8 @@ impl Running {
         let stop = server.shutdown_handle();
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let thread = std::thread::spawn(move || server.serve(listener));
+        // Serving: the listener's watch (a duplicate descriptor) is in place before a test counts descriptors.
+        assert!(wait_for(Duration::from_secs(10), || stop.watched_sockets() == 1), "the server never served");
         Running { path, device, stop, thread: Some(thread), _dir: dir }
     }
 }
@@ -363,7 +371,8 @@ pub mod raw {
     use std::time::Duration;
 
     use vfio_user_proto::device::region;
-    use vfio_user_proto::sock::{borrow_all, recv_message, send_message, FrameError, Message, RecvLimits};
+    use vfio_user_proto::frame_reader::{recv_message, FrameLimits};
+    use vfio_user_proto::sock::{borrow_all, send_message, FrameError, Message};
     use vfio_user_proto::wire::{command as c, FourU32, Header};
 
     use super::Running;
@@ -393,8 +402,7 @@ pub mod raw {
             (&self.s).write_all(bytes).unwrap();
         }
         pub fn recv(&self) -> Result<Message, FrameError> {
-            let lim =
-                RecvLimits { max_msg_size: 1 << 21, max_fds: 4, stall_timeout: Duration::from_secs(3), stop: None };
+            let lim = FrameLimits { max_msg_size: 1 << 21, max_fds: 4, stall_timeout: Duration::from_secs(3) };
             recv_message(&self.s, &lim)
         }
         /// Sends a request and returns its successful reply.

@@ -16,11 +16,10 @@ pub mod names;
 pub mod pio;
 pub mod sdma;
 mod shape;
+mod storage;
 mod txe;
 
 pub use sdma::{SEND_DMA_STATUS_ENG_CLEANED_UP_SMASK, SEND_DMA_STATUS_ENG_HALTED_SMASK};
-
-use std::collections::HashMap;
 
 use crate::hfi1::cable::{LinkEvent, Phy};
 use csr::*;
@@ -43,8 +42,8 @@ pub struct Wfr {
     /// Engines with descriptors to walk since the last access (a bit per engine).
     sdma_pending: u32,
     errs: errs::ErrGroups,
-    /// Every other register: offset to value; absent offsets hold their reset value.
-    storage: HashMap<u64, u64>,
+    /// Every other register the kernel names: offset to value; absent offsets hold their reset value.
+    storage: storage::Storage,
     /// Accesses to offsets that no table names, since reset (a gap in the model).
     unnamed: u64,
 }
@@ -61,7 +60,7 @@ impl Wfr {
             sdma: sdma::Sdma::new(&shape),
             sdma_pending: 0,
             errs: errs::ErrGroups::default(),
-            storage: HashMap::new(),
+            storage: storage::Storage::default(),
             unnamed: 0,
         }
     }
@@ -179,7 +178,7 @@ impl Wfr {
 
     /// A storage register's value.
     fn stored(&self, offset: u64) -> u64 {
-        self.storage.get(&offset).copied().unwrap_or_else(|| reset_value(offset))
+        self.storage.get(offset).unwrap_or_else(|| reset_value(offset))
     }
 
     /// Accesses to offsets no table names, since reset.
@@ -241,7 +240,7 @@ impl Wfr {
             || self.errs.write(offset, value);
         if !handled {
             self.note_unnamed(offset);
-            self.storage.insert(offset, value);
+            self.storage.write(offset, value);
             // Holding the DC in reset resets the 8051 (init_chip keeps it there across the FLR).
             if offset == CCE_DC_CTRL && value & CCE_DC_CTRL_DC_RESET_SMASK != 0 {
                 self.dc.reset_8051();
@@ -261,7 +260,7 @@ impl Wfr {
 
     /// State for the control socket's dump.
     pub fn dump(&self) -> serde_json::Value {
-        let mut storage: Vec<(u64, u64)> = self.storage.iter().map(|(&o, &v)| (o, v)).collect();
+        let mut storage: Vec<(u64, u64)> = self.storage.iter().collect();
         storage.sort_unstable();
         serde_json::json!({
             "shape": {
@@ -276,6 +275,9 @@ impl Wfr {
             "sdma": self.sdma.dump(),
             "pio": self.pio.dump(),
             "unnamed_accesses": self.unnamed,
+            "storage_entries": self.storage.len(),
+            "storage_bytes": self.storage.footprint(),
+            "storage_dropped": self.storage.dropped(),
             "storage": storage.iter().filter(|(_, v)| *v != 0).map(|&(o, v)| serde_json::json!({
                 "offset": format!("{o:#x}"),
                 "name": names::name(o),

@@ -78,7 +78,10 @@ pub fn rcvarray_programming(budget: Duration) -> Case {
     Case::new("b", "RcvArray programming: sparse mmap vs trapped writes (hfi1_put_tid)").run(|case| {
         let mut rates = [0.0f64; 2];
         for (i, (mapped, batch)) in [(true, MAPPED_BATCH), (false, TRAPPED_BATCH)].into_iter().enumerate() {
-            let rig = Rig::new(Hfi1Config::default(), mapped)?;
+            let rig = Rig::new(
+                Hfi1Config { worker: device_model::worker::WorkerMode::LOW_LATENCY, ..Default::default() },
+                mapped,
+            )?;
             let mut next = 0;
             let s = sample(budget, 2, 3, usize::MAX, || rig.program_expected(&mut next, batch))?;
             let rate = entries_per_second(&s, batch);
@@ -170,7 +173,10 @@ pub fn exp_rcv_setup_clear(budget: Duration) -> Case {
     Case::new("c", "hfi1_kern_exp_rcv_setup + hfi1_kern_exp_rcv_clear of a 256 KiB segment (direct vfio-user)").run(
         |case| {
             for mapped in [true, false] {
-                let rig = Rig::new(Hfi1Config::default(), mapped)?;
+                let rig = Rig::new(
+                    Hfi1Config { worker: device_model::worker::WorkerMode::LOW_LATENCY, ..Default::default() },
+                    mapped,
+                )?;
                 let contiguous = Arc::new(rig.pool.alloc_contiguous(SEGMENT).map_err(|e| e.to_string())?);
                 let fragmented = Arc::new(rig.pool.alloc_fragmented(&[1; SEGMENT_PAGES]).map_err(|e| e.to_string())?);
                 let how = if mapped { "mapped RcvArray" } else { "trapped RcvArray" };

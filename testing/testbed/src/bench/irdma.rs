@@ -20,7 +20,10 @@ const TARGET_OPS: f64 = 300_000.0;
 
 pub fn qhash_throughput(budget: Duration) -> Case {
     Case::new("d", "qhash add+delete throughput by WQEs per CQP doorbell (direct vfio-user, CCQ polled)").run(|case| {
-        let engine = Arc::new(Irdma::new(IrdmaConfig::default()));
+        let engine = Arc::new(Irdma::new(IrdmaConfig {
+            worker: device_model::worker::WorkerMode::LOW_LATENCY,
+            ..Default::default()
+        }));
         let served = Served::new(engine as Arc<dyn Engine>, PciIds::irdma_default()).map_err(|e| e.to_string())?;
         let backend = VfioUserBackend::connect(served.path(), true).map_err(|e| format!("connect: {e}"))?;
         let dev: Arc<dyn DeviceAccess> = Arc::new(backend);

@@ -133,7 +133,11 @@ fn qhash_curves(case: &mut Case, budget: Duration) -> Result<(), String> {
 /// Entries/s of mapped RcvArray programming over every expected entry of `contexts` contexts, and the
 /// loopback placement GB/s of one doorbell spread over them.
 fn contexts_at(contexts: u32, budget: Duration) -> Result<(f64, f64), String> {
-    let config = Hfi1Config { rcv_contexts: device_model::hfi1::RXE_NUM_CONTEXTS, ..Default::default() };
+    let config = Hfi1Config {
+        rcv_contexts: device_model::hfi1::RXE_NUM_CONTEXTS,
+        worker: device_model::worker::WorkerMode::LOW_LATENCY,
+        ..Default::default()
+    };
     let engine = Arc::new(Hfi1::new(config).map_err(|e| format!("hfi1 engine: {e}"))?);
     let served = Served::new(engine as Arc<dyn Engine>, PciIds::hfi1_default()).map_err(|e| e.to_string())?;
     let dev: Arc<dyn DeviceAccess> =

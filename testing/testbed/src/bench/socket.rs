@@ -1,9 +1,9 @@
 //! (a) A trapped REGION_READ / REGION_WRITE round trip against the floor, a raw UNIX-socket ping-pong of the
 //! same message sizes with a tiny echo thread (both make one send and one receive per side and round trip, so
 //! the ratio is what framing, decoding and dispatch cost on top of the socket), and against a peer: the same
-//! device served by rust-vmm's `vfio_user` server, through the same client. The judged server is ours as the
-//! device model runs it (its default busy-poll and keep-warm); the library's plain default and the busy-poll
-//! alone are measured beside it.
+//! device served by rust-vmm's `vfio_user` server, through the same client. The floor judges ours with the
+//! defaults (it blocks as the ping-pong does); the peer judges ours as `device-model --low-latency` runs it
+//! (the busy-poll); each is measured beside the other.
 
 #![forbid(unsafe_code)]
 
@@ -19,7 +19,7 @@ use device_model::probe::Probe;
 use device_model::trace::{Filter, Sink};
 use vfio_user_proto::client::{Client, ClientConfig};
 use vfio_user_proto::device::region;
-use vfio_user_proto::server::{KeepWarm, ServerConfig, WarmMeans, WarmPolicy};
+use vfio_user_proto::server::ServerConfig;
 use vfio_user_proto::wire::{HEADER_SIZE, REGION_RW_SIZE};
 
 use crate::peer::PeerServed;
@@ -37,10 +37,8 @@ const ROUNDS: u32 = 16;
 const TARGET_RATIO: f64 = 1.3;
 /// Ours against rust-vmm's server on the same device (issue 17).
 const TARGET_PEER_RATIO: f64 = 0.8;
-/// The device model's busy-poll budget (`device-model --busy-poll-us`).
-pub const POLL: Duration = Duration::from_micros(device_model::cli::DEFAULT_BUSY_POLL_US);
-/// The device model's keep-warm window (`device-model --keep-warm-us`).
-pub const WARM: Duration = Duration::from_micros(device_model::cli::DEFAULT_KEEP_WARM_US);
+/// The busy-poll budget of `device-model --low-latency`.
+pub const POLL: Duration = Duration::from_micros(device_model::cli::LOW_LATENCY_BUSY_POLL_US);
 
 /// Echo peer: reads `req` bytes, answers `rep` bytes, until the socket closes.
 fn echo(mut s: UnixStream, req: usize, rep: usize) {
@@ -89,29 +87,30 @@ impl Drop for PingPong {
 #[derive(Default)]
 struct Variants {
     raw: Samples,
-    /// Our server as the device model runs it: busy-poll and keep-warm.
-    vfio_user: Samples,
-    /// Our server with the library's defaults (`ServerConfig::default()`): neither.
+    /// Our server as `device-model --low-latency` runs it: the busy-poll.
+    low: Samples,
+    /// Our server with the defaults (`ServerConfig::default()`, as `device-model` without options): no busy-poll.
     plain: Samples,
-    /// Our server with the busy-poll alone.
-    polled: Samples,
+    /// Ours `--low-latency` with message-by-message reads instead of peeking, on both sides
+    /// (`ServerConfig::exact_reads`, `ClientConfig::exact_reads`).
+    exact: Samples,
     peer: Samples,
-    /// Our server with the device's named trace on (registers, `debug`), lines to /dev/null.
+    /// Ours `--low-latency` with the device's named trace on (registers, `debug`), lines to /dev/null.
     traced: Samples,
 }
 
 /// The servers a round trip goes to, each through its own client of ours.
 struct Clients<'a> {
-    ours: &'a Client,
+    low: &'a Client,
     plain: &'a Client,
-    polled: &'a Client,
+    exact: &'a Client,
     peer: &'a Client,
-    /// The trace switches of the device behind `ours`.
-    ours_probe: &'a Probe,
+    /// The trace switches of the device behind `low`.
+    low_probe: &'a Probe,
 }
 
-/// The raw ping-pong, our server as the device model runs it (also with the trace on), plain and busy-polled, and
-/// the peer, alternating in rounds.
+/// The raw ping-pong, ours with `--low-latency` (also with the trace on, and reading exactly), with the
+/// defaults, and the peer, alternating in rounds.
 fn measure(
     budget: Duration,
     req: usize,
@@ -125,41 +124,41 @@ fn measure(
     let (on, off) = (Filter::parse("hfi1=debug").map_err(|e| e.to_string())?, Filter::default());
     for _ in 0..ROUNDS {
         v.raw.extend(sample(slice, 1000, 100, usize::MAX, || raw.once()).map_err(|e| e.to_string())?);
-        v.vfio_user.extend(sample(slice, 1000, 100, usize::MAX, || access(c.ours))?);
+        v.low.extend(sample(slice, 1000, 100, usize::MAX, || access(c.low))?);
         v.plain.extend(sample(slice, 1000, 100, usize::MAX, || access(c.plain)).map_err(|e| format!("plain: {e}"))?);
-        v.polled.extend(sample(slice, 1000, 100, usize::MAX, || access(c.polled)).map_err(|e| format!("polled: {e}"))?);
+        v.exact.extend(sample(slice, 1000, 100, usize::MAX, || access(c.exact)).map_err(|e| format!("exact: {e}"))?);
         v.peer.extend(sample(slice, 1000, 100, usize::MAX, || access(c.peer)).map_err(|e| format!("peer: {e}"))?);
-        c.ours_probe.trace.set_filter(&on);
-        let traced = sample(slice, 1000, 100, usize::MAX, || access(c.ours));
-        c.ours_probe.trace.set_filter(&off);
+        c.low_probe.trace.set_filter(&on);
+        let traced = sample(slice, 1000, 100, usize::MAX, || access(c.low));
+        c.low_probe.trace.set_filter(&off);
         v.traced.extend(traced.map_err(|e| format!("traced: {e}"))?);
     }
     Ok(v)
 }
 
 fn report(case: &mut Case, op: &str, v: &Variants) {
-    let (raw, vu, peer) = (v.raw.median(), v.vfio_user.median(), v.peer.median());
-    let (plain, polled) = (v.plain.median(), v.polled.median());
+    let (raw, low, peer) = (v.raw.median(), v.low.median(), v.peer.median());
+    let (plain, exact) = (v.plain.median(), v.exact.median());
     case.metric(&format!("{op}: raw socket ping-pong, median"), raw, "ns");
-    case.metric(&format!("{op}: vfio-user trapped round trip, median"), vu, "ns");
-    case.metric(&format!("{op}: vfio-user trapped round trip, p99"), v.vfio_user.quantile(0.99), "ns");
-    case.metric(&format!("{op}: plain (no busy-poll, no keep-warm), median"), plain, "ns");
-    case.metric(&format!("{op}: {}-us busy-poll alone, median", POLL.as_micros()), polled, "ns");
+    case.metric(&format!("{op}: ours --low-latency, median"), low, "ns");
+    case.metric(&format!("{op}: ours --low-latency, p99"), v.low.quantile(0.99), "ns");
+    case.metric(&format!("{op}: ours with the defaults, median"), plain, "ns");
+    case.metric(&format!("{op}: ours --low-latency, exact reads both sides, median"), exact, "ns");
     case.metric(&format!("{op}: rust-vmm peer server, median"), peer, "ns");
     case.metric(&format!("{op}: rust-vmm peer server, p99"), v.peer.quantile(0.99), "ns");
-    case.metric(&format!("{op}: plain / rust-vmm peer"), plain / peer.max(1.0), "x");
-    case.metric(&format!("{op}: busy-poll alone / rust-vmm peer"), polled / peer.max(1.0), "x");
+    case.metric(&format!("{op}: defaults / rust-vmm peer"), plain / peer.max(1.0), "x");
+    case.metric(&format!("{op}: exact reads / peek reads"), exact / low.max(1.0), "x");
     let traced = v.traced.median();
     case.metric(&format!("{op}: with the named trace on, median"), traced, "ns");
-    case.metric(&format!("{op}: trace on / trace off"), traced / vu.max(1.0), "x");
-    case.metric(&format!("{op}: samples per variant"), v.raw.len().min(v.vfio_user.len()) as f64, "");
-    // Issue 7's target is what framing, decoding and dispatch add to a blocking socket, so it judges the plain
-    // server, which blocks as the ping-pong does; issue 17's peer target judges ours as the device model runs it.
+    case.metric(&format!("{op}: trace on / trace off"), traced / low.max(1.0), "x");
+    case.metric(&format!("{op}: samples per variant"), v.raw.len().min(v.low.len()) as f64, "");
+    // Issue 7's target is what framing, decoding and dispatch add to a blocking socket, so it judges the server
+    // with the defaults, which blocks as the ping-pong does; issue 17's peer target judges ours --low-latency.
     // Tracing is off in both.
     case.target(Target::new(&format!("{op} / raw ping-pong"), plain / raw.max(1.0), TARGET_RATIO, "x", Better::Lower));
     case.target(Target::new(
         &format!("{op} / rust-vmm peer"),
-        vu / peer.max(1.0),
+        low / peer.max(1.0),
         TARGET_PEER_RATIO,
         "x",
         Better::Lower,
@@ -187,27 +186,24 @@ pub fn round_trip(budget: Duration) -> Case {
             sink.to_file(std::path::Path::new("/dev/null")).map_err(|e| format!("/dev/null: {e}"))?;
             let probe = function.probe().clone();
             probe.trace.set_sink(sink);
-            let warm = KeepWarm::start(WARM, WarmMeans::default(), WarmPolicy::default())
-                .map_err(|e| format!("keep-warm: {e}"))?;
-            case.note(format!("keep-warm: {:?}, {} us, tried", warm.means(), WARM.as_micros()));
-            let warm = Arc::new(warm);
-            let ours_config = ServerConfig { busy_poll: POLL, keep_warm: Some(warm.clone()), ..Default::default() };
-            let served = Served::with_config(function, ours_config).map_err(|e| e.to_string())?;
+            let low_config = ServerConfig { busy_poll: POLL, ..Default::default() };
+            let served = Served::with_config(function, low_config).map_err(|e| e.to_string())?;
             let plain_served = Served::function(hfi1_function()?).map_err(|e| e.to_string())?;
-            let polled_config = ServerConfig { busy_poll: POLL, ..Default::default() };
-            let polled_served = Served::with_config(hfi1_function()?, polled_config).map_err(|e| e.to_string())?;
+            let exact_config = ServerConfig { exact_reads: true, busy_poll: POLL, ..Default::default() };
+            let exact_served = Served::with_config(hfi1_function()?, exact_config).map_err(|e| e.to_string())?;
             let peer_served = PeerServed::new(hfi1_function()?).map_err(|e| e.to_string())?;
             let connect = |path: &std::path::Path, what: &str| {
                 Client::connect(path, ClientConfig::default()).map_err(|e| format!("connect to {what}: {e}"))
             };
-            let client = connect(served.path(), "our server")?;
-            let plain = connect(plain_served.path(), "our plain server")?;
-            let polled = connect(polled_served.path(), "our polling server")?;
+            let low = connect(served.path(), "our server --low-latency")?;
+            let plain = connect(plain_served.path(), "our server with the defaults")?;
+            let exact = Client::connect(exact_served.path(), ClientConfig { exact_reads: true, ..Default::default() })
+                .map_err(|e| format!("connect to our server reading exactly: {e}"))?;
             let peer = connect(peer_served.path(), "the peer")?;
-            for c in [&client, &plain, &polled, &peer] {
+            for c in [&low, &plain, &exact, &peer] {
                 enable(c)?;
             }
-            let clients = Clients { ours: &client, plain: &plain, polled: &polled, peer: &peer, ours_probe: &probe };
+            let clients = Clients { low: &low, plain: &plain, exact: &exact, peer: &peer, low_probe: &probe };
 
             let read = measure(budget, SMALL, LARGE, &clients, |c| {
                 let mut b = [0u8; DATA];
@@ -226,18 +222,14 @@ pub fn round_trip(budget: Duration) -> Case {
                 "messages: read {SMALL} B out / {LARGE} B back, write {LARGE} B / {SMALL} B; each server on its own \
                  thread over a UNIX socket, device = an hfi1 function each; the peer is rust-vmm vfio_user 0.1.7's \
                  Server over the same pci::Function, driven by the same client; {ROUNDS} alternating rounds; the \
-                 raw target judges the plain server (it blocks as the ping-pong does), the peer target ours as the \
-                 device model runs it ({}-us busy-poll, {}-us keep-warm); both trace-off; the trace-on variant \
-                 (hfi1=debug, text lines to /dev/null) shows what tracing costs",
-                POLL.as_micros(),
-                WARM.as_micros()
+                 raw target judges ours with the defaults (it blocks as the ping-pong does), the peer target ours \
+                 as device-model --low-latency runs it ({}-us busy-poll); both trace-off; the trace-on variant \
+                 (hfi1=debug, text lines to /dev/null) shows what tracing costs; exact reads: ours --low-latency \
+                 with two receives per message instead of a peek, on the server and its client (what the peek \
+                 mode saves)",
+                POLL.as_micros()
             ));
-            drop((client, plain, polled, peer));
-            // Which arm the last trial kept: the ours variant ran with it for most of its requests.
-            case.note(match warm.verdict() {
-                Some(v) => format!("keep-warm's last trial: {v}"),
-                None => "keep-warm's trial did not end".into(),
-            });
+            drop((low, plain, exact, peer));
             Ok(())
         })
 }
