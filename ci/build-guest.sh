@@ -139,7 +139,7 @@ fetch_kernel() { # [PKG=VERSION: this one if apt still offers it; default the ne
     local dep="${1:-}" pkg pkg_ver dir
     if [ -n "$dep" ]; then
         ensure_backports
-        if ! apt-cache show "$dep" >/dev/null 2>&1; then
+        if ! apt_offers "${dep%%=*}" "${dep#*=}"; then
             log "the cached kernel $dep is no longer offered by apt: taking the newest"
             dep=""
         fi
@@ -285,6 +285,12 @@ bookworm_version() { # pkg
     echo "$best"
 }
 
+# Whether apt's lists offer exactly this version (apt-cache show PKG=VER succeeds, silently, when they do not).
+apt_offers() { # pkg version
+    apt-cache madison "$1" | awk -F'|' -v v="$2" '$3 ~ / Packages$/ { gsub(/ /, "", $2); if ($2 == v) found = 1 }
+        END { exit !found }'
+}
+
 refresh_pins() {
     rm -f "$APT_UPDATED_STAMP"
     apt_update_once
@@ -316,13 +322,13 @@ fetch_userland() {
     dir="$GUEST_DIR/userland-$key"
     if [ -e "$dir/.complete" ]; then touch "$dir"; echo "$dir"; return 0; fi
 
-    log "guest userland: downloading $(printf '%s\n' "$pins" | wc -l) pinned packages"
+    log "guest userland: checking and downloading $(printf '%s\n' "$pins" | wc -l) pinned packages"
     apt_update_once
     local pin missing=() retried=0
     while :; do
         missing=()
         for pin in $pins; do
-            apt-cache show "$pin" >/dev/null 2>&1 || missing+=("$pin")
+            apt_offers "${pin%%=*}" "${pin#*=}" || missing+=("$pin")
         done
         [ ${#missing[@]} -eq 0 ] || [ "$retried" = 1 ] || { rm -f "$APT_UPDATED_STAMP"; apt_update_once; retried=1; continue; }
         break

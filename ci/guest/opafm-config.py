@@ -9,18 +9,18 @@ Every other setting stays as Debian ships it, comments included. Each edit names
 import sys
 import xml.etree.ElementTree as ET
 
-# (path, value, why). The paths are those of opa-fm 10.10's opafm.xml. An element the file does not have is
+# (path, value). The paths are those of opa-fm 10.10's opafm.xml. An element the file does not have is
 # added after the sibling named in INSERT_AFTER.
 EDITS = [
     # The PM sweeps over GSI (QP1), which the guest's HFIs carry by SDMA: the SM alone needs only VL15 PIO.
-    ("Common/Pm/Start", "0", "no Performance Manager"),
+    ("Common/Pm/Start", "0"),
     # No syslogd in the guest: everything goes to a file the init and the user can read.
-    ("Common/Shared/LogFile", "/var/log/opafm.log", "log to a file"),
-    ("Common/Shared/LogMode", "2", "with a LogFile, nothing goes to syslog"),
+    ("Common/Shared/LogFile", "/var/log/opafm.log"),
+    ("Common/Shared/LogMode", "2"),
     # MinRespTimeout 0: each SMP waits the whole RespTimeout, MaxAttempts times. Under TCG a trapped access costs
     # tens of microseconds and the peer's SMA runs in the same slow guest, so the 35 ms start is too short.
-    ("Common/Sm/MinRespTimeout", "0", "fixed response timeout"),
-    ("Common/Sm/RespTimeout", "1000", "1 s per SMP attempt"),
+    ("Common/Sm/MinRespTimeout", "0"),
+    ("Common/Sm/RespTimeout", "1000"),
 ]
 ZERO_GUID = "<PortGUID>0x0000000000000000</PortGUID>"
 INSERT_AFTER = {"Common/Shared/LogFile": "LogLevel"}  # upstream has it commented out just below LogLevel
@@ -54,7 +54,7 @@ def main():
         got = (find(root, path).text or "").strip()
         if got != want:
             raise SystemExit(f"opafm-config: {path} is {got!r} in the packaged opafm.xml, expected {want!r}")
-    for path, value, _why in EDITS:
+    for path, value in EDITS:
         parent_path, _, tag = path.rpartition("/")
         parent = find(root, parent_path)
         el = parent.find(tag)
