@@ -26,6 +26,9 @@ pub struct DeviceOptions {
     pub hfi1_rcvarray_entries: Option<u32>,
     pub irdma_qhash_capacity: Option<u32>,
     pub worker_spin_us: Option<u64>,
+    /// Which function of its kind (a second chip-personality function is 1).
+    #[serde(default)]
+    pub instance: u8,
 }
 
 impl DeviceOptions {
@@ -37,6 +40,7 @@ impl DeviceOptions {
             hfi1_rcvarray_entries: None,
             irdma_qhash_capacity: None,
             worker_spin_us: None,
+            instance: 0,
         }
     }
 
@@ -53,7 +57,11 @@ impl DeviceOptions {
         let spin = self.worker_spin_us.map(Duration::from_micros);
         Ok(match self.kind {
             DeviceKind::Hfi1 | DeviceKind::Hfi1Wfr => {
-                let mut config = if self.kind == DeviceKind::Hfi1 { Hfi1Config::default() } else { Hfi1Config::wfr() };
+                let mut config = if self.kind == DeviceKind::Hfi1 {
+                    Hfi1Config::default()
+                } else {
+                    Hfi1Config::wfr_instance(self.instance)
+                };
                 // The size options shape the project's own function; the chip personality keeps the chip's.
                 if self.kind == DeviceKind::Hfi1 {
                     if let Some(n) = self.hfi1_contexts {
@@ -94,7 +102,9 @@ impl DeviceOptions {
     /// What a recording's header says about the device: these options and the faults armed when its
     /// session began (kept current by the function as faults come and go).
     pub fn header(&self, faults: &[String]) -> serde_json::Value {
-        serde_json::json!({ "device": self.kind.name(), "options": self, "faults": faults })
+        let device = Hfi1Config { instance: self.instance, ..Hfi1Config::wfr() };
+        let name = if self.kind == DeviceKind::Hfi1Wfr { device.name() } else { self.kind.name() };
+        serde_json::json!({ "device": name, "options": self, "faults": faults })
     }
 
     /// The options and faults of a recording's header.

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use crate::fault::{FaultKind, FaultSpec};
-use crate::hfi1::RXE_NUM_CONTEXTS;
+use crate::hfi1::{MAX_WFR_FUNCTIONS, RXE_NUM_CONTEXTS, WFR_NAMES};
 use crate::pci::PciIds;
 use crate::trace::{Block, Filter, Format};
 
@@ -176,6 +176,8 @@ pub enum CliError {
     RcvArrayEntries(String),
     #[error("nothing to serve: give --hfi1 PATH, --hfi1-wfr PATH, --irdma PATH, or --socket-path PATH / --fd FD with --device")]
     NothingToServe,
+    #[error("--hfi1-wfr is given {0} times: a process serves at most {MAX_WFR_FUNCTIONS} chip-personality functions (the two ends of a cable)")]
+    TooManyWfr(usize),
     #[error("--socket-path and --fd need --device hfi1|hfi1-wfr|irdma")]
     DeviceMissing,
     #[error("--device only goes with --socket-path or --fd")]
@@ -211,9 +213,10 @@ pub struct Args {
     pub hfi1: Option<PathBuf>,
 
     /// Serve an hfi1 function with the real chip's personality (PCI 8086:24f0, the chip's BAR0 map, no
-    /// loopback block) on a vfio-user socket created at PATH, for the stock Linux hfi1 driver.
+    /// loopback block) on a vfio-user socket created at PATH, for the stock Linux hfi1 driver. Given twice,
+    /// two such functions ("hfi1-wfr" and "hfi1-wfr1", node GUIDs ...01 and ...02) are served.
     #[arg(long, value_name = "PATH")]
-    pub hfi1_wfr: Option<PathBuf>,
+    pub hfi1_wfr: Vec<PathBuf>,
 
     /// Serve the irdma function on a vfio-user socket created at PATH (a stale socket is replaced).
     #[arg(long, value_name = "PATH")]
@@ -377,6 +380,18 @@ pub struct Served {
     pub kind: DeviceKind,
     pub listen: Listen,
     pub ids: PciIds,
+    /// Which function of its kind this is (0 but for a second --hfi1-wfr).
+    pub instance: u8,
+}
+
+impl Served {
+    /// The device's name on the control socket, in fault specs and in traces.
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            DeviceKind::Hfi1Wfr => WFR_NAMES.get(usize::from(self.instance)).copied().unwrap_or(WFR_NAMES[0]),
+            k => k.name(),
+        }
+    }
 }
 
 impl Args {
@@ -397,19 +412,17 @@ impl Args {
             (None, None) => None,
         };
         match (single, self.device) {
-            (Some(listen), Some(kind)) => out.push(Served { kind, listen, ids: ids(kind) }),
+            (Some(listen), Some(kind)) => out.push(Served { kind, listen, ids: ids(kind), instance: 0 }),
             (Some(_), None) => return Err(CliError::DeviceMissing),
             (None, Some(_)) => return Err(CliError::DeviceWithoutSocket),
             (None, None) => {
-                let devices = [
-                    (DeviceKind::Hfi1, &self.hfi1),
-                    (DeviceKind::Hfi1Wfr, &self.hfi1_wfr),
-                    (DeviceKind::Irdma, &self.irdma),
-                ];
-                for (kind, path) in devices {
-                    if let Some(p) = path {
-                        out.push(Served { kind, listen: Listen::Path(p.clone()), ids: ids(kind) });
-                    }
+                if self.hfi1_wfr.len() > usize::from(MAX_WFR_FUNCTIONS) {
+                    return Err(CliError::TooManyWfr(self.hfi1_wfr.len()));
+                }
+                let wfr = self.hfi1_wfr.iter().enumerate().map(|(i, p)| (DeviceKind::Hfi1Wfr, p, i as u8));
+                let devices = self.hfi1.iter().map(|p| (DeviceKind::Hfi1, p, 0)).chain(wfr);
+                for (kind, p, instance) in devices.chain(self.irdma.iter().map(|p| (DeviceKind::Irdma, p, 0))) {
+                    out.push(Served { kind, listen: Listen::Path(p.clone()), ids: ids(kind), instance });
                 }
             }
         }
@@ -444,10 +457,10 @@ impl Args {
         for f in &self.fault {
             let fail = |why: String| CliError::Fault { spec: f.to_string(), why };
             let device = f.device.as_deref().ok_or_else(|| fail("name the device: DEVICE:FAULT,...".into()))?;
-            if !out.iter().any(|s| s.kind.name() == device) {
+            let Some(target) = out.iter().find(|s| s.name() == device) else {
                 return Err(fail(format!("{device} is not served")));
-            }
-            f.check_device(device).map_err(|e| fail(e.to_string()))?;
+            };
+            f.check_device(target.kind.name()).map_err(|e| fail(e.to_string()))?;
         }
         Ok(out)
     }

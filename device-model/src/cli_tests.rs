@@ -62,11 +62,17 @@ fn per_device_sockets_serve_each_device_with_its_ids() {
     assert_eq!(
         s,
         vec![
-            Served { kind: DeviceKind::Hfi1, listen: Listen::Path("/tmp/h.sock".into()), ids: PciIds::hfi1_default() },
+            Served {
+                kind: DeviceKind::Hfi1,
+                listen: Listen::Path("/tmp/h.sock".into()),
+                ids: PciIds::hfi1_default(),
+                instance: 0
+            },
             Served {
                 kind: DeviceKind::Irdma,
                 listen: Listen::Path("/tmp/i.sock".into()),
                 ids: PciIds { device_id: 0x1102, ..PciIds::irdma_default() },
+                instance: 0,
             },
         ]
     );
@@ -79,13 +85,28 @@ fn backend_convention_serves_one_device_on_a_path_or_an_fd() {
         vec![Served {
             kind: DeviceKind::Irdma,
             listen: Listen::Path("/tmp/x.sock".into()),
-            ids: PciIds::irdma_default()
+            ids: PciIds::irdma_default(),
+            instance: 0,
         }]
     );
     let s = served(&["--fd", "3", "--device", "hfi1", "--hfi1-ids", "8086:24f0"]).unwrap();
     assert_eq!(s[0].listen, Listen::Fd(3));
     assert_eq!((s[0].ids.vendor_id, s[0].ids.device_id, s[0].ids.subsystem_vendor_id), (0x8086, 0x24f0, 0x8086));
     assert_eq!(s[0].ids.class_code, 0x020800);
+}
+
+#[test]
+fn two_chip_personality_functions_are_served_with_their_own_names() {
+    let s = served(&["--hfi1-wfr", "/tmp/a.sock", "--hfi1-wfr", "/tmp/b.sock", "--fault", "hfi1-wfr1:packet-drop"])
+        .unwrap();
+    let got: Vec<_> = s.iter().map(|s| (s.kind, s.name(), s.instance, s.ids)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (DeviceKind::Hfi1Wfr, "hfi1-wfr", 0, PciIds::hfi1_wfr_default()),
+            (DeviceKind::Hfi1Wfr, "hfi1-wfr1", 1, PciIds::hfi1_wfr_default()),
+        ]
+    );
 }
 
 #[test]
@@ -98,6 +119,15 @@ fn inconsistent_command_lines_are_refused() {
         (&["--hfi1", "/tmp/x", "--device", "hfi1"], CliError::DeviceWithoutSocket),
         (&["--hfi1", "/tmp/x", "--irdma", "/tmp/x"], CliError::PathReused("/tmp/x".into())),
         (&["--hfi1", "/tmp/x", "--control", "/tmp/x"], CliError::PathReused("/tmp/x".into())),
+        (&["--hfi1-wfr", "/tmp/a", "--hfi1-wfr", "/tmp/a"], CliError::PathReused("/tmp/a".into())),
+        (&["--hfi1-wfr", "/a", "--hfi1-wfr", "/b", "--hfi1-wfr", "/c"], CliError::TooManyWfr(3)),
+        (
+            &["--hfi1-wfr", "/tmp/a", "--fault", "hfi1-wfr1:packet-drop"],
+            CliError::Fault {
+                spec: "hfi1-wfr1:packet-drop,nth=1,count=1".into(),
+                why: "hfi1-wfr1 is not served".into(),
+            },
+        ),
         (
             &["--irdma", "/tmp/i", "--hfi1-contexts", "4"],
             CliError::OptionForAbsentDevice { option: "--hfi1-contexts", device: "hfi1" },

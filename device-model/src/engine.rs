@@ -97,6 +97,11 @@ impl Default for PciShape {
 pub trait Engine: Send + Sync + 'static {
     /// Short name used in logs and on the control socket ("hfi1", "irdma").
     fn name(&self) -> &'static str;
+    /// The kind of engine, which fault specs and PCI defaults go by; the name unless several engines of
+    /// one kind are served ("hfi1-wfr1" is of kind "hfi1-wfr").
+    fn kind(&self) -> &'static str {
+        self.name()
+    }
     /// The register BARs. With [`MsixPlacement::OwnBar`] they must not use the BAR index the PCI layer
     /// reserves for MSI-X (`crate::pci::MSIX_BAR`).
     fn bars(&self) -> Vec<BarSpec>;

@@ -46,6 +46,7 @@ fn options_for(args: &Args, s: &Served) -> DeviceOptions {
         hfi1_rcvarray_entries: args.hfi1_rcvarray_entries.filter(|_| hfi1),
         irdma_qhash_capacity: args.irdma_qhash_capacity.filter(|_| s.kind == DeviceKind::Irdma),
         worker_spin_us: args.worker_spin_us,
+        instance: s.instance,
     }
 }
 
@@ -156,14 +157,13 @@ fn run(args: &Args) -> Result<(), String> {
     let mut recorders = Vec::new();
     for s in &served {
         let options = options_for(args, s);
-        let faults: Vec<_> =
-            args.fault.iter().filter(|f| f.device.as_deref() == Some(s.kind.name())).cloned().collect();
+        let faults: Vec<_> = args.fault.iter().filter(|f| f.device.as_deref() == Some(s.name())).cloned().collect();
         let function = options.build(&faults)?;
         if let Some(filter) = &args.trace {
             function.probe().trace.set_filter(filter);
         }
         // Every device has a recorder, idle unless --record or {"cmd":"record","dir":...} gives it a directory.
-        let recorder = Recorder::idle(s.kind.name(), options.header(&function.probe().faults.specs()));
+        let recorder = Recorder::idle(s.name(), options.header(&function.probe().faults.specs()));
         if let Some(mib) = args.record_max_mib {
             recorder.set_max_session_bytes(mib << 20);
         }
@@ -171,7 +171,7 @@ fn run(args: &Args) -> Result<(), String> {
             recorder.set_dir(Some(dir)).map_err(|e| format!("--record {}: {e}", dir.display()))?;
         }
         if !function.probe().set_recorder(recorder.clone()) {
-            return Err(format!("{}: the device already has a recorder", s.kind.name()));
+            return Err(format!("{}: the device already has a recorder", s.name()));
         }
         recorders.push(recorder);
         let listener = match &s.listen {
@@ -183,13 +183,7 @@ fn run(args: &Args) -> Result<(), String> {
             }
             Listen::Fd(fd) => adopt(*fd)?,
         };
-        tracing::info!(
-            "{} ({:04x}:{:04x}) listening on {:?}",
-            s.kind.name(),
-            s.ids.vendor_id,
-            s.ids.device_id,
-            s.listen
-        );
+        tracing::info!("{} ({:04x}:{:04x}) listening on {:?}", s.name(), s.ids.vendor_id, s.ids.device_id, s.listen);
         functions.push(function);
         listeners.push(listener);
     }
@@ -244,7 +238,7 @@ fn run(args: &Args) -> Result<(), String> {
     let mut stops = Vec::new();
     for (((function, listener), s), recorder) in functions.into_iter().zip(listeners).zip(&served).zip(recorders) {
         let once = args.once;
-        let name = s.kind.name();
+        let name = s.name();
         let server = Server::new(function, ServerConfig { recorder: Some(recorder), ..config.clone() });
         stops.push(server.shutdown_handle());
         let stop = shutdown.clone();

@@ -47,10 +47,19 @@ pub enum FaultKind {
     MsixDrop,
     /// A DMA_MAP is refused with `errno`. Event: each DMA_MAP.
     DmaMapRefuse,
+    /// hfi1 cable: a packet to this device is lost on the wire. Event: each packet the cable carries to it.
+    CableDrop,
+    /// hfi1 cable: a packet to this device arrives `ms` late (later packets overtake it). Event: each packet.
+    CableDelay,
+    /// hfi1 cable: byte `byte` (default the middle one) of a packet to this device is XORed with `xor`, so
+    /// its ICRC no longer matches. Event: each packet.
+    CableCorrupt,
+    /// hfi1 cable: a packet to this device arrives after the next one. Event: each packet.
+    CableReorder,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 20] = [
         FaultKind::CqpFail,
         FaultKind::CqeDelay,
         FaultKind::CqeDrop,
@@ -67,6 +76,10 @@ impl FaultKind {
         FaultKind::Removed,
         FaultKind::MsixDrop,
         FaultKind::DmaMapRefuse,
+        FaultKind::CableDrop,
+        FaultKind::CableDelay,
+        FaultKind::CableCorrupt,
+        FaultKind::CableReorder,
     ];
 
     pub fn name(self) -> &'static str {
@@ -87,6 +100,10 @@ impl FaultKind {
             FaultKind::Removed => "removed",
             FaultKind::MsixDrop => "msix-drop",
             FaultKind::DmaMapRefuse => "dma-map-refuse",
+            FaultKind::CableDrop => "cable-drop",
+            FaultKind::CableDelay => "cable-delay",
+            FaultKind::CableCorrupt => "cable-corrupt",
+            FaultKind::CableReorder => "cable-reorder",
         }
     }
 
@@ -100,6 +117,9 @@ impl FaultKind {
             | FaultKind::CqptailStall => Some(&["irdma"]),
             FaultKind::RcvarrayIgnore | FaultKind::FlowGeneration => Some(&["hfi1", "hfi1-wfr"]),
             FaultKind::PacketDrop | FaultKind::PacketDup | FaultKind::PacketReorder => Some(&["hfi1", "hfi1-wfr"]),
+            FaultKind::CableDrop | FaultKind::CableDelay | FaultKind::CableCorrupt | FaultKind::CableReorder => {
+                Some(&["hfi1-wfr"])
+            }
             _ => None,
         }
     }
@@ -127,6 +147,12 @@ impl FaultKind {
             FaultKind::Removed => (&[], "surprise removal: reads all-ones, nothing else reaches the device"),
             FaultKind::MsixDrop => (&["vector"], "an interrupt is not delivered"),
             FaultKind::DmaMapRefuse => (&["errno"], "a DMA_MAP is refused with errno (default ENOMEM)"),
+            FaultKind::CableDrop => (&[], "a packet to the device is lost on the cable"),
+            FaultKind::CableDelay => (&["ms"], "a packet to the device arrives ms milliseconds late"),
+            FaultKind::CableCorrupt => {
+                (&["byte", "xor"], "byte (default the middle one) of a packet to the device is XORed with xor")
+            }
+            FaultKind::CableReorder => (&[], "a packet to the device arrives after the next one"),
         }
     }
 
@@ -199,6 +225,8 @@ pub struct Params {
     pub value: u64,
     pub vector: Option<u16>,
     pub errno: i32,
+    /// Which byte of a packet `cable-corrupt` changes.
+    pub byte: Option<u64>,
 }
 
 /// When a fault fires.
@@ -347,6 +375,7 @@ impl FaultSpec {
                 "mask" => p.mask = num(u64::MAX)?,
                 "value" => p.value = num(u64::MAX)?,
                 "vector" => p.vector = Some(num(2047)? as u16),
+                "byte" => p.byte = Some(num(u64::from(u16::MAX))?),
                 "errno" => {
                     p.errno = match ERRNOS.iter().find(|(n, _)| n.eq_ignore_ascii_case(value)) {
                         Some((_, e)) => *e,
@@ -362,7 +391,7 @@ impl FaultSpec {
             FaultKind::CqpFail if p.op.is_none() => return Err(missing("op")),
             FaultKind::CqpFail if !seen_major => return Err(missing("major")),
             FaultKind::CqpFail if !seen_minor => return Err(missing("minor")),
-            FaultKind::CqeDelay if p.ms == 0 => return Err(missing("ms")),
+            FaultKind::CqeDelay | FaultKind::CableDelay if p.ms == 0 => return Err(missing("ms")),
             FaultKind::CqeCorrupt if p.field.is_none() => return Err(missing("field")),
             FaultKind::RegStuck if p.reg.is_none() => return Err(missing("reg or offset")),
             FaultKind::RegStuck if p.mask == 0 => return Err(missing("mask")),
@@ -375,10 +404,12 @@ impl FaultSpec {
         Ok(spec)
     }
 
-    /// Refuses a fault armed on a device it cannot apply to.
+    /// Refuses a fault armed on a device it cannot apply to: `device` is a device's name or its kind (a
+    /// second chip-personality function, "hfi1-wfr1", is of kind "hfi1-wfr").
     pub fn check_device(&self, device: &str) -> Result<(), SpecError> {
+        let kind = if crate::hfi1::WFR_NAMES.contains(&device) { crate::hfi1::WFR_NAMES[0] } else { device };
         match self.kind.devices() {
-            Some(only) if !only.contains(&device) => {
+            Some(only) if !only.contains(&kind) => {
                 Err(SpecError::Device { fault: self.kind.name(), device: device.to_string(), only: only.join(", ") })
             }
             _ => Ok(()),
@@ -405,7 +436,13 @@ impl fmt::Display for FaultSpec {
                 kv("major", format!("{:#x}", p.major))?;
                 kv("minor", format!("{:#x}", p.minor))?;
             }
-            FaultKind::CqeDelay => kv("ms", p.ms.to_string())?,
+            FaultKind::CqeDelay | FaultKind::CableDelay => kv("ms", p.ms.to_string())?,
+            FaultKind::CableCorrupt => {
+                if let Some(b) = p.byte {
+                    kv("byte", b.to_string())?;
+                }
+                kv("xor", format!("{:#x}", p.xor))?;
+            }
             FaultKind::CqeCorrupt => {
                 let name = match p.field {
                     Some(CqeField::WqeIdx) => "wqe-idx",
@@ -460,7 +497,9 @@ impl fmt::Display for FaultSpec {
             | FaultKind::CqptailStall
             | FaultKind::DmaWriteFail
             | FaultKind::DmaReadFail
-            | FaultKind::Removed => {}
+            | FaultKind::Removed
+            | FaultKind::CableDrop
+            | FaultKind::CableReorder => {}
         }
         let t = &self.trigger;
         kv("nth", t.nth.to_string())?;

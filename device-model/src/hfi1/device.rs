@@ -46,10 +46,7 @@ impl Hfi1 {
             Personality::Emu => None,
             Personality::Wfr(shape) => Some(Mutex::new(Wfr::new(shape))),
         };
-        let probe = Probe::new(match config.personality {
-            Personality::Emu => "hfi1",
-            Personality::Wfr(_) => "hfi1-wfr",
-        });
+        let probe = Probe::new(config.name());
         let mut chip = Chip::new(config.rcv_contexts, shm, wfr.is_none());
         chip.rcv_array.set_probe(probe.clone());
         let shared = Arc::new(Shared {
@@ -216,10 +213,11 @@ impl Drop for Hfi1 {
 
 impl Engine for Hfi1 {
     fn name(&self) -> &'static str {
-        match self.config.personality {
-            Personality::Emu => "hfi1",
-            Personality::Wfr(_) => "hfi1-wfr",
-        }
+        self.config.name()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.config.kind()
     }
 
     fn bars(&self) -> Vec<BarSpec> {

@@ -1,6 +1,7 @@
 //! hfi1 (Omni-Path HFI, "WFR") receive side for TID RDMA: the RcvArray, the per-context TID flow table,
 //! a receive engine that places TID RDMA data packets, and a loopback send path. See docs/hfi1-device.md.
 
+pub mod cable;
 mod chip;
 mod control;
 mod counters;
@@ -72,7 +73,15 @@ pub struct Hfi1Config {
     /// Where the worker's jobs run. Default a thread spinning [`DEFAULT_WORKER_SPIN`], as measured by
     /// `udriver bench` (docs/bench.md).
     pub worker: WorkerMode,
+    /// Which of the process's chip-personality functions this is, below [`MAX_WFR_FUNCTIONS`]: it names the
+    /// device and, through [`Hfi1Config::wfr_instance`], its node GUID. 0 on the project's own function.
+    pub instance: u8,
 }
+
+/// Chip-personality functions one process serves at most: the two ends of a cable.
+pub const MAX_WFR_FUNCTIONS: u8 = 2;
+/// Control-socket and trace names of the chip-personality functions, by instance.
+pub const WFR_NAMES: [&str; MAX_WFR_FUNCTIONS as usize] = ["hfi1-wfr", "hfi1-wfr1"];
 
 /// The worker's default idle spin: on an idle host it made back-to-back small doorbells 1.7-1.8x faster
 /// (the next doorbell finds the worker awake); on a host loaded past its cores it costs, so it is a knob.
@@ -86,6 +95,7 @@ impl Default for Hfi1Config {
             rcv_array_count: 4096,
             doorbell_queue: 64,
             worker: WorkerMode::Thread { spin: DEFAULT_WORKER_SPIN },
+            instance: 0,
         }
     }
 }
@@ -100,7 +110,32 @@ impl Hfi1Config {
     /// The WFR personality with its default shape: 16 receive contexts, enough for the driver's default
     /// module parameters on a small guest; the RcvArray as in the default (docs/hfi1-kernel-driver.md).
     pub fn wfr() -> Self {
-        Self { personality: Personality::Wfr(wfr::WfrShape::default()), rcv_contexts: 16, ..Self::default() }
+        Self::wfr_instance(0)
+    }
+
+    /// The chip personality's `instance`-th function: its own name and node GUID (the default GUID plus the
+    /// instance, so two functions differ below bit 39 and the driver does not pair them as one ASIC:
+    /// init_asic_data, chip.c).
+    pub fn wfr_instance(instance: u8) -> Self {
+        let base = wfr::WfrShape::default();
+        let shape = wfr::WfrShape { guid: base.guid + u64::from(instance), ..base };
+        Self { personality: Personality::Wfr(shape), rcv_contexts: 16, instance, ..Self::default() }
+    }
+
+    /// The device's name on the control socket and in traces.
+    pub fn name(&self) -> &'static str {
+        match self.personality {
+            Personality::Emu => "hfi1",
+            Personality::Wfr(_) => WFR_NAMES.get(usize::from(self.instance)).copied().unwrap_or(WFR_NAMES[0]),
+        }
+    }
+
+    /// The kind of device, which faults and PCI defaults go by.
+    pub fn kind(&self) -> &'static str {
+        match self.personality {
+            Personality::Emu => "hfi1",
+            Personality::Wfr(_) => WFR_NAMES[0],
+        }
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -120,6 +155,9 @@ impl Hfi1Config {
             if spin > MAX_WORKER_SPIN {
                 return Err(Hfi1Error::Config(format!("worker spin {spin:?} above {MAX_WORKER_SPIN:?}")));
             }
+        }
+        if self.instance >= MAX_WFR_FUNCTIONS || (self.personality == Personality::Emu && self.instance != 0) {
+            return Err(Hfi1Error::Config(format!("instance {} of {}", self.instance, self.kind())));
         }
         if !(1..=4096).contains(&self.doorbell_queue) {
             return Err(Hfi1Error::Config(format!("doorbell_queue {} not in 1..=4096", self.doorbell_queue)));
@@ -164,6 +202,23 @@ mod tests {
     }
 
     #[test]
+    fn chip_personality_instances_have_their_own_names_and_guids_differing_below_bit_39() {
+        let (a, b) = (Hfi1Config::wfr_instance(0), Hfi1Config::wfr_instance(1));
+        assert_eq!((a.name(), b.name()), ("hfi1-wfr", "hfi1-wfr1"));
+        assert_eq!((a.kind(), b.kind()), ("hfi1-wfr", "hfi1-wfr"));
+        let guid = |c: &Hfi1Config| match c.personality {
+            Personality::Wfr(s) => s.guid,
+            Personality::Emu => unreachable!(),
+        };
+        // init_asic_data pairs two HFIs whose GUIDs are equal with bit 39 (the HFI id) masked off.
+        let hfi_id_mask = !(1u64 << 39);
+        assert_ne!(guid(&a) & hfi_id_mask, guid(&b) & hfi_id_mask);
+        assert_eq!(guid(&a), 0x0011_7501_0100_0001);
+        assert_eq!(guid(&b), 0x0011_7501_0100_0002);
+        assert!(a.validate().is_ok() && b.validate().is_ok());
+    }
+
+    #[test]
     fn config_outside_the_chip_limits_is_rejected() {
         let bad = [
             Hfi1Config { rcv_contexts: 0, ..Default::default() },
@@ -173,6 +228,8 @@ mod tests {
             Hfi1Config { rcv_array_count: MAX_RCV_ARRAY_COUNT + 512, ..Default::default() },
             Hfi1Config { doorbell_queue: 0, ..Default::default() },
             Hfi1Config { worker: WorkerMode::Thread { spin: MAX_WORKER_SPIN * 2 }, ..Default::default() },
+            Hfi1Config { instance: 1, ..Default::default() },
+            Hfi1Config { instance: MAX_WFR_FUNCTIONS, ..Hfi1Config::wfr() },
         ];
         for c in bad {
             let err = c.validate().err();

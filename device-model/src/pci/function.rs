@@ -296,7 +296,7 @@ impl Function {
 
     /// Arms `spec` on this device, resolving a register it names by the kernel's name; returns its id.
     pub fn arm_fault(&self, mut spec: FaultSpec) -> Result<u64, String> {
-        spec.check_device(self.name()).map_err(|e| e.to_string())?;
+        spec.check_device(self.engine.kind()).map_err(|e| e.to_string())?;
         if let Some(RegRef::Name(n)) = &spec.params.reg {
             let (bar, offset) =
                 self.engine.register_offset(n).ok_or_else(|| format!("{}: no register named \"{n}\"", self.name()))?;

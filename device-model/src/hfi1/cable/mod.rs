@@ -1,0 +1,515 @@
+//! The cable between two HFI ports: it trains the link when both ends poll, tells each end when the other
+//! leaves LinkUp, and carries 9B packets between them in order, through the cable faults and the capture.
+//!
+//! The cable is a thread that owns the link's state. The ends talk to it only through messages
+//! ([`CableEnd`]) and it talks to them only through the [`Port`] trait, never holding a lock of its own
+//! while it calls one; a port applies a link event under its own lock and queues a packet for its own
+//! worker, so the cable never waits on an HFI. That seam is where a remote end would sit: a `Port` that
+//! forwards to another device-model process over a socket, and a reader there that feeds this thread.
+//! The thread blocks on its queue when idle and exits when both ends are gone.
+
+#![forbid(unsafe_code)]
+
+pub mod capture;
+pub mod wire;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use vfio_user_proto::sync::Unpoison;
+
+use crate::fault::FaultKind;
+use crate::probe::Probe;
+use crate::trace::{Block, Level, Val};
+use capture::{Capture, Direction};
+pub use wire::WirePacket;
+
+/// The two ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum End {
+    A,
+    B,
+}
+
+impl End {
+    pub fn index(self) -> usize {
+        match self {
+            End::A => 0,
+            End::B => 1,
+        }
+    }
+    pub fn peer(self) -> End {
+        match self {
+            End::A => End::B,
+            End::B => End::A,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            End::A => "a",
+            End::B => "b",
+        }
+    }
+}
+
+/// What a port tells its neighbour at link-up: the DC8051 STS_REMOTE_* registers the other end shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Neighbor {
+    /// The port GUID (DC_DC8051_CFG_LOCAL_GUID of the port).
+    pub guid: u64,
+    /// STS_REMOTE_NODE_TYPE: 0 for an HFI (hfi.h NEIGHBOR_TYPE_HFI).
+    pub node_type: u8,
+    /// STS_REMOTE_PORT_NO.
+    pub port: u8,
+}
+
+/// What a port's physical layer asks of the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phy {
+    /// Polling, and the host has seen it poll: ready to train.
+    Polling,
+    /// Offline, disabled or reset: the link drops. `reason` is the down reason the host gave, which the
+    /// neighbour reads as the planned-down code of its link-down message.
+    Down { reason: u8 },
+}
+
+/// What the cable tells a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// Both ends polled: the link is up, with this neighbour.
+    Up(Neighbor),
+    /// The neighbour left LinkUp with this reason.
+    Down { reason: u8 },
+}
+
+/// The HFI side of an end.
+pub trait Port: Send + Sync {
+    /// Who this port is, for the neighbour's registers.
+    fn identity(&self) -> Neighbor;
+    /// The device's probe: its trace and the cable faults armed on it (they act on packets it receives).
+    fn probe(&self) -> Arc<Probe>;
+    /// Applies a link event; false if the port is no longer in the state the event was meant for (it left
+    /// Polling), and so ignores it.
+    fn link(&self, event: LinkEvent) -> bool;
+    /// A packet arrives. Never blocks.
+    fn receive(&self, packet: WirePacket);
+}
+
+/// Messages to the cable thread.
+enum Msg {
+    Attach(End, Weak<dyn Port>),
+    Phy(End, Phy),
+    Packet(End, WirePacket),
+    Capture(Option<Capture>, Sender<Result<(), String>>),
+}
+
+/// Packets one direction holds back (delay and reorder faults) at most; more are dropped and counted.
+pub const MAX_HELD: usize = 1024;
+/// Packets queued to the cable thread at most; a sender past this is dropping (counted).
+pub const QUEUE: usize = 4096;
+/// How long a reordered packet waits for the packet that is to overtake it before it goes alone.
+pub const REORDER_WAIT: Duration = Duration::from_millis(100);
+
+/// Per direction (indexed by the receiving end): what the cable did with packets.
+#[derive(Debug, Default)]
+pub struct DirCounters {
+    pub packets: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Sent while the link was not up.
+    pub dropped_link_down: AtomicU64,
+    /// Dropped by a cable-drop fault.
+    pub dropped_fault: AtomicU64,
+    /// Too many held back at once.
+    pub dropped_held_overflow: AtomicU64,
+    /// The sender's queue to the cable was full.
+    pub dropped_queue_full: AtomicU64,
+    pub delayed: AtomicU64,
+    pub corrupted: AtomicU64,
+    pub reordered: AtomicU64,
+}
+
+impl DirCounters {
+    fn json(&self) -> serde_json::Value {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "packets": l(&self.packets), "bytes": l(&self.bytes),
+            "dropped_link_down": l(&self.dropped_link_down), "dropped_fault": l(&self.dropped_fault),
+            "dropped_held_overflow": l(&self.dropped_held_overflow),
+            "dropped_queue_full": l(&self.dropped_queue_full), "delayed": l(&self.delayed),
+            "corrupted": l(&self.corrupted), "reordered": l(&self.reordered),
+        })
+    }
+}
+
+/// What the ends and the control socket see of the cable.
+#[derive(Debug, Default)]
+struct Status {
+    up: Mutex<bool>,
+    trainings: AtomicU64,
+    /// Indexed by the receiving end.
+    dirs: [DirCounters; 2],
+    capture: Mutex<Option<(PathBuf, Arc<AtomicU64>)>>,
+}
+
+struct Inner {
+    tx: Sender<Msg>,
+    status: Arc<Status>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last end is gone: the thread sees its queue close.
+        let (tx, _) = crossbeam_channel::bounded(0);
+        drop(std::mem::replace(&mut self.tx, tx));
+        if let Some(t) = self.thread.lock().unpoison().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A cable: both ends, before they are handed out.
+pub struct Cable {
+    inner: Arc<Inner>,
+}
+
+impl Cable {
+    pub fn new() -> std::io::Result<Cable> {
+        let (tx, rx) = crossbeam_channel::bounded(QUEUE);
+        let status = Arc::new(Status::default());
+        let thread_status = Arc::clone(&status);
+        let thread =
+            std::thread::Builder::new().name("hfi1-cable".into()).spawn(move || Link::new(thread_status).run(rx))?;
+        Ok(Cable { inner: Arc::new(Inner { tx, status, thread: Mutex::new(Some(thread)) }) })
+    }
+
+    /// The handle for `end`; `port` receives what the cable sends that end.
+    pub fn end(&self, end: End, port: Weak<dyn Port>) -> CableEnd {
+        let e = CableEnd { end, inner: Arc::clone(&self.inner) };
+        e.send(Msg::Attach(end, port));
+        e
+    }
+}
+
+/// One end's handle on the cable. Dropping it takes the end's link down.
+pub struct CableEnd {
+    end: End,
+    inner: Arc<Inner>,
+}
+
+impl CableEnd {
+    pub fn end(&self) -> End {
+        self.end
+    }
+
+    fn send(&self, msg: Msg) -> bool {
+        self.inner.tx.try_send(msg).is_ok()
+    }
+
+    /// The port's physical layer changed.
+    pub fn phy(&self, phy: Phy) {
+        // Link state changes are rare and must not be lost: wait for room (the thread never blocks).
+        let _ = self.inner.tx.send_timeout(Msg::Phy(self.end, phy), Duration::from_secs(1));
+    }
+
+    /// A packet leaves this end.
+    pub fn transmit(&self, packet: WirePacket) {
+        if !self.send(Msg::Packet(self.end, packet)) {
+            self.inner.status.dirs[self.end.peer().index()].dropped_queue_full.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Starts recording every packet to `path` (replacing a capture in progress), or stops with `None`.
+    pub fn capture(&self, path: Option<PathBuf>, max_bytes: u64) -> Result<(), String> {
+        let capture = match &path {
+            Some(p) => Some(Capture::create(p, max_bytes).map_err(|e| format!("capture {}: {e}", p.display()))?),
+            None => None,
+        };
+        let (reply, done) = crossbeam_channel::bounded(1);
+        if !self.send(Msg::Capture(capture, reply)) {
+            return Err("the cable is busy".into());
+        }
+        done.recv_timeout(Duration::from_secs(5)).map_err(|_| "the cable did not answer".to_string())?
+    }
+
+    /// The cable's state for the control socket.
+    pub fn status(&self) -> serde_json::Value {
+        let s = &self.inner.status;
+        let capture =
+            s.capture.lock().unpoison().as_ref().map(
+                |(p, n)| serde_json::json!({"file": p.display().to_string(), "packets": n.load(Ordering::Relaxed)}),
+            );
+        serde_json::json!({
+            "end": self.end.name(),
+            "link_up": *s.up.lock().unpoison(),
+            "trainings": s.trainings.load(Ordering::Relaxed),
+            "to_a": s.dirs[0].json(),
+            "to_b": s.dirs[1].json(),
+            "capture": capture,
+        })
+    }
+
+    /// Whether the link is up now.
+    pub fn link_up(&self) -> bool {
+        *self.inner.status.up.lock().unpoison()
+    }
+}
+
+impl Drop for CableEnd {
+    fn drop(&mut self) {
+        self.phy(Phy::Down { reason: 0 });
+    }
+}
+
+/// A packet held back by a fault, due at `due` (or, for a reorder, after the next packet of its direction).
+struct Held {
+    due: Instant,
+    to: End,
+    packet: WirePacket,
+    reorder: bool,
+}
+
+/// The cable thread's state.
+struct Link {
+    status: Arc<Status>,
+    ports: [Option<Weak<dyn Port>>; 2],
+    polling: [bool; 2],
+    up: bool,
+    held: VecDeque<Held>,
+    capture: Option<Capture>,
+    capture_count: Arc<AtomicU64>,
+}
+
+impl Link {
+    fn new(status: Arc<Status>) -> Self {
+        Link {
+            status,
+            ports: [None, None],
+            polling: [false; 2],
+            up: false,
+            held: VecDeque::new(),
+            capture: None,
+            capture_count: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn port(&self, end: End) -> Option<Arc<dyn Port>> {
+        self.ports[end.index()].as_ref()?.upgrade()
+    }
+
+    fn run(mut self, rx: Receiver<Msg>) {
+        loop {
+            let msg = match self.held.iter().map(|h| h.due).min() {
+                Some(due) => match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
+                None => {
+                    if let Some(c) = &mut self.capture {
+                        c.flush();
+                    }
+                    match rx.recv() {
+                        Ok(m) => Some(m),
+                        Err(_) => break,
+                    }
+                }
+            };
+            match msg {
+                Some(Msg::Attach(end, port)) => self.ports[end.index()] = Some(port),
+                Some(Msg::Phy(end, phy)) => self.phy(end, phy),
+                Some(Msg::Packet(from, packet)) => self.packet(from.peer(), packet),
+                Some(Msg::Capture(c, reply)) => {
+                    self.set_capture(c);
+                    let _ = reply.send(Ok(()));
+                }
+                None => {}
+            }
+            self.release_due();
+        }
+        self.set_capture(None);
+    }
+
+    fn set_capture(&mut self, capture: Option<Capture>) {
+        if let Some(mut old) = self.capture.take() {
+            old.flush();
+        }
+        let mut slot = self.status.capture.lock().unpoison();
+        *slot = capture.as_ref().map(|c| {
+            self.capture_count = Arc::new(AtomicU64::new(0));
+            (c.path().to_path_buf(), Arc::clone(&self.capture_count))
+        });
+        self.capture = capture;
+    }
+
+    fn trace(&self, end: End, kind: &'static str, fields: &[(&'static str, Val<'_>)]) {
+        if let Some(p) = self.port(end) {
+            p.probe().trace.event(Block::Cable, Level::Info, kind, fields);
+        }
+    }
+
+    fn phy(&mut self, end: End, phy: Phy) {
+        match phy {
+            Phy::Polling => {
+                self.polling[end.index()] = true;
+                if self.polling == [true, true] && !self.up {
+                    self.train();
+                }
+            }
+            Phy::Down { reason } => {
+                self.polling[end.index()] = false;
+                if self.up {
+                    self.set_up(false);
+                    // Packets in flight die with the link.
+                    self.held.clear();
+                    self.trace(
+                        end,
+                        "link-down",
+                        &[("from", Val::Str(end.name())), ("reason", Val::Dec(reason.into()))],
+                    );
+                    if let Some(peer) = self.port(end.peer()) {
+                        peer.link(LinkEvent::Down { reason });
+                    }
+                }
+            }
+        }
+    }
+
+    fn set_up(&mut self, up: bool) {
+        self.up = up;
+        *self.status.up.lock().unpoison() = up;
+    }
+
+    /// Both ends poll: the link trains and each end learns the other.
+    fn train(&mut self) {
+        let (Some(a), Some(b)) = (self.port(End::A), self.port(End::B)) else { return };
+        self.set_up(true);
+        self.status.trainings.fetch_add(1, Ordering::Relaxed);
+        let (ida, idb) = (a.identity(), b.identity());
+        for (end, port, peer) in [(End::A, &a, idb), (End::B, &b, ida)] {
+            port.probe().trace.event(
+                Block::Cable,
+                Level::Info,
+                "link-up",
+                &[("end", Val::Str(end.name())), ("neighbor_guid", Val::Hex(peer.guid))],
+            );
+            if !port.link(LinkEvent::Up(peer)) {
+                // That end left Polling since it asked; its Down is on its way and takes the link down.
+                self.polling[end.index()] = false;
+            }
+        }
+    }
+
+    /// A packet for `to` enters the cable.
+    fn packet(&mut self, to: End, mut packet: WirePacket) {
+        let status = Arc::clone(&self.status);
+        let dir = &status.dirs[to.index()];
+        if !self.up {
+            dir.dropped_link_down.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let Some(port) = self.port(to) else {
+            dir.dropped_link_down.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let probe = port.probe();
+        if probe.fault(FaultKind::CableDrop, |_| true).is_some() {
+            dir.dropped_fault.fetch_add(1, Ordering::Relaxed);
+            self.record(to, &packet, "dropped");
+            return;
+        }
+        if let Some(f) = probe.fault(FaultKind::CableCorrupt, |_| true) {
+            let at = f.params.byte.map_or(packet.bytes.len() / 2, |b| b as usize) % packet.bytes.len();
+            // A zero XOR would leave the packet intact: flip the low bit then.
+            let xor = (f.params.xor as u8).max(1);
+            packet.bytes[at] ^= xor;
+            dir.corrupted.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(f) = probe.fault(FaultKind::CableDelay, |_| true) {
+            dir.delayed.fetch_add(1, Ordering::Relaxed);
+            self.hold(Held { due: Instant::now() + Duration::from_millis(f.params.ms), to, packet, reorder: false });
+            return;
+        }
+        if probe.fault(FaultKind::CableReorder, |_| true).is_some() {
+            dir.reordered.fetch_add(1, Ordering::Relaxed);
+            self.hold(Held { due: Instant::now() + REORDER_WAIT, to, packet, reorder: true });
+            return;
+        }
+        self.deliver(to, &*port, packet);
+        // A packet held to be overtaken goes right after the one that overtook it.
+        while let Some(i) = self.held.iter().position(|h| h.reorder && h.to == to) {
+            if let Some(h) = self.held.remove(i) {
+                self.deliver(to, &*port, h.packet);
+            }
+        }
+    }
+
+    fn hold(&mut self, held: Held) {
+        if self.held.len() >= MAX_HELD {
+            self.status.dirs[held.to.index()].dropped_held_overflow.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.held.push_back(held);
+    }
+
+    fn release_due(&mut self) {
+        let now = Instant::now();
+        while let Some(i) = self.held.iter().position(|h| h.due <= now) {
+            let Some(h) = self.held.remove(i) else { break };
+            match self.port(h.to) {
+                Some(port) if self.up => self.deliver(h.to, &*port, h.packet),
+                _ => {
+                    self.status.dirs[h.to.index()].dropped_link_down.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, to: End, port: &dyn Port, packet: WirePacket) {
+        let status = Arc::clone(&self.status);
+        let dir = &status.dirs[to.index()];
+        dir.packets.fetch_add(1, Ordering::Relaxed);
+        dir.bytes.fetch_add(packet.bytes.len() as u64, Ordering::Relaxed);
+        self.record(to, &packet, "delivered");
+        port.receive(packet);
+    }
+
+    /// The capture and the trace of one packet on the wire.
+    fn record(&mut self, to: End, packet: &WirePacket, fate: &'static str) {
+        if let Some(c) = &mut self.capture {
+            let dir = if to == End::B { Direction::AToB } else { Direction::BToA };
+            if c.write(dir, packet) {
+                self.capture_count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if let Some(p) = self.port(to) {
+            let probe = p.probe();
+            if probe.trace.on(Block::Cable, Level::Info) {
+                probe.trace.event(
+                    Block::Cable,
+                    Level::Info,
+                    "packet",
+                    &[
+                        ("to", Val::Str(to.name())),
+                        ("sc", Val::Dec(packet.sc().into())),
+                        ("dlid", Val::Hex(packet.dlid().into())),
+                        ("slid", Val::Hex(packet.slid().into())),
+                        ("opcode", Val::Hex(packet.opcode().into())),
+                        ("qp", Val::Hex(packet.dest_qp().into())),
+                        ("psn", Val::Hex(packet.psn().into())),
+                        ("len", Val::Dec(packet.bytes.len() as u64)),
+                        ("fate", Val::Str(fate)),
+                    ],
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

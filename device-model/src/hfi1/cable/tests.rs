@@ -1,0 +1,228 @@
+//! The cable with two fake ports: training, link loss, delivery order and the faults.
+
+#![forbid(unsafe_code)]
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use super::wire::{LNH_BTH, LRH_BYTES};
+use super::*;
+use crate::fault::FaultSpec;
+
+/// A port that records what the cable tells it, and can refuse link events.
+struct FakePort {
+    id: Neighbor,
+    probe: Arc<Probe>,
+    refuse: Mutex<bool>,
+    seen: Mutex<Vec<Seen>>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    Link(LinkEvent),
+    Packet(Vec<u8>),
+}
+
+impl FakePort {
+    fn new(guid: u64) -> Arc<FakePort> {
+        Arc::new(FakePort {
+            id: Neighbor { guid, node_type: 0, port: 1 },
+            probe: Probe::new("hfi1-wfr"),
+            refuse: Mutex::new(false),
+            seen: Mutex::new(Vec::new()),
+            changed: Condvar::new(),
+        })
+    }
+
+    /// Waits (bounded) until `n` events arrived; returns them.
+    fn wait(&self, n: usize) -> Vec<Seen> {
+        let seen = self.seen.lock().unwrap();
+        let (seen, _) = self.changed.wait_timeout_while(seen, Duration::from_secs(5), |s| s.len() < n).unwrap();
+        seen.clone()
+    }
+
+    fn packets(&self) -> Vec<Vec<u8>> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter().filter_map(|s| if let Seen::Packet(p) = s { Some(p.clone()) } else { None }).collect()
+    }
+}
+
+impl Port for FakePort {
+    fn identity(&self) -> Neighbor {
+        self.id
+    }
+    fn probe(&self) -> Arc<Probe> {
+        Arc::clone(&self.probe)
+    }
+    fn link(&self, event: LinkEvent) -> bool {
+        if *self.refuse.lock().unwrap() {
+            return false;
+        }
+        self.seen.lock().unwrap().push(Seen::Link(event));
+        self.changed.notify_all();
+        true
+    }
+    fn receive(&self, packet: WirePacket) {
+        self.seen.lock().unwrap().push(Seen::Packet(packet.bytes));
+        self.changed.notify_all();
+    }
+}
+
+struct Rig {
+    a: Arc<FakePort>,
+    b: Arc<FakePort>,
+    ea: CableEnd,
+    eb: CableEnd,
+}
+
+fn rig() -> Rig {
+    let cable = Cable::new().unwrap();
+    let (a, b) = (FakePort::new(0x11), FakePort::new(0x22));
+    let wa: Weak<dyn Port> = Arc::downgrade(&(Arc::clone(&a) as Arc<dyn Port>));
+    let wb: Weak<dyn Port> = Arc::downgrade(&(Arc::clone(&b) as Arc<dyn Port>));
+    let ea = cable.end(End::A, wa);
+    let eb = cable.end(End::B, wb);
+    Rig { a, b, ea, eb }
+}
+
+fn up(r: &Rig) {
+    r.ea.phy(Phy::Polling);
+    r.eb.phy(Phy::Polling);
+    r.a.wait(1);
+    r.b.wait(1);
+}
+
+/// A small RC SEND_ONLY whose first payload byte is `tag`.
+fn packet(tag: u8) -> WirePacket {
+    let mut b = vec![0u8; LRH_BYTES + 12 + 4];
+    b[1] = LNH_BTH;
+    let dwords = ((b.len() + 4) / 4) as u16;
+    b[4..6].copy_from_slice(&dwords.to_be_bytes());
+    b[8] = 0x04;
+    b[LRH_BYTES + 12] = tag;
+    WirePacket::seal(b, false, false).unwrap()
+}
+
+fn tag(p: &[u8]) -> u8 {
+    p[LRH_BYTES + 12]
+}
+
+#[test]
+fn the_link_trains_when_both_ends_poll_and_each_learns_the_other() {
+    let r = rig();
+    r.ea.phy(Phy::Polling);
+    assert!(!r.ea.link_up());
+    r.eb.phy(Phy::Polling);
+    let id = |guid| Seen::Link(LinkEvent::Up(Neighbor { guid, node_type: 0, port: 1 }));
+    assert_eq!(r.a.wait(1), vec![id(0x22)]);
+    assert_eq!(r.b.wait(1), vec![id(0x11)]);
+    assert!(r.ea.link_up() && r.eb.link_up());
+}
+
+#[test]
+fn an_end_going_down_tells_the_other_with_its_reason_and_polling_again_retrains() {
+    let r = rig();
+    up(&r);
+    r.ea.phy(Phy::Down { reason: 9 });
+    assert_eq!(r.b.wait(2)[1], Seen::Link(LinkEvent::Down { reason: 9 }));
+    assert!(!r.eb.link_up());
+    // A's own Down is no news to A; both poll again and the link comes back.
+    r.eb.phy(Phy::Down { reason: 0 });
+    r.ea.phy(Phy::Polling);
+    r.eb.phy(Phy::Polling);
+    assert!(matches!(r.a.wait(2)[1], Seen::Link(LinkEvent::Up(_))));
+    assert!(matches!(r.b.wait(3)[2], Seen::Link(LinkEvent::Up(_))));
+}
+
+#[test]
+fn dropping_an_end_takes_the_link_down_for_the_other() {
+    let r = rig();
+    up(&r);
+    drop(r.ea);
+    assert_eq!(r.b.wait(2)[1], Seen::Link(LinkEvent::Down { reason: 0 }));
+}
+
+#[test]
+fn packets_cross_in_order_only_while_the_link_is_up() {
+    let r = rig();
+    r.ea.transmit(packet(1));
+    up(&r);
+    for t in 2..=5 {
+        r.ea.transmit(packet(t));
+    }
+    r.b.wait(5);
+    assert_eq!(r.b.packets().iter().map(|p| tag(p)).collect::<Vec<_>>(), vec![2, 3, 4, 5]);
+    let s = r.ea.status();
+    assert_eq!((s["to_b"]["packets"].as_u64(), s["to_b"]["dropped_link_down"].as_u64()), (Some(4), Some(1)));
+}
+
+#[test]
+fn cable_faults_drop_corrupt_delay_and_reorder_the_nth_packet() {
+    // (fault armed on the receiver, tags it receives in order, tags whose ICRC no longer checks)
+    let table: [(&str, Vec<u8>, Vec<u8>); 4] = [
+        ("cable-drop,nth=2", vec![1, 3, 4], vec![]),
+        ("cable-reorder,nth=2", vec![1, 3, 2, 4], vec![]),
+        ("cable-delay,nth=2,ms=50", vec![1, 3, 4, 2], vec![]),
+        // Byte 20 is the tag: the corrupted packet arrives as tag 0x82.
+        ("cable-corrupt,nth=2,byte=20,xor=0x80", vec![1, 0x82, 3, 4], vec![0x82]),
+    ];
+    for (spec, want, broken) in table {
+        let r = rig();
+        r.b.probe.faults.arm(FaultSpec::parse(spec).unwrap());
+        up(&r);
+        for t in 1..=4 {
+            r.ea.transmit(packet(t));
+        }
+        r.b.wait(1 + want.len());
+        let got = r.b.packets();
+        assert_eq!(got.iter().map(|p| tag(p)).collect::<Vec<_>>(), want, "{spec}");
+        let bad: Vec<u8> = got
+            .iter()
+            .filter(|p| !WirePacket { bytes: p.to_vec(), sc4: false, test_ebp: false }.icrc_ok())
+            .map(|p| tag(p))
+            .collect();
+        assert_eq!(bad, broken, "{spec}");
+    }
+}
+
+#[test]
+fn a_reordered_packet_with_nothing_behind_it_still_arrives() {
+    let r = rig();
+    r.b.probe.faults.arm(FaultSpec::parse("cable-reorder,nth=1").unwrap());
+    up(&r);
+    r.ea.transmit(packet(7));
+    r.b.wait(2);
+    assert_eq!(r.b.packets().iter().map(|p| tag(p)).collect::<Vec<_>>(), vec![7]);
+}
+
+#[test]
+fn an_end_that_left_polling_refuses_link_up_and_its_down_takes_the_peer_down() {
+    let r = rig();
+    *r.a.refuse.lock().unwrap() = true;
+    r.ea.phy(Phy::Polling);
+    r.eb.phy(Phy::Polling);
+    r.b.wait(1);
+    r.ea.phy(Phy::Down { reason: 0 });
+    assert_eq!(r.b.wait(2)[1], Seen::Link(LinkEvent::Down { reason: 0 }));
+}
+
+#[test]
+fn the_capture_records_both_directions_and_stops_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wire.pcap");
+    let r = rig();
+    up(&r);
+    r.ea.capture(Some(path.clone()), 1 << 20).unwrap();
+    r.ea.transmit(packet(1));
+    r.eb.transmit(packet(2));
+    r.b.wait(2);
+    r.a.wait(2);
+    r.ea.capture(None, 0).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    // pcap record header, ERF header, LRH + BTH + 4 bytes of payload + ICRC.
+    let rec = 16 + 16 + 28;
+    assert_eq!(bytes.len(), 24 + 2 * rec);
+    // ERF flags: interface 0 for A to B, then 1 for B to A.
+    assert_eq!((bytes[24 + 16 + 9], bytes[24 + rec + 16 + 9]), (0x4, 0x5));
+}
