@@ -453,8 +453,9 @@ dm_access_totals() {
 
 # --- --shell: the console belongs to the user --------------------------------------------------------------
 # Piped input goes to the guest only once its shell is ready: bytes that reach the UART before the kernel opens
-# the console are dropped by the port's start-up (it clears the FIFO). At the input's end the shell gets an EOF
-# (Ctrl-D), which ends the session as it would at a terminal.
+# the console are dropped by the port's start-up (it clears the FIFO). At the input's end the shell is told to
+# exit, which ends the session. (A Ctrl-D would do that at a terminal, but typed ahead it is only an EOF if the
+# tty is in canonical mode when it arrives, which depends on what the shell is doing then.)
 shell_reader() { # fd of the console input FIFO
     local line feeder=""
     while IFS= read -r line || [ -n "$line" ]; do
@@ -465,7 +466,7 @@ shell_reader() { # fd of the console input FIFO
             # shellcheck disable=SC2016 # $c is the subshell's
             ( c=""; trap '[ -z "$c" ] || kill "$c" 2>/dev/null; exit 0' TERM
               cat <&3 >&"$1" & c=$!
-              wait "$c"; printf '\004' >&"$1" ) &
+              wait "$c"; printf '\nexit\n' >&"$1" ) &
             feeder=$!
         fi
     done
@@ -490,7 +491,7 @@ run_shell() {
         [ -n "$saved_tty" ] && stty "$saved_tty" 2>/dev/null
     else
         mkfifo "$LOG_DIR/console.in"
-        # Held open for reading and writing: QEMU never sees the end of its input, the shell gets Ctrl-D instead.
+        # Held open for reading and writing: QEMU never sees the end of its input; the shell is told to exit instead.
         exec 4<>"$LOG_DIR/console.in" 3<&0
         ( "${QCMD[@]}" -pidfile "$LOG_DIR/qemu.pid" <&4 2>"$LOG_DIR/qemu.stderr" | shell_reader 4
           echo "${PIPESTATUS[0]}" >"$LOG_DIR/qemu.rc" ) &

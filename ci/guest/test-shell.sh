@@ -33,8 +33,14 @@ check "the device nodes of ib_uverbs and ib_umad" has "$TMP/piped.out" 'issm0.*u
 check "commands run in order, with their status" has "$TMP/piped.out" '^status=1$'
 check "the end of input ends the session" has "$TMP/piped.out" 'shell exited: powering off'
 check "the device model is stopped" has "$TMP/piped.err" 'guest powered off; device model running until stopped'
+# Without --hfi1-wfr the shell serves the fabric: two HFIs, and opa-fm's sm on hfi1_0.
+if [[ " $* " != *" --hfi1-wfr "* ]]; then
+    check "the fabric's two HFIs" has "$TMP/piped.out" '^  hfi1_1: node GUID [0-9a-f:]{19}, port 1 '
+    check "opa-fm's sm runs on hfi1_0" has "$TMP/piped.out" '^opa-fm: sm running on hfi1_0 '
+    check "opainfo lists both ports" has "$TMP/piped.out" '^hfi1_1:1 +PortGUID:0x[0-9a-f]{16}$'
+fi
 
-log "terminal: a prompt, a command, Ctrl-C to a running command, exit"
+log "terminal: a prompt, a command, Ctrl-C to a running command, Ctrl-D"
 set +e
 python3 - "$REPO_ROOT/ci/run-qemu.sh" "$TMP/tty.out" --shell --timeout 600 --logs "$TMP/tty" --keep-logs "$@" <<'PY'
 import os, pty, re, select, sys, time
@@ -86,10 +92,11 @@ if good:
                 expect(r"rdma-emu:/# ", 30) and b"after-sleep\r\n" not in out)
 if good:
     os.write(fd, b"echo alive-$((6*7))\r")
-    good = step("the shell still runs commands", expect(r"alive-42", 30))
+    good = step("the shell still runs commands", expect(r"alive-42.*rdma-emu:/# ", 30))
 if good:
-    os.write(fd, b"exit\r")
-    good = step("exit powers the guest off", expect(r"guest powered off", 120))
+    # Ctrl-D at the prompt (the piped run ends with `exit`).
+    os.write(fd, b"\x04")
+    good = step("Ctrl-D at the prompt powers the guest off", expect(r"guest powered off", 120))
 # run-qemu.sh must end by itself (it stops QEMU and the device model): the terminal then reads EOF. If it does
 # not, it is stopped (SIGTERM stops QEMU and the device model too).
 expect(r"(?!x)x", 60)
