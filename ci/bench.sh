@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Runs the benchmarks of issues 7 and 17 and writes docs/bench/results.json, docs/bench/results.svg and
-# docs/bench/scale.svg.
+# Runs the benchmarks of docs/bench.md and writes docs/bench/results.json, docs/bench/results.svg,
+# docs/bench/scale.svg and the results table in docs/bench.md.
 #
 #   ci/bench.sh [--budget-ms N] [--case ID]... [--no-qemu] [--no-guest] [--guest-budget-ms N] [--guest-boots N]
 #               [--out DIR]
 #
-#   --budget-ms N        wall time per measured variant (rig bench's default when not given)
-#   --case ID            run only this rig bench case (a, b, c, d, e, spin, scale; repeatable); implies --no-qemu
+#   --budget-ms N        wall time per measured variant (testbed bench's default when not given)
+#   --case ID            run only this testbed bench case (a, b, c, d, e, spin, scale; repeatable); implies --no-qemu
 #   --no-qemu            skip every guest boot: (f), (g) and the in-guest benchmark
 #   --no-guest           skip only the in-guest benchmark boot
 #   --guest-budget-ms N  wall time per measured variant inside the guest (default 1000)
@@ -14,7 +14,7 @@
 #                        boot, so the trapped-access ratios are judged by their median over the boots
 #   --out DIR            where the results and plots go (default docs/bench)
 #
-# (a)-(e), the worker spin and the scale curves come from `rig bench --json` (release build, one process,
+# (a)-(e), the worker spin and the scale curves come from `testbed bench --json` (release build, one process,
 # ratios measured in that run). (f) boots the test guest under TCG twice with ci/run-qemu.sh --timing: with the
 # device model and its two functions, and with --no-devices; (g) once with the chip personality. The in-guest
 # benchmark boots it --guest-boots times more with ci/run-qemu.sh --bench: `udriver bench` over VFIO against our
@@ -48,16 +48,16 @@ command -v python3 >/dev/null || apt_install python3
 
 bash ci/setup-rust.sh
 TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
-log "cargo build --release -p rig"
-cargo build --release -p rig >&2
+log "cargo build --release -p testbed"
+cargo build --release -p testbed >&2
 WORK=$(mktemp -d /tmp/rdma-emu-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
 ARGS=(bench --json)
 [ -z "$BUDGET" ] || ARGS+=(--budget-ms "$BUDGET")
 for c in "${CASES[@]}"; do ARGS+=(--case "$c"); done
-log "rig ${ARGS[*]}"
-"$TARGET_DIR/release/rig" "${ARGS[@]}" >"$WORK/udriver.json"
+log "testbed ${ARGS[*]}"
+"$TARGET_DIR/release/testbed" "${ARGS[@]}" >"$WORK/udriver.json"
 
 # (f): each run leaves its result JSON (with a "timing" object) in $WORK; a skip leaves its reason.
 qemu_run() { # name [run-qemu.sh options]
@@ -87,7 +87,7 @@ else
     # The in-guest benchmark: udriver bench over VFIO, with rust-vmm's peer and QEMU's edu beside our functions.
     if [ "$GUEST" = 1 ]; then
         guest_boot() { # result-file label skip-file [more ci/run-qemu.sh options]
-            bash ci/run-qemu.sh --accel tcg --quiet --bench --rig "$TARGET_DIR/release/rig" "${@:4}" \
+            bash ci/run-qemu.sh --accel tcg --quiet --bench --testbed "$TARGET_DIR/release/testbed" "${@:4}" \
                 --bench-budget-ms "$GUEST_BUDGET" --result "$1" --device-model "$DM" --udriver "$UDRIVER_STATIC" >&2 ||
                 echo "$2 failed (see its log above)" >>"$3"
         }
@@ -320,7 +320,7 @@ LO, HI = -2.0, 4.0  # log10 of score shown
 x = lambda s: LEFT + (min(max(math.log10(max(s, 1e-9)), LO), HI) - LO) / (HI - LO) * PLOT
 svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
        f'<rect width="{W}" height="{H}" fill="white"/>',
-       f'<text x="10" y="22" font-size="15" font-weight="bold">rig bench {escape(report["date"])}: '
+       f'<text x="10" y="22" font-size="15" font-weight="bold">testbed bench {escape(report["date"])}: '
        f'{escape(str(report["machine"]["nproc"]))} x {escape(report["machine"]["cpu_model"])}</text>',
        f'<text x="10" y="42">bar = measured / target, oriented so that right of the line (1x) meets the target; '
        f'log scale</text>']
@@ -359,7 +359,7 @@ if curves:
     colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
     g = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W2}" height="{H2}" font-family="sans-serif" font-size="11">',
          f'<rect width="{W2}" height="{H2}" fill="white"/>',
-         f'<text x="10" y="20" font-size="14" font-weight="bold">rig bench scale, {escape(report["date"])}: '
+         f'<text x="10" y="20" font-size="14" font-weight="bold">testbed bench scale, {escape(report["date"])}: '
          f'how the cost grows with the work (log-log)</text>']
     for i, (unit, xname) in enumerate(units):
         ox, oy = M + (i % COLS) * (PW + M), 40 + M // 2 + (i // COLS) * (PH + 2 * M)
@@ -479,3 +479,5 @@ met = sum(t["met"] for c in report["cases"] for t in c["targets"])
 total = sum(len(c["targets"]) for c in report["cases"])
 print(f"{met}/{total} targets met; results in {out}/results.json and {out}/results.svg", file=sys.stderr)
 EOF
+# docs/bench.md's results table, from the results just written (not for results written elsewhere).
+[ "$OUT" != docs/bench ] || bash ci/bench-table.sh

@@ -8,10 +8,10 @@ bash ci/setup-rust.sh
 TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
 TRIPLE=x86_64-unknown-linux-gnu
 log "cargo build --release (device-model, hfi1-user-host)"
-cargo build --release -p device-model -p hfi1-user --bin device-model --bin hfi1-user-host >&2
+cargo build --release -p device-model -p hfi1-kernel-check --bin device-model --bin hfi1-user-host >&2
 log "cargo build --release --target $TRIPLE (static udriver and hfi1-user for the guest)"
 # --target keeps RUSTFLAGS away from build scripts and proc macros, and the host build's cache intact.
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -p udriver -p hfi1-user --bin udriver \
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -p udriver -p hfi1-kernel-check --bin udriver \
     --bin hfi1-user --target "$TRIPLE" >&2
 UDRIVER="$TARGET_DIR/$TRIPLE/release/udriver"
 HFI1_USER="$TARGET_DIR/$TRIPLE/release/hfi1-user"

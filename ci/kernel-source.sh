@@ -6,7 +6,7 @@
 #
 # The version is the guest kernel's: the one ci/build-guest.sh cached (its recorded package version), else
 # the one it would fetch (bookworm-backports' linux-image-amd64). Prints, on stdout, the extracted tree's
-# path (export it as RDMA_EMU_KERNEL_SRC; kernel-conformance/build.rs also finds it at the default cache
+# path (export it as RDMA_EMU_KERNEL_SRC; testing/kernel-conformance/build.rs also finds it at the default cache
 # path, $CACHE_DIR/kernel-source/current). Next to the tree, `version` records "linux-source-X VERSION".
 # KERNEL_SOURCE_DEB=FILE uses an already downloaded .deb, if its package and version are the right ones.
 source "$(dirname "$0")/lib.sh"

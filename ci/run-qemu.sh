@@ -42,9 +42,9 @@
 #                         device model's RcvArray against the kernel's TIDs and injects the data
 #   --bench               run the in-guest benchmark (`udriver bench`) instead of the demos: besides our two
 #                         functions, an hfi1 function behind rust-vmm's vfio-user server and one behind ours
-#                         plain, without busy-poll and keep-warm (both served by `rig serve-peers`; the device
+#                         plain, without busy-poll and keep-warm (both served by `testbed serve-peers`; the device
 #                         model has both on by default), and QEMU's edu device
-#   --rig PATH            rig binary for --bench (default target/{release,debug}/rig)
+#   --testbed PATH        testbed binary for --bench (default target/{release,debug}/testbed)
 #   --bench-budget-ms N   wall time per measured variant inside the guest (default 1000)
 #   --reply-poll-us N     how long QEMU's vCPU thread reads its own vfio-user reply before it sleeps (env
 #                         RDMA_EMU_REPLY_POLL_US, default 50; 0 leaves QEMU waiting for its I/O thread); needs
@@ -70,9 +70,9 @@ HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST="" FABRIC=0 SHELL_MOD
 # Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
-BENCH=0 RIG=${RDMA_EMU_RIG:-} BENCH_BUDGET_MS=1000
+BENCH=0 TESTBED=${RDMA_EMU_TESTBED:-} BENCH_BUDGET_MS=1000
 REPLY_POLL_US=${RDMA_EMU_REPLY_POLL_US:-50} REPLY_POLL_SET=${RDMA_EMU_REPLY_POLL_US:+1}
-# The in-guest benchmark's extra functions: rig serve-peers' device IDs (rig/src/peer.rs) and QEMU's edu.
+# The in-guest benchmark's extra functions: testbed serve-peers' device IDs (testing/testbed/src/peer.rs) and QEMU's edu.
 PEER_ID=1b36:1102 POLLED_ID=1b36:1103 EDU_ID=1234:11e8
 need() { [ "$1" -ge 2 ] || usage; }
 while [ $# -gt 0 ]; do
@@ -101,7 +101,7 @@ while [ $# -gt 0 ]; do
         --hfi1-user) need $#; HFI1_USER=$2; shift 2 ;;
         --hfi1-user-host) need $#; HFI1_USER_HOST=$2; shift 2 ;;
         --bench) BENCH=1; shift ;;
-        --rig) need $#; RIG=$2; shift 2 ;;
+        --testbed) need $#; TESTBED=$2; shift 2 ;;
         --bench-budget-ms) need $#; BENCH_BUDGET_MS=$2; shift 2 ;;
         --reply-poll-us) need $#; REPLY_POLL_US=$2; REPLY_POLL_SET=1; shift 2 ;;
         --append) need $#; APPEND_EXTRA=$2; shift 2 ;;
@@ -301,20 +301,20 @@ elif [ "$DEVICES" = 1 ]; then
 fi
 PEER_SOCK="$LOG_DIR/peer.sock" POLLED_SOCK="$LOG_DIR/polled.sock"
 if [ "$BENCH" = 1 ]; then
-    if [ -z "$RIG" ]; then
-        for c in "$TARGET_DIR/release/rig" "$TARGET_DIR/debug/rig"; do [ -x "$c" ] && { RIG=$c; break; }; done
+    if [ -z "$TESTBED" ]; then
+        for c in "$TARGET_DIR/release/testbed" "$TARGET_DIR/debug/testbed"; do [ -x "$c" ] && { TESTBED=$c; break; }; done
     fi
-    [ -n "$RIG" ] && [ -x "$RIG" ] || fail "--bench needs the rig binary (cargo build --release -p rig, or --rig PATH)"
+    [ -n "$TESTBED" ] && [ -x "$TESTBED" ] || fail "--bench needs the testbed binary (cargo build --release -p testbed, or --testbed PATH)"
     rm -f "$PEER_SOCK" "$POLLED_SOCK"
-    "$RIG" serve-peers --peer "$PEER_SOCK" --polled "$POLLED_SOCK" </dev/null >"$LOG_DIR/serve-peers.log" 2>&1 &
+    "$TESTBED" serve-peers --peer "$PEER_SOCK" --polled "$POLLED_SOCK" </dev/null >"$LOG_DIR/serve-peers.log" 2>&1 &
     PEERS_PID=$!
     for _ in $(seq 1 100); do
         [ -S "$PEER_SOCK" ] && [ -S "$POLLED_SOCK" ] && break
         kill -0 "$PEERS_PID" 2>/dev/null || break
         sleep 0.1
     done
-    [ -S "$PEER_SOCK" ] && [ -S "$POLLED_SOCK" ] || fail "rig serve-peers did not listen within 10 s: $(tail -n 5 "$LOG_DIR/serve-peers.log")"
-    log "rig serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, ours plain $POLLED_ID"
+    [ -S "$PEER_SOCK" ] && [ -S "$POLLED_SOCK" ] || fail "testbed serve-peers did not listen within 10 s: $(tail -n 5 "$LOG_DIR/serve-peers.log")"
+    log "testbed serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, ours plain $POLLED_ID"
 fi
 
 # --- QEMU -------------------------------------------------------------------------------------------------

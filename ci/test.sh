@@ -22,6 +22,9 @@ log "kernel source for kernel-conformance"
 RDMA_EMU_KERNEL_SRC=$(bash ci/kernel-source.sh)
 export RDMA_EMU_KERNEL_SRC
 
+log "docs/bench.md's results table against docs/bench/results.json"
+bash ci/bench-table.sh --check
+
 log "cargo fmt --check"
 cargo fmt --all --check
 
@@ -40,8 +43,14 @@ fi
 log "cargo test"
 cargo test --workspace 2>&1 | tee /tmp/rdma-emu-cargo-test.log
 grep -q "test result:" /tmp/rdma-emu-cargo-test.log || die "cargo test ran no test"
+# RDMA_EMU_KERNEL_SRC being set makes a missing tree a build error; this catches tests that compiled to nothing.
+for t in the_kernel_irdma_session_passes_every_step_on_both_transports \
+    the_kernel_and_udriver_build_the_same_wqes_and_decode_the_same_cqes; do
+    grep -q "^test $t \.\.\. ok$" /tmp/rdma-emu-cargo-test.log ||
+        die "the kernel-conformance test $t did not pass (did kernel-conformance build without the kernel source?)"
+done
 log "irdma integration tests again, over a real vfio-user socket"
-UDRIVER_IT_BACKEND=vfio-user cargo test -p rig --test irdma_inproc
+UDRIVER_IT_BACKEND=vfio-user cargo test -p testbed --test irdma_inproc
 
 if [ "$E2E" = 1 ]; then
     log "QEMU end-to-end (fd-mapped guest RAM, then DMA_READ/WRITE messages, then the lifecycle scenarios)"

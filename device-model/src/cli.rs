@@ -45,6 +45,11 @@ Examples:
 
   An HFI with the real chip's personality, for the guest's own hfi1 driver (docs/hfi1-kernel-driver.md):
     device-model --hfi1-wfr /tmp/wfr.sock --control /tmp/dm.sock
+
+  Two of them on one cable, an Omni-Path fabric, with a wire capture for Wireshark (docs/hfi1-fabric.md):
+    device-model --hfi1-wfr /tmp/wfr0.sock --hfi1-wfr /tmp/wfr1.sock --control /tmp/dm.sock --capture /tmp/opa.pcap
+    echo '{\"device\":\"hfi1-wfr\",\"cmd\":\"link\"}' | socat - UNIX-CONNECT:/tmp/dm.sock
+    tshark -r /tmp/opa.pcap
   and attach QEMU to one of them:
     qemu-system-x86_64 ... -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"/tmp/hfi1.sock\",\"type\":\"unix\"}}'
 
@@ -184,6 +189,8 @@ pub enum CliError {
     DeviceWithoutSocket,
     #[error("{0} is used twice: each device and the control socket need their own socket path")]
     PathReused(PathBuf),
+    #[error("--capture needs a cable: give --hfi1-wfr twice")]
+    CaptureWithoutCable,
     #[error("{option} given but {device} is not served")]
     OptionForAbsentDevice { option: &'static str, device: &'static str },
     #[error("--fault {spec}: {why}")]
@@ -217,6 +224,16 @@ pub struct Args {
     /// two such functions ("hfi1-wfr" and "hfi1-wfr1", node GUIDs ...01 and ...02) are served.
     #[arg(long, value_name = "PATH")]
     pub hfi1_wfr: Vec<PathBuf>,
+
+    /// Record every packet that crosses the cable between the two --hfi1-wfr functions to FILE: a pcap of
+    /// ERF records that Wireshark and tshark decode as Omni-Path (the ERF interface is the direction: 0 from
+    /// the first function to the second). Also {"device":"hfi1-wfr","cmd":"capture","file":...}.
+    #[arg(long, value_name = "FILE")]
+    pub capture: Option<PathBuf>,
+
+    /// Most MiB the capture file takes, 1..=1048576 [default: 1024]; later packets are left out and counted.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=crate::hfi1::CAPTURE_MAX_MIB))]
+    pub capture_max_mib: Option<u64>,
 
     /// Serve the irdma function on a vfio-user socket created at PATH (a stale socket is replaced).
     #[arg(long, value_name = "PATH")]
@@ -453,6 +470,9 @@ impl Args {
             if given && !serves(kind) {
                 return Err(CliError::OptionForAbsentDevice { option, device: kind.name() });
             }
+        }
+        if self.capture.is_some() && out.iter().filter(|s| s.kind == DeviceKind::Hfi1Wfr).count() != 2 {
+            return Err(CliError::CaptureWithoutCable);
         }
         for f in &self.fault {
             let fail = |why: String| CliError::Fault { spec: f.to_string(), why };

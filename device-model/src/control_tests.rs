@@ -268,8 +268,8 @@ fn a_function_answers_pci_itself_and_passes_the_rest_to_its_engine() {
 }
 
 fn real_targets() -> (Vec<Arc<dyn ControlTarget>>, Arc<Function>) {
-    let hfi1 = crate::build::DeviceOptions::new(crate::cli::DeviceKind::Hfi1).build(&[]).unwrap();
-    let irdma = crate::build::DeviceOptions::new(crate::cli::DeviceKind::Irdma).build(&[]).unwrap();
+    let hfi1 = crate::device_options::DeviceOptions::new(crate::cli::DeviceKind::Hfi1).build(&[]).unwrap();
+    let irdma = crate::device_options::DeviceOptions::new(crate::cli::DeviceKind::Irdma).build(&[]).unwrap();
     (vec![hfi1.clone() as Arc<dyn ControlTarget>, irdma as Arc<dyn ControlTarget>], hfi1)
 }
 

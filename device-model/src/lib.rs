@@ -1,9 +1,9 @@
 //! Emulated hfi1 (TID receive side) and irdma (control QP) PCI functions served over vfio-user.
 
-pub mod build;
 pub mod cli;
 pub mod control;
 pub mod counter_json;
+pub mod device_options;
 pub mod engine;
 pub mod fault;
 pub mod hfi1;

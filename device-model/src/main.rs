@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use device_model::build::DeviceOptions;
 use device_model::cli::{Args, DeviceKind, Listen, Served, Tool};
 use device_model::control::{serve_control, ControlTarget};
+use device_model::device_options::DeviceOptions;
+use device_model::hfi1::{CAPTURE_DEFAULT_MIB, WFR_NAMES};
+use device_model::pci::Function;
 use device_model::replay::{self, Report};
 use device_model::shutdown::{accept_one, Termination};
 use device_model::socket_owner::{self, SocketFile};
@@ -128,6 +130,32 @@ fn replay_all(files: &[std::path::PathBuf], json: bool, trace: Option<&Filter>) 
     Ok(ok)
 }
 
+/// The functions the command line asks for, in its order; two chip-personality functions share a cable.
+fn build_functions(args: &Args, served: &[Served]) -> Result<Vec<Arc<Function>>, String> {
+    let faults_of = |s: &Served| -> Vec<_> {
+        args.fault.iter().filter(|f| f.device.as_deref() == Some(s.name())).cloned().collect()
+    };
+    let wfr: Vec<usize> = (0..served.len()).filter(|&i| served[i].kind == DeviceKind::Hfi1Wfr).collect();
+    let mut cabled = match wfr.as_slice() {
+        [a, b] => {
+            let (oa, ob) = (options_for(args, &served[*a]), options_for(args, &served[*b]));
+            let (fa, fb) = (faults_of(&served[*a]), faults_of(&served[*b]));
+            let [x, y] = DeviceOptions::build_cabled((&oa, &fa), (&ob, &fb))?;
+            tracing::info!("{} and {} are joined by a cable", served[*a].name(), served[*b].name());
+            vec![(*a, x), (*b, y)]
+        }
+        _ => Vec::new(),
+    };
+    served
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match cabled.iter().position(|(j, _)| *j == i) {
+            Some(k) => Ok(cabled.remove(k).1),
+            None => options_for(args, s).build(&faults_of(s)),
+        })
+        .collect()
+}
+
 /// Adopts an inherited listening socket (`--fd`), after checking that it is one.
 fn adopt(fd: i32) -> Result<UnixListener, String> {
     // SAFETY: borrowed only for this one fcntl; a closed or invalid number gives EBADF, not UB.
@@ -155,10 +183,9 @@ fn run(args: &Args) -> Result<(), String> {
         sink.to_file(path).map_err(|e| format!("--trace-file {}: {e}", path.display()))?;
     }
     let mut recorders = Vec::new();
-    for s in &served {
+    let built = build_functions(args, &served)?;
+    for (s, function) in served.iter().zip(built) {
         let options = options_for(args, s);
-        let faults: Vec<_> = args.fault.iter().filter(|f| f.device.as_deref() == Some(s.name())).cloned().collect();
-        let function = options.build(&faults)?;
         if let Some(filter) = &args.trace {
             function.probe().trace.set_filter(filter);
         }
@@ -186,6 +213,14 @@ fn run(args: &Args) -> Result<(), String> {
         tracing::info!("{} ({:04x}:{:04x}) listening on {:?}", s.name(), s.ids.vendor_id, s.ids.device_id, s.listen);
         functions.push(function);
         listeners.push(listener);
+    }
+
+    if let Some(path) = &args.capture {
+        let first = functions.iter().find(|f| f.name() == WFR_NAMES[0]).ok_or("--capture needs a cable")?;
+        let mib = args.capture_max_mib.unwrap_or(CAPTURE_DEFAULT_MIB);
+        let request = serde_json::json!({"cmd": "capture", "file": path, "max_mib": mib});
+        first.engine().control(&request).map_err(|e| format!("--capture {}: {e}", path.display()))?;
+        tracing::info!("capturing the cable to {}", path.display());
     }
 
     let shutdown = Arc::new(AtomicBool::new(false));

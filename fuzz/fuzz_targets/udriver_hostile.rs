@@ -21,7 +21,7 @@ use device_model::hfi1::{Hfi1, Hfi1Config, WorkerMode};
 use device_model::irdma::{Irdma, IrdmaConfig};
 use device_model::pci::{Function, PciIds};
 use rdma_emu_fuzz::hostile::Hostile;
-use rig::InProcess;
+use testbed::InProcess;
 use udriver::access::DeviceAccess;
 use udriver::dma::{DmaBuffer, DmaPool};
 use udriver::hfi1::ctxt::{Hfi1Ctxtdata, Hfi1Devdata, Hfi1Params};

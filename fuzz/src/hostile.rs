@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rig::InProcess;
+use testbed::InProcess;
 use udriver::access::{AccessError, DeviceAccess, DeviceIdentity, Result};
 use udriver::dma::DmaMemory;
 use vfio_user_proto::sync::Unpoison;

@@ -1,4 +1,4 @@
-//! The driver's commands, shared by the `udriver` binary (VFIO or vfio-user) and the `rig` binary (the device
+//! The driver's commands, shared by the `udriver` binary (VFIO or vfio-user) and the `testbed` binary (the device
 //! model in the same process): both parse these subcommands and run them over a `DeviceAccess` they open.
 
 #![forbid(unsafe_code)]

@@ -22,7 +22,7 @@ use udriver::cli::{self, Command};
     about = "Userspace driver for the emulated hfi1 TID receive side and irdma control QP",
     long_about = "Userspace driver for the emulated hfi1 TID receive side and irdma control QP. It reaches a \
 device through Linux VFIO (give the PCI address or sysfs path of a device bound to vfio-pci), or directly as a \
-vfio-user client of the device model (--vfio-user SOCKET). The `rig` binary runs the same commands with the \
+vfio-user client of the device model (--vfio-user SOCKET). The `testbed` binary runs the same commands with the \
 device model in its own process.",
     after_help = "Examples:\n  udriver info 0000:00:03.0\n  udriver --json hfi1-demo 0000:00:03.0\n  \
 udriver --vfio-user /tmp/irdma.sock irdma-demo\n  udriver --vfio-user /tmp/hfi1.sock stress --seconds 5 --threads 4\n  \
@@ -56,10 +56,10 @@ enum UCommand {
         /// Our irdma function.
         #[arg(long)]
         irdma: Option<String>,
-        /// An hfi1 function served by rust-vmm's vfio-user server (`rig serve-peers`).
+        /// An hfi1 function served by rust-vmm's vfio-user server (`testbed serve-peers`).
         #[arg(long)]
         peer: Option<String>,
-        /// An hfi1 function served by our server with busy-poll on (`rig serve-peers`).
+        /// An hfi1 function served by our server with busy-poll on (`testbed serve-peers`).
         #[arg(long)]
         polled: Option<String>,
         /// QEMU's edu device.
@@ -144,7 +144,7 @@ mod tests {
         for args in cases {
             assert!(Cli::try_parse_from(args).is_ok(), "{args:?}");
         }
-        // The in-process rig is not the guest driver's; the guest benchmark needs at least our hfi1 function.
+        // The in-process testbed is not the guest driver's; the guest benchmark needs at least our hfi1 function.
         assert!(Cli::try_parse_from(["udriver", "--in-process", "hfi1", "info"]).is_err());
         assert!(Cli::try_parse_from(["udriver", "bench"]).is_err());
     }

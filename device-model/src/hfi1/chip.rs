@@ -9,10 +9,12 @@ use super::counters::Counters;
 use super::flow::{FlowEntry, FlowTable};
 use super::rcvarray::RcvArray;
 use super::regs::{
-    apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL, RCV_SHIFT,
-    RCV_TID_CTRL, RCV_TID_CTRL_TID_BASE_INDEX_MASK, RCV_TID_CTRL_TID_BASE_INDEX_SHIFT, RCV_TID_CTRL_TID_PAIR_CNT_MASK,
+    apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL,
+    RCV_CTXT_CTRL_ENABLE_SMASK, RCV_HDR_OVFL_CNT, RCV_HDR_TAIL, RCV_QP_MAP_TABLE_REGS, RCV_SHIFT, RCV_TID_CTRL,
+    RCV_TID_CTRL_TID_BASE_INDEX_MASK, RCV_TID_CTRL_TID_BASE_INDEX_SHIFT, RCV_TID_CTRL_TID_PAIR_CNT_MASK,
     RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE, UCTXT_REGS,
 };
+use super::rhq::RhqState;
 use super::shm::SharedWords;
 use super::RXE_NUM_TID_FLOWS;
 use emu_abi::hfi1::{LB_BASE, LB_SIZE};
@@ -42,6 +44,9 @@ pub struct Chip {
     global: [u64; GLOBAL_REGS.len()],
     kctxt: Vec<[u64; KCTXT_REGS.len()]>,
     uctxt: Vec<[u64; UCTXT_REGS.len()]>,
+    qp_map: [u64; RCV_QP_MAP_TABLE_REGS],
+    /// Each context's place in its header queue and eager buffers.
+    rhq: Vec<RhqState>,
     pub flows: FlowTable,
     pub rcv_array: RcvArray,
 }
@@ -54,6 +59,8 @@ impl Chip {
             global: [0; GLOBAL_REGS.len()],
             kctxt: vec![[0; KCTXT_REGS.len()]; contexts],
             uctxt: vec![[0; UCTXT_REGS.len()]; contexts],
+            qp_map: [0; RCV_QP_MAP_TABLE_REGS],
+            rhq: vec![RhqState::default(); contexts],
             flows: FlowTable::new(contexts),
             rcv_array: RcvArray::new(shm),
         };
@@ -78,6 +85,8 @@ impl Chip {
         }
         self.kctxt.iter_mut().for_each(|r| *r = [0; KCTXT_REGS.len()]);
         self.uctxt.iter_mut().for_each(|r| *r = [0; UCTXT_REGS.len()]);
+        self.qp_map = [0; RCV_QP_MAP_TABLE_REGS];
+        self.rhq.iter_mut().for_each(|r| *r = RhqState::default());
         self.flows.reset();
         self.rcv_array.reset();
     }
@@ -85,6 +94,48 @@ impl Chip {
     /// A kernel per-context register value (`None` if the context does not exist).
     pub fn kctxt(&self, ctxt: usize, offset: u64) -> Option<u64> {
         self.kctxt.get(ctxt)?.get(kreg(offset)).copied()
+    }
+
+    /// A user-spaced per-context register value (0 if the context does not exist).
+    pub fn uctxt_reg(&self, ctxt: usize, offset: u64) -> u64 {
+        let reg = UCTXT_REGS.iter().position(|r| r.offset == offset);
+        reg.and_then(|i| self.uctxt.get(ctxt).map(|r| r[i])).unwrap_or(0)
+    }
+
+    /// A global RXE register value.
+    pub fn global(&self, offset: u64) -> u64 {
+        GLOBAL_REGS.iter().position(|r| r.offset == offset).map_or(0, |i| self.global[i])
+    }
+
+    /// The context RCV_QP_MAP_TABLE gives QPN `qpn`: byte QPN[8:1] of the table.
+    pub fn qp_map_ctxt(&self, qpn: u32) -> usize {
+        let idx = ((qpn >> 1) & 0xFF) as usize;
+        ((self.qp_map[idx / 8] >> (8 * (idx % 8))) & 0xFF) as usize
+    }
+
+    pub fn rhq(&self, ctxt: usize) -> RhqState {
+        self.rhq.get(ctxt).copied().unwrap_or_default()
+    }
+
+    pub(super) fn set_rhq(&mut self, ctxt: usize, state: RhqState) {
+        if let Some(r) = self.rhq.get_mut(ctxt) {
+            *r = state;
+        }
+    }
+
+    /// RCV_HDR_TAIL moves to `published` dwords once a packet's writes are done.
+    pub fn rhq_publish(&mut self, ctxt: usize, published: u64) {
+        if let Some(r) = self.rhq.get_mut(ctxt) {
+            r.set_published(published);
+        }
+    }
+
+    /// A packet dropped for a full header queue (RCV_HDR_OVFL_CNT).
+    pub(super) fn count_overflow(&mut self, ctxt: usize) {
+        if let Some(r) = self.kctxt.get_mut(ctxt) {
+            let i = super::chip::kreg(RCV_HDR_OVFL_CNT);
+            r[i] = r[i].wrapping_add(1);
+        }
     }
 
     /// The context's expected-receive range from RCV_TID_CTRL: (first entry, entry count).
@@ -100,8 +151,13 @@ impl Chip {
         match decode(offset, self.contexts, self.loopback) {
             Csr::Global(i) => Access::Done(self.global[i]),
             Csr::Kctxt { ctxt, reg } => self.kctxt.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r[reg])),
+            // RCV_HDR_TAIL reads the live tail: check_packet_present compares it with the driver's head.
+            Csr::Uctxt { ctxt, reg } if UCTXT_REGS[reg].offset == RCV_HDR_TAIL => {
+                self.rhq.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r.published()))
+            }
             Csr::Uctxt { ctxt, reg } => self.uctxt.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r[reg])),
             Csr::Flow { ctxt, flow } => self.flows.read(ctxt, flow).map_or(Access::Unimplemented, Access::Done),
+            Csr::QpMap(i) => Access::Done(self.qp_map[i]),
             Csr::RcvArray(i) => self.rcv_array.read(i, counters).map_or(Access::Unimplemented, Access::Done),
             Csr::Loopback(rel) => Access::Loopback(rel),
             Csr::Unimplemented => Access::Unimplemented,
@@ -113,7 +169,17 @@ impl Chip {
         match decode(offset, self.contexts, self.loopback) {
             Csr::Global(i) => Self::write_reg(&GLOBAL_REGS[i], &mut self.global[i], value),
             Csr::Kctxt { ctxt, reg } => match self.kctxt.get_mut(ctxt) {
-                Some(r) => Self::write_reg(&KCTXT_REGS[reg], &mut r[reg], value),
+                Some(r) => {
+                    let was = r[reg];
+                    let access = Self::write_reg(&KCTXT_REGS[reg], &mut r[reg], value);
+                    // Enabling a context restarts its header queue: entry 0, sequence 1, eager buffer 0
+                    // (hfi1_rcvctrl zeroes the queue and resets its own count to match).
+                    let enabled = |v: u64| v & RCV_CTXT_CTRL_ENABLE_SMASK != 0;
+                    if KCTXT_REGS[reg].offset == RCV_CTXT_CTRL && !enabled(was) && enabled(r[reg]) {
+                        self.rhq[ctxt] = RhqState::default();
+                    }
+                    access
+                }
                 None => Access::Unimplemented,
             },
             Csr::Uctxt { ctxt, reg } => match self.uctxt.get_mut(ctxt) {
@@ -126,6 +192,10 @@ impl Chip {
                 } else {
                     Access::Unimplemented
                 }
+            }
+            Csr::QpMap(i) => {
+                self.qp_map[i] = value;
+                Access::Done(value)
             }
             Csr::RcvArray(i) => {
                 // Out-of-range indices are counted by the RcvArray itself.

@@ -1,4 +1,5 @@
-//! Control-socket commands of the hfi1 engine (JSON objects): inject, dump, reset, counters.
+//! Control-socket commands of the hfi1 engine (JSON objects): inject, dump, reset, counters, and on a cabled
+//! chip-personality function link and capture.
 //! Every field is checked; a hostile request gets an error, never a panic.
 
 #![forbid(unsafe_code)]
@@ -41,6 +42,17 @@ fn decode_hex(s: &str) -> Result<Vec<u8>> {
     s.as_bytes().chunks_exact(2).map(|p| Ok((digit(p[0])? << 4) | digit(p[1])?)).collect()
 }
 
+/// Hex bytes of any length (the caller bounds it).
+fn decode_hex_any(s: &str) -> Result<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return Err(err("packet_hex must be an even number of hex digits"));
+    }
+    let digit = |c: u8| -> Result<u8> {
+        (c as char).to_digit(16).map(|d| d as u8).ok_or_else(|| err("packet_hex has a non-hex character"))
+    };
+    s.as_bytes().chunks_exact(2).map(|p| Ok((digit(p[0])? << 4) | digit(p[1])?)).collect()
+}
+
 /// `{"cmd":"inject","ctxt":2,"flow":3,"tid":2,"tidctrl":1,"offset":16,"om":0,"psn":152709123,"payload_hex":"0102"}`.
 /// `psn` may be replaced by `generation` + `sequence`.
 fn parse_inject(req: &Value) -> Result<(Packet, Vec<u8>)> {
@@ -67,11 +79,31 @@ fn parse_inject(req: &Value) -> Result<(Packet, Vec<u8>)> {
 /// A control request, checked field by field; the engine carries it out.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Command {
-    Inject { packet: Packet, payload: Vec<u8> },
+    Inject {
+        packet: Packet,
+        payload: Vec<u8>,
+    },
     Dump,
     Reset,
     Counters,
+    /// The port's link and the cable's counters.
+    Link,
+    /// A packet as if from the cable (the wire's bytes, ICRC included).
+    Wire {
+        packet: crate::hfi1::cable::WirePacket,
+    },
+    /// Link news as if from the cable.
+    LinkEvent(crate::hfi1::cable::LinkEvent),
+    /// Starts a wire capture into `file` (at most `max_bytes`), or stops it.
+    Capture {
+        file: Option<std::path::PathBuf>,
+        max_bytes: u64,
+    },
 }
+
+/// A capture file's default and largest size.
+pub const CAPTURE_DEFAULT_MIB: u64 = 1024;
+pub const CAPTURE_MAX_MIB: u64 = 1 << 20;
 
 pub(super) fn parse(req: &Value) -> Result<Command> {
     let cmd = req.get("cmd").and_then(Value::as_str).ok_or_else(|| err("request needs a string \"cmd\""))?;
@@ -83,7 +115,52 @@ pub(super) fn parse(req: &Value) -> Result<Command> {
         "dump" => Command::Dump,
         "reset" => Command::Reset,
         "counters" => Command::Counters,
-        other => return Err(err(format!("unknown command \"{other}\" (inject, dump, reset, counters)"))),
+        "link" => Command::Link,
+        "wire" => {
+            use crate::hfi1::cable::wire::{MAX_PACKET_BYTES, MIN_PACKET_BYTES};
+            let hex = req.get("packet_hex").and_then(Value::as_str).ok_or_else(|| err("wire needs \"packet_hex\""))?;
+            if hex.len() > 2 * MAX_PACKET_BYTES {
+                return Err(err(format!("packet_hex: at most {MAX_PACKET_BYTES} bytes")));
+            }
+            let bytes = decode_hex_any(hex)?;
+            if bytes.len() < MIN_PACKET_BYTES || !bytes.len().is_multiple_of(4) {
+                return Err(err(format!("a wire packet has at least {MIN_PACKET_BYTES} bytes in whole dwords")));
+            }
+            let flag = |name| field_or(req, name, 1, 0).map(|v| v == 1);
+            let packet = crate::hfi1::cable::WirePacket { bytes, sc4: flag("sc4")?, test_ebp: flag("test_ebp")? };
+            Command::Wire { packet }
+        }
+        "link-event" => {
+            use crate::hfi1::cable::{LinkEvent, Neighbor};
+            Command::LinkEvent(match req.get("event").and_then(Value::as_str) {
+                Some("up") => LinkEvent::Up(Neighbor {
+                    guid: field(req, "neighbor_guid", u64::MAX)?,
+                    node_type: field_or(req, "node_type", 3, 0)? as u8,
+                    port: field_or(req, "port", 0xFF, 1)? as u8,
+                }),
+                Some("down") => LinkEvent::Down {
+                    reason: match req.get("reason") {
+                        None | Some(Value::Null) => None,
+                        Some(_) => Some(field(req, "reason", 0xFF)? as u8),
+                    },
+                },
+                _ => return Err(err("link-event needs \"event\": \"up\" or \"down\"")),
+            })
+        }
+        "capture" => {
+            let file = match (req.get("file"), req.get("stop")) {
+                (Some(Value::String(f)), None) if !f.is_empty() => Some(std::path::PathBuf::from(f)),
+                (None, Some(Value::Bool(true))) => None,
+                _ => return Err(err("capture needs \"file\": PATH or \"stop\": true")),
+            };
+            let mib = field_or(req, "max_mib", CAPTURE_MAX_MIB, CAPTURE_DEFAULT_MIB)?.max(1);
+            Command::Capture { file, max_bytes: mib << 20 }
+        }
+        other => {
+            return Err(err(format!(
+                "unknown command \"{other}\" (inject, dump, reset, counters, link, capture, wire, link-event)"
+            )))
+        }
     })
 }
 
@@ -99,6 +176,54 @@ mod tests {
             assert!(matches!(decode_hex(bad), Err(Hfi1Error::Control(_))), "{bad}");
         }
         assert!(decode_hex(&"00".repeat(LB_MAX_PAYLOAD + 1)).is_err());
+    }
+
+    #[test]
+    fn capture_takes_a_file_or_stop_and_refuses_anything_else() {
+        let ok = [
+            (json!({"cmd":"capture","file":"/tmp/w.pcap"}), Some("/tmp/w.pcap"), CAPTURE_DEFAULT_MIB << 20),
+            (json!({"cmd":"capture","file":"/tmp/w.pcap","max_mib":2}), Some("/tmp/w.pcap"), 2 << 20),
+            (json!({"cmd":"capture","stop":true}), None, CAPTURE_DEFAULT_MIB << 20),
+        ];
+        for (req, file, max_bytes) in ok {
+            let want = Command::Capture { file: file.map(Into::into), max_bytes };
+            assert_eq!(parse(&req).unwrap(), want, "{req}");
+        }
+        for bad in [
+            json!({"cmd":"capture"}),
+            json!({"cmd":"capture","file":""}),
+            json!({"cmd":"capture","file":3}),
+            json!({"cmd":"capture","file":"/x","stop":true}),
+            json!({"cmd":"capture","file":"/x","max_mib":-1}),
+        ] {
+            assert!(matches!(parse(&bad), Err(Hfi1Error::Control(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn wire_and_link_event_stand_in_for_the_cable() {
+        use crate::hfi1::cable::{LinkEvent, Neighbor};
+        let req = json!({"cmd":"wire","packet_hex":"f002ffff0007ffff64000000000000000000000001020304","sc4":1});
+        let Command::Wire { packet } = parse(&req).unwrap() else { panic!() };
+        assert_eq!((packet.bytes.len(), packet.sc4, packet.test_ebp), (24, true, false));
+        let up = json!({"cmd":"link-event","event":"up","neighbor_guid":17});
+        assert_eq!(
+            parse(&up).unwrap(),
+            Command::LinkEvent(LinkEvent::Up(Neighbor { guid: 17, node_type: 0, port: 1 }))
+        );
+        let down = json!({"cmd":"link-event","event":"down","reason":null});
+        assert_eq!(parse(&down).unwrap(), Command::LinkEvent(LinkEvent::Down { reason: None }));
+        for bad in [
+            json!({"cmd":"wire"}),
+            json!({"cmd":"wire","packet_hex":"f0"}),
+            json!({"cmd":"wire","packet_hex":"zz"}),
+            json!({"cmd":"wire","packet_hex":"00".repeat(23)}),
+            json!({"cmd":"link-event","event":"sideways"}),
+            json!({"cmd":"link-event","event":"up"}),
+            json!({"cmd":"link-event","event":"down","reason":300}),
+        ] {
+            assert!(matches!(parse(&bad), Err(Hfi1Error::Control(_))), "{bad}");
+        }
     }
 
     #[test]

@@ -62,6 +62,50 @@ counters! {
     lb_bad_descriptors,
     /// Loopback doorbells dropped because the worker queue was full.
     lb_doorbell_overruns,
+    /// Packets the cable brought to the port.
+    wire_rx_packets,
+    /// Packets written to a receive header queue.
+    wire_rx_written,
+    /// Packets dropped because RCV_CTRL.RcvPortEnable was clear.
+    wire_rx_port_disabled,
+    /// Packets whose DLID the port's filter (DCC_CFG_PORT_CONFIG1) refused.
+    wire_rx_dlid_filtered,
+    /// Packets the sender marked with a bad end (PBC TestEBP): dropped.
+    wire_rx_test_ebp,
+    /// Packets routed to a context at or beyond RCV_CONTEXTS.
+    wire_rx_bad_context,
+    /// KDETH packets (BTH QP prefix RCV_BTH_QP): not modelled on the wire yet, dropped.
+    wire_rx_kdeth_unmodelled,
+    /// Packets that did not fit the port's ingress queue.
+    wire_rx_ingress_overflow,
+    /// Times a packet waited for room in a full header queue or eager buffer set.
+    wire_rx_held,
+    /// Header queue, eager or tail DMA writes that failed.
+    wire_rx_dma_errors,
+    /// Packets for a context whose header queue size or entry size is not valid.
+    rx_rhq_unconfigured,
+    /// Packets whose headers do not fit a header queue entry.
+    rx_header_too_long,
+    /// Packets dropped for a full header queue (no DONT_DROP_RHQ_FULL).
+    rx_rhq_full,
+    /// Packets dropped for full eager buffers (no DONT_DROP_EGR_FULL).
+    rx_eager_full,
+    /// Packets with payload for a context without eager buffers.
+    rx_no_eager,
+    /// Packets whose payload is larger than an eager buffer.
+    rx_eager_too_small,
+    /// Packets whose eager buffer's RcvArray entry is not valid.
+    rx_eager_invalid,
+    /// Packets that left for the cable.
+    wire_tx_packets,
+    /// Packets launched while the link was down: dropped.
+    wire_tx_link_down,
+    /// Launched bytes that are not a 9B packet: dropped.
+    wire_tx_malformed,
+    /// 16B (bypass) packets: not modelled on the wire, dropped.
+    wire_tx_bypass_unmodelled,
+    /// Credit-return DMA writes that failed.
+    pio_credit_dma_errors,
     /// BAR writes that were not 8 bytes at an 8-byte-aligned offset.
     mmio_bad_width,
     /// BAR writes to read-only or unimplemented offsets.
@@ -77,7 +121,7 @@ mod tests {
         let c = Counters::default();
         c.rx_gen_mismatch.fetch_add(2, Ordering::Relaxed);
         let snap = c.snapshot();
-        assert_eq!(snap.len(), 20);
+        assert_eq!(snap.len(), 42);
         assert!(snap.contains(&("rx_gen_mismatch", 2)));
         c.reset();
         assert!(c.snapshot().iter().all(|(_, v)| *v == 0));

@@ -6,17 +6,19 @@
 
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use vfio_user_proto::device::RegionFd;
 use vfio_user_proto::dma::{DmaAccess, NoDma};
 use vfio_user_proto::sync::Unpoison;
 
+use super::cable::{Cable, End, Port};
 use super::chip::{Access, Chip};
 use super::counters::Counters;
 use super::loopback::{LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
 use super::observe::InjectOutcome;
+use super::port::{kick, HfiPort};
 use super::rcv::{Packet, RxResult};
 use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RXE, TXE};
 use super::shared::{LbRegs, Shared, WORK_TIMEOUT};
@@ -34,7 +36,9 @@ pub struct Hfi1 {
     config: Hfi1Config,
     shared: Arc<Shared>,
     region_fd: RegionFd,
-    worker: WorkQueue<Job>,
+    worker: Arc<WorkQueue<Job>>,
+    /// This function's end of a cable, once connected (the cable holds it weakly).
+    port: OnceLock<Arc<HfiPort>>,
 }
 
 impl Hfi1 {
@@ -59,13 +63,35 @@ impl Hfi1 {
             epoch: AtomicU64::new(0),
             dma: RwLock::new(Arc::new(NoDma)),
             irq: RwLock::new(Arc::new(NoInterrupt)),
+            cable: OnceLock::new(),
+            ingress: Mutex::new(Default::default()),
+            ingress_held: AtomicBool::new(false),
+            ingress_kicked: AtomicBool::new(false),
+            egress_kicked: AtomicBool::new(false),
         });
         let worker_shared = Arc::clone(&shared);
         let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker, move |job| {
             run_job(&worker_shared, job)
         })
         .map_err(|e| Hfi1Error::Worker(e.to_string()))?;
-        Ok(Self { config, shared, region_fd, worker })
+        Ok(Self { config, shared, region_fd, worker: Arc::new(worker), port: OnceLock::new() })
+    }
+
+    /// Joins two chip-personality functions with a cable (docs/hfi1-fabric.md): `a` is its end A.
+    pub fn connect(a: &Hfi1, b: &Hfi1) -> Result<()> {
+        for h in [a, b] {
+            if !matches!(h.config.personality, Personality::Wfr(_)) || h.port.get().is_some() {
+                return Err(Hfi1Error::Config(format!("{} cannot take a cable", h.config.name())));
+            }
+        }
+        let cable = Cable::new().map_err(|e| Hfi1Error::Worker(format!("cable thread: {e}")))?;
+        for (end, h) in [(End::A, a), (End::B, b)] {
+            let port = Arc::new(HfiPort::new(Arc::clone(&h.shared), Arc::downgrade(&h.worker), h.config.personality));
+            let weak: Weak<dyn Port> = Arc::downgrade(&(Arc::clone(&port) as Arc<dyn Port>));
+            let _ = h.shared.cable.set(cable.end(end, weak));
+            let _ = h.port.set(port);
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> &Hfi1Config {
@@ -107,6 +133,16 @@ impl Hfi1 {
         result.recv_timeout(WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("no result from the worker".into()))
     }
 
+    /// The port as the control socket's `link` shows it: physical and logical state, neighbour, cable.
+    pub fn link_status(&self) -> serde_json::Value {
+        let dc = self.shared.lock_wfr().map(|w| w.dump()["dc8051"].clone());
+        serde_json::json!({
+            "device": self.config.name(),
+            "port": dc,
+            "cable": self.shared.cable.get().map(|e| e.status()),
+        })
+    }
+
     /// The control socket's dump.
     pub fn dump(&self) -> serde_json::Value {
         let mut v = self.shared.lock_chip().dump(&self.shared.counters);
@@ -123,6 +159,9 @@ impl Hfi1 {
         v["counters"] = counters_json(&self.shared.counters);
         if let Some(w) = self.shared.lock_wfr() {
             v["wfr"] = w.dump();
+        }
+        if let Some(end) = self.shared.cable.get() {
+            v["cable"] = end.status();
         }
         v
     }
@@ -146,7 +185,12 @@ impl Hfi1 {
                 return v;
             }
         }
-        self.shared.lock_wfr().map_or(u64::MAX, |mut w| w.read(offset))
+        let (value, signal) = match self.shared.lock_wfr() {
+            Some(mut w) => (w.read(offset), w.take_signal()),
+            None => (u64::MAX, None),
+        };
+        self.shared.tell_cable(signal);
+        value
     }
 
     fn write64(&self, offset: u64, value: u64) {
@@ -166,7 +210,12 @@ impl Hfi1 {
 
     fn wfr_write(&self, offset: u64, value: u64) {
         if (RXE..TXE).contains(&offset) {
-            match self.shared.lock_chip().write(offset, value, &self.shared.counters) {
+            let access = self.shared.lock_chip().write(offset, value, &self.shared.counters);
+            // A head register moved, or a context changed: the packet waiting for room may fit now.
+            if matches!(access, Access::Done(_)) && self.shared.ingress_held.load(Ordering::Acquire) {
+                kick(&self.worker, &self.shared, &self.shared.ingress_kicked, Job::Ingress);
+            }
+            match access {
                 Access::Done(_) => return,
                 Access::ReadOnly => {
                     self.shared.counters.mmio_ignored_writes.fetch_add(1, Ordering::Relaxed);
@@ -175,9 +224,16 @@ impl Hfi1 {
                 Access::Unimplemented | Access::Loopback(_) => {}
             }
         }
-        let vectors = self.shared.lock_wfr().map(|mut w| w.write(offset, value)).unwrap_or_default();
+        let (vectors, signal, launched) = match self.shared.lock_wfr() {
+            Some(mut w) => (w.write(offset, value), w.take_signal(), w.launches_pending()),
+            None => (Vec::new(), None, false),
+        };
         for v in vectors {
             self.shared.raise(v);
+        }
+        self.shared.tell_cable(signal);
+        if launched {
+            kick(&self.worker, &self.shared, &self.shared.egress_kicked, Job::Egress);
         }
     }
 
@@ -314,6 +370,22 @@ impl Engine for Hfi1 {
                 Ok(serde_json::json!({"ok": true}))
             }
             Command::Counters => Ok(counters_json(self.shared_counters())),
+            Command::Link => Ok(self.link_status()),
+            Command::Wire { packet } => {
+                if !matches!(self.config.personality, Personality::Wfr(_)) {
+                    return Err(format!("{} has no port", self.config.name()));
+                }
+                Ok(serde_json::json!({"queued": super::port::arrive(&self.shared, &self.worker, packet, false)}))
+            }
+            Command::LinkEvent(event) => {
+                Ok(serde_json::json!({"applied": super::port::apply_link(&self.shared, event, false)}))
+            }
+            Command::Capture { file, max_bytes } => {
+                let end = self.shared.cable.get().ok_or_else(|| format!("{} has no cable", self.config.name()))?;
+                let started = file.as_ref().map(|f| f.display().to_string());
+                end.capture(file, max_bytes)?;
+                Ok(serde_json::json!({"capture": started}))
+            }
         }
     }
 

@@ -6,19 +6,24 @@ mod chip;
 mod control;
 mod counters;
 mod device;
+mod egress;
 mod flow;
+mod ingress;
 mod loopback;
 mod names;
 mod observe;
+mod port;
 mod rcv;
 mod rcvarray;
 pub mod regs;
+mod rhq;
 mod shared;
 mod shm;
 pub mod wfr;
 mod worker;
 
 pub use crate::worker::WorkerMode;
+pub use control::{CAPTURE_DEFAULT_MIB, CAPTURE_MAX_MIB};
 pub use counters::Counters;
 pub use device::Hfi1;
 pub use flow::{FlowCheck, FlowEntry};
@@ -242,3 +247,7 @@ mod tests {
 #[cfg(test)]
 #[path = "wfr_device_tests.rs"]
 mod wfr_device_tests;
+
+#[cfg(test)]
+#[path = "fabric_tests.rs"]
+mod fabric_tests;

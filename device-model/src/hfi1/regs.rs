@@ -34,6 +34,12 @@ pub const RCV_ERR_STATUS: u64 = RXE + 0x60;
 pub const RCV_ERR_MASK: u64 = RXE + 0x68;
 pub const RCV_ERR_CLEAR: u64 = RXE + 0x70;
 pub const RCV_QP_MAP_TABLE: u64 = RXE + 0x100;
+/// RCV_QP_MAP_TABLE: 32 registers of eight one-byte context numbers, indexed by QPN[8:1] (init_qpmap_table).
+pub const RCV_QP_MAP_TABLE_REGS: usize = 32;
+// RCV_CTRL fields.
+pub const RCV_CTRL_RCV_PORT_ENABLE_SMASK: u64 = 0x1;
+pub const RCV_CTRL_RCV_QP_MAP_ENABLE_SMASK: u64 = 0x2;
+pub const RCV_CTRL_RCV_RSM_ENABLE_SMASK: u64 = 0x20;
 pub const RCV_PARTITION_KEY: u64 = RXE + 0x200;
 pub const RCV_COUNTER_ARRAY32: u64 = RXE + 0x400;
 pub const RCV_COUNTER_ARRAY64: u64 = RXE + 0x500;
@@ -266,6 +272,8 @@ pub enum Csr {
         ctxt: usize,
         flow: usize,
     },
+    /// Index of an RCV_QP_MAP_TABLE register.
+    QpMap(usize),
     /// RcvArray entry index (may be beyond the configured count: the caller judges it).
     RcvArray(u64),
     /// An offset in the project-specific loopback block (relative to its base).
@@ -279,6 +287,9 @@ pub fn decode(offset: u64, contexts: usize, loopback: Option<(u64, u64)>) -> Csr
     let ctxts = contexts as u64;
     if let Some(i) = GLOBAL_REGS.iter().position(|r| r.offset == offset) {
         return Csr::Global(i);
+    }
+    if (RCV_QP_MAP_TABLE..RCV_QP_MAP_TABLE + 8 * RCV_QP_MAP_TABLE_REGS as u64).contains(&offset) {
+        return Csr::QpMap(((offset - RCV_QP_MAP_TABLE) / 8) as usize);
     }
     if (RXE_KCTXT_BASE..RXE_KCTXT_BASE + KCTXT_STRIDE * ctxts).contains(&offset) {
         let rel = offset - RXE_KCTXT_BASE;
@@ -365,6 +376,9 @@ mod tests {
             (0x1200800, Csr::RcvArray(0x100)),
             (0x1305008, Csr::Uctxt { ctxt: 5, reg: 1 }),
             (0x1302818, Csr::Flow { ctxt: 2, flow: 3 }),
+            (0x1000100, Csr::QpMap(0)),
+            (0x10001F8, Csr::QpMap(31)),
+            (0x1000200, Csr::Unimplemented),
             (0x1302900, Csr::Unimplemented),
             (0x1308000, Csr::Unimplemented),
             (lb + 0x10, Csr::Loopback(0x10)),

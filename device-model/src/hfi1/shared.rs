@@ -3,8 +3,9 @@
 
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
 use emu_abi::hfi1::{
@@ -13,6 +14,7 @@ use emu_abi::hfi1::{
 use vfio_user_proto::dma::DmaAccess;
 use vfio_user_proto::sync::Unpoison;
 
+use super::cable::{CableEnd, WirePacket};
 use super::chip::Chip;
 use super::counters::Counters;
 use super::observe::HeldInject;
@@ -82,6 +84,15 @@ pub(super) struct Shared {
     pub(super) epoch: AtomicU64,
     pub(super) dma: RwLock<Arc<dyn DmaAccess>>,
     pub(super) irq: RwLock<Arc<dyn Interrupt>>,
+    /// The cable, on a chip-personality function that has one.
+    pub(super) cable: OnceLock<CableEnd>,
+    /// Packets from the cable waiting for the worker (bounded: `ingress::INGRESS_QUEUE`).
+    pub(super) ingress: Mutex<VecDeque<WirePacket>>,
+    /// The packet at the head of `ingress` waits for room in its context.
+    pub(super) ingress_held: AtomicBool,
+    /// An ingress or egress job is queued.
+    pub(super) ingress_kicked: AtomicBool,
+    pub(super) egress_kicked: AtomicBool,
 }
 
 impl Shared {
@@ -122,16 +133,37 @@ impl Shared {
         Arc::clone(&self.dma.read().unpoison())
     }
 
-    /// Power-on state; in-flight and queued work of the old epoch is abandoned.
+    /// Power-on state; in-flight and queued work of the old epoch is abandoned, and a link the port held
+    /// drops.
     pub(super) fn reset(&self) {
-        let mut chip = self.lock_chip();
-        self.epoch.fetch_add(1, Ordering::SeqCst);
-        chip.reset();
-        if let Some(mut w) = self.lock_wfr() {
-            w.reset();
+        let signal = {
+            let mut chip = self.lock_chip();
+            self.epoch.fetch_add(1, Ordering::SeqCst);
+            chip.reset();
+            let signal = self.lock_wfr().and_then(|mut w| w.reset());
+            self.lb.reset();
+            self.counters.reset();
+            self.held_inject.lock().unpoison().take();
+            self.ingress.lock().unpoison().clear();
+            self.ingress_held.store(false, Ordering::Release);
+            signal
+        };
+        self.tell_cable(signal);
+    }
+
+    /// Logs an input from outside the device (the cable's packets and link events) in the session being
+    /// recorded, as the control request that reproduces it and its reply.
+    pub(super) fn record_input(&self, mut request: serde_json::Value, result: serde_json::Value) {
+        let Some(session) = self.probe.recorder().and_then(|r| r.current()) else { return };
+        request["device"] = self.probe.device().into();
+        let id = session.control_request(&request.to_string());
+        session.control_reply(id, &serde_json::json!({"ok": true, "result": result}).to_string());
+    }
+
+    /// Passes the port's physical news to the cable (call without locks: the cable may take a moment).
+    pub(super) fn tell_cable(&self, signal: Option<super::cable::Phy>) {
+        if let (Some(phy), Some(end)) = (signal, self.cable.get()) {
+            end.phy(phy);
         }
-        self.lb.reset();
-        self.counters.reset();
-        self.held_inject.lock().unpoison().take();
     }
 }

@@ -6,16 +6,26 @@
 
 use crossbeam_channel::Sender;
 
-use super::loopback;
 use super::observe::InjectOutcome;
 use super::rcv::{Packet, RxResult};
 use super::shared::Shared;
+use super::{egress, ingress, loopback};
 use crate::worker::Stamped;
 use vfio_user_proto::sync::Unpoison;
 
 pub(super) enum Job {
-    Doorbell { desc: u64 },
-    Inject { packet: Packet, payload: Vec<u8>, reply: Sender<InjectOutcome> },
+    Doorbell {
+        desc: u64,
+    },
+    Inject {
+        packet: Packet,
+        payload: Vec<u8>,
+        reply: Sender<InjectOutcome>,
+    },
+    /// PIO send contexts launched packets (or were asked to return credits).
+    Egress,
+    /// Packets arrived from the cable, or a context the head of the queue waits for has room again.
+    Ingress,
 }
 
 pub(super) fn run_job(shared: &Shared, Stamped { epoch, job }: Stamped<Job>) {
@@ -33,6 +43,14 @@ pub(super) fn run_job(shared: &Shared, Stamped { epoch, job }: Stamped<Job>) {
                 InjectOutcome::plain(RxResult::Aborted)
             };
             let _ = reply.try_send(result);
+        }
+        Job::Egress => {
+            shared.egress_kicked.store(false, std::sync::atomic::Ordering::Release);
+            egress::run(shared, epoch);
+        }
+        Job::Ingress => {
+            shared.ingress_kicked.store(false, std::sync::atomic::Ordering::Release);
+            ingress::run(shared, epoch);
         }
     }
 }

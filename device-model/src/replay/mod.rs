@@ -37,8 +37,8 @@ use vfio_user_proto::sock::Message;
 use vfio_user_proto::wire::{command, DmaRw, Header};
 use vfio_user_proto::{Server, ServerConfig};
 
-use crate::build::DeviceOptions;
 use crate::control::{handle_request, ControlTarget};
+use crate::device_options::DeviceOptions;
 use crate::pci::Function;
 use crate::probe::SharedReplay;
 use crate::trace::Filter;
@@ -53,7 +53,7 @@ const REREAD_FOR: Duration = Duration::from_secs(2);
 /// Mismatches listed in a report at most.
 const MAX_LISTED: usize = 20;
 /// Control commands whose replies depend only on the device's state, and are compared.
-const COMPARED: &[&str] = &["inject", "classify", "reset", "fault"];
+const COMPARED: &[&str] = &["inject", "classify", "reset", "fault", "wire", "link-event"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {

@@ -36,9 +36,9 @@ pub struct GuestDevices {
     pub hfi1: Arc<dyn DeviceAccess>,
     /// Our irdma function (device-model).
     pub irdma: Option<Arc<dyn DeviceAccess>>,
-    /// An hfi1 function served by rust-vmm's vfio-user server (`rig serve-peers`).
+    /// An hfi1 function served by rust-vmm's vfio-user server (`testbed serve-peers`).
     pub peer: Option<Arc<dyn DeviceAccess>>,
-    /// An hfi1 function served by our server plain: no busy-poll, no keep-warm (`rig serve-peers`).
+    /// An hfi1 function served by our server plain: no busy-poll, no keep-warm (`testbed serve-peers`).
     pub polled: Option<Arc<dyn DeviceAccess>>,
     /// QEMU's `edu` device.
     pub edu: Option<Arc<dyn DeviceAccess>>,

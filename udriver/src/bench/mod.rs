@@ -1,4 +1,4 @@
-//! What the benchmarks share between the host (`rig bench`, with the device model in the same process) and
+//! What the benchmarks share between the host (`testbed bench`, with the device model in the same process) and
 //! the guest (`udriver bench`, over VFIO): timing statistics, the report format, and the measurements
 //! that need nothing but a `DeviceAccess` (quad-hash throughput, loopback placement, trapped round trips).
 //! Nothing here asserts a time: a report states what was measured and whether each target was met.

@@ -1,5 +1,5 @@
 //! What a bench run reports: metrics, targets and their verdicts, per case, and the machine they belong to.
-//! The same format for `rig bench` on the host and `udriver bench` inside the guest.
+//! The same format for `testbed bench` on the host and `udriver bench` inside the guest.
 
 #![forbid(unsafe_code)]
 
@@ -149,7 +149,7 @@ pub fn cpu_model(cpuinfo: &str) -> String {
 /// Everything one run measured.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct BenchReport {
-    /// What ran it: "rig" (host) or "udriver guest" (inside the guest).
+    /// What ran it: "testbed" (host) or "udriver guest" (inside the guest).
     pub tool: &'static str,
     /// UTC, `YYYY-MM-DDTHH:MM:SSZ`.
     pub date: String,

@@ -86,7 +86,7 @@ fn render_names_every_missed_target_and_its_factor() {
     c.metric("raw", 1000.0, "ns");
     c.target(Target::new("ratio", 2.6, 1.3, "x", Better::Lower));
     let r = BenchReport {
-        tool: "rig",
+        tool: "testbed",
         date: "2026-01-01T00:00:00Z".into(),
         machine: Machine { nproc: 2, cpu_model: "cpu".into(), kernel: "k".into() },
         build: "release",
@@ -95,6 +95,6 @@ fn render_names_every_missed_target_and_its_factor() {
     };
     assert_eq!(r.score(), (0, 1));
     let text = r.render();
-    assert!(text.starts_with("rig bench, 2026-01-01") && text.contains("0/1 targets met"), "{text}");
+    assert!(text.starts_with("testbed bench, 2026-01-01") && text.contains("0/1 targets met"), "{text}");
     assert!(text.contains("MISSED by 2.00x"), "{text}");
 }

@@ -73,9 +73,10 @@ pub struct Neighbor {
 pub enum Phy {
     /// Polling, and the host has seen it poll: ready to train.
     Polling,
-    /// Offline, disabled or reset: the link drops. `reason` is the down reason the host gave, which the
-    /// neighbour reads as the planned-down code of its link-down message.
-    Down { reason: u8 },
+    /// Offline, disabled or reset: the link drops. `reason` is the down reason the host gave when it took
+    /// the port offline, which the neighbour reads as the planned-down code of its link-down message; `None`
+    /// when the port just went away (reset, detach).
+    Down { reason: Option<u8> },
 }
 
 /// What the cable tells a port.
@@ -83,8 +84,8 @@ pub enum Phy {
 pub enum LinkEvent {
     /// Both ends polled: the link is up, with this neighbour.
     Up(Neighbor),
-    /// The neighbour left LinkUp with this reason.
-    Down { reason: u8 },
+    /// The neighbour left LinkUp, with its reason if it gave one.
+    Down { reason: Option<u8> },
 }
 
 /// The HFI side of an end.
@@ -168,7 +169,10 @@ impl Drop for Inner {
         let (tx, _) = crossbeam_channel::bounded(0);
         drop(std::mem::replace(&mut self.tx, tx));
         if let Some(t) = self.thread.lock().unpoison().take() {
-            let _ = t.join();
+            // The cable thread itself may drop the last end (a port it held last): it ends on its own then.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -262,7 +266,7 @@ impl CableEnd {
 
 impl Drop for CableEnd {
     fn drop(&mut self) {
-        self.phy(Phy::Down { reason: 0 });
+        self.phy(Phy::Down { reason: None });
     }
 }
 
@@ -365,13 +369,12 @@ impl Link {
                 self.polling[end.index()] = false;
                 if self.up {
                     self.set_up(false);
+                    // The link is down for both: each end trains again only once it polls again.
+                    self.polling = [false, false];
                     // Packets in flight die with the link.
                     self.held.clear();
-                    self.trace(
-                        end,
-                        "link-down",
-                        &[("from", Val::Str(end.name())), ("reason", Val::Dec(reason.into()))],
-                    );
+                    let why = reason.map_or(Val::Str("none"), |r| Val::Dec(r.into()));
+                    self.trace(end, "link-down", &[("from", Val::Str(end.name())), ("reason", why)]);
                     if let Some(peer) = self.port(end.peer()) {
                         peer.link(LinkEvent::Down { reason });
                     }

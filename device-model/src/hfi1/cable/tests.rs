@@ -124,11 +124,11 @@ fn the_link_trains_when_both_ends_poll_and_each_learns_the_other() {
 fn an_end_going_down_tells_the_other_with_its_reason_and_polling_again_retrains() {
     let r = rig();
     up(&r);
-    r.ea.phy(Phy::Down { reason: 9 });
-    assert_eq!(r.b.wait(2)[1], Seen::Link(LinkEvent::Down { reason: 9 }));
+    r.ea.phy(Phy::Down { reason: Some(9) });
+    assert_eq!(r.b.wait(2)[1], Seen::Link(LinkEvent::Down { reason: Some(9) }));
     assert!(!r.eb.link_up());
     // A's own Down is no news to A; both poll again and the link comes back.
-    r.eb.phy(Phy::Down { reason: 0 });
+    r.eb.phy(Phy::Down { reason: Some(0) });
     r.ea.phy(Phy::Polling);
     r.eb.phy(Phy::Polling);
     assert!(matches!(r.a.wait(2)[1], Seen::Link(LinkEvent::Up(_))));
@@ -140,7 +140,7 @@ fn dropping_an_end_takes_the_link_down_for_the_other() {
     let r = rig();
     up(&r);
     drop(r.ea);
-    assert_eq!(r.b.wait(2)[1], Seen::Link(LinkEvent::Down { reason: 0 }));
+    assert_eq!(r.b.wait(2)[1], Seen::Link(LinkEvent::Down { reason: None }));
 }
 
 #[test]
@@ -203,8 +203,8 @@ fn an_end_that_left_polling_refuses_link_up_and_its_down_takes_the_peer_down() {
     r.ea.phy(Phy::Polling);
     r.eb.phy(Phy::Polling);
     r.b.wait(1);
-    r.ea.phy(Phy::Down { reason: 0 });
-    assert_eq!(r.b.wait(2)[1], Seen::Link(LinkEvent::Down { reason: 0 }));
+    r.ea.phy(Phy::Down { reason: Some(0) });
+    assert_eq!(r.b.wait(2)[1], Seen::Link(LinkEvent::Down { reason: Some(0) }));
 }
 
 #[test]
@@ -225,4 +225,18 @@ fn the_capture_records_both_directions_and_stops_on_request() {
     assert_eq!(bytes.len(), 24 + 2 * rec);
     // ERF flags: interface 0 for A to B, then 1 for B to A.
     assert_eq!((bytes[24 + 16 + 9], bytes[24 + rec + 16 + 9]), (0x4, 0x5));
+}
+
+#[test]
+fn after_a_loss_the_link_trains_only_once_both_ends_poll_again() {
+    let r = rig();
+    up(&r);
+    r.ea.phy(Phy::Down { reason: Some(0) });
+    r.b.wait(2);
+    // A polls again while B, taken down by the loss, has not: no training yet.
+    r.ea.phy(Phy::Polling);
+    r.eb.transmit(packet(1)); // a message behind A's, so the cable has handled it
+    assert!(!r.ea.link_up());
+    r.eb.phy(Phy::Polling);
+    assert!(matches!(r.b.wait(3)[2], Seen::Link(LinkEvent::Up(_))));
 }

@@ -1,9 +1,14 @@
-//! DC: the 8051 microcontroller's host interface (command mailbox, RAM window, state), the LCB and the DCC.
+//! DC: the 8051 microcontroller's host interface (command mailbox, RAM window, state), the LCB and the DCC,
+//! and the port's link as the functional simulator's 8051 runs it (docs/hfi1-fabric.md, "The link").
 //!
 //! On the functional simulator the driver loads no 8051 firmware but still talks to it: it loads link
-//! configuration, moves the physical port state and reads config fields back. This fake 8051 completes every
-//! host command at once with HCMD_SUCCESS, keeps the loaded fields in its RAM, and follows CHANGE_PHY_STATE.
-//! No link partner exists, so the port never trains: POLLING stays POLLING.
+//! configuration, moves the physical port state and reads config fields back. This 8051 completes every host
+//! command at once with HCMD_SUCCESS, keeps the loaded fields in its RAM, and follows CHANGE_PHY_STATE. The
+//! link itself is the cable's: once the host has seen the port poll, the port asks the cable to train
+//! ([`Phy::Polling`]); the cable's link-up moves the port to LinkUp and the logical state to INIT, fills the
+//! neighbour registers and posts LINKUP_ACHIEVED (chip.c handle_8051_interrupt, handle_link_up); the
+//! neighbour's loss posts LINK_GOING_DOWN with a link-down reason (handle_link_down). Without a cable, or with
+//! nobody at the other end, POLLING stays POLLING.
 
 #![forbid(unsafe_code)]
 
@@ -11,6 +16,7 @@ use std::collections::HashMap;
 
 use super::csr::*;
 use super::WfrShape;
+use crate::hfi1::cable::{LinkEvent, Neighbor, Phy};
 
 // DC_DC8051_CFG_HOST_CMD_0 / _1 fields.
 pub const HOST_CMD_0_REQ_NEW_SMASK: u64 = 0x1;
@@ -26,6 +32,11 @@ pub const HOST_CMD_1_RSP_DATA_MASK: u64 = 0xFFFF_FFFF_FFFF;
 pub const HCMD_LOAD_CONFIG_DATA: u64 = 0x01;
 pub const HCMD_READ_CONFIG_DATA: u64 = 0x02;
 pub const HCMD_CHANGE_PHY_STATE: u64 = 0x03;
+/// CHANGE_PHY_STATE's data: the state in bits 7:0, the down reason sent to the neighbour in bits 15:8
+/// (goto_offline: `(rem_reason << 8) | PLS_OFFLINE`).
+pub const PHY_STATE_MASK: u64 = 0xFF;
+pub const PHY_REASON_SHIFT: u32 = 8;
+pub const PHY_REASON_MASK: u64 = 0xFF;
 pub const HCMD_SUCCESS: u64 = 2;
 /// LOAD_CONFIG_DATA's data: field id, lane id, value (chip.h LOAD_DATA_*).
 pub const LOAD_DATA_FIELD_ID_SHIFT: u32 = 40;
@@ -43,18 +54,46 @@ pub const RAM_ACCESS_CTRL_WRITE_ENA_SMASK: u64 = 0x100_0000;
 pub const RAM_ACCESS_STATUS_ACCESS_COMPLETED_SMASK: u64 = 0x1_0000;
 
 // DC_DC8051_STS_CUR_STATE fields and values.
-pub const STS_CUR_STATE_PORT_MASK: u64 = 0xFF;
 pub const STS_CUR_STATE_FIRMWARE_SHIFT: u32 = 16;
 /// The firmware state a ready 8051 reports (firmware.c wait_fm_ready).
 pub const FIRMWARE_READY: u64 = 0xA0;
-/// PLS_OFFLINE_QUIET: where the port starts and goes back to on reset.
+/// Physical link states (chip.h PLS_*): OFFLINE (OFFLINE_QUIET) is where the port starts and goes back to
+/// on reset; the offline substates are 0x9X.
 pub const PLS_OFFLINE: u64 = 0x90;
+pub const PLS_OFFLINE_MASK: u64 = 0xF0;
+pub const PLS_POLLING: u64 = 0x20;
+pub const PLS_DISABLED: u64 = 0x30;
+pub const PLS_LINKUP: u64 = 0x50;
 pub const DC_DC8051_CFG_RST_M8051W_SMASK: u64 = 0x1;
 
-/// DCC_CFG_PORT_CONFIG's power-on value: logical link state 1 (Down).
+/// DCC_CFG_PORT_CONFIG.LINK_STATE and the logical states (chip.h LSTATE_*); the power-on value is Down.
 pub const DCC_CFG_PORT_CONFIG_LINK_STATE_SHIFT: u32 = 48;
+pub const DCC_CFG_PORT_CONFIG_LINK_STATE_MASK: u64 = 0x7;
 pub const LSTATE_DOWN: u64 = 1;
+pub const LSTATE_INIT: u64 = 2;
+pub const LSTATE_ARMED: u64 = 3;
+pub const LSTATE_ACTIVE: u64 = 4;
 pub const DCC_CFG_PORT_CONFIG_RESET: u64 = LSTATE_DOWN << DCC_CFG_PORT_CONFIG_LINK_STATE_SHIFT;
+/// DCC_CFG_PORT_CONFIG1: the receive DLID filter (set_lidlmc).
+pub const DCC_CFG_PORT_CONFIG1_TARGET_DLID_MASK: u64 = 0xFFFF;
+pub const DCC_CFG_PORT_CONFIG1_DLID_MASK_SHIFT: u32 = 16;
+pub const DCC_CFG_PORT_CONFIG1_DLID_MASK_MASK: u64 = 0xFFFF;
+
+/// DC_DC8051_ERR_FLG.SET_BY_8051: the 8051 has news in DBG_ERR_INFO_SET_BY_8051.
+pub const DC_DC8051_ERR_FLG_SET_BY_8051_SMASK: u64 = 0x1;
+/// HOST_MSG flags (chip.h).
+pub const LINKUP_ACHIEVED: u64 = 1 << 7;
+pub const LINK_GOING_DOWN: u64 = 1 << 8;
+/// 8051 general config fields the driver reads after a link loss (chip.h): the reason the link went down
+/// (byte 0) and, in LINK_QUALITY_INFO bits 23:16, the neighbour's planned-down reason.
+pub const LINK_QUALITY_INFO: u64 = 0x14;
+pub const LINK_DOWN_REASON: u64 = 0x16;
+pub const GENERAL_CONFIG: u64 = 4;
+pub const DOWN_REMOTE_REASON_SHIFT: u32 = 16;
+/// Link-down reasons (chip.h LDR_*): the link dropped with no word from the neighbour, or the neighbour sent
+/// its link-down idle message.
+pub const LDR_LINK_TRANSFER_ACTIVE_LOW: u64 = 0xa;
+pub const LDR_RECEIVED_LINKDOWN_IDLE_MSG: u64 = 0xb;
 
 pub const DC_LCB_CFG_RUN_EN_SMASK: u64 = 0x1;
 
@@ -71,6 +110,18 @@ pub struct Dc {
     lcb_run: u64,
     /// Commands by type, since reset.
     commands: HashMap<u8, u64>,
+    /// DCC_CFG_PORT_CONFIG: the driver's MTU and logical state, which link events move too.
+    port_config: u64,
+    /// The neighbour the STS_REMOTE_* registers show while the link is up.
+    remote: Option<Neighbor>,
+    /// DBG_ERR_INFO_SET_BY_8051: messages posted and not yet read.
+    info: u64,
+    /// POLLING was commanded and the host has not read the port state since.
+    poll_unseen: bool,
+    /// What the port has to tell the cable, taken after each access.
+    signal: Option<Phy>,
+    link_ups: u64,
+    link_downs: u64,
 }
 
 impl Default for Dc {
@@ -84,6 +135,13 @@ impl Default for Dc {
             ram_wr_data: 0,
             lcb_run: 0,
             commands: HashMap::new(),
+            port_config: DCC_CFG_PORT_CONFIG_RESET,
+            remote: None,
+            info: 0,
+            poll_unseen: false,
+            signal: None,
+            link_ups: 0,
+            link_downs: 0,
         }
     }
 }
@@ -100,8 +158,24 @@ impl Dc {
         Some(match offset {
             DC_DC8051_CFG_HOST_CMD_0 => self.host_cmd_0,
             DC_DC8051_CFG_HOST_CMD_1 => self.host_cmd_1,
-            DC_DC8051_STS_CUR_STATE => (FIRMWARE_READY << STS_CUR_STATE_FIRMWARE_SHIFT) | self.port,
+            DC_DC8051_STS_CUR_STATE => {
+                // The host has seen the port poll (log_physical_state after CHANGE_PHY_STATE): the link may
+                // train now without the link-up racing the driver's own POLL bookkeeping.
+                if self.port == PLS_POLLING && std::mem::take(&mut self.poll_unseen) {
+                    self.signal = Some(Phy::Polling);
+                }
+                (FIRMWARE_READY << STS_CUR_STATE_FIRMWARE_SHIFT) | self.port
+            }
             DC_DC8051_CFG_LOCAL_GUID => shape.guid,
+            DC_DC8051_STS_REMOTE_GUID => self.remote.map_or(0, |n| n.guid),
+            DC_DC8051_STS_REMOTE_NODE_TYPE => self.remote.map_or(0, |n| u64::from(n.node_type)),
+            DC_DC8051_STS_REMOTE_PORT_NO => self.remote.map_or(0, |n| u64::from(n.port)),
+            // The neighbour's FM security setting: disabled (0), as the reference suggests.
+            DC_DC8051_STS_REMOTE_FM_SECURITY => 0,
+            // Read once per SET_BY_8051 interrupt (handle_8051_interrupt) and never written by the driver: it
+            // shows the messages posted since the last read, so an old LINKUP_ACHIEVED is not seen twice.
+            DC_DC8051_DBG_ERR_INFO_SET_BY_8051 => std::mem::take(&mut self.info),
+            DCC_CFG_PORT_CONFIG => self.port_config,
             DC_DC8051_CFG_RAM_ACCESS_CTRL => self.ram_ctrl,
             // Accesses complete at once.
             DC_DC8051_CFG_RAM_ACCESS_STATUS => RAM_ACCESS_STATUS_ACCESS_COMPLETED_SMASK,
@@ -131,9 +205,15 @@ impl Dc {
                 return false; // also kept as storage
             }
             DC_LCB_CFG_RUN => self.lcb_run = value,
+            DCC_CFG_PORT_CONFIG => self.port_config = value,
             DC_DC8051_CFG_HOST_CMD_1
             | DC_DC8051_STS_CUR_STATE
             | DC_DC8051_CFG_LOCAL_GUID
+            | DC_DC8051_STS_REMOTE_GUID
+            | DC_DC8051_STS_REMOTE_NODE_TYPE
+            | DC_DC8051_STS_REMOTE_PORT_NO
+            | DC_DC8051_STS_REMOTE_FM_SECURITY
+            | DC_DC8051_DBG_ERR_INFO_SET_BY_8051
             | DC_DC8051_CFG_RAM_ACCESS_STATUS
             | DC_DC8051_CFG_RAM_ACCESS_RD_DATA
             | DC_LCB_STS_LINK_TRANSFER_ACTIVE => {}
@@ -142,10 +222,103 @@ impl Dc {
         true
     }
 
-    /// The 8051 in reset forgets its state; the port is back offline.
+    /// The 8051 in reset forgets its state; the port is back offline, and a link it held drops.
     pub fn reset_8051(&mut self) {
         let commands = std::mem::take(&mut self.commands);
-        *self = Dc { commands, ..Dc::default() };
+        let (ups, downs) = (self.link_ups, self.link_downs);
+        let signal = self.port_active().then_some(Phy::Down { reason: None });
+        *self = Dc { commands, link_ups: ups, link_downs: downs, signal, ..Dc::default() };
+    }
+
+    /// Whether the port is out of Offline and Disabled: polling, or up.
+    fn port_active(&self) -> bool {
+        self.port & PLS_OFFLINE_MASK != PLS_OFFLINE && self.port != PLS_DISABLED
+    }
+
+    /// What the port has to tell the cable since the last call.
+    pub fn take_signal(&mut self) -> Option<Phy> {
+        self.signal.take()
+    }
+
+    /// Whether the physical link is up (packets may leave).
+    pub fn link_up(&self) -> bool {
+        self.port == PLS_LINKUP
+    }
+
+    /// The logical link state (LSTATE_*).
+    pub fn logical_state(&self) -> u64 {
+        (self.port_config >> DCC_CFG_PORT_CONFIG_LINK_STATE_SHIFT) & DCC_CFG_PORT_CONFIG_LINK_STATE_MASK
+    }
+
+    fn set_logical_state(&mut self, state: u64) {
+        let field = DCC_CFG_PORT_CONFIG_LINK_STATE_MASK << DCC_CFG_PORT_CONFIG_LINK_STATE_SHIFT;
+        self.port_config = (self.port_config & !field) | (state << DCC_CFG_PORT_CONFIG_LINK_STATE_SHIFT);
+    }
+
+    /// Applies the cable's news. Returns the HOST_MSG bits posted (the caller raises the 8051 interrupt),
+    /// `None` if the event no longer applies: a link-up for a port that left Polling, a loss for a port that
+    /// was not up.
+    pub fn link_event(&mut self, event: LinkEvent) -> Option<u64> {
+        match event {
+            LinkEvent::Up(neighbor) => {
+                if self.port != PLS_POLLING {
+                    return None;
+                }
+                // The simulator's 8051 goes from Polling straight to LinkUp and logical INIT (chip.c
+                // set_link_state HLS_UP_INIT accepts the jump on ICODE_FUNCTIONAL_SIMULATOR).
+                self.port = PLS_LINKUP;
+                self.set_logical_state(LSTATE_INIT);
+                self.remote = Some(neighbor);
+                self.poll_unseen = false;
+                self.link_ups += 1;
+                self.info |= LINKUP_ACHIEVED;
+                Some(LINKUP_ACHIEVED)
+            }
+            LinkEvent::Down { reason } => {
+                if self.port != PLS_LINKUP {
+                    return None;
+                }
+                self.port = PLS_OFFLINE;
+                self.set_logical_state(LSTATE_DOWN);
+                self.remote = None;
+                self.link_downs += 1;
+                // read_link_down_reason / read_planned_down_reason_code (chip.c handle_link_down).
+                let ldr = match reason {
+                    Some(r) => {
+                        let quality = self.ram_u32(config_addr(LINK_QUALITY_INFO, GENERAL_CONFIG));
+                        let field = 0xFF << DOWN_REMOTE_REASON_SHIFT;
+                        let q = (quality & !field) | (u64::from(r) << DOWN_REMOTE_REASON_SHIFT);
+                        self.set_ram_u32(config_addr(LINK_QUALITY_INFO, GENERAL_CONFIG), q);
+                        LDR_RECEIVED_LINKDOWN_IDLE_MSG
+                    }
+                    None => LDR_LINK_TRANSFER_ACTIVE_LOW,
+                };
+                self.set_ram_u32(config_addr(LINK_DOWN_REASON, GENERAL_CONFIG), ldr);
+                self.info |= LINK_GOING_DOWN;
+                Some(LINK_GOING_DOWN)
+            }
+        }
+    }
+
+    /// CHANGE_PHY_STATE: the port moves where the host says; leaving Polling or LinkUp for Offline or
+    /// Disabled drops the link, with the reason the host gave for the neighbour.
+    fn change_phy_state(&mut self, data: u64) {
+        let state = data & PHY_STATE_MASK;
+        let reason = ((data >> PHY_REASON_SHIFT) & PHY_REASON_MASK) as u8;
+        let was_active = self.port_active();
+        self.port = state;
+        match state {
+            PLS_POLLING => self.poll_unseen = true,
+            s if s & PLS_OFFLINE_MASK == PLS_OFFLINE || s == PLS_DISABLED => {
+                self.poll_unseen = false;
+                self.remote = None;
+                self.set_logical_state(LSTATE_DOWN);
+                if was_active {
+                    self.signal = Some(Phy::Down { reason: Some(reason) });
+                }
+            }
+            _ => {}
+        }
     }
 
     fn ram_qword(&self, ctrl: u64) -> u64 {
@@ -195,7 +368,7 @@ impl Dc {
                 self.ram_u32(config_addr(field, lane))
             }
             HCMD_CHANGE_PHY_STATE => {
-                self.port = data & STS_CUR_STATE_PORT_MASK;
+                self.change_phy_state(data);
                 0
             }
             // LCB access grants, idle messages, LCB CSR relays, the interface test: accepted, nothing to return.
@@ -211,6 +384,16 @@ impl Dc {
         commands.sort_unstable();
         serde_json::json!({
             "port_state": format!("{:#x}", self.port),
+            "logical_state": match self.logical_state() {
+                LSTATE_DOWN => "down",
+                LSTATE_INIT => "init",
+                LSTATE_ARMED => "armed",
+                LSTATE_ACTIVE => "active",
+                _ => "reserved",
+            },
+            "neighbor_guid": self.remote.map(|n| format!("{:#018x}", n.guid)),
+            "link_ups": self.link_ups,
+            "link_downs": self.link_downs,
             "host_commands": commands.iter().map(|(k, n)| serde_json::json!({"type": k, "count": n}))
                 .collect::<Vec<_>>(),
         })

@@ -13,6 +13,7 @@ pub mod csr;
 mod dc;
 mod errs;
 pub mod names;
+pub mod pio;
 mod shape;
 mod txe;
 
@@ -20,12 +21,13 @@ pub use txe::{SEND_DMA_STATUS_ENG_CLEANED_UP_SMASK, SEND_DMA_STATUS_ENG_HALTED_S
 
 use std::collections::HashMap;
 
+use crate::hfi1::cable::{LinkEvent, Phy};
 use csr::*;
 
 pub use shape::{
-    Raised, WfrShape, CCE_MSIX_PBA, CCE_NUM_MSIX_VECTORS, IS_SDMAENG_ERR_START, NUM_INTERRUPT_SOURCES,
-    PCIE_CFG_REG_PL_BASE, PCIE_CFG_REG_PL_LEN, TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES, TXE_PIO_SEND, TXE_PIO_SIZE,
-    WFR_BAR0_SIZE,
+    Raised, WfrShape, CCE_MSIX_PBA, CCE_NUM_MSIX_VECTORS, DC_DC8051_INT, IS_DC_START, IS_RCVAVAIL_START,
+    IS_SDMAENG_ERR_START, IS_SENDCREDIT_START, NUM_INTERRUPT_SOURCES, PCIE_CFG_REG_PL_BASE, PCIE_CFG_REG_PL_LEN,
+    TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES, TXE_PIO_SEND, TXE_PIO_SIZE, WFR_BAR0_SIZE,
 };
 
 /// The CSR file of the chip outside the RXE.
@@ -35,6 +37,7 @@ pub struct Wfr {
     asic: asic::Asic,
     dc: dc::Dc,
     txe: txe::Txe,
+    pio: pio::Pio,
     errs: errs::ErrGroups,
     /// Every other register: offset to value; absent offsets hold their reset value.
     storage: HashMap<u64, u64>,
@@ -50,6 +53,7 @@ impl Wfr {
             asic: asic::Asic::default(),
             dc: dc::Dc::default(),
             txe: txe::Txe::new(&shape),
+            pio: pio::Pio::new(&shape),
             errs: errs::ErrGroups::default(),
             storage: HashMap::new(),
             unnamed: 0,
@@ -60,9 +64,74 @@ impl Wfr {
         &self.shape
     }
 
-    /// Power-on state (and what a FLR leaves): identity and size registers keep their values.
-    pub fn reset(&mut self) {
+    /// Power-on state (and what a FLR leaves): identity and size registers keep their values. Returns the
+    /// link loss to tell the cable if the port was polling or up.
+    #[must_use]
+    pub fn reset(&mut self) -> Option<Phy> {
+        self.dc.reset_8051();
+        let signal = self.dc.take_signal();
         *self = Wfr::new(self.shape);
+        signal
+    }
+
+    /// What the port has to tell the cable since the last access.
+    pub fn take_signal(&mut self) -> Option<Phy> {
+        self.dc.take_signal()
+    }
+
+    /// Whether the physical link is up.
+    pub fn link_up(&self) -> bool {
+        self.dc.link_up()
+    }
+
+    /// The cable's news for the 8051: `None` if it no longer applies, else the MSI-X vectors to send (the
+    /// 8051's SET_BY_8051 interrupt, source IS_DC_START + 2, when DC_DC8051_ERR_EN lets it through).
+    pub fn link_event(&mut self, event: LinkEvent) -> Option<Vec<u16>> {
+        self.dc.link_event(event)?;
+        self.errs.set(DC_DC8051_ERR_FLG, dc::DC_DC8051_ERR_FLG_SET_BY_8051_SMASK);
+        let flg = self.errs.read(DC_DC8051_ERR_FLG).unwrap_or(0);
+        if flg & self.stored(DC_DC8051_ERR_EN) == 0 {
+            return Some(Vec::new());
+        }
+        Some(self.cce.raise(IS_DC_START + DC_DC8051_INT).into_iter().collect())
+    }
+
+    /// Packets and credit returns the send contexts have for the worker.
+    pub fn take_launches(&mut self) -> Vec<pio::Launch> {
+        self.pio.take_launches()
+    }
+
+    /// Whether launches wait for the worker.
+    pub fn launches_pending(&self) -> bool {
+        self.pio.pending()
+    }
+
+    /// The worker is done with `launch`: the credit return to DMA, if any.
+    pub fn credit_returned(&mut self, launch: &pio::Launch) -> Option<pio::CreditReturn> {
+        self.pio.returned(launch)
+    }
+
+    /// Raises interrupt `source`; the vector to send if that made it pending and unmasked.
+    pub fn raise(&mut self, source: u32) -> Option<u16> {
+        self.cce.raise(source)
+    }
+
+    /// The receive DLID filter (DCC_CFG_PORT_CONFIG1, set_lidlmc): the packet's DLID matches the port's LID
+    /// in the bits of the mask. The permissive LID and multicast LIDs always pass (OPA's 9B DLID space).
+    pub fn dlid_accepts(&self, dlid: u16) -> bool {
+        use crate::hfi1::cable::wire::{LID_MULTICAST_BASE, LID_PERMISSIVE};
+        if dlid == LID_PERMISSIVE || dlid >= LID_MULTICAST_BASE {
+            return true;
+        }
+        let c1 = self.stored(DCC_CFG_PORT_CONFIG1);
+        let target = c1 & dc::DCC_CFG_PORT_CONFIG1_TARGET_DLID_MASK;
+        let mask = (c1 >> dc::DCC_CFG_PORT_CONFIG1_DLID_MASK_SHIFT) & dc::DCC_CFG_PORT_CONFIG1_DLID_MASK_MASK;
+        (u64::from(dlid) ^ target) & mask == 0
+    }
+
+    /// A storage register's value.
+    fn stored(&self, offset: u64) -> u64 {
+        self.storage.get(&offset).copied().unwrap_or_else(|| reset_value(offset))
     }
 
     /// Accesses to offsets no table names, since reset.
@@ -82,13 +151,14 @@ impl Wfr {
             .read(offset)
             .or_else(|| self.asic.read(offset))
             .or_else(|| self.dc.read(offset, shape))
+            .or_else(|| self.pio.read(offset))
             .or_else(|| self.txe.read(offset, shape))
             .or_else(|| self.errs.read(offset));
         match v {
             Some(v) => v,
             None => {
                 self.note_unnamed(offset);
-                self.storage.get(&offset).copied().unwrap_or_else(|| reset_value(offset))
+                self.stored(offset)
             }
         }
     }
@@ -98,12 +168,17 @@ impl Wfr {
     /// gives them. The caller sends them once it has dropped its locks.
     pub fn write(&mut self, offset: u64, value: u64) -> Vec<u16> {
         if offset >= TXE_PIO_SEND {
+            self.pio.buffer_write(offset - TXE_PIO_SEND, value);
             return Vec::new();
+        }
+        if offset == SEND_PIO_INIT_CTXT {
+            self.pio.init(value);
         }
         let mut raised = Raised::default();
         let handled = self.cce.write(offset, value)
             || self.asic.write(offset, value)
             || self.dc.write(offset, value)
+            || self.pio.write(offset, value)
             || self.txe.write(offset, value, &self.shape, &mut self.errs, &mut raised)
             || self.errs.write(offset, value);
         if !handled {
@@ -141,6 +216,7 @@ impl Wfr {
             "cce": self.cce.dump(),
             "dc8051": self.dc.dump(),
             "sdma": self.txe.dump(),
+            "pio": self.pio.dump(),
             "unnamed_accesses": self.unnamed,
             "storage": storage.iter().filter(|(_, v)| *v != 0).map(|&(o, v)| serde_json::json!({
                 "offset": format!("{o:#x}"),
@@ -159,7 +235,6 @@ fn reset_value(offset: u64) -> u64 {
         ASIC_EEP_CTL_STAT => ASIC_EEP_CTL_STAT_RESETCSR,
         SEND_CM_CTRL => SEND_CM_CTRL_RESETCSR,
         SEND_CM_GLOBAL_CREDIT => SEND_CM_GLOBAL_CREDIT_RESETCSR,
-        DCC_CFG_PORT_CONFIG => dc::DCC_CFG_PORT_CONFIG_RESET,
         _ => 0,
     }
 }

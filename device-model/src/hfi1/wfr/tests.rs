@@ -8,6 +8,7 @@ use super::cce::*;
 use super::dc::*;
 use super::txe::*;
 use super::*;
+use crate::hfi1::cable::Phy;
 
 fn wfr() -> Wfr {
     Wfr::new(WfrShape::default())
@@ -313,7 +314,8 @@ fn storage_registers_hold_their_value_and_reset_to_the_chip_defaults() {
     w(&mut c, ASIC_CFG_MUTEX, 1);
     host_command(&mut c, HCMD_CHANGE_PHY_STATE, 0x20);
     w(&mut c, SEND_DMA_CTRL, SEND_DMA_CTRL_SDMA_HALT_SMASK);
-    c.reset();
+    // The port was polling: the cable hears that it went away.
+    assert_eq!(c.reset(), Some(Phy::Down { reason: None }));
     for (offset, reset) in resets {
         assert_eq!(c.read(offset), reset, "{offset:#x} after reset");
     }
@@ -329,6 +331,7 @@ fn dc_reset_puts_the_8051_back_offline() {
     host_command(&mut c, HCMD_CHANGE_PHY_STATE, 0x20);
     w(&mut c, CCE_DC_CTRL, 1);
     assert_eq!(c.read(DC_DC8051_STS_CUR_STATE) & 0xFF, 0x90);
+    assert_eq!(c.take_signal(), Some(Phy::Down { reason: None }), "the link it was training for drops");
 }
 
 #[test]

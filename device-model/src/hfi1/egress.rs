@@ -1,0 +1,97 @@
+//! The send side of the port: packets the PIO send contexts launched go on the wire, and their credits go
+//! back to the driver (docs/hfi1-fabric.md, "PIO"). Runs on the engine's worker.
+//!
+//! The PBC is the chip's, not the wire's: it is stripped, its SC[4] (DcInfo) and TestEBP ride along as the
+//! cable's sideband, and the ICRC is appended. Packets launched while the link is down, 16B packets (PBC
+//! PacketBypass: not modelled) and bytes that are no 9B packet are dropped and counted; their credits come
+//! back all the same, as the chip frees the blocks of every packet it consumed.
+
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::cable::WirePacket;
+use super::shared::Shared;
+use super::wfr::pio::{Launch, LaunchKind, PBC_DC_INFO, PBC_PACKET_BYPASS, PBC_TEST_EBP, PBC_VL_MASK, PBC_VL_SHIFT};
+use super::wfr::IS_SENDCREDIT_START;
+use crate::trace::{Block, Level, Val};
+
+/// Sends every launch waiting, returning credits as each one is done. Work of an older epoch stops.
+pub(super) fn run(shared: &Shared, epoch: u64) {
+    let dma = shared.dma();
+    loop {
+        let launches = match shared.lock_wfr() {
+            Some(mut w) if shared.current(epoch) => w.take_launches(),
+            _ => return,
+        };
+        if launches.is_empty() {
+            return;
+        }
+        for l in launches {
+            if let LaunchKind::Packet { pbc, body } = &l.kind {
+                transmit(shared, &l, *pbc, body);
+            }
+            let cr = {
+                // Under the chip lock, which resets take: a return never lands on a freshly reset context.
+                let _chip = shared.lock_chip();
+                let Some(mut w) = shared.lock_wfr().filter(|_| shared.current(epoch)) else { return };
+                w.credit_returned(&l)
+            };
+            let Some(cr) = cr else { continue };
+            if dma.write_u64(cr.addr, cr.word).is_err() {
+                shared.counters.pio_credit_dma_errors.fetch_add(1, Relaxed);
+            }
+            if cr.interrupt {
+                let source = IS_SENDCREDIT_START + cr.ctxt;
+                let v = shared.lock_wfr().filter(|_| shared.current(epoch)).and_then(|mut w| w.raise(source));
+                if let Some(v) = v {
+                    shared.raise(v);
+                }
+            }
+        }
+    }
+}
+
+fn transmit(shared: &Shared, l: &Launch, pbc: u64, body: &[u8]) {
+    let c = &shared.counters;
+    let probe = &shared.probe;
+    let fate = if pbc & PBC_PACKET_BYPASS != 0 {
+        c.wire_tx_bypass_unmodelled.fetch_add(1, Relaxed);
+        "dropped: 16B bypass packets are not modelled"
+    } else {
+        match WirePacket::seal(body.to_vec(), pbc & PBC_DC_INFO != 0, pbc & PBC_TEST_EBP != 0) {
+            Err(_) => {
+                c.wire_tx_malformed.fetch_add(1, Relaxed);
+                "dropped: not a 9B packet"
+            }
+            Ok(pkt) => {
+                let up = shared.lock_wfr().is_some_and(|w| w.link_up());
+                match shared.cable.get() {
+                    Some(end) if up => {
+                        end.transmit(pkt);
+                        c.wire_tx_packets.fetch_add(1, Relaxed);
+                        "sent"
+                    }
+                    _ => {
+                        c.wire_tx_link_down.fetch_add(1, Relaxed);
+                        "dropped: link down"
+                    }
+                }
+            }
+        }
+    };
+    if probe.trace.on(Block::Pio, Level::Info) {
+        probe.trace.event(
+            Block::Pio,
+            Level::Info,
+            "launch",
+            &[
+                ("hw_ctxt", Val::Dec(l.ctxt.into())),
+                ("vl", Val::Dec((pbc >> PBC_VL_SHIFT) & PBC_VL_MASK)),
+                ("len", Val::Dec(body.len() as u64)),
+                ("blocks", Val::Dec(l.blocks.into())),
+                ("fate", Val::Str(fate)),
+            ],
+        );
+    }
+}

@@ -1,0 +1,333 @@
+//! Two chip-personality functions on one cable, driven the way the Linux hfi1 driver drives them: the link
+//! trains when both 8051s poll, an SMP written into one HFI's VL15 send context arrives in the other's
+//! control context, and a port going offline takes the other down. Expected values are the driver's
+//! (chip.c, pio.c, driver.c), not the model's.
+
+#![forbid(unsafe_code)]
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use vfio_user_proto::device::{irq, region, Device, DeviceContext, IrqTrigger};
+use vfio_user_proto::dma::{DmaAccess, HeapMemory};
+
+use super::regs::*;
+use super::wfr::csr::*;
+use super::wfr::pio::*;
+use super::wfr::TXE_PIO_SEND;
+use super::{Hfi1, Hfi1Config};
+use crate::pci::{Function, PciIds};
+
+#[derive(Default)]
+struct Irqs {
+    got: Mutex<Vec<u32>>,
+    changed: Condvar,
+}
+impl IrqTrigger for Irqs {
+    fn trigger(&self, index: u32, vector: u32) {
+        assert_eq!(index, irq::MSIX);
+        self.got.lock().unwrap().push(vector);
+        self.changed.notify_all();
+    }
+}
+impl Irqs {
+    /// Waits (bounded) for an interrupt on `vector`, and takes it.
+    fn wait(&self, vector: u32) -> bool {
+        let got = self.got.lock().unwrap();
+        let (mut got, _) =
+            self.changed.wait_timeout_while(got, Duration::from_secs(5), |g| !g.contains(&vector)).unwrap();
+        match got.iter().position(|&v| v == vector) {
+            Some(i) => {
+                got.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+struct Hfi {
+    f: Arc<Function>,
+    irqs: Arc<Irqs>,
+    mem: Arc<HeapMemory>,
+}
+
+impl Hfi {
+    fn r(&self, off: u64) -> u64 {
+        let mut b = [0u8; 8];
+        self.f.region_read(region::BAR0, off, &mut b).unwrap();
+        u64::from_le_bytes(b)
+    }
+    fn w(&self, off: u64, v: u64) {
+        self.f.region_write(region::BAR0, off, &v.to_le_bytes()).unwrap();
+    }
+    /// do_8051_command: request, REQ_NEW, poll COMPLETED, clear.
+    fn cmd_8051(&self, kind: u64, data: u64) {
+        let req = (kind << 8) | (data << 16);
+        self.w(DC_DC8051_CFG_HOST_CMD_0, req);
+        self.w(DC_DC8051_CFG_HOST_CMD_0, req | 1);
+        assert_ne!(self.r(DC_DC8051_CFG_HOST_CMD_1) & 1, 0, "COMPLETED");
+        self.w(DC_DC8051_CFG_HOST_CMD_0, 0);
+    }
+    /// read_8051_config of a general field: RAM address field * 4 (chip.c read_8051_data).
+    fn ram_field(&self, field: u64) -> u64 {
+        let addr = field * 4;
+        self.w(DC_DC8051_CFG_RAM_ACCESS_CTRL, addr & !7);
+        self.w(DC_DC8051_CFG_RAM_ACCESS_CTRL, (addr & !7) | 0x1_0000);
+        let q = self.r(DC_DC8051_CFG_RAM_ACCESS_RD_DATA);
+        if addr & 4 != 0 {
+            q >> 32
+        } else {
+            q & 0xFFFF_FFFF
+        }
+    }
+    /// Unmasks interrupt `source` and maps it to MSI-X `vector` (set_intr_bits, remap_intr).
+    fn route_irq(&self, source: u64, vector: u64) {
+        let mask = CCE_INT_MASK + 8 * (source / 64);
+        self.w(mask, self.r(mask) | 1 << (source % 64));
+        let map = CCE_INT_MAP + 8 * (source / 8);
+        let shift = 8 * (source % 8);
+        self.w(map, (self.r(map) & !(0xFF << shift)) | (vector << shift));
+    }
+}
+
+const PLS_POLLING: u64 = 0x20;
+const PLS_LINKUP: u64 = 0x50;
+const PLS_OFFLINE: u64 = 0x90;
+const HCMD_CHANGE_PHY_STATE: u64 = 0x03;
+/// IS_DC_START + 2: the 8051's interrupt (chip.c dc_errs[2]).
+const DC8051_SOURCE: u64 = 250;
+/// IS_RCVAVAIL_START, IS_SENDCREDIT_START.
+const RCVAVAIL_SOURCE: u64 = 256;
+const SENDCREDIT_SOURCE: u64 = 576;
+const LINKUP_ACHIEVED: u64 = 1 << 7;
+const LINK_GOING_DOWN: u64 = 1 << 8;
+
+fn pair() -> (Hfi, Hfi) {
+    let (ea, eb) = (Hfi1::new(Hfi1Config::wfr_instance(0)).unwrap(), Hfi1::new(Hfi1Config::wfr_instance(1)).unwrap());
+    Hfi1::connect(&ea, &eb).unwrap();
+    let hfi = |e: Hfi1| {
+        let f = Function::try_new(Arc::new(e), PciIds::hfi1_wfr_default()).unwrap();
+        let (irqs, mem) = (Arc::new(Irqs::default()), Arc::new(HeapMemory::new()));
+        f.attach(DeviceContext { dma: mem.clone() as Arc<dyn DmaAccess>, irq: irqs.clone() });
+        // pci_enable_device, bus master, MSI-X on.
+        f.region_write(region::CONFIG, 0x04, &0x0006u16.to_le_bytes()).unwrap();
+        f.region_write(region::CONFIG, 0xB2, &0x8000u16.to_le_bytes()).unwrap();
+        Hfi { f, irqs, mem }
+    };
+    (hfi(ea), hfi(eb))
+}
+
+/// What the driver does for the link until the 8051 reports: interrupts on (init_other sets
+/// DC_DC8051_ERR_EN to ~0), then start_link's CHANGE_PHY_STATE(POLLING) and log_physical_state's read.
+fn start_link(h: &Hfi) {
+    h.w(DC_DC8051_ERR_EN, !0);
+    h.route_irq(DC8051_SOURCE, 0);
+    h.cmd_8051(HCMD_CHANGE_PHY_STATE, PLS_POLLING);
+    assert_eq!(h.r(DC_DC8051_STS_CUR_STATE) & 0xFF, PLS_POLLING);
+}
+
+/// general_interrupt clears the source (CCE_INT_CLEAR), then handle_8051_interrupt: the flag set, the host
+/// message read once, the flag cleared.
+fn host_message(h: &Hfi) -> u64 {
+    assert!(h.irqs.wait(0), "8051 interrupt");
+    h.w(CCE_INT_CLEAR + 8 * (DC8051_SOURCE / 64), 1 << (DC8051_SOURCE % 64));
+    assert_ne!(h.r(DC_DC8051_ERR_FLG) & 1, 0, "SET_BY_8051");
+    let info = h.r(DC_DC8051_DBG_ERR_INFO_SET_BY_8051);
+    h.w(DC_DC8051_ERR_CLR, 1);
+    info & 0xFFFF
+}
+
+fn link_up(a: &Hfi, b: &Hfi) {
+    start_link(a);
+    start_link(b);
+    assert_eq!(host_message(a), LINKUP_ACHIEVED);
+    assert_eq!(host_message(b), LINKUP_ACHIEVED);
+}
+
+#[test]
+fn the_link_trains_when_both_ports_poll_and_each_port_reads_its_neighbour() {
+    let (a, b) = pair();
+    start_link(&a);
+    // Alone, the port keeps polling.
+    assert_eq!(a.r(DC_DC8051_STS_CUR_STATE) & 0xFF, PLS_POLLING);
+    start_link(&b);
+    for (h, peer_guid) in [(&a, 0x0011_7501_0100_0002), (&b, 0x0011_7501_0100_0001)] {
+        assert_eq!(host_message(h), LINKUP_ACHIEVED);
+        // handle_link_up waits for these two (set_link_state HLS_UP_INIT).
+        assert_eq!(h.r(DC_DC8051_STS_CUR_STATE) & 0xFF, PLS_LINKUP);
+        assert_eq!((h.r(DCC_CFG_PORT_CONFIG) >> 48) & 7, 2, "logical INIT");
+        // handle_linkup_change reads the neighbour.
+        assert_eq!(h.r(DC_DC8051_STS_REMOTE_GUID), peer_guid);
+        assert_eq!(h.r(DC_DC8051_STS_REMOTE_NODE_TYPE) & 3, 0, "an HFI");
+        assert_eq!(h.r(DC_DC8051_STS_REMOTE_PORT_NO) & 0xFF, 1);
+        // The message is shown once.
+        assert_eq!(h.r(DC_DC8051_DBG_ERR_INFO_SET_BY_8051), 0);
+    }
+}
+
+#[test]
+fn the_logical_state_reads_back_what_the_sma_wrote() {
+    let (a, b) = pair();
+    link_up(&a, &b);
+    // set_logical_state(LSTATE_ARMED), then ACTIVE: read-modify-write, polled back.
+    for state in [3u64, 4] {
+        let reg = (a.r(DCC_CFG_PORT_CONFIG) & !(7 << 48)) | (state << 48);
+        a.w(DCC_CFG_PORT_CONFIG, reg);
+        assert_eq!((a.r(DCC_CFG_PORT_CONFIG) >> 48) & 7, state);
+    }
+}
+
+#[test]
+fn a_port_going_offline_takes_the_other_down_with_its_reason() {
+    let (a, b) = pair();
+    link_up(&a, &b);
+    // goto_offline: CHANGE_PHY_STATE((rem_reason << 8) | PLS_OFFLINE).
+    a.cmd_8051(HCMD_CHANGE_PHY_STATE, (5 << 8) | PLS_OFFLINE);
+    assert_eq!(a.r(DC_DC8051_STS_CUR_STATE) & 0xF0, PLS_OFFLINE, "wait_phys_link_offline_substates");
+    assert_eq!((a.r(DCC_CFG_PORT_CONFIG) >> 48) & 7, 1, "wait_logical_linkstate(IB_PORT_DOWN)");
+    assert_eq!(host_message(&b), LINK_GOING_DOWN);
+    assert_eq!(b.r(DC_DC8051_STS_CUR_STATE) & 0xFF, PLS_OFFLINE);
+    // handle_link_down: LINK_DOWN_REASON 0x16 byte 0, LINK_QUALITY_INFO 0x14 bits 23:16.
+    assert_eq!(b.ram_field(0x16) & 0xFF, 0xb, "LDR_RECEIVED_LINKDOWN_IDLE_MSG");
+    assert_eq!((b.ram_field(0x14) >> 16) & 0xFF, 5);
+    assert_eq!(b.r(DC_DC8051_STS_REMOTE_GUID), 0);
+    // Both poll again: the link comes back.
+    link_up(&a, &b);
+}
+
+#[test]
+fn a_reset_of_one_hfi_drops_the_link_of_the_other() {
+    let (a, b) = pair();
+    link_up(&a, &b);
+    // _dc_shutdown: DC_DC8051_CFG_RST.
+    a.w(DC_DC8051_CFG_RST, 1);
+    assert_eq!(host_message(&b), LINK_GOING_DOWN);
+    assert_eq!(b.ram_field(0x16) & 0xFF, 0xa, "LDR_LINK_TRANSFER_ACTIVE_LOW: no word from the neighbour");
+}
+
+// --- an SMP across the cable -------------------------------------------------------------------------------
+
+/// The VL15 send context (init_pervl_scs gives kernel contexts the highest hardware numbers).
+const SEND_CTXT: u64 = 159;
+const CREDITS: u64 = 102;
+const CR_BASE: u64 = 0x1_0000;
+const HDRQ: u64 = 0x10_0000;
+const TAIL: u64 = 0x11_0000;
+const EAGER: u64 = 0x20_0000;
+const EGR_SIZE: u64 = 16 * 1024;
+
+/// sc_alloc + sc_enable of the VL15 context on `h`, its credit return at CR_BASE, CREDIT_INTR on.
+fn send_context(h: &Hfi) {
+    h.mem.map(CR_BASE, 4096);
+    let k = |reg| reg + 0x100 * SEND_CTXT;
+    h.w(k(SEND_CTXT_CTRL), CREDITS << SEND_CTXT_CTRL_CTXT_DEPTH_SHIFT);
+    h.w(k(SEND_CTXT_CREDIT_RETURN_ADDR), CR_BASE);
+    h.w(k(SEND_CTXT_CREDIT_CTRL), SEND_CTXT_CREDIT_CTRL_CREDIT_INTR_SMASK | 51);
+    h.w(SEND_PIO_INIT_CTXT, (SEND_CTXT << 8) | SEND_PIO_INIT_CTXT_PIO_SINGLE_CTXT_INIT_SMASK);
+    h.w(k(SEND_CTXT_CTRL), (CREDITS << SEND_CTXT_CTRL_CTXT_DEPTH_SHIFT) | SEND_CTXT_CTRL_CTXT_ENABLE_SMASK);
+    h.route_irq(SENDCREDIT_SOURCE + SEND_CTXT, 2);
+}
+
+/// hfi1_rcvctrl for the control context 0: DMA'd tail, 64 entries of 32 dwords, 8 eager buffers of 16 KiB;
+/// RCV_VL15 names it; the port is enabled (set_link_state HLS_UP_INIT).
+fn control_context(h: &Hfi) {
+    h.mem.map(HDRQ, 64 * 128);
+    h.mem.map(TAIL, 4096);
+    h.mem.map(EAGER, (8 * EGR_SIZE) as usize);
+    let k = |reg| kctxt_csr(reg, 0);
+    h.w(k(RCV_HDR_CNT), 64 >> 5);
+    h.w(k(RCV_HDR_ENT_SIZE), 4);
+    h.w(k(RCV_HDR_ADDR), HDRQ);
+    h.w(k(RCV_HDR_TAIL_ADDR), TAIL);
+    h.w(k(RCV_EGR_CTRL), 1 << 32);
+    for i in 0..8 {
+        h.w(RCV_ARRAY + 8 * i, (1 << 63) | (3 << 36) | ((EAGER + i * EGR_SIZE) >> 12));
+    }
+    let ctrl = RCV_CTXT_CTRL_ENABLE_SMASK
+        | RCV_CTXT_CTRL_INTR_AVAIL_SMASK
+        | RCV_CTXT_CTRL_TAIL_UPD_SMASK
+        | RCV_CTXT_CTRL_DONT_DROP_RHQ_FULL_SMASK
+        | RCV_CTXT_CTRL_DONT_DROP_EGR_FULL_SMASK
+        | (3 << RCV_CTXT_CTRL_EGR_BUF_SIZE_SHIFT);
+    h.w(k(RCV_CTXT_CTRL), ctrl);
+    h.w(RCV_VL15, 0);
+    h.w(RCV_CTRL, RCV_CTRL_RCV_PORT_ENABLE_SMASK | RCV_CTRL_RCV_QP_MAP_ENABLE_SMASK);
+    h.route_irq(RCVAVAIL_SOURCE, 1);
+}
+
+/// A directed-route SMP as hfi1_make_ud_req builds it on QP0: LRH (VL 15, permissive LIDs), BTH (UD SEND_ONLY,
+/// pkey 0xffff, QP 0), DETH, 256 bytes of MAD whose bytes count up.
+fn smp() -> Vec<u8> {
+    let mut p = vec![0u8; 28 + 256];
+    let dwords = ((p.len() + 4) / 4) as u16;
+    p[0] = 0xF0;
+    p[1] = 0x2;
+    p[2..4].copy_from_slice(&[0xFF, 0xFF]);
+    p[4..6].copy_from_slice(&dwords.to_be_bytes());
+    p[6..8].copy_from_slice(&[0xFF, 0xFF]);
+    p[8] = 0x64;
+    p[10..12].copy_from_slice(&[0xFF, 0xFF]);
+    for (i, b) in p[28..].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    p
+}
+
+/// pio_copy: the PBC and the first 56 bytes through the SOP alias, the rest plain, the last block padded.
+fn pio_copy(h: &Hfi, packet: &[u8]) {
+    let pbc = (15 << 12) | ((packet.len() / 4 + 2) as u64);
+    let mut bytes = pbc.to_le_bytes().to_vec();
+    bytes.extend_from_slice(packet);
+    bytes.resize(bytes.len().div_ceil(64) * 64, 0);
+    let base = TXE_PIO_SEND + (SEND_CTXT << 16);
+    for (q, chunk) in bytes.chunks(8).enumerate() {
+        let sop = if q < 8 { SOP_DISTANCE } else { 0 };
+        h.w(base + sop + 8 * q as u64, u64::from_le_bytes(chunk.try_into().unwrap()));
+    }
+}
+
+fn read(h: &Hfi, at: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0; len];
+    h.mem.read(at, &mut b).unwrap();
+    b
+}
+
+#[test]
+fn an_smp_sent_by_pio_lands_in_the_peers_control_context() {
+    let (a, b) = pair();
+    link_up(&a, &b);
+    send_context(&a);
+    control_context(&b);
+    let packet = smp();
+    pio_copy(&a, &packet);
+    assert!(b.irqs.wait(1), "RcvAvail on the peer");
+    // The RHF at the end of entry 0 (rhf_offset = entsize - 2).
+    let rhf = u64::from_le_bytes(read(&b, HDRQ + 30 * 4, 8).try_into().unwrap());
+    assert_eq!(rhf & 0xFFF, ((packet.len() + 4) / 4) as u64, "PktLen: the wire's dwords with the ICRC");
+    assert_eq!((rhf >> 12) & 7, 2, "RHF_RCV_TYPE_IB");
+    assert_eq!((rhf >> 28) & 0xF, 1, "RcvSeq 1");
+    let hdrq_offset = (rhf >> 44) & 0x1FF;
+    assert_eq!(hdrq_offset, 30 - 7, "the 28-byte header right against the RHF");
+    assert_eq!(read(&b, HDRQ + hdrq_offset * 4, 28), packet[..28]);
+    assert_ne!(rhf & (1 << 15), 0, "UseEgrBfr");
+    assert_eq!(read(&b, EAGER, 256), packet[28..], "the MAD in eager buffer 0 at offset 0");
+    // The DMA'd tail in dwords, and the CSR the same (check_packet_present).
+    assert_eq!(u64::from_le_bytes(read(&b, TAIL, 8).try_into().unwrap()), 32);
+    assert_eq!(b.r(uctxt_csr(RCV_HDR_TAIL, 0)), 32);
+    // The sender got its 5 blocks back, with the SendCredit interrupt.
+    assert!(a.irqs.wait(2), "SendCredit");
+    let cr = u64::from_le_bytes(read(&a, CR_BASE + 8 * (SEND_CTXT % 8), 8).try_into().unwrap());
+    assert_eq!(cr & 0x7FF, 5);
+}
+
+#[test]
+fn nothing_leaves_while_the_link_is_down_and_the_credits_still_come_back() {
+    let (a, b) = pair();
+    send_context(&a);
+    control_context(&b);
+    pio_copy(&a, &smp());
+    assert!(a.irqs.wait(2), "SendCredit");
+    assert_eq!(u64::from_le_bytes(read(&a, CR_BASE + 8 * (SEND_CTXT % 8), 8).try_into().unwrap()) & 0x7FF, 5);
+    assert_eq!(b.r(uctxt_csr(RCV_HDR_TAIL, 0)), 0);
+}

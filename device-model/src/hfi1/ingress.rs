@@ -1,0 +1,193 @@
+//! The receive side of the port: packets the cable brought, routed to a receive context and written to its
+//! header queue and eager buffers (docs/hfi1-fabric.md, "Receive"). Runs on the engine's worker.
+//!
+//! Context selection follows what the driver programs (the RSM is not modelled): the port must be enabled
+//! (RCV_CTRL.RcvPortEnable, set at link INIT), the DLID must pass the port's filter, SC 15 goes to
+//! RCV_VL15's context, and every other packet to RCV_QP_MAP_TABLE[QPN[8:1]] (context 0 while the map is
+//! off). KDETH packets (the RCV_BTH_QP prefix) are counted and dropped: they belong to TID RDMA.
+//! A context without room holds the packet at the head of the port's queue until the driver moves a head
+//! register; the port's queue itself is bounded, and every drop is counted by cause.
+
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use vfio_user_proto::dma::DmaAccess;
+use vfio_user_proto::sync::Unpoison;
+
+use super::cable::WirePacket;
+use super::chip::Chip;
+use super::counters::Counters;
+use super::regs::*;
+use super::rhq::{Arrival, Plan, Refusal};
+use super::shared::Shared;
+use super::wfr::{Wfr, IS_RCVAVAIL_START};
+use crate::hfi1::cable::wire::{ICRC_BYTES, SC_VL15};
+use crate::trace::{Block, Level, Val};
+
+/// Packets the port queues for its worker at most; more are dropped (counted).
+pub const INGRESS_QUEUE: usize = 1024;
+/// RCV_VL15 holds the management context's number.
+const RCV_VL15_CTXT_MASK: u64 = 0xFF;
+
+/// The receive context `pkt` goes to, or why it goes nowhere.
+pub(super) fn route(chip: &Chip, wfr: &Wfr, pkt: &WirePacket, counters: &Counters) -> Result<usize, &'static str> {
+    if chip.global(RCV_CTRL) & RCV_CTRL_RCV_PORT_ENABLE_SMASK == 0 {
+        counters.wire_rx_port_disabled.fetch_add(1, Relaxed);
+        return Err("port disabled");
+    }
+    if pkt.test_ebp {
+        counters.wire_rx_test_ebp.fetch_add(1, Relaxed);
+        return Err("bad end of packet (TestEBP)");
+    }
+    if !wfr.dlid_accepts(pkt.dlid()) {
+        counters.wire_rx_dlid_filtered.fetch_add(1, Relaxed);
+        return Err("DLID filtered");
+    }
+    let ctxt = if pkt.sc() == SC_VL15 {
+        (chip.global(RCV_VL15) & RCV_VL15_CTXT_MASK) as usize
+    } else {
+        let kdeth = (chip.global(RCV_BTH_QP) >> RCV_BTH_QP_KDETH_QP_SHIFT) & RCV_BTH_QP_KDETH_QP_MASK;
+        let qpn = pkt.dest_qp();
+        if kdeth != 0 && u64::from(qpn >> 16) == kdeth {
+            counters.wire_rx_kdeth_unmodelled.fetch_add(1, Relaxed);
+            return Err("KDETH packet (TID RDMA is not on the wire yet)");
+        }
+        if chip.global(RCV_CTRL) & RCV_CTRL_RCV_QP_MAP_ENABLE_SMASK != 0 {
+            chip.qp_map_ctxt(qpn)
+        } else {
+            0
+        }
+    };
+    if ctxt >= chip.contexts() {
+        counters.wire_rx_bad_context.fetch_add(1, Relaxed);
+        return Err("no such receive context");
+    }
+    Ok(ctxt)
+}
+
+/// What became of the packet at the head of the queue.
+enum Step {
+    Placed(Plan),
+    Dropped,
+    Held,
+}
+
+/// Drains the port's queue in order, until it is empty or a packet must wait for room. Work of an older
+/// epoch stops.
+pub(super) fn run(shared: &Shared, epoch: u64) {
+    let dma = shared.dma();
+    loop {
+        if !shared.current(epoch) {
+            return;
+        }
+        let Some(pkt) = shared.ingress.lock().unpoison().front().cloned() else {
+            shared.ingress_held.store(false, Relaxed);
+            return;
+        };
+        let step = judge(shared, &pkt);
+        match step {
+            Step::Held => {
+                if !shared.ingress_held.swap(true, Relaxed) {
+                    shared.counters.wire_rx_held.fetch_add(1, Relaxed);
+                }
+                return;
+            }
+            Step::Dropped => {}
+            Step::Placed(plan) => write(shared, dma.as_ref(), &pkt, plan, epoch),
+        }
+        shared.ingress_held.store(false, Relaxed);
+        shared.ingress.lock().unpoison().pop_front();
+    }
+}
+
+/// Routes the packet and reserves its slot, under the chip and chip-personality locks.
+fn judge(shared: &Shared, pkt: &WirePacket) -> Step {
+    let mut chip = shared.lock_chip();
+    let Some(wfr) = shared.lock_wfr() else { return Step::Dropped };
+    let ctxt = match route(&chip, &wfr, pkt, &shared.counters) {
+        Ok(c) => c,
+        Err(why) => {
+            trace(shared, pkt, None, why);
+            return Step::Dropped;
+        }
+    };
+    drop(wfr);
+    // A packet whose opcode the chip does not know keeps just its LRH and BTH as header; the driver drops it.
+    let header = pkt.header_bytes().unwrap_or_else(|| pkt.bth_offset().unwrap_or(8) + 12);
+    let (head, rest) = pkt.bytes.split_at(header);
+    let payload = rest.len().saturating_sub(usize::from(pkt.pad()) + ICRC_BYTES);
+    let arrival = Arrival { header: head, rest, has_payload: payload > 0, sc4: pkt.sc4, icrc_ok: pkt.icrc_ok() };
+    match chip.rhq_reserve(ctxt, &arrival, &shared.counters) {
+        Ok(plan) => Step::Placed(plan),
+        Err(Refusal::Hold(_)) => Step::Held,
+        Err(Refusal::Drop(why)) => {
+            trace(shared, pkt, Some(ctxt), why);
+            Step::Dropped
+        }
+    }
+}
+
+/// The writes of a placed packet, in the order the driver's polling needs: payload, header, RHF, tail;
+/// then the tail register and the interrupt.
+fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, plan: Plan, epoch: u64) {
+    let header_len = (plan.rhf_at - plan.header_at) as usize;
+    let (header, rest) = pkt.bytes.split_at(header_len);
+    let mut ok = plan.eager.is_none_or(|at| dma.write(at, rest).is_ok());
+    ok = ok && dma.write(plan.header_at, header).is_ok();
+    ok = ok && dma.write_u64(plan.rhf_at, plan.rhf).is_ok();
+    ok = ok && plan.tail.is_none_or(|(at, v)| dma.write_u64(at, v).is_ok());
+    if !ok {
+        shared.counters.wire_rx_dma_errors.fetch_add(1, Relaxed);
+    }
+    let vector = {
+        let mut chip = shared.lock_chip();
+        if !shared.current(epoch) {
+            return;
+        }
+        chip.rhq_publish(plan.ctxt, plan.published);
+        shared.counters.wire_rx_written.fetch_add(1, Relaxed);
+        if plan.interrupt {
+            shared.lock_wfr().and_then(|mut w| w.raise(IS_RCVAVAIL_START + plan.ctxt as u32))
+        } else {
+            None
+        }
+    };
+    let probe = &shared.probe;
+    if probe.trace.on(Block::Rhq, Level::Info) {
+        probe.trace.event(
+            Block::Rhq,
+            Level::Info,
+            "rhq-write",
+            &[
+                ("ctxt", Val::Dec(plan.ctxt as u64)),
+                ("entry", Val::Hex(plan.rhf_at)),
+                ("rhf", Val::Hex(plan.rhf)),
+                ("eager", plan.eager.map_or(Val::Str("none"), Val::Hex)),
+                ("len", Val::Dec(pkt.bytes.len() as u64)),
+                ("tail", Val::Dec(plan.published)),
+            ],
+        );
+    }
+    if let Some(v) = vector {
+        shared.raise(v);
+    }
+}
+
+fn trace(shared: &Shared, pkt: &WirePacket, ctxt: Option<usize>, why: &'static str) {
+    let probe = &shared.probe;
+    if probe.trace.on(Block::Rhq, Level::Info) {
+        probe.trace.event(
+            Block::Rhq,
+            Level::Info,
+            "dropped",
+            &[
+                ("ctxt", ctxt.map_or(Val::Str("none"), |c| Val::Dec(c as u64))),
+                ("sc", Val::Dec(pkt.sc().into())),
+                ("dlid", Val::Hex(pkt.dlid().into())),
+                ("qp", Val::Hex(pkt.dest_qp().into())),
+                ("why", Val::Str(why)),
+            ],
+        );
+    }
+}

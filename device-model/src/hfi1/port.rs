@@ -1,0 +1,138 @@
+//! The chip personality's end of the cable: what the cable calls to bring news and packets to this HFI
+//! (the [`Port`] seam, docs/hfi1-fabric.md "The cable"), and the one way jobs for the port reach the worker.
+
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+
+use vfio_user_proto::sync::Unpoison;
+
+use super::cable::{LinkEvent, Neighbor, Port, WirePacket};
+use super::ingress::INGRESS_QUEUE;
+use super::shared::Shared;
+use super::worker::Job;
+use super::Personality;
+use crate::probe::Probe;
+use crate::trace::{Block, Level, Val};
+use crate::worker::WorkQueue;
+
+/// The HFI's port number and node type as a neighbour reads them (one port per HFI; NEIGHBOR_TYPE_HFI 0).
+pub const HFI_PORT: u8 = 1;
+pub const NODE_TYPE_HFI: u8 = 0;
+
+/// Queues `job` once while `pending` is set: a doorbell-style kick of the worker that never blocks. The
+/// worker clears `pending` before it drains, so work queued after that gets a kick of its own.
+pub(super) fn kick(worker: &WorkQueue<Job>, shared: &Shared, pending: &AtomicBool, job: Job) {
+    if pending.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    if !worker.try_submit(shared.epoch(), job) {
+        pending.store(false, Ordering::Release);
+        return;
+    }
+    worker.run_queued();
+}
+
+pub(super) struct HfiPort {
+    pub(super) shared: Arc<Shared>,
+    /// The engine's worker; gone once the engine is.
+    pub(super) worker: Weak<WorkQueue<Job>>,
+    pub(super) guid: u64,
+}
+
+impl HfiPort {
+    pub(super) fn new(shared: Arc<Shared>, worker: Weak<WorkQueue<Job>>, personality: Personality) -> Self {
+        let guid = match personality {
+            Personality::Wfr(shape) => shape.guid,
+            Personality::Emu => 0,
+        };
+        HfiPort { shared, worker, guid }
+    }
+}
+
+impl Port for HfiPort {
+    fn identity(&self) -> Neighbor {
+        Neighbor { guid: self.guid, node_type: NODE_TYPE_HFI, port: HFI_PORT }
+    }
+
+    fn probe(&self) -> Arc<Probe> {
+        Arc::clone(&self.shared.probe)
+    }
+
+    fn link(&self, event: LinkEvent) -> bool {
+        apply_link(&self.shared, event, true)
+    }
+
+    fn receive(&self, packet: WirePacket) {
+        if let Some(worker) = self.worker.upgrade() {
+            arrive(&self.shared, &worker, packet, true);
+        }
+    }
+}
+
+/// What the cable (or a control request standing in for it) tells the port. `record`: log it in the session
+/// being recorded as the control request a replay issues at the same point.
+pub(super) fn apply_link(shared: &Shared, event: LinkEvent, record: bool) -> bool {
+    let applied = {
+        let _chip = shared.lock_chip();
+        let applied = shared.lock_wfr().and_then(|mut w| w.link_event(event));
+        if record {
+            let request = match event {
+                LinkEvent::Up(n) => serde_json::json!({"cmd": "link-event", "event": "up",
+                    "neighbor_guid": n.guid, "node_type": n.node_type, "port": n.port}),
+                LinkEvent::Down { reason } => {
+                    serde_json::json!({"cmd": "link-event", "event": "down", "reason": reason})
+                }
+            };
+            shared.record_input(request, serde_json::json!({"applied": applied.is_some()}));
+        }
+        applied
+    };
+    let (kind, neighbor) = match event {
+        LinkEvent::Up(n) => ("link-up", n.guid),
+        LinkEvent::Down { .. } => ("link-down", 0),
+    };
+    shared.probe.trace.event(
+        Block::Link,
+        Level::Info,
+        kind,
+        &[("neighbor_guid", Val::Hex(neighbor)), ("applied", Val::Bool(applied.is_some()))],
+    );
+    match applied {
+        Some(vectors) => {
+            vectors.into_iter().for_each(|v| shared.raise(v));
+            true
+        }
+        None => false,
+    }
+}
+
+/// A packet from the wire: queued for the worker (false: the queue was full, the packet is dropped and
+/// counted). `record` as for [`apply_link`].
+pub(super) fn arrive(shared: &Shared, worker: &WorkQueue<Job>, packet: WirePacket, record: bool) -> bool {
+    shared.counters.wire_rx_packets.fetch_add(1, Ordering::Relaxed);
+    let queued = {
+        let mut q = shared.ingress.lock().unpoison();
+        let queued = q.len() < INGRESS_QUEUE;
+        if record {
+            let request = serde_json::json!({"cmd": "wire", "packet_hex": hex(&packet.bytes),
+                "sc4": packet.sc4, "test_ebp": packet.test_ebp});
+            shared.record_input(request, serde_json::json!({"queued": queued}));
+        }
+        if queued {
+            q.push_back(packet);
+        } else {
+            shared.counters.wire_rx_ingress_overflow.fetch_add(1, Ordering::Relaxed);
+        }
+        queued
+    };
+    if queued {
+        kick(worker, shared, &shared.ingress_kicked, Job::Ingress);
+    }
+    queued
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
