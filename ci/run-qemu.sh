@@ -476,8 +476,13 @@ shell_reader() { # fd of the console input FIFO
 run_shell() {
     local rc=0 saved_tty="" killer=""
     log "booting the guest; its shell comes on this console (logs in $LOG_DIR; QEMU command in qemu-command.txt)"
+    rm -f "$LOG_DIR/timed-out"
     if [ "$TIMEOUT_SET" = 1 ]; then
-        ( sleep "$(deadline_left)"; log "--timeout: stopping QEMU"; stop_qemu ) &
+        # shellcheck disable=SC2016 # $s is the subshell's
+        ( s=""; trap '[ -z "$s" ] || kill "$s" 2>/dev/null; exit 0' TERM
+          sleep "$(deadline_left)" & s=$!
+          wait "$s" || exit 0
+          touch "$LOG_DIR/timed-out"; log "--timeout: stopping QEMU"; stop_qemu ) &
         killer=$!
     fi
     set +e
@@ -503,7 +508,11 @@ run_shell() {
     [ -n "$killer" ] && { kill "$killer" 2>/dev/null || true; wait "$killer" 2>/dev/null || true; }
     stop_device_model
     trap - EXIT
-    if [ "$rc" = 0 ] && [[ $DM_STATUS != "exited early"* ]]; then
+    # QEMU ends with status 0 on SIGTERM too.
+    if [ -e "$LOG_DIR/timed-out" ]; then
+        rc=124
+        log "the session outlived --timeout; QEMU was stopped; device model $DM_STATUS; logs in $LOG_DIR"
+    elif [ "$rc" = 0 ] && [[ $DM_STATUS != "exited early"* ]]; then
         log "guest powered off; device model $DM_STATUS; logs in $LOG_DIR"
     else
         log "QEMU exited with status $rc ($(grep -v 'warning:' "$LOG_DIR/qemu.stderr" 2>/dev/null | tail -n 2 | tr '\n' ' ')); device model $DM_STATUS; logs in $LOG_DIR"
