@@ -7,7 +7,12 @@
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 MODE=shared
-[ "${1:-}" = "--no-share" ] && MODE=no-share
+case "${1:-}" in
+    --no-share) MODE=no-share ;;
+    -h|--help) sed -n '2,6s/^# \{0,1\}//p' "$0" >&2; exit 0 ;;
+    "") ;;
+    *) die "unknown option $1 (ci/demo.sh --help)" ;;
+esac
 apt_install python3 ca-certificates
 bash ci/e2e.sh --mode "$MODE"
 RESULT=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/rdma-emu/result-$([ "$MODE" = shared ] && echo share || echo no-share).json

@@ -18,6 +18,7 @@
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 MODE=both
+case "${1:-}" in -h|--help) sed -n '2,17s/^# \{0,1\}//p' "$0" >&2; exit 0 ;; esac
 if [ "${1:-}" = "--mode" ]; then MODE=$2; shift 2; fi
 if [ "$MODE" = lifecycle ]; then exec bash ci/lifecycle.sh; fi
 

@@ -2,7 +2,7 @@
 # Builds every libFuzzer target on the stable toolchain, checks the oracles' unit tests, replays every
 # committed regression input, then runs each target for N seconds on its seed corpus and dictionary and
 # prints execs/s and coverage per target against the throughput targets (device_mmio >= 10k execs/s, the other
-# targets >= 2k, issue 17) and against the coverage the committed baseline reached in the same time
+# targets >= 2k; docs/fuzzing.md) and against the coverage the committed baseline reached in the same time
 # (fuzz/coverage-baseline.txt). Fails on a build error, a failing test, or any crash; a missed throughput or
 # coverage target is reported, not a failure (the machine's load decides much of it).
 #
@@ -21,13 +21,14 @@ while [ $# -gt 0 ]; do
         --seconds) SECONDS_PER_TARGET=${2:?--seconds needs a value}; shift ;;
         --target) TARGETS+=("${2:?--target needs a value}"); shift ;;
         --build-only) BUILD_ONLY=1 ;;
+        -h|--help) sed -n '2,13s/^# \{0,1\}//p' "$REPO_ROOT/ci/fuzz.sh" >&2; exit 0 ;;
         --) shift; EXTRA=("$@"); break ;;
         *) die "unknown option $1" ;;
     esac
     shift
 done
 ALL_TARGETS=(vfio_user_server device_mmio udriver_hostile client_parse kernel_diff)
-# execs/s each target should reach on an idle machine (issue 17).
+# execs/s each target should reach on an idle machine (docs/fuzzing.md, "Throughput").
 declare -A WANT_EXECS=([device_mmio]=10000 [vfio_user_server]=2000 [udriver_hostile]=2000 [client_parse]=2000 [kernel_diff]=2000)
 # Coverage (edges) of the old harnesses after N seconds: "target seconds cov" lines.
 BASELINE=coverage-baseline.txt

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The QEMU lifecycle scenarios of issue 13. Each runs against one long-lived device model, prints its open
+# The QEMU lifecycle scenarios (every way a session can end). Each runs against one long-lived device model, prints its open
 # descriptors, threads and RSS before and after, fails if the descriptors or threads grew or RSS grew by more
 # than RSS_SLACK_KIB, and ends with a clean demo run against the same process.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak (issue 13; not part of CI): one device model serves back-to-back QEMU runs and, at the same time, direct
+# Soak (not part of CI): one device model serves back-to-back QEMU runs and, at the same time, direct
 # vfio-user clients, for MINUTES; after every round it prints the device model's open descriptors, threads and
 # RSS, and at the end compares the last round with the first.
 #

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: formatting, clippy, unit and integration tests, the QEMU end-to-end run and a fuzz smoke.
+# Runs every test: formatting, clippy, unit and integration tests, the docs' command lines, the QEMU end-to-end run
+# and a fuzz smoke.
 # Usage: ci/test.sh [--no-e2e] [--no-fuzz]
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -9,6 +10,7 @@ for a in "$@"; do
     case $a in
         --no-e2e) E2E=0 ;;
         --no-fuzz) FUZZ=0 ;;
+        -h|--help) sed -n '2,4s/^# \{0,1\}//p' "$0" >&2; exit 0 ;;
         *) die "unknown option $a" ;;
     esac
 done
@@ -21,9 +23,6 @@ ensure_tshark
 log "kernel source for kernel-conformance"
 RDMA_EMU_KERNEL_SRC=$(bash ci/kernel-source.sh)
 export RDMA_EMU_KERNEL_SRC
-
-log "docs/bench.md's results table against docs/bench/results.json"
-bash ci/bench-table.sh --check
 
 log "cargo fmt --check"
 cargo fmt --all --check
@@ -49,6 +48,10 @@ for t in the_kernel_irdma_session_passes_every_step_on_both_transports \
     grep -q "^test $t \.\.\. ok$" /tmp/rdma-emu-cargo-test.log ||
         die "the kernel-conformance test $t did not pass (did kernel-conformance build without the kernel source?)"
 done
+log "the README's and docs' command lines against the --help of what they run, their links, the docs index"
+bash ci/check-docs.sh
+log "docs/bench.md's results table against docs/bench/results.json"
+bash ci/bench-table.sh --check
 log "irdma integration tests again, over a real vfio-user socket"
 UDRIVER_IT_BACKEND=vfio-user cargo test -p testbed --test irdma_inproc
 

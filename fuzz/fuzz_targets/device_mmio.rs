@@ -4,9 +4,12 @@
 //! see: RcvArray and flow programming, loopback descriptors and injected packets for hfi1; the whole
 //! register file of the hfi1 chip personality (every CSR the kernel names, the per-context and per-engine
 //! families, raw offsets over its 64 MiB BAR0) with RcvArray, flows and injected packets; host
-//! contexts, CQP WQEs, shadow areas and loopback segments for irdma. Oracles: no panic, no hang (every
+//! contexts, CQP WQEs, shadow areas and loopback segments for irdma; for the chip personality also the PIO
+//! send buffers, send and receive contexts, SDMA engines and their descriptor rings, packets from the cable
+//! and its link news. Oracles: no panic, no hang (every
 //! wait is bounded and a missed deadline is a crash), register invariants, and no device write outside
-//! the buffers the driver allowed (RcvArray buffers for hfi1, CCQ rings named by a fetched CREATE_CQ for
+//! the buffers the driver allowed (RcvArray buffers for hfi1, and for the chip personality also the header
+//! queues, tail addresses and credit-return slots it programmed; CCQ rings named by a fetched CREATE_CQ for
 //! irdma), checked at each write and again by comparing memory with the harness's copy at the end.
 #![no_main]
 
@@ -172,6 +175,73 @@ enum WfrOp {
     Rxe(HfiOp),
     Reset,
     Control(u8),
+    /// One qword into the PIO send buffers: context window, block, qword, through the SOP alias or not.
+    Pio {
+        ctxt: u8,
+        block: u8,
+        qw: u8,
+        sop: bool,
+        value: u64,
+    },
+    /// A whole packet as pio_copy writes it: PBC (with this length in dwords and flags), then the bytes.
+    PioPacket {
+        ctxt: u8,
+        start: u8,
+        pbc_flags: u32,
+        len_delta: i8,
+        body: Vec<u8>,
+    },
+    /// sc_alloc + sc_enable of a send context: depth, credit-return address, CREDIT_INTR.
+    SendContext {
+        ctxt: u8,
+        depth: u16,
+        credit: Addr,
+        intr: bool,
+    },
+    /// hfi1_rcvctrl of a receive context: header queue, entry size code, tail address, control bits.
+    RecvContext {
+        ctxt: u8,
+        hdrq: Addr,
+        cnt: u8,
+        entsize: u8,
+        tail: Addr,
+        egr_cnt: u8,
+        ctrl: u16,
+    },
+    /// RCV_CTRL (port enable, QP map) and RCV_VL15.
+    Port {
+        rcv_ctrl: u8,
+        vl15: u8,
+    },
+    /// A packet from the cable (the control socket's `wire`).
+    Wire {
+        bytes: Vec<u8>,
+        sc4: bool,
+        ebp: bool,
+        lrh: Option<[u8; 8]>,
+    },
+    /// The cable's link news (`link-event`).
+    Link {
+        up: bool,
+    },
+    /// init_sdma_regs of engine `engine` (ring of 64 << `len_code` descriptors at `ring`), then running.
+    SdmaEngine {
+        engine: bool,
+        ring: Addr,
+        len_code: u8,
+        head_addr: Addr,
+        ctrl: u8,
+    },
+    /// A packet's descriptors written into the engine's ring at `slot` (as sdma.c submit_tx does: FIRST and
+    /// LAST, the generation of the slot's lap, AHG modes), then SEND_DMA_TAIL moved past them.
+    SdmaPacket {
+        engine: bool,
+        slot: u16,
+        descs: Vec<(Addr, u16, u8)>,
+        gen: u8,
+        pbc: Option<u16>,
+        tail: Option<u16>,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -354,6 +424,47 @@ impl Rig {
         let offset = Self::in_bar(offset, data.len(), wfr::WFR_BAR0_SIZE);
         Self::note_hfi_write(&self.wmem, offset, data);
         self.wfr.mmio_write(hfi1::HFI1_BAR, offset, data);
+        self.note_wfr_write(offset);
+    }
+
+    /// The oracle's allowed set for the chip personality, from what the driver programmed (read back after
+    /// the write): each receive context's header queue and tail address, each send context's credit-return
+    /// slot (`addr + 8 * (context & 7)`), each SDMA engine's head address. Eager buffers are RcvArray entries
+    /// (`note_hfi_write`).
+    fn note_wfr_write(&self, offset: u64) {
+        let ctxts = wfr_config().rcv_contexts as u64;
+        if (hregs::RXE_KCTXT_BASE..hregs::RXE_KCTXT_BASE + ctxts * hregs::KCTXT_STRIDE).contains(&offset) {
+            let c = (offset - hregs::RXE_KCTXT_BASE) / hregs::KCTXT_STRIDE;
+            let k = |reg| self.wfr_read64(hregs::kctxt_csr(reg, c));
+            // RCV_HDR_CNT counts 32 entries; RCV_HDR_ENT_SIZE codes 1, 2, 4 are 2, 16, 32 dwords.
+            let entries = (k(hregs::RCV_HDR_CNT) & 0x1FF) << 5;
+            let dwords = match k(hregs::RCV_HDR_ENT_SIZE) & 7 {
+                1 => 2,
+                2 => 16,
+                4 => 32,
+                _ => 0,
+            };
+            if entries * dwords > 0 {
+                self.wmem.allow(k(hregs::RCV_HDR_ADDR), entries * dwords * 4);
+            }
+            self.wmem.allow(k(hregs::RCV_HDR_TAIL_ADDR), 8);
+        }
+        // An SDMA engine writes its head back where SEND_DMA_HEAD_ADDR says.
+        let head = wcsr::SEND_DMA_HEAD_ADDR;
+        if (head..head + 2 * 0x100).contains(&offset) && (offset - head).is_multiple_of(0x100) {
+            self.wmem.allow(self.wfr_read64(offset), 8);
+        }
+        let send = wcsr::SEND_CTXT_CREDIT_RETURN_ADDR;
+        let shape_ctxts = 8;
+        if (send..send + shape_ctxts * 0x100).contains(&offset) && (offset - send).is_multiple_of(0x100) {
+            let c = (offset - send) / 0x100;
+            let addr = self.wfr_read64(offset) & wfr::pio::SEND_CTXT_CREDIT_RETURN_ADDR_ADDRESS_SMASK;
+            self.wmem.allow(addr + 8 * (c % 8), 8);
+        }
+    }
+
+    fn wfr_write64(&self, offset: u64, value: u64) {
+        self.wfr_write(offset, &value.to_le_bytes());
     }
 
     fn wfr_read64(&self, offset: u64) -> u64 {
@@ -397,6 +508,114 @@ impl Rig {
                 self.hfi_op(op);
                 std::mem::swap(&mut self.hfi, &mut self.wfr);
                 std::mem::swap(&mut self.hmem, &mut self.wmem);
+            }
+            WfrOp::Pio { ctxt, block, qw, sop, value } => {
+                let at = (u64::from(ctxt % 8) << wfr::pio::PIO_ADDR_CONTEXT_SHIFT)
+                    | (u64::from(block) * wfr::pio::PIO_BLOCK_SIZE)
+                    | (u64::from(qw % 8) * 8);
+                let sop = if sop { wfr::pio::SOP_DISTANCE } else { 0 };
+                self.wfr_write64(wfr::TXE_PIO_SEND + sop + at, value);
+            }
+            WfrOp::PioPacket { ctxt, start, pbc_flags, len_delta, body } => {
+                let body = &body[..body.len().min(2048)];
+                let dws = ((body.len().div_ceil(4) + 2) as i64 + i64::from(len_delta)).clamp(0, 0xFFF) as u64;
+                let pbc = ((u64::from(pbc_flags) << 12) & 0xFFFF_F000) | dws;
+                let mut bytes = pbc.to_le_bytes().to_vec();
+                bytes.extend_from_slice(body);
+                bytes.resize(bytes.len().div_ceil(64) * 64, 0);
+                let base = wfr::TXE_PIO_SEND + (u64::from(ctxt % 8) << wfr::pio::PIO_ADDR_CONTEXT_SHIFT);
+                for (q, chunk) in bytes.chunks(8).enumerate() {
+                    let block = (u64::from(start) + q as u64 / 8) % 1024;
+                    let sop = if q < 8 { wfr::pio::SOP_DISTANCE } else { 0 };
+                    let at = base + sop + block * wfr::pio::PIO_BLOCK_SIZE + (q as u64 % 8) * 8;
+                    self.wfr_write64(at, u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])));
+                }
+            }
+            WfrOp::SendContext { ctxt, depth, credit, intr } => {
+                let k = |reg| reg + 0x100 * u64::from(ctxt % 8);
+                let depth = u64::from(depth % 0x800) << wfr::pio::SEND_CTXT_CTRL_CTXT_DEPTH_SHIFT;
+                self.wfr_write64(k(wcsr::SEND_CTXT_CTRL), depth);
+                self.wfr_write64(k(wcsr::SEND_CTXT_CREDIT_RETURN_ADDR), credit.iova());
+                let intr = if intr { wfr::pio::SEND_CTXT_CREDIT_CTRL_CREDIT_INTR_SMASK } else { 0 };
+                self.wfr_write64(k(wcsr::SEND_CTXT_CREDIT_CTRL), intr);
+                let init = wfr::pio::SEND_PIO_INIT_CTXT_PIO_SINGLE_CTXT_INIT_SMASK | (u64::from(ctxt % 8) << 8);
+                self.wfr_write64(wcsr::SEND_PIO_INIT_CTXT, init);
+                self.wfr_write64(k(wcsr::SEND_CTXT_CTRL), depth | wfr::pio::SEND_CTXT_CTRL_CTXT_ENABLE_SMASK);
+            }
+            WfrOp::RecvContext { ctxt, hdrq, cnt, entsize, tail, egr_cnt, ctrl } => {
+                let c = u64::from(ctxt) % wfr_config().rcv_contexts as u64;
+                let k = |reg| hregs::kctxt_csr(reg, c);
+                self.wfr_write64(k(hregs::RCV_HDR_ADDR), hdrq.iova());
+                self.wfr_write64(k(hregs::RCV_HDR_CNT), u64::from(cnt % 4));
+                self.wfr_write64(k(hregs::RCV_HDR_ENT_SIZE), u64::from(entsize % 8));
+                self.wfr_write64(k(hregs::RCV_HDR_TAIL_ADDR), tail.iova());
+                self.wfr_write64(k(hregs::RCV_EGR_CTRL), u64::from(egr_cnt % 4) << 32);
+                self.wfr_write64(k(hregs::RCV_CTXT_CTRL), u64::from(ctrl));
+            }
+            WfrOp::Port { rcv_ctrl, vl15 } => {
+                self.wfr_write64(hregs::RCV_CTRL, u64::from(rcv_ctrl));
+                self.wfr_write64(hregs::RCV_VL15, u64::from(vl15) % wfr_config().rcv_contexts as u64);
+            }
+            WfrOp::Wire { bytes, sc4, ebp, lrh } => {
+                let mut bytes = bytes;
+                bytes.truncate(4096);
+                if let Some(l) = lrh {
+                    bytes.splice(0..bytes.len().min(8), l);
+                }
+                bytes.resize(bytes.len().max(24).div_ceil(4) * 4, 0);
+                let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                let _ = self
+                    .wfr
+                    .control(&serde_json::json!({"cmd": "wire", "packet_hex": hex, "sc4": sc4, "test_ebp": ebp}));
+            }
+            WfrOp::Link { up } => {
+                let req = if up {
+                    serde_json::json!({"cmd": "link-event", "event": "up", "neighbor_guid": 2})
+                } else {
+                    serde_json::json!({"cmd": "link-event", "event": "down", "reason": null})
+                };
+                let _ = self.wfr.control(&req);
+            }
+            WfrOp::SdmaEngine { engine, ring, len_code, head_addr, ctrl } => {
+                let k = |reg| reg + 0x100 * u64::from(engine);
+                let len = (u64::from(len_code % 4) + 1) << 6; // (1..=4) * 64 descriptors: the count is the field
+                self.wfr_write64(k(wcsr::SEND_DMA_BASE_ADDR), ring.iova());
+                self.wfr_write64(k(wcsr::SEND_DMA_LEN_GEN), len);
+                self.wfr_write64(k(wcsr::SEND_DMA_LEN_GEN), len | (4 << 16));
+                self.wfr_write64(k(wcsr::SEND_DMA_TAIL), 0);
+                self.wfr_write64(k(wcsr::SEND_DMA_HEAD_ADDR), head_addr.iova());
+                self.wfr_write64(k(wcsr::SEND_DMA_DESC_CNT), 8);
+                self.wfr_write64(k(wcsr::SEND_DMA_CTRL), u64::from(ctrl & 0xF));
+            }
+            WfrOp::SdmaPacket { engine, slot, descs, gen, pbc, tail } => {
+                let k = |reg| reg + 0x100 * u64::from(engine);
+                let base = self.wfr_read64(k(wcsr::SEND_DMA_BASE_ADDR));
+                let ring = ((self.wfr_read64(k(wcsr::SEND_DMA_LEN_GEN)) >> 6) & 0x3FF) * 64;
+                if ring == 0 {
+                    return;
+                }
+                let n = descs.len().clamp(1, 8);
+                // The packet's PBC at its first buffer, when asked: the length its descriptors add up to.
+                let total: u64 = descs.iter().take(n).map(|d| u64::from(d.1 % 2048)).sum();
+                if let (Some(flags), Some(d)) = (pbc, descs.first()) {
+                    let v = ((u64::from(flags) << 12) & 0xFFFF_F000) | ((total / 4) & 0xFFF);
+                    self.wmem.host_write(d.0.iova(), &v.to_le_bytes());
+                }
+                for (i, (at, len, mode)) in descs.iter().take(n).enumerate() {
+                    let s = (u64::from(slot) + i as u64) % ring;
+                    let mut qw0 = (u64::from(len % 2048) << 48) | (at.iova() & ((1 << 48) - 1));
+                    if i == 0 {
+                        qw0 |= 1 << 63;
+                    }
+                    if i == n - 1 {
+                        qw0 |= 1 << 62;
+                    }
+                    let qw1 = (u64::from(gen % 4) << 2) | (u64::from(*mode) << 8) | 1;
+                    self.wmem.host_write(base.wrapping_add(16 * s), &qw0.to_le_bytes());
+                    self.wmem.host_write(base.wrapping_add(16 * s + 8), &qw1.to_le_bytes());
+                }
+                let t = tail.map_or((u64::from(slot) + n as u64) % ring, u64::from);
+                self.wfr_write64(k(wcsr::SEND_DMA_TAIL), t);
             }
             WfrOp::Reset => self.wfr.reset(),
             WfrOp::Control(which) => {

@@ -104,6 +104,10 @@ counters! {
     wire_tx_malformed,
     /// 16B (bypass) packets: not modelled on the wire, dropped.
     wire_tx_bypass_unmodelled,
+    /// SDMA head write-backs that failed.
+    sdma_head_dma_errors,
+    /// SDMA engines halted by an error the device found in their descriptors.
+    sdma_halts,
     /// Credit-return DMA writes that failed.
     pio_credit_dma_errors,
     /// BAR writes that were not 8 bytes at an 8-byte-aligned offset.
@@ -121,7 +125,7 @@ mod tests {
         let c = Counters::default();
         c.rx_gen_mismatch.fetch_add(2, Ordering::Relaxed);
         let snap = c.snapshot();
-        assert_eq!(snap.len(), 42);
+        assert_eq!(snap.len(), 44);
         assert!(snap.contains(&("rx_gen_mismatch", 2)));
         c.reset();
         assert!(c.snapshot().iter().all(|(_, v)| *v == 0));

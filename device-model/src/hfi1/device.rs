@@ -68,6 +68,7 @@ impl Hfi1 {
             ingress_held: AtomicBool::new(false),
             ingress_kicked: AtomicBool::new(false),
             egress_kicked: AtomicBool::new(false),
+            sdma_kicked: Default::default(),
         });
         let worker_shared = Arc::clone(&shared);
         let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker, move |job| {
@@ -224,9 +225,9 @@ impl Hfi1 {
                 Access::Unimplemented | Access::Loopback(_) => {}
             }
         }
-        let (vectors, signal, launched) = match self.shared.lock_wfr() {
-            Some(mut w) => (w.write(offset, value), w.take_signal(), w.launches_pending()),
-            None => (Vec::new(), None, false),
+        let (vectors, signal, launched, engines) = match self.shared.lock_wfr() {
+            Some(mut w) => (w.write(offset, value), w.take_signal(), w.launches_pending(), w.take_sdma_pending()),
+            None => (Vec::new(), None, false, 0),
         };
         for v in vectors {
             self.shared.raise(v);
@@ -235,6 +236,22 @@ impl Hfi1 {
         if launched {
             kick(&self.worker, &self.shared, &self.shared.egress_kicked, Job::Egress);
         }
+        for engine in (0..32).filter(|e| engines & (1 << e) != 0) {
+            self.kick_sdma(engine);
+        }
+    }
+
+    /// Queues a walk of SDMA engine `engine` unless one is queued.
+    fn kick_sdma(&self, engine: usize) {
+        let bit = 1u32 << engine;
+        if self.shared.sdma_kicked.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
+            return;
+        }
+        if !self.worker.try_submit(self.shared.epoch(), Job::Sdma { engine }) {
+            self.shared.sdma_kicked.fetch_and(!bit, Ordering::AcqRel);
+            return;
+        }
+        self.worker.run_queued();
     }
 
     /// Queues the chain at LB_DESC_ADDR and returns at once; a full queue drops the doorbell (counted).

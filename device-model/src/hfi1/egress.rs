@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::cable::WirePacket;
 use super::shared::Shared;
-use super::wfr::pio::{Launch, LaunchKind, PBC_DC_INFO, PBC_PACKET_BYPASS, PBC_TEST_EBP, PBC_VL_MASK, PBC_VL_SHIFT};
+use super::wfr::pio::{LaunchKind, PBC_DC_INFO, PBC_PACKET_BYPASS, PBC_TEST_EBP, PBC_VL_MASK, PBC_VL_SHIFT};
 use super::wfr::IS_SENDCREDIT_START;
 use crate::trace::{Block, Level, Val};
 
@@ -29,7 +29,7 @@ pub(super) fn run(shared: &Shared, epoch: u64) {
         }
         for l in launches {
             if let LaunchKind::Packet { pbc, body } = &l.kind {
-                transmit(shared, &l, *pbc, body);
+                send(shared, "pio", l.ctxt, *pbc, body, l.blocks);
             }
             let cr = {
                 // Under the chip lock, which resets take: a return never lands on a freshly reset context.
@@ -52,7 +52,9 @@ pub(super) fn run(shared: &Shared, epoch: u64) {
     }
 }
 
-fn transmit(shared: &Shared, l: &Launch, pbc: u64, body: &[u8]) {
+/// Puts a packet a send context (`source` "pio", `unit` its hardware context, `pieces` its blocks) or an SDMA
+/// engine ("sdma", the engine, its descriptors) launched on the wire: PBC stripped, ICRC appended.
+pub(super) fn send(shared: &Shared, source: &'static str, unit: u32, pbc: u64, body: &[u8], pieces: u16) {
     let c = &shared.counters;
     let probe = &shared.probe;
     let fate = if pbc & PBC_PACKET_BYPASS != 0 {
@@ -86,10 +88,11 @@ fn transmit(shared: &Shared, l: &Launch, pbc: u64, body: &[u8]) {
             Level::Info,
             "launch",
             &[
-                ("hw_ctxt", Val::Dec(l.ctxt.into())),
+                ("source", Val::Str(source)),
+                ("unit", Val::Dec(unit.into())),
                 ("vl", Val::Dec((pbc >> PBC_VL_SHIFT) & PBC_VL_MASK)),
                 ("len", Val::Dec(body.len() as u64)),
-                ("blocks", Val::Dec(l.blocks.into())),
+                ("pieces", Val::Dec(pieces.into())),
                 ("fate", Val::Str(fate)),
             ],
         );

@@ -331,3 +331,99 @@ fn nothing_leaves_while_the_link_is_down_and_the_credits_still_come_back() {
     assert_eq!(u64::from_le_bytes(read(&a, CR_BASE + 8 * (SEND_CTXT % 8), 8).try_into().unwrap()) & 0x7FF, 5);
     assert_eq!(b.r(uctxt_csr(RCV_HDR_TAIL, 0)), 0);
 }
+
+// --- a UD packet through an SDMA engine ---------------------------------------------------------------------
+
+const RING: u64 = 0x40_0000;
+const HEAD_HOME: u64 = 0x41_0000;
+const BUFS: u64 = 0x50_0000;
+
+/// init_sdma_regs and sdma_setlengen for engine 0 (2048 descriptors), then running with interrupts; the
+/// idle source routed to vector 3.
+fn sdma_engine(h: &Hfi) {
+    h.mem.map(RING, 2048 * 16);
+    h.mem.map(HEAD_HOME, 4096);
+    h.mem.map(BUFS, 64 * 1024);
+    h.w(SEND_DMA_BASE_ADDR, RING);
+    h.w(SEND_DMA_LEN_GEN, (2048 / 64) << 6);
+    h.w(SEND_DMA_LEN_GEN, ((2048 / 64) << 6) | (4 << 16));
+    h.w(SEND_DMA_TAIL, 0);
+    h.w(SEND_DMA_HEAD_ADDR, HEAD_HOME);
+    h.w(SEND_DMA_CTRL, 0x1 | 0x8); // ENABLE | INT_ENABLE (s99_running)
+    h.route_irq(224, 3); // IS_SDMA_IDLE_START + 0
+}
+
+/// The verbs context 1 behind the QP map (init_qpmap_table: every QPN to context 1), no DMA'd tail.
+fn verbs_context(h: &Hfi) {
+    h.mem.map(HDRQ, 64 * 128);
+    h.mem.map(EAGER, (8 * EGR_SIZE) as usize);
+    let k = |reg| kctxt_csr(reg, 1);
+    h.w(k(RCV_HDR_CNT), 64 >> 5);
+    h.w(k(RCV_HDR_ENT_SIZE), 4);
+    h.w(k(RCV_HDR_ADDR), HDRQ);
+    h.w(k(RCV_EGR_CTRL), 1 << 32);
+    for i in 0..8 {
+        h.w(RCV_ARRAY + 8 * i, (1 << 63) | (3 << 36) | ((EAGER + i * EGR_SIZE) >> 12));
+    }
+    let ctrl = RCV_CTXT_CTRL_ENABLE_SMASK | RCV_CTXT_CTRL_INTR_AVAIL_SMASK | (3 << RCV_CTXT_CTRL_EGR_BUF_SIZE_SHIFT);
+    h.w(k(RCV_CTXT_CTRL), ctrl);
+    for r in 0..32 {
+        h.w(RCV_QP_MAP_TABLE + 8 * r, 0x0101_0101_0101_0101);
+    }
+    h.w(RCV_CTRL, RCV_CTRL_RCV_PORT_ENABLE_SMASK | RCV_CTRL_RCV_QP_MAP_ENABLE_SMASK);
+    h.route_irq(RCVAVAIL_SOURCE + 1, 1);
+}
+
+#[test]
+fn a_ud_packet_gathered_by_sdma_lands_in_the_peers_verbs_context() {
+    let (a, b) = pair();
+    link_up(&a, &b);
+    sdma_engine(&a);
+    verbs_context(&b);
+    // LRH (VL 0, DLID 2, SLID 1), BTH (UD SEND_ONLY, QP 5), DETH; 1000 bytes of payload, pad 0.
+    let mut hdr = vec![0u8; 28];
+    let payload: Vec<u8> = (0..1000).map(|i| (i * 7) as u8).collect();
+    let dwords = ((hdr.len() + payload.len() + 4) / 4) as u16;
+    hdr[1] = 0x2;
+    hdr[2..4].copy_from_slice(&2u16.to_be_bytes());
+    hdr[4..6].copy_from_slice(&dwords.to_be_bytes());
+    hdr[6..8].copy_from_slice(&1u16.to_be_bytes());
+    hdr[8] = 0x64;
+    hdr[15] = 5;
+    let pbc = (((hdr.len() + payload.len()) / 4) + 2) as u64;
+    let mut first = pbc.to_le_bytes().to_vec();
+    first.extend_from_slice(&hdr);
+    a.mem.write(BUFS, &first).unwrap();
+    a.mem.write(BUFS + 0x1000, &payload).unwrap();
+    // Two descriptors (sdma.h): FIRST with PBC and header; LAST with the payload, HEAD_TO_HOST; generation 0.
+    let d0 = (1u64 << 63) | ((first.len() as u64) << 48) | BUFS;
+    let d1 = (1u64 << 62) | ((payload.len() as u64) << 48) | (BUFS + 0x1000);
+    for (i, (q0, q1)) in [(d0, 0u64), (d1, 1u64)].into_iter().enumerate() {
+        a.mem.write(RING + 16 * i as u64, &q0.to_le_bytes()).unwrap();
+        a.mem.write(RING + 16 * i as u64 + 8, &q1.to_le_bytes()).unwrap();
+    }
+    a.w(SEND_DMA_TAIL, 2); // sdma_update_tail: the doorbell
+    assert!(a.irqs.wait(3), "SDmaIdle");
+    assert_eq!(a.r(SEND_DMA_HEAD), 2, "the live head");
+    assert_eq!(u64::from_le_bytes(read(&a, HEAD_HOME, 8).try_into().unwrap()), 2, "HEAD_TO_HOST");
+    assert!(b.irqs.wait(1), "RcvAvail on context 1");
+    let rhf = u64::from_le_bytes(read(&b, HDRQ + 30 * 4, 8).try_into().unwrap());
+    assert_eq!(rhf & 0xFFF, u64::from(dwords));
+    assert_eq!(read(&b, EAGER, 1000), payload);
+}
+
+#[test]
+fn a_descriptor_of_the_wrong_generation_halts_the_engine() {
+    let (a, b) = pair();
+    link_up(&a, &b);
+    sdma_engine(&a);
+    a.route_irq(16, 4); // IS_SDMAENG_ERR_START + 0
+    let d0 = (3u64 << 62) | (64u64 << 48) | BUFS; // FIRST | LAST
+    a.mem.write(RING, &d0.to_le_bytes()).unwrap();
+    a.mem.write(RING + 8, &(1u64 << 2).to_le_bytes()).unwrap(); // generation 1 on the first lap
+    a.w(SEND_DMA_TAIL, 1);
+    assert!(a.irqs.wait(4), "SDmaEngErr");
+    assert_eq!(a.r(SEND_DMA_ENG_ERR_STATUS) & 0x2, 0x2, "SDMA_GEN_MISMATCH_ERR");
+    assert_ne!(a.r(SEND_DMA_STATUS) & (1 << 56), 0, "ENG_HALTED");
+    assert_eq!(a.r(SEND_DMA_HEAD), 0);
+}

@@ -17,6 +17,7 @@ mod rcv;
 mod rcvarray;
 pub mod regs;
 mod rhq;
+mod sdma_walk;
 mod shared;
 mod shm;
 pub mod wfr;

@@ -93,6 +93,8 @@ pub(super) struct Shared {
     /// An ingress or egress job is queued.
     pub(super) ingress_kicked: AtomicBool,
     pub(super) egress_kicked: AtomicBool,
+    /// An SDMA job is queued, a bit per engine.
+    pub(super) sdma_kicked: std::sync::atomic::AtomicU32,
 }
 
 impl Shared {

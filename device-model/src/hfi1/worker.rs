@@ -9,7 +9,7 @@ use crossbeam_channel::Sender;
 use super::observe::InjectOutcome;
 use super::rcv::{Packet, RxResult};
 use super::shared::Shared;
-use super::{egress, ingress, loopback};
+use super::{egress, ingress, loopback, sdma_walk};
 use crate::worker::Stamped;
 use vfio_user_proto::sync::Unpoison;
 
@@ -24,6 +24,10 @@ pub(super) enum Job {
     },
     /// PIO send contexts launched packets (or were asked to return credits).
     Egress,
+    /// An SDMA engine has descriptors to walk.
+    Sdma {
+        engine: usize,
+    },
     /// Packets arrived from the cable, or a context the head of the queue waits for has room again.
     Ingress,
 }
@@ -47,6 +51,10 @@ pub(super) fn run_job(shared: &Shared, Stamped { epoch, job }: Stamped<Job>) {
         Job::Egress => {
             shared.egress_kicked.store(false, std::sync::atomic::Ordering::Release);
             egress::run(shared, epoch);
+        }
+        Job::Sdma { engine } => {
+            shared.sdma_kicked.fetch_and(!(1 << engine), std::sync::atomic::Ordering::AcqRel);
+            sdma_walk::run(shared, epoch, engine);
         }
         Job::Ingress => {
             shared.ingress_kicked.store(false, std::sync::atomic::Ordering::Release);

@@ -112,7 +112,9 @@ enum Msg {
 /// Packets one direction holds back (delay and reorder faults) at most; more are dropped and counted.
 pub const MAX_HELD: usize = 1024;
 /// Packets queued to the cable thread at most; a sender past this is dropping (counted).
-pub const QUEUE: usize = 4096;
+pub const QUEUE: usize = 1024;
+/// Packets the cable remembers for its status.
+pub const RECENT: usize = 32;
 /// How long a reordered packet waits for the packet that is to overtake it before it goes alone.
 pub const REORDER_WAIT: Duration = Duration::from_millis(100);
 
@@ -155,6 +157,40 @@ struct Status {
     /// Indexed by the receiving end.
     dirs: [DirCounters; 2],
     capture: Mutex<Option<(PathBuf, Arc<AtomicU64>)>>,
+    /// The last packets on the wire, newest last (what a stalled run reports).
+    recent: Mutex<VecDeque<Seen>>,
+}
+
+/// A packet as the cable's status lists it: copied fields, formatted only when asked for.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    to: End,
+    sc: u8,
+    dlid: u16,
+    slid: u16,
+    opcode: u8,
+    qp: u32,
+    psn: u32,
+    len: usize,
+    fate: &'static str,
+}
+
+impl std::fmt::Display for Seen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "to {} sc {} dlid {:#x} slid {:#x} op {:#04x} qp {:#x} psn {:#x} len {} {}",
+            self.to.name(),
+            self.sc,
+            self.dlid,
+            self.slid,
+            self.opcode,
+            self.qp,
+            self.psn,
+            self.len,
+            self.fate
+        )
+    }
 }
 
 struct Inner {
@@ -255,6 +291,7 @@ impl CableEnd {
             "to_a": s.dirs[0].json(),
             "to_b": s.dirs[1].json(),
             "capture": capture,
+            "recent_packets": s.recent.lock().unpoison().iter().map(Seen::to_string).collect::<Vec<_>>(),
         })
     }
 
@@ -482,8 +519,25 @@ impl Link {
         port.receive(packet);
     }
 
-    /// The capture and the trace of one packet on the wire.
+    /// The capture, the status and the trace of one packet on the wire.
     fn record(&mut self, to: End, packet: &WirePacket, fate: &'static str) {
+        {
+            let mut recent = self.status.recent.lock().unpoison();
+            if recent.len() >= RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(Seen {
+                to,
+                sc: packet.sc(),
+                dlid: packet.dlid(),
+                slid: packet.slid(),
+                opcode: packet.opcode(),
+                qp: packet.dest_qp(),
+                psn: packet.psn(),
+                len: packet.bytes.len(),
+                fate,
+            });
+        }
         if let Some(c) = &mut self.capture {
             let dir = if to == End::B { Direction::AToB } else { Direction::BToA };
             if c.write(dir, packet) {

@@ -14,10 +14,11 @@ mod dc;
 mod errs;
 pub mod names;
 pub mod pio;
+pub mod sdma;
 mod shape;
 mod txe;
 
-pub use txe::{SEND_DMA_STATUS_ENG_CLEANED_UP_SMASK, SEND_DMA_STATUS_ENG_HALTED_SMASK};
+pub use sdma::{SEND_DMA_STATUS_ENG_CLEANED_UP_SMASK, SEND_DMA_STATUS_ENG_HALTED_SMASK};
 
 use std::collections::HashMap;
 
@@ -38,6 +39,9 @@ pub struct Wfr {
     dc: dc::Dc,
     txe: txe::Txe,
     pio: pio::Pio,
+    sdma: sdma::Sdma,
+    /// Engines with descriptors to walk since the last access (a bit per engine).
+    sdma_pending: u32,
     errs: errs::ErrGroups,
     /// Every other register: offset to value; absent offsets hold their reset value.
     storage: HashMap<u64, u64>,
@@ -54,6 +58,8 @@ impl Wfr {
             dc: dc::Dc::default(),
             txe: txe::Txe::new(&shape),
             pio: pio::Pio::new(&shape),
+            sdma: sdma::Sdma::new(&shape),
+            sdma_pending: 0,
             errs: errs::ErrGroups::default(),
             storage: HashMap::new(),
             unnamed: 0,
@@ -99,6 +105,48 @@ impl Wfr {
     /// Packets and credit returns the send contexts have for the worker.
     pub fn take_launches(&mut self) -> Vec<pio::Launch> {
         self.pio.take_launches()
+    }
+
+    /// Engines that have descriptors to walk since the last call (a bit per engine).
+    pub fn take_sdma_pending(&mut self) -> u32 {
+        std::mem::take(&mut self.sdma_pending)
+    }
+
+    /// The walk engine `e`'s worker makes now, and the vectors of an error it found (a tail beyond the ring).
+    pub fn sdma_walk(&mut self, e: usize) -> (Option<sdma::Walk>, Vec<u16>) {
+        let mut raised = Raised::default();
+        let walk = self.sdma.walk(e, &mut self.errs, &mut raised);
+        (walk, self.deliver(raised))
+    }
+
+    /// The worker finished `done` descriptors of `walk` (see `sdma::Sdma::advance`).
+    pub fn sdma_advance(
+        &mut self,
+        walk: &sdma::Walk,
+        done: u64,
+        to_host: bool,
+        int_req: bool,
+    ) -> Option<sdma::Progress> {
+        self.sdma.advance(walk, done, to_host, int_req)
+    }
+
+    /// AHG header slots of an engine (see `sdma::Sdma::ahg_store`, `ahg_load`).
+    pub fn sdma_ahg_store(&mut self, walk: &sdma::Walk, slot: usize, header: &[u8]) {
+        self.sdma.ahg_store(walk, slot, header);
+    }
+    pub fn sdma_ahg_load(&self, walk: &sdma::Walk, slot: usize) -> Vec<u8> {
+        self.sdma.ahg_load(walk, slot)
+    }
+
+    /// The worker found an error in `walk`'s descriptors: the engine halts; the vectors to send.
+    pub fn sdma_fail(&mut self, walk: &sdma::Walk, bits: u64) -> Vec<u16> {
+        let mut raised = Raised::default();
+        self.sdma.fail(walk, bits, &mut self.errs, &mut raised);
+        self.deliver(raised)
+    }
+
+    fn deliver(&mut self, raised: Raised) -> Vec<u16> {
+        raised.0.into_iter().filter_map(|s| self.cce.raise(s)).collect()
     }
 
     /// Whether launches wait for the worker.
@@ -152,6 +200,7 @@ impl Wfr {
             .or_else(|| self.asic.read(offset))
             .or_else(|| self.dc.read(offset, shape))
             .or_else(|| self.pio.read(offset))
+            .or_else(|| self.sdma.read(offset))
             .or_else(|| self.txe.read(offset, shape))
             .or_else(|| self.errs.read(offset));
         match v {
@@ -179,7 +228,16 @@ impl Wfr {
             || self.asic.write(offset, value)
             || self.dc.write(offset, value)
             || self.pio.write(offset, value)
-            || self.txe.write(offset, value, &self.shape, &mut self.errs, &mut raised)
+            || match self.sdma.write(offset, value, &mut self.errs, &mut raised) {
+                Some(pending) => {
+                    if let Some(e) = pending {
+                        self.sdma_pending |= 1 << e;
+                    }
+                    true
+                }
+                None => false,
+            }
+            || self.txe.write(offset, value, &self.shape)
             || self.errs.write(offset, value);
         if !handled {
             self.note_unnamed(offset);
@@ -215,7 +273,7 @@ impl Wfr {
             },
             "cce": self.cce.dump(),
             "dc8051": self.dc.dump(),
-            "sdma": self.txe.dump(),
+            "sdma": self.sdma.dump(),
             "pio": self.pio.dump(),
             "unnamed_accesses": self.unnamed,
             "storage": storage.iter().filter(|(_, v)| *v != 0).map(|&(o, v)| serde_json::json!({

@@ -6,6 +6,7 @@
 use super::asic::*;
 use super::cce::*;
 use super::dc::*;
+use super::sdma::*;
 use super::txe::*;
 use super::*;
 use crate::hfi1::cable::Phy;
@@ -240,7 +241,7 @@ fn sdma_halt_is_reported_and_cleanup_completes() {
     // s10_hw_start_up_halt_wait: CTRL = HALT; the engine answers with a halt error interrupt.
     assert_eq!(c.write(ctrl, SEND_DMA_CTRL_SDMA_HALT_SMASK), vec![0]);
     assert_ne!(c.read(CCE_INT_STATUS) & (1 << (16 + e)), 0);
-    assert_eq!(c.read(err_status), SEND_DMA_ENG_ERR_STATUS_SDMA_HALT_ERR_SMASK);
+    assert_eq!(c.read(err_status), SDMA_HALT_ERR);
     assert_ne!(c.read(status) & SEND_DMA_STATUS_ENG_HALTED_SMASK, 0, "sdma_err_halt_wait");
     // interrupt_clear_down: CLEAR, then STATUS must read 0.
     w(&mut c, err_clear, u64::MAX);
