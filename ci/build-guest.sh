@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
 # Builds the test guest: Debian's bookworm-backports kernel plus a busybox initramfs holding the vfio modules,
-# the stock hfi1 driver with its dependencies (for modprobe), ci/guest/init and (optionally) a static udriver
-# and the hfi1-user test program. The kernel is only unpacked, never installed on the host.
+# the stock hfi1 driver with its dependencies and the verbs/MAD modules (for modprobe), the fabric userland
+# (glibc, rdma-core with the hfi1 provider, opa-fm's sm, opa-basic-tools, perftest; Debian packages pinned in
+# ci/guest/packages.lock), ci/guest/init and (optionally) a static udriver and the hfi1-user test program.
+# Nothing is installed on the host: the packages are only unpacked.
 #
 #   ci/build-guest.sh [--udriver PATH] [--hfi1-user PATH] [--out DIR] [--refresh]
+#   ci/build-guest.sh --refresh-pins
 #
 # Prints on stdout, one per line: KERNEL=<vmlinuz> INITRD=<initramfs.cpio.gz> KVER=<kernel release>.
-# The kernel and busybox are cached under $CACHE_DIR/guest; only the cpio is rebuilt when its inputs change.
-# Without --out, each distinct cpio lives in $CACHE_DIR/guest/out/<inputs hash>/ (the newest few are kept), so
-# concurrent runs with different udrivers never overwrite each other's initramfs.
+# The kernel, busybox and the unpacked userland are cached under $CACHE_DIR/guest; only the cpio is rebuilt
+# when its inputs change. Without --out, each distinct cpio lives in $CACHE_DIR/guest/out/<inputs hash>/ (the
+# newest few are kept), so concurrent runs with different udrivers never overwrite each other's initramfs.
+# --refresh-pins rewrites ci/guest/packages.lock to the newest versions bookworm (with -updates and -security)
+# offers now, prints what changed and exits.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,12s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,17s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 UDRIVER=""
 HFI1_USER=""
 OUT_DIR=""
 REFRESH=0
+REFRESH_PINS=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --udriver) [ $# -ge 2 ] || usage; UDRIVER=$2; shift 2 ;;
         --hfi1-user) [ $# -ge 2 ] || usage; HFI1_USER=$2; shift 2 ;;
         --out) [ $# -ge 2 ] || usage; OUT_DIR=$2; shift 2 ;;
         --refresh) REFRESH=1; shift ;;
+        --refresh-pins) REFRESH_PINS=1; shift ;;
         -h|--help) usage 0 ;;
         *) log "unknown argument: $1"; usage ;;
     esac
@@ -30,8 +37,10 @@ done
 
 # The modules the init loads at boot; their dependencies come from modules.dep.
 GUEST_MODULES=(irqbypass vfio vfio_iommu_type1 vfio-pci-core vfio-pci)
-# Kernel drivers the init loads later with modprobe (from /lib/modules/<release>, with a modules.dep).
-KDRIVER_MODULES=(hfi1)
+# Kernel drivers the init loads later with modprobe (from /lib/modules/<release>, with a modules.dep): the stock
+# hfi1 driver, the verbs and MAD character devices the userland opens (/dev/infiniband/uverbsN, umadN, issmN),
+# and SoftRoCE over a veth pair (the verbs baseline of the benchmarks).
+KDRIVER_MODULES=(hfi1 ib_uverbs ib_umad rdma_rxe veth)
 GUEST_DIR="$CACHE_DIR/guest"
 INIT_SRC="$REPO_ROOT/ci/guest/init"
 mkdir -p "$GUEST_DIR"
@@ -54,11 +63,29 @@ fi
 # --- kernel -----------------------------------------------------------------------------------------------
 # $GUEST_DIR/kernel-<package version>/: vmlinuz, release, modules/ (decompressed .ko), load-order,
 # kdriver/<relative path> (decompressed .ko of $KDRIVER_MODULES and their dependencies), kdriver.rel, .complete
+# kdriver.wanted lists the modules an entry was resolved for: an entry made for fewer drivers than
+# $KDRIVER_MODULES (by an older script) is not complete for this one.
+kernel_complete() { # dir
+    local m
+    [ -e "$1/.complete" ] && [ -s "$1/kdriver.rel" ] && [ -e "$1/kdriver/modules.builtin" ] && [ -s "$1/kdriver.wanted" ] \
+        || return 1
+    for m in "${KDRIVER_MODULES[@]}"; do grep -qxF "$m" "$1/kdriver.wanted" || return 1; done
+}
+
 newest_cached_kernel() {
     local d
     for d in $(ls -d "$GUEST_DIR"/kernel-* 2>/dev/null | sort -rV); do
-        # A cache entry from before the kernel drivers were added is not complete for this script.
-        [ -e "$d/.complete" ] && [ -s "$d/kdriver.rel" ] && [ -e "$d/kdriver/modules.builtin" ] && { echo "$d"; return 0; }
+        kernel_complete "$d" && { echo "$d"; return 0; }
+    done
+    return 1
+}
+
+# PKG=VERSION of the newest cached kernel, complete or not: an entry that lacks drivers is extracted again
+# from the same package version, so the guest kernel (and ci/kernel-source.sh's source) stays the same.
+newest_cached_kernel_package() {
+    local d pkg ver
+    for d in $(ls -d "$GUEST_DIR"/kernel-* 2>/dev/null | sort -rV); do
+        [ -s "$d/package" ] && read -r pkg ver <"$d/package" && { echo "$pkg=$ver"; return 0; }
     done
     return 1
 }
@@ -108,12 +135,19 @@ decompress_ko() { # src dst
     esac
 }
 
-fetch_kernel() {
-    local dep pkg pkg_ver dir
-    dep=$(guest_kernel_package)
+fetch_kernel() { # [PKG=VERSION: this one if apt still offers it; default the newest in bookworm-backports]
+    local dep="${1:-}" pkg pkg_ver dir
+    if [ -n "$dep" ]; then
+        ensure_backports
+        if ! apt_offers "${dep%%=*}" "${dep#*=}"; then
+            log "the cached kernel $dep is no longer offered by apt: taking the newest"
+            dep=""
+        fi
+    fi
+    [ -n "$dep" ] || dep=$(guest_kernel_package)
     pkg=${dep%%=*}; pkg_ver=${dep#*=}
     dir="$GUEST_DIR/kernel-$pkg_ver"
-    if [ -e "$dir/.complete" ] && [ -s "$dir/kdriver.rel" ] && [ -e "$dir/kdriver/modules.builtin" ]; then
+    if kernel_complete "$dir"; then
         echo "$dir"; return 0
     fi
 
@@ -169,6 +203,7 @@ fetch_kernel() {
     # depmod and modprobe in the guest want these next to modules.dep.
     cp "$moddir/modules.builtin" "$moddir/modules.builtin.modinfo" "$dir.part/kdriver/"
     cp "$dir.part/kdriver.rel" "$dir.part/kdriver/modules.order"
+    printf '%s\n' "${KDRIVER_MODULES[@]}" >"$dir.part/kdriver.wanted"
     log "kernel $kver: kernel drivers $(sed 's|.*/||' "$dir.part/kdriver.rel" | tr '\n' ' ')"
     touch "$dir.part/.complete"
     mv "$dir.part" "$dir"
@@ -204,6 +239,171 @@ fetch_busybox() {
     echo "$dir"
 }
 
+# --- userland (ci/guest/packages.lock) ---------------------------------------------------------------------
+LOCK="$REPO_ROOT/ci/guest/packages.lock"
+# Programs the initramfs gets, as packaged; the libraries they need follow from ci/guest/elf-closure.sh.
+USERLAND_PROGRAMS=(
+    usr/lib/opa-fm/runtime/sm                                        # opa-fm: the subnet manager
+    usr/lib/opa-fm/bin/fm_cmd                                        # opa-fm: queries a running sm (opafmcmd)
+    usr/sbin/opainfo usr/sbin/opasmaquery usr/sbin/opasaquery usr/sbin/opaportinfo  # opa-basic-tools
+    usr/bin/ibv_devices usr/bin/ibv_devinfo usr/bin/ibv_asyncwatch   # ibverbs-utils
+    usr/bin/ibv_rc_pingpong usr/bin/ibv_uc_pingpong usr/bin/ibv_ud_pingpong usr/bin/ibv_srq_pingpong usr/bin/ibv_xsrq_pingpong
+    usr/bin/ib_send_bw usr/bin/ib_send_lat usr/bin/ib_write_bw usr/bin/ib_write_lat  # perftest
+    usr/bin/ib_read_bw usr/bin/ib_read_lat usr/bin/ib_atomic_bw usr/bin/ib_atomic_lat
+    usr/bin/rdma                                                     # iproute2
+)
+# Loaded with dlopen, so in nobody's DT_NEEDED; their own libraries are followed all the same.
+USERLAND_DLOPEN=(
+    usr/lib/x86_64-linux-gnu/libibverbs/libhfi1verbs-rdmav34.so      # libibverbs' provider for hfi1_N
+    usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so            # and for SoftRoCE (rxeN)
+    lib/x86_64-linux-gnu/libgcc_s.so.1                               # glibc's pthread_cancel/_exit, backtrace
+)
+# Other packaged files, copied as they are (symlinks stay symlinks).
+USERLAND_FILES=(
+    etc/libibverbs.d/hfi1verbs.driver etc/libibverbs.d/rxe.driver    # which provider serves which device
+    usr/sbin/opafmcmd usr/sbin/opapmaquery usr/sbin/opaportconfig    # -> fm_cmd, opasmaquery, opaportinfo
+)
+# Directories opa-fm's sm writes to: its control socket and state, its core dumps (CoreDumpDir), its log.
+USERLAND_DIRS=(var/run var/lib/opa-fm var/crash/opafm var/log etc/opa-fm root)
+
+# The pins, "package=version" per line, comments and blank lines dropped.
+read_pins() {
+    [ -f "$LOCK" ] || die "missing $LOCK"
+    sed -e 's/#.*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$LOCK" | while IFS= read -r line; do
+        [[ $line =~ ^[a-z0-9][a-z0-9.+-]+=[A-Za-z0-9.+:~-]+$ ]] || die "$LOCK: '$line' is not package=version"
+        echo "$line"
+    done
+}
+
+# The newest version of PKG in bookworm, bookworm-updates or bookworm-security (not backports), by apt's lists.
+bookworm_version() { # pkg
+    local v best=""
+    while read -r v; do
+        if [ -z "$best" ] || dpkg --compare-versions "$v" gt "$best"; then best=$v; fi
+    done < <(apt-cache madison "$1" | awk -F'|' '$3 ~ / bookworm(-updates|-security)?\/[a-z-]+ [a-z0-9]+ Packages/ {
+        gsub(/ /, "", $2); print $2 }')
+    echo "$best"
+}
+
+# Whether apt's lists offer exactly this version (apt-cache show PKG=VER succeeds, silently, when they do not).
+apt_offers() { # pkg version
+    apt-cache madison "$1" | awk -F'|' -v v="$2" '$3 ~ / Packages$/ { gsub(/ /, "", $2); if ($2 == v) found = 1 }
+        END { exit !found }'
+}
+
+refresh_pins() {
+    rm -f "$APT_UPDATED_STAMP"
+    apt_update_once
+    local pins tmp pin pkg old new changed=0
+    pins=$(read_pins) || exit 1
+    tmp=$(mktemp "$LOCK.XXXXXX")
+    cp "$LOCK" "$tmp"
+    for pin in $pins; do
+        pkg=${pin%%=*} old=${pin#*=}
+        new=$(bookworm_version "$pkg")
+        [ -n "$new" ] || { rm -f "$tmp"; die "apt offers no $pkg in bookworm (apt-cache madison $pkg)"; }
+        [ "$new" = "$old" ] && continue
+        # Only the version of that pin's line changes; comments and order stay.
+        PKG=$pkg NEW=$new awk '{ split($0, kv, "="); if (kv[1] == ENVIRON["PKG"] && $0 !~ /^#/) print ENVIRON["PKG"] "=" ENVIRON["NEW"]; else print }' \
+            "$tmp" >"$tmp.new" && mv "$tmp.new" "$tmp"
+        log "$pkg: $old -> $new"
+        changed=$((changed + 1))
+    done
+    mv "$tmp" "$LOCK"
+    log "$changed pin(s) changed in $LOCK (git diff ci/guest/packages.lock)"
+}
+
+# $GUEST_DIR/userland-<hash of the pins>/: root/ (every pinned package unpacked, without docs, manuals and
+# locales), pins, .complete. Prints the directory.
+fetch_userland() {
+    local pins key dir
+    pins=$(read_pins) || exit 1
+    key=$(printf '%s\n' "$pins" | sha256sum | cut -c1-16)
+    dir="$GUEST_DIR/userland-$key"
+    if [ -e "$dir/.complete" ]; then touch "$dir"; echo "$dir"; return 0; fi
+
+    log "guest userland: checking and downloading $(printf '%s\n' "$pins" | wc -l) pinned packages"
+    apt_update_once
+    local pin missing=() retried=0
+    while :; do
+        missing=()
+        for pin in $pins; do
+            apt_offers "${pin%%=*}" "${pin#*=}" || missing+=("$pin")
+        done
+        [ ${#missing[@]} -eq 0 ] || [ "$retried" = 1 ] || { rm -f "$APT_UPDATED_STAMP"; apt_update_once; retried=1; continue; }
+        break
+    done
+    if [ ${#missing[@]} -ne 0 ]; then
+        for pin in "${missing[@]}"; do
+            log "not downloadable: $pin (apt offers: $(apt-cache madison "${pin%%=*}" | awk -F'|' '/Packages/ { gsub(/ /, "", $2); printf "%s ", $2 }'))"
+        done
+        die "ci/guest/packages.lock pins ${#missing[@]} version(s) the apt sources no longer offer (${missing[*]}): \
+Debian keeps only the newest version of a package per suite. Refresh the pins with 'ci/build-guest.sh --refresh-pins', \
+check the diff of ci/guest/packages.lock and boot the guest (ci/e2e.sh)"
+    fi
+    local tmp="$GUEST_DIR/tmp-userland" deb pkg ver
+    rm -rf "$tmp" "$dir.part"
+    mkdir -p "$tmp/deb" "$dir.part/root"
+    # shellcheck disable=SC2086 # one word per pin
+    (cd "$tmp/deb" && timeout 1800 apt-get download -q "${APT_DL_OPTS[@]}" $pins >&2) \
+        || die "apt-get download of the pinned packages failed"
+    for pin in $pins; do
+        pkg=${pin%%=*} ver=${pin#*=}
+        # apt names the file package_version-without-epoch_arch.deb, with ':' escaped as %3a.
+        deb=$(ls "$tmp/deb/${pkg}_"*.deb 2>/dev/null | head -n1)
+        [ -n "$deb" ] || die "apt-get download left no .deb for $pin"
+        [ "$(dpkg-deb -f "$deb" Package) $(dpkg-deb -f "$deb" Version)" = "$pkg $ver" ] \
+            || die "$deb is $(dpkg-deb -f "$deb" Package) $(dpkg-deb -f "$deb" Version), not $pkg $ver"
+        dpkg-deb -x "$deb" "$dir.part/root"
+    done
+    rm -rf "$dir.part"/root/usr/share/{doc,man,info,locale,lintian,bug}
+    printf '%s\n' "$pins" >"$dir.part/pins"
+    touch "$dir.part/.complete"
+    rm -rf "$dir"
+    mv "$dir.part" "$dir"
+    rm -rf "$tmp"
+    # Keep the 3 most recently used userlands (worktrees may pin different versions).
+    ls -dt "$GUEST_DIR"/userland-*/ 2>/dev/null | tail -n +4 | xargs -r rm -rf
+    log "guest userland unpacked in $dir ($(du -sh "$dir/root" | cut -f1))"
+    echo "$dir"
+}
+
+# Copies the userland into the stage: the programs, their library closure, the other files, opa-fm's edited
+# configuration (checked with opa-fm's own config_check), the directories the sm writes to and
+# ci/guest/rootfs/ (hosts, nsswitch.conf, passwd, group, profile).
+stage_userland() { # userland-dir stage
+    local root=$1/root stage=$2 p closure
+    command -v readelf >/dev/null || apt_install binutils
+    closure=$(bash "$REPO_ROOT/ci/guest/elf-closure.sh" "$root" "${USERLAND_PROGRAMS[@]}" "${USERLAND_DLOPEN[@]}") \
+        || die "the userland's library closure is incomplete (see above): pin the missing library's package in $LOCK"
+    for p in $closure "${USERLAND_FILES[@]}"; do
+        [ -e "$root/$p" ] || [ -L "$root/$p" ] || die "$p is in no pinned package"
+        mkdir -p "$stage/$(dirname "$p")"
+        cp -a "$root/$p" "$stage/$p"
+    done
+    for p in "${USERLAND_FILES[@]}"; do
+        [ -e "$stage/$p" ] || die "$p is a symlink to something the initramfs does not get"
+    done
+    for p in "${USERLAND_DIRS[@]}"; do mkdir -p "$stage/$p"; done
+    cp -a "$REPO_ROOT/ci/guest/rootfs/." "$stage/"
+    python3 "$REPO_ROOT/ci/guest/opafm-config.py" "$root/etc/opa-fm/opafm.xml" "$stage/etc/opa-fm/opafm.xml" \
+        || die "editing opa-fm's opafm.xml failed"
+    # opa-fm's config_check, run on the host with the guest's own loader and libraries, must accept it and start
+    # fm0's SM.
+    local check
+    check=$("$root/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu" \
+        "$root/usr/lib/opa-fm/bin/config_check" -v -c "$stage/etc/opa-fm/opafm.xml" 2>&1) \
+        || die "opa-fm's config_check rejects the edited opafm.xml: $check"
+    grep -q 'FM instance 0 (fm0) will be started' <<<"$check" && grep -q 'SM will be started' <<<"$check" \
+        || die "with the edited opafm.xml, config_check does not start fm0's SM: $check"
+    # Everything an ELF file in the initramfs needs must be in it (a self-check of the closure).
+    local elves
+    elves=$(cd "$stage" && find usr lib lib64 -type f 2>/dev/null | while read -r p; do
+        [ "$(head -c 4 "$p" | od -An -c | tr -d ' ')" = '177ELF' ] && [ "${p#lib/modules/}" = "$p" ] && echo "$p"; done)
+    # shellcheck disable=SC2086 # one word per path
+    bash "$REPO_ROOT/ci/guest/elf-closure.sh" "$stage" $elves >/dev/null || die "the staged userland misses a library"
+}
+
 # --- cpio -------------------------------------------------------------------------------------------------
 CPIO=()
 pick_cpio() { # busybox
@@ -221,13 +421,22 @@ udriver_is_static() { # path
     fi
 }
 
+if [ "$REFRESH_PINS" = 1 ]; then
+    refresh_pins
+    exit 0
+fi
 if [ "$REFRESH" = 0 ] && KDIR=$(newest_cached_kernel); then
     :
+elif [ "$REFRESH" = 0 ] && cached=$(newest_cached_kernel_package); then
+    log "the cached kernel ($cached) lacks some of ${KDRIVER_MODULES[*]}: extracting it again"
+    KDIR=$(fetch_kernel "$cached")
 else
     KDIR=$(fetch_kernel)
 fi
 BBDIR=$(fetch_busybox)
+UDIR=$(fetch_userland)
 KVER=$(cat "$KDIR/release")
+command -v python3 >/dev/null || apt_install python3
 
 if [ -n "$UDRIVER" ]; then
     udriver_is_static "$UDRIVER" || die "$UDRIVER is dynamically linked; build it with -C target-feature=+crt-static"
@@ -245,10 +454,14 @@ fi
 
 # Everything the cpio depends on; identical inputs mean the existing cpio is reused.
 INPUTS=$({
-    echo "format 2"
+    echo "format 3"
     echo "kernel $(cat "$KDIR/package")"
     echo "busybox $(cat "$BBDIR/version")"
     echo "init $(sha256sum <"$INIT_SRC" | cut -c1-64)"
+    echo "userland $(sha256sum <"$UDIR/pins" | cut -c1-64)"
+    echo "userland-files $(printf '%s\n' "${USERLAND_PROGRAMS[@]}" "${USERLAND_DLOPEN[@]}" "${USERLAND_FILES[@]}" \
+        "${USERLAND_DIRS[@]}" | sha256sum | cut -c1-64)"
+    (cd "$REPO_ROOT/ci/guest" && find rootfs opafm-config.py elf-closure.sh -type f | LC_ALL=C sort | xargs sha256sum)
     echo "udriver $UDRIVER_SUM"
     echo "hfi1-user $HFI1_USER_SUM"
     (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
@@ -290,12 +503,14 @@ else
     depmod=$(PATH="$PATH:/usr/sbin:/sbin" command -v depmod || true)
     [ -n "$depmod" ] || { apt_install kmod; depmod=$(PATH="$PATH:/usr/sbin:/sbin" command -v depmod); }
     "$depmod" -b "$STAGE" "$KVER" || die "depmod failed for the guest's kernel drivers"
+    stage_userland "$UDIR" "$STAGE"
     install -m 0755 "$INIT_SRC" "$STAGE/init"
     [ -n "$UDRIVER" ] && install -m 0755 "$UDRIVER" "$STAGE/bin/udriver"
     [ -n "$HFI1_USER" ] && install -m 0755 "$HFI1_USER" "$STAGE/bin/hfi1-user"
     cat >"$STAGE/etc/rdma-emu-guest" <<EOF
 kernel=$(cat "$KDIR/package")
 busybox=$(cat "$BBDIR/version")
+userland=$(grep -E '^(libc6|libibverbs1|opa-fm|opa-basic-tools|perftest)=' "$UDIR/pins" | tr '\n' ' ' | sed 's/ $//')
 udriver_sha256=$UDRIVER_SUM
 hfi1_user_sha256=$HFI1_USER_SUM
 EOF

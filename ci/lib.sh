@@ -61,6 +61,15 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
+# Debian's tshark, for the cable-capture test. wireshark-common asks (debconf, priority high) whether users
+# other than root may capture; the answer is preseeded to its default, no, so the installation never waits.
+ensure_tshark() {
+    command -v tshark >/dev/null && return 0
+    echo 'wireshark-common wireshark-common/install-setuid boolean false' | $SUDO debconf-set-selections
+    apt_install tshark
+    command -v tshark >/dev/null || die "tshark is not installed after apt-get install tshark"
+}
+
 # --- Debian packages from bookworm-backports (the guest kernel and its source) ----------------------------
 # apt-get download as root into a directory the _apt user cannot enter warns; downloading as root is what we want.
 APT_DL_OPTS=()

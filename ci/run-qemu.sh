@@ -25,7 +25,15 @@
 #   --hfi1-id V:D, --irdma-id V:D   PCI IDs of the functions (default 1b36:1100, 1b36:1101); non-default ones
 #                         are passed to the device model as --hfi1-ids/--irdma-ids
 #   --hfi1-wfr            also serve an HFI with the real chip's personality (8086:24f0) and run the guest's
-#                         kernel-driver steps on it (modprobe/rmmod hfi1, sysfs, dmesg)
+#                         kernel-driver steps on it (modprobe/rmmod hfi1, sysfs, the fabric userland, dmesg)
+#   --fabric              serve two chip-personality HFIs joined by a cable (device names hfi1-wfr and hfi1-wfr1
+#                         on the control socket) instead of one; implies --hfi1-wfr
+#   --shell               boot with the devices, run the setup (functions bound, hfi1 loaded, opa-fm's sm started
+#                         with two HFIs) and give the console to an interactive shell instead of the demos;
+#                         leaving the shell powers the guest off and stops the device model. Uses --fabric
+#                         unless --hfi1-wfr is given; no --timeout unless one is given. With a terminal on
+#                         stdin, QEMU owns it (Ctrl-A X quits QEMU, Ctrl-A C its monitor); piped stdin is sent
+#                         once the shell is ready. No result file
 #   --hfi1-params "P"     module parameters of each modprobe hfi1 (default: the small set in docs/hfi1-kernel-driver.md)
 #   --kdriver-timeout S   each kernel-driver step (default 120); a guest too stuck to time out itself is stopped
 #                         by the host, which reports the last CSR accesses
@@ -52,14 +60,14 @@
 # Exit status 0 only if every step the guest ran is ok. Prints the result file's path on stdout.
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,51s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,60s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 DEVICE_MODEL=${RDMA_EMU_DEVICE_MODEL:-}
 UDRIVER=${RDMA_EMU_UDRIVER:-}
 ACCEL=${RDMA_EMU_ACCEL:-auto}
 KERNEL="" INITRD="" SHARE=1 DEVICES=1 TIMEOUT=600 DEMO_TIMEOUT=120 UARGS="" APPEND_EXTRA=""
 HFI1_ID=1b36:1100 IRDMA_ID=1b36:1101 RESULT="" LOG_DIR="" KEEP_LOGS=0 TIMING=0 QUIET=0
-HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST=""
+HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST="" FABRIC=0 SHELL_MODE=0 TIMEOUT_SET=0
 # Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
@@ -81,12 +89,14 @@ while [ $# -gt 0 ]; do
         --no-share) SHARE=0; shift ;;
         --no-devices) DEVICES=0; shift ;;
         --accel) need $#; ACCEL=$2; shift 2 ;;
-        --timeout) need $#; TIMEOUT=$2; shift 2 ;;
+        --timeout) need $#; TIMEOUT=$2; TIMEOUT_SET=1; shift 2 ;;
         --demo-timeout) need $#; DEMO_TIMEOUT=$2; shift 2 ;;
         --args) need $#; UARGS=$2; shift 2 ;;
         --hfi1-id) need $#; HFI1_ID=$2; shift 2 ;;
         --irdma-id) need $#; IRDMA_ID=$2; shift 2 ;;
         --hfi1-wfr) HFI1_WFR=1; shift ;;
+        --fabric) FABRIC=1; shift ;;
+        --shell) SHELL_MODE=1; shift ;;
         --hfi1-params) need $#; HFI1_PARAMS=$2; shift 2 ;;
         --kdriver-timeout) need $#; KDRIVER_TIMEOUT=$2; shift 2 ;;
         --hfi1-user) need $#; HFI1_USER=$2; shift 2 ;;
@@ -108,6 +118,10 @@ while [ $# -gt 0 ]; do
 done
 
 is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+# The shell wants the fabric unless one HFI was asked for; a user's session has no deadline unless asked for.
+[ "$SHELL_MODE" = 1 ] && [ "$HFI1_WFR" = 0 ] && FABRIC=1
+[ "$FABRIC" = 1 ] && HFI1_WFR=1
+[ "$SHELL_MODE" = 1 ] && [ "$TIMEOUT_SET" = 0 ] && TIMEOUT=$((100 * 365 * 86400))
 is_uint "$TIMEOUT" && [ "$TIMEOUT" -ge 10 ] || die "--timeout must be a number of seconds >= 10"
 is_uint "$DEMO_TIMEOUT" && [ "$DEMO_TIMEOUT" -ge 1 ] || die "--demo-timeout must be a number of seconds"
 [[ $HFI1_ID =~ ^([0-9a-fA-F]{4}:[0-9a-fA-F]{4}|none)$ ]] || die "--hfi1-id must be VVVV:DDDD or none"
@@ -121,6 +135,8 @@ case "$ACCEL" in auto|tcg|kvm) ;; *) die "--accel must be auto, tcg or kvm" ;; e
 is_uint "$BENCH_BUDGET_MS" && [ "$BENCH_BUDGET_MS" -ge 1 ] || die "--bench-budget-ms must be a number of milliseconds"
 is_uint "$REPLY_POLL_US" && [ "$REPLY_POLL_US" -le 1000000 ] || die "--reply-poll-us must be a number of microseconds <= 1000000"
 [ "$BENCH" = 0 ] || [ "$DEVICES" = 1 ] || die "--bench needs the devices"
+[ "$SHELL_MODE" = 0 ] || [ "$BENCH" = 0 ] || die "--shell and --bench do not go together"
+[ "$SHELL_MODE" = 0 ] || [ -z "$HFI1_USER_HOST" ] || die "--shell runs no hfi1-user (no --hfi1-user-host)"
 [ "$BENCH" = 0 ] || [ -z "$SOCKETS_DIR" ] || die "--bench starts its own servers: not with --sockets"
 command -v python3 >/dev/null || apt_install python3
 
@@ -233,14 +249,16 @@ trap 'log "interrupted; logs kept in $LOG_DIR"; stop_qemu; exit 130' INT TERM
 
 # --- device model -----------------------------------------------------------------------------------------
 HFI1_SOCK="$LOG_DIR/hfi1.sock" IRDMA_SOCK="$LOG_DIR/irdma.sock" CONTROL_SOCK="$LOG_DIR/control.sock"
-WFR_SOCK="$LOG_DIR/hfi1-wfr.sock"
-[ "$HFI1_WFR" = 1 ] && DM_ARGS+=(--hfi1-wfr "$WFR_SOCK")
+# The chip-personality HFIs: hfi1-wfr, and with --fabric hfi1-wfr1 at the cable's other end (the device
+# model names them so on its control socket, and QEMU's device ids follow).
+wfr_names() { [ "$HFI1_WFR" = 1 ] || return 0; echo hfi1-wfr; [ "$FABRIC" = 0 ] || echo hfi1-wfr1; }
+WFR_DIR=$LOG_DIR
 if [ -n "$SOCKETS_DIR" ] && [ "$DEVICES" = 1 ]; then
     SOCKETS_DIR=$(cd "$SOCKETS_DIR" && pwd) || fail "--sockets $SOCKETS_DIR is not a directory"
     HFI1_SOCK="$SOCKETS_DIR/hfi1.sock" IRDMA_SOCK="$SOCKETS_DIR/irdma.sock" CONTROL_SOCK="$SOCKETS_DIR/control.sock"
-    WFR_SOCK="$SOCKETS_DIR/hfi1-wfr.sock"
+    WFR_DIR=$SOCKETS_DIR
     wanted=("$HFI1_SOCK" "$IRDMA_SOCK")
-    [ "$HFI1_WFR" = 1 ] && wanted+=("$WFR_SOCK")
+    for w in $(wfr_names); do wanted+=("$WFR_DIR/$w.sock"); done
     for sock in "${wanted[@]}"; do
         [ -S "$sock" ] || fail "--sockets: $sock is not a socket (is the device model running?)"
     done
@@ -254,7 +272,8 @@ elif [ "$DEVICES" = 1 ]; then
         [ -n "$DEVICE_MODEL" ] || fail "no device-model binary: build it (cargo build --release -p device-model) or pass --device-model"
     fi
     [ -x "$DEVICE_MODEL" ] || fail "device model $DEVICE_MODEL is not executable"
-    rm -f "$HFI1_SOCK" "$IRDMA_SOCK" "$CONTROL_SOCK" "$WFR_SOCK"
+    rm -f "$HFI1_SOCK" "$IRDMA_SOCK" "$CONTROL_SOCK"
+    for w in $(wfr_names); do rm -f "$WFR_DIR/$w.sock"; DM_ARGS+=(--hfi1-wfr "$WFR_DIR/$w.sock"); done
     # Non-default IDs must be presented by the device model too (its defaults are 1b36:1100 and 1b36:1101).
     [ "$HFI1_ID" = 1b36:1100 ] || [ "$HFI1_ID" = none ] || DM_ARGS+=(--hfi1-ids "$HFI1_ID")
     [ "$IRDMA_ID" = 1b36:1101 ] || [ "$IRDMA_ID" = none ] || DM_ARGS+=(--irdma-ids "$IRDMA_ID")
@@ -264,7 +283,10 @@ elif [ "$DEVICES" = 1 ]; then
         </dev/null >"$LOG_DIR/device-model.log" 2>&1 &
     DM_PID=$!
     DM_STATUS="started"
-    sockets_up() { [ -S "$HFI1_SOCK" ] && [ -S "$IRDMA_SOCK" ] && [ -S "$CONTROL_SOCK" ] && { [ "$HFI1_WFR" = 0 ] || [ -S "$WFR_SOCK" ]; }; }
+    sockets_up() {
+        [ -S "$HFI1_SOCK" ] && [ -S "$IRDMA_SOCK" ] && [ -S "$CONTROL_SOCK" ] || return 1
+        for w in $(wfr_names); do [ -S "$WFR_DIR/$w.sock" ] || return 1; done
+    }
     for _ in $(seq 1 200); do # 20 s
         sockets_up && break
         kill -0 "$DM_PID" 2>/dev/null || break
@@ -313,6 +335,8 @@ if [ "$HFI1_WFR" = 1 ] && [ "$DEVICES" = 1 ]; then
     APPEND="$APPEND rdma_emu.hfi1_wfr=8086:24f0 rdma_emu.hfi1_params=\"$HFI1_PARAMS\" rdma_emu.kdriver_timeout=$KDRIVER_TIMEOUT"
 fi
 [ "$BENCH" = 1 ] && APPEND="$APPEND rdma_emu.bench=1 rdma_emu.bench_budget_ms=$BENCH_BUDGET_MS rdma_emu.peer=$PEER_ID rdma_emu.polled=$POLLED_ID rdma_emu.edu=$EDU_ID"
+# The guest's watchdog covers the shell's setup only; the init stops it before the shell starts.
+[ "$SHELL_MODE" = 1 ] && APPEND="$APPEND rdma_emu.shell=1 rdma_emu.watchdog=900"
 [ -n "$APPEND_EXTRA" ] && APPEND="$APPEND $APPEND_EXTRA"
 
 QCMD=("$QEMU" -accel "$ACCEL")
@@ -325,7 +349,17 @@ else
 fi
 QCMD+=(-device "intel-iommu,caching-mode=on"
     -kernel "$KERNEL" -initrd "$INITRD" -append "$APPEND"
-    -nodefaults -display none -serial stdio)
+    -nodefaults -display none)
+SHELL_TTY=0
+[ "$SHELL_MODE" = 1 ] && [ -t 0 ] && SHELL_TTY=1
+if [ "$SHELL_TTY" = 1 ]; then
+    # The user's terminal: QEMU puts it in raw mode and restores it; Ctrl-C goes to the guest (signal=off), the
+    # monitor shares the console (Ctrl-A C), and the console is copied to serial.log.
+    QCMD+=(-chardev "stdio,id=console,mux=on,signal=off,logfile=$LOG_DIR/serial.log" -serial chardev:console
+        -mon chardev=console,mode=readline)
+else
+    QCMD+=(-serial stdio)
+fi
 [ "$ALLOW_REBOOT" = 1 ] || QCMD+=(-no-reboot)
 QCMD+=("${REPLY_POLL[@]}")
 if [ "$DEVICES" = 1 ]; then
@@ -340,7 +374,9 @@ if [ "$DEVICES" = 1 ]; then
         fi
         QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"$dev\"$bus,\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}")
     done
-    [ "$HFI1_WFR" = 1 ] && QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"hfi1-wfr\",\"socket\":{\"path\":\"$WFR_SOCK\",\"type\":\"unix\"}}")
+    for w in $(wfr_names); do
+        QCMD+=(-device "{\"driver\":\"vfio-user-pci\",\"id\":\"$w\",\"socket\":{\"path\":\"$WFR_DIR/$w.sock\",\"type\":\"unix\"}}")
+    done
     if [ "$BENCH" = 1 ]; then
         for p in peer polled; do
             sock=$PEER_SOCK; [ "$p" = polled ] && sock=$POLLED_SOCK
@@ -415,6 +451,76 @@ dm_access_totals() {
         | python3 -c 'import json, sys; a = json.load(sys.stdin); print(a["reads"], a["writes"], a["unnamed"])' \
         2>/dev/null || echo "- - -"
 }
+
+# --- --shell: the console belongs to the user --------------------------------------------------------------
+# Piped input goes to the guest only once its shell is ready: bytes that reach the UART before the kernel opens
+# the console are dropped by the port's start-up (it clears the FIFO). At the input's end the shell is told to
+# exit, which ends the session. (A Ctrl-D would do that at a terminal, but typed ahead it is only an EOF if the
+# tty is in canonical mode when it arrives, which depends on what the shell is doing then.)
+shell_reader() { # fd of the console input FIFO
+    local line feeder=""
+    while IFS= read -r line || [ -n "$line" ]; do
+        line=${line%$'\r'}
+        printf '%s\n' "$line" >>"$LOG_DIR/serial.log"
+        printf '%s\n' "$line"
+        if [ -z "$feeder" ] && [[ $line == "rdma-emu: ["*"] shell ready"* ]]; then
+            # shellcheck disable=SC2016 # $c is the subshell's
+            ( c=""; trap '[ -z "$c" ] || kill "$c" 2>/dev/null; exit 0' TERM
+              cat <&3 >&"$1" & c=$!
+              wait "$c"; printf '\nexit\n' >&"$1" ) &
+            feeder=$!
+        fi
+    done
+    [ -z "$feeder" ] || kill "$feeder" 2>/dev/null || true
+}
+
+run_shell() {
+    local rc=0 saved_tty="" killer=""
+    log "booting the guest; its shell comes on this console (logs in $LOG_DIR; QEMU command in qemu-command.txt)"
+    rm -f "$LOG_DIR/timed-out"
+    if [ "$TIMEOUT_SET" = 1 ]; then
+        # shellcheck disable=SC2016 # $s is the subshell's
+        ( s=""; trap '[ -z "$s" ] || kill "$s" 2>/dev/null; exit 0' TERM
+          sleep "$(deadline_left)" & s=$!
+          wait "$s" || exit 0
+          touch "$LOG_DIR/timed-out"; log "--timeout: stopping QEMU"; stop_qemu ) &
+        killer=$!
+    fi
+    set +e
+    if [ "$SHELL_TTY" = 1 ]; then
+        saved_tty=$(stty -g 2>/dev/null)
+        # Not job-controlled: QEMU stays in the terminal's foreground process group. The explicit redirection keeps
+        # the terminal as its stdin (a background command's default stdin is /dev/null).
+        "${QCMD[@]}" -pidfile "$LOG_DIR/qemu.pid" <&0 2>"$LOG_DIR/qemu.stderr" &
+        wait $!
+        rc=$?
+        [ -n "$saved_tty" ] && stty "$saved_tty" 2>/dev/null
+    else
+        mkfifo "$LOG_DIR/console.in"
+        # Held open for reading and writing: QEMU never sees the end of its input; the shell is told to exit instead.
+        exec 4<>"$LOG_DIR/console.in" 3<&0
+        ( "${QCMD[@]}" -pidfile "$LOG_DIR/qemu.pid" <&4 2>"$LOG_DIR/qemu.stderr" | shell_reader 4
+          echo "${PIPESTATUS[0]}" >"$LOG_DIR/qemu.rc" ) &
+        wait $!
+        rc=$(cat "$LOG_DIR/qemu.rc" 2>/dev/null || echo 255)
+        exec 4>&- 3<&-
+    fi
+    set -e
+    [ -n "$killer" ] && { kill "$killer" 2>/dev/null || true; wait "$killer" 2>/dev/null || true; }
+    stop_device_model
+    trap - EXIT
+    # QEMU ends with status 0 on SIGTERM too.
+    if [ -e "$LOG_DIR/timed-out" ]; then
+        rc=124
+        log "the session outlived --timeout; QEMU was stopped; device model $DM_STATUS; logs in $LOG_DIR"
+    elif [ "$rc" = 0 ] && [[ $DM_STATUS != "exited early"* ]]; then
+        log "guest powered off; device model $DM_STATUS; logs in $LOG_DIR"
+    else
+        log "QEMU exited with status $rc ($(grep -v 'warning:' "$LOG_DIR/qemu.stderr" 2>/dev/null | tail -n 2 | tr '\n' ' ')); device model $DM_STATUS; logs in $LOG_DIR"
+    fi
+    exit "$rc"
+}
+[ "$SHELL_MODE" = 1 ] && run_shell
 
 rm -f "$LOG_DIR/deadline" "$LOG_DIR/stalled" "$LOG_DIR/step-accesses"
 
@@ -585,7 +691,7 @@ if guest is not None:
         if "irdma" in guest.get("devices", {}):
             expected.append("demo-irdma-irq")
         if hfi1_wfr == "1":
-            expected += ["find-hfi1-wfr", "kdriver-modprobe", "kdriver-sysfs", "kdriver-rmmod", "kdriver-reprobe",
+            expected += ["find-hfi1-wfr", "kdriver-modprobe", "kdriver-sysfs", "fabric-userland", "kdriver-rmmod", "kdriver-reprobe",
                          "kdriver-rmmod-again", "kdriver-params-beyond-chip", "kdriver-dmesg",
                          "kdriver-params-invalid", "kdriver-final-probe", "kdriver-dmesg-final"]
             if hu_status != "not started":

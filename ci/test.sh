@@ -16,6 +16,8 @@ for a in "$@"; do
 done
 
 bash ci/setup-rust.sh
+# The cable-capture test decodes our capture with Debian's tshark.
+ensure_tshark
 
 # kernel-conformance compiles the kernel's irdma ctrl.c from the guest kernel's source package.
 log "kernel source for kernel-conformance"

@@ -87,5 +87,32 @@ timeout_msg 137 30|timed out after 30 s
 timeout_msg 3 30|exit status 3
 CASES
 
+echo "opainfo_disagrees: opainfo's text agrees with sysfs (samples from opa-basic-tools 10.10.3.0.11 in the guest)"
+G=0x0011750101000001
+OI_DOWN='hfi1_0:1                           PortGUID:0x0011750101000001
+   PhysicalState: Polling       
+   LinkSpeed      En: 25Gb         Sup: 25Gb        '
+OI_INIT='hfi1_0:1                           PortGUID:0x0011750101000001
+   PortState:     Init (LinkUp)
+   LinkSpeed      Act: 25Gb         En: 25Gb        '
+OI_ACTIVE='hfi1_0:1                           PortGID:0xfe80000000000000:0011750101000001
+   PortState:     Active
+   LinkSpeed      Act: 25Gb         En: 25Gb        '
+# sample | device | port GUID | sysfs state | sysfs phys_state | what disagrees
+while IFS='|' read -r sample dev guid state phys expected; do
+    eval "text=\$$sample"
+    got=$(T="$text" bb "opainfo_disagrees \"\$T\" '$dev' '$guid' '$state' '$phys'")
+    check "opainfo_disagrees $sample $dev $state / $phys" "$expected" "$got"
+done <<CASES
+OI_DOWN|hfi1_0|$G|1: DOWN|2: Polling|
+OI_INIT|hfi1_0|$G|2: INIT|5: LinkUp|
+OI_ACTIVE|hfi1_0|$G|4: ACTIVE|5: LinkUp|
+OI_DOWN|hfi1_0|$G|1: DOWN|3: Disabled|opainfo's PhysicalState for hfi1_0 is not the kernel's (Disabled);
+OI_INIT|hfi1_0|$G|4: ACTIVE|5: LinkUp|opainfo's PortState for hfi1_0 is not the kernel's (ACTIVE);
+OI_ACTIVE|hfi1_0|$G|2: INIT|5: LinkUp|opainfo's PortState for hfi1_0 is not the kernel's (INIT);
+OI_INIT|hfi1_0|0x0011750101000002|2: INIT|5: LinkUp|opainfo does not show hfi1_0:1's port GUID 0x0011750101000002;
+OI_ACTIVE|hfi1_1|$G|4: ACTIVE|5: LinkUp|opainfo does not show hfi1_1:1's port GUID $G;
+CASES
+
 if [ "$FAILS" -ne 0 ]; then die "$FAILS init helper check(s) failed"; fi
 log "all init helper checks passed"

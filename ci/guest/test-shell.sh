@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Checks `ci/run-qemu.sh --shell` as a user meets it, twice:
+#   1. commands piped into stdin (sent once the guest's shell is ready; the end of input ends the session);
+#   2. typed at a terminal: a pseudo-terminal, so QEMU owns a real tty (raw mode, Ctrl-C to the guest).
+# Each boots the guest: run it under the heavy-job lock (flock /tmp/rdma-emu-heavy.lock ci/guest/test-shell.sh).
+#
+#   ci/guest/test-shell.sh [ci/run-qemu.sh options, e.g. --hfi1-wfr for one HFI instead of the fabric]
+source "$(dirname "$0")/../lib.sh"
+command -v python3 >/dev/null || apt_install python3
+
+TMP=$(mktemp -d /tmp/rdma-emu-shell-test.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+FAILS=0
+check() { # name: the condition is the rest of the arguments
+    local name=$1; shift
+    if "$@"; then printf '  ok   %s\n' "$name"; else printf '  FAIL %s\n' "$name"; FAILS=$((FAILS + 1)); fi
+}
+has() { grep -qE -- "$2" "$1"; }
+
+log "piped: ibv_devinfo, opainfo, a command's status, then the end of input"
+set +e
+printf 'ibv_devinfo -d hfi1_0\nopainfo\nls /dev/infiniband\nfalse; echo "status=$?"\n' |
+    bash "$REPO_ROOT/ci/run-qemu.sh" --shell --timeout 600 --logs "$TMP/piped" --keep-logs "$@" \
+        >"$TMP/piped.out" 2>"$TMP/piped.err"
+rc=$?
+set -e
+check "run-qemu.sh --shell exits 0 when the guest powers off" [ "$rc" = 0 ]
+check "the banner lists hfi1_0" has "$TMP/piped.out" '^  hfi1_0: node GUID [0-9a-f:]{19}, port 1 '
+check "ibv_devinfo finds hfi1_0 through the hfi1 provider" has "$TMP/piped.out" $'^hca_id:\thfi1_0$'
+check "ibv_devinfo shows its port" has "$TMP/piped.out" 'state:[[:space:]]+PORT_(DOWN|INIT|ARMED|ACTIVE) \([1-4]\)$'
+check "opainfo lists hfi1_0:1 with its port GUID" has "$TMP/piped.out" '^hfi1_0:1 +PortGUID:0x[0-9a-f]{16}$'
+check "the device nodes of ib_uverbs and ib_umad" has "$TMP/piped.out" 'issm0.*umad0.*uverbs0'
+check "commands run in order, with their status" has "$TMP/piped.out" '^status=1$'
+check "the end of input ends the session" has "$TMP/piped.out" 'shell exited: powering off'
+check "the device model is stopped" has "$TMP/piped.err" 'guest powered off; device model running until stopped'
+# Without --hfi1-wfr the shell serves the fabric: two HFIs, and opa-fm's sm on hfi1_0.
+if [[ " $* " != *" --hfi1-wfr "* ]]; then
+    check "the fabric's two HFIs" has "$TMP/piped.out" '^  hfi1_1: node GUID [0-9a-f:]{19}, port 1 '
+    check "opa-fm's sm runs on hfi1_0" has "$TMP/piped.out" '^opa-fm: sm running on hfi1_0 '
+    check "opainfo lists both ports" has "$TMP/piped.out" '^hfi1_1:1 +PortGUID:0x[0-9a-f]{16}$'
+fi
+
+log "terminal: a prompt, a command, Ctrl-C to a running command, Ctrl-D"
+set +e
+python3 - "$REPO_ROOT/ci/run-qemu.sh" "$TMP/tty.out" --shell --timeout 600 --logs "$TMP/tty" --keep-logs "$@" <<'PY'
+import os, pty, re, select, sys, time
+
+script, transcript = sys.argv[1], sys.argv[2]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp("bash", ["bash", script] + sys.argv[3:])
+out = bytearray()
+eof = False
+
+def expect(pattern, secs):
+    """Reads the terminal until the regex matches the transcript's unread part; False on timeout or EOF."""
+    global eof
+    deadline = time.monotonic() + secs
+    start = len(out)
+    while time.monotonic() < deadline:
+        if re.search(pattern.encode(), bytes(out[start:]), re.S):
+            return True
+        r, _, _ = select.select([fd], [], [], 1)
+        if r:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                eof = True
+                return False
+            out.extend(chunk)
+    return False
+
+def step(name, ok):
+    print(("  ok   " if ok else "  FAIL ") + name, flush=True)
+    return ok
+
+good = step("the shell is ready", expect(r"shell ready", 600))
+good = good and step("a prompt", expect(r"rdma-emu:/# ", 60))
+if good:
+    os.write(fd, b"ibv_devinfo -d hfi1_0\r")
+    good = step("ibv_devinfo answers", expect(r"hca_id:\thfi1_0.*?rdma-emu:/# ", 120))
+if good:
+    # Ctrl-C must reach the guest's foreground job, not end QEMU (the console is signal=off; cttyhack gave the
+    # shell a controlling terminal).
+    os.write(fd, b"sleep 300; echo after-sleep\r")
+    expect(r"sleep 300; echo after-sleep", 10)
+    time.sleep(1)  # the sleep must have started: Ctrl-C before it would only clear the line
+    os.write(fd, b"\x03")
+    good = step("Ctrl-C stops the guest's command and the shell prompts again",
+                expect(r"rdma-emu:/# ", 30) and b"after-sleep\r\n" not in out)
+if good:
+    os.write(fd, b"echo alive-$((6*7))\r")
+    good = step("the shell still runs commands", expect(r"alive-42.*rdma-emu:/# ", 30))
+if good:
+    # Ctrl-D at the prompt (the piped run ends with `exit`).
+    os.write(fd, b"\x04")
+    good = step("Ctrl-D at the prompt powers the guest off", expect(r"guest powered off", 120))
+# run-qemu.sh must end by itself (it stops QEMU and the device model): the terminal then reads EOF. If it does
+# not, it is stopped (SIGTERM stops QEMU and the device model too).
+expect(r"(?!x)x", 60)
+ended = eof
+if not ended:
+    os.kill(pid, 15)
+_, status = os.waitpid(pid, 0)
+open(transcript, "wb").write(bytes(out))
+good = step("run-qemu.sh ends by itself", ended) and good
+good = step("run-qemu.sh exits 0", good and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
+sys.exit(0 if good else 1)
+PY
+rc=$?
+set -e
+check "terminal session" [ "$rc" = 0 ]
+
+if [ "$FAILS" -ne 0 ]; then
+    log "transcripts: $TMP/piped.out, $TMP/tty.out (logs $TMP/piped, $TMP/tty)"
+    trap - EXIT
+    die "$FAILS shell check(s) failed"
+fi
+log "all shell checks passed"
