@@ -184,8 +184,8 @@ pub enum CliError {
     DeviceWithoutSocket,
     #[error("{0} is used twice: each device and the control socket need their own socket path")]
     PathReused(PathBuf),
-    #[error("--capture needs a cable: give --hfi1-wfr twice")]
-    CaptureWithoutCable,
+    #[error("{0} needs a cable: give --hfi1-wfr twice")]
+    NeedsCable(&'static str),
     #[error("{option} given but {device} is not served")]
     OptionForAbsentDevice { option: &'static str, device: &'static str },
     #[error("--fault {spec}: {why}")]
@@ -229,6 +229,11 @@ pub struct Args {
     /// Most MiB the capture file takes, 1..=1048576 [default: 1024]; later packets are left out and counted.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=crate::hfi1::CAPTURE_MAX_MIB))]
     pub capture_max_mib: Option<u64>,
+
+    /// How long the cable's link trains once both ends poll, 0..=60000 [default: 1000]. A real link takes
+    /// seconds; the stock driver needs its IB device registered before the link comes up (docs/hfi1-fabric.md).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub link_training_ms: Option<u64>,
 
     /// Serve the irdma function on a vfio-user socket created at PATH (a stale socket is replaced).
     #[arg(long, value_name = "PATH")]
@@ -462,8 +467,13 @@ impl Args {
                 return Err(CliError::OptionForAbsentDevice { option, device: kind.name() });
             }
         }
-        if self.capture.is_some() && out.iter().filter(|s| s.kind == DeviceKind::Hfi1Wfr).count() != 2 {
-            return Err(CliError::CaptureWithoutCable);
+        let cabled = out.iter().filter(|s| s.kind == DeviceKind::Hfi1Wfr).count() == 2;
+        for (option, given) in
+            [("--capture", self.capture.is_some()), ("--link-training-ms", self.link_training_ms.is_some())]
+        {
+            if given && !cabled {
+                return Err(CliError::NeedsCable(option));
+            }
         }
         for f in &self.fault {
             let fail = |why: String| CliError::Fault { spec: f.to_string(), why };

@@ -122,7 +122,8 @@ fn inconsistent_command_lines_are_refused() {
         (&["--hfi1", "/tmp/x", "--control", "/tmp/x"], CliError::PathReused("/tmp/x".into())),
         (&["--hfi1-wfr", "/tmp/a", "--hfi1-wfr", "/tmp/a"], CliError::PathReused("/tmp/a".into())),
         (&["--hfi1-wfr", "/a", "--hfi1-wfr", "/b", "--hfi1-wfr", "/c"], CliError::TooManyWfr(3)),
-        (&["--hfi1-wfr", "/a", "--capture", "/tmp/c.pcap"], CliError::CaptureWithoutCable),
+        (&["--hfi1-wfr", "/a", "--capture", "/tmp/c.pcap"], CliError::NeedsCable("--capture")),
+        (&["--hfi1-wfr", "/a", "--link-training-ms", "5"], CliError::NeedsCable("--link-training-ms")),
         (
             &["--hfi1-wfr", "/tmp/a", "--fault", "hfi1-wfr1:packet-drop"],
             CliError::Fault {

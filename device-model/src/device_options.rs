@@ -110,16 +110,18 @@ impl DeviceOptions {
         Ok(function)
     }
 
-    /// Two chip-personality functions joined by a cable (docs/hfi1-fabric.md): `a` is end A.
+    /// Two chip-personality functions joined by a cable whose link trains for `training` (docs/hfi1-fabric.md):
+    /// `a` is end A.
     pub fn build_cabled(
         a: (&DeviceOptions, &[FaultSpec]),
         b: (&DeviceOptions, &[FaultSpec]),
+        training: Duration,
     ) -> Result<[Arc<Function>; 2], String> {
         if a.0.kind != DeviceKind::Hfi1Wfr || b.0.kind != DeviceKind::Hfi1Wfr {
             return Err("a cable joins two hfi1-wfr functions".into());
         }
         let (ea, eb) = (a.0.hfi1()?, b.0.hfi1()?);
-        Hfi1::connect(&ea, &eb).map_err(|e| e.to_string())?;
+        Hfi1::connect(&ea, &eb, training).map_err(|e| e.to_string())?;
         Ok([a.0.wrap(Arc::new(ea), a.1)?, b.0.wrap(Arc::new(eb), b.1)?])
     }
 

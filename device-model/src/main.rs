@@ -5,12 +5,13 @@ use std::os::unix::net::UnixListener;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use device_model::cli::{Args, DeviceKind, Listen, Served, Tool};
 use device_model::control::{serve_control, ControlTarget};
 use device_model::device_options::DeviceOptions;
-use device_model::hfi1::{CAPTURE_DEFAULT_MIB, WFR_NAMES};
+use device_model::hfi1::{cable, CAPTURE_DEFAULT_MIB, WFR_NAMES};
 use device_model::pci::Function;
 use device_model::replay::{self, Report};
 use device_model::shutdown::{accept_one, Termination, Waker};
@@ -139,7 +140,8 @@ fn build_functions(args: &Args, served: &[Served]) -> Result<Vec<Arc<Function>>,
         [a, b] => {
             let (oa, ob) = (options_for(args, &served[*a]), options_for(args, &served[*b]));
             let (fa, fb) = (faults_of(&served[*a]), faults_of(&served[*b]));
-            let [x, y] = DeviceOptions::build_cabled((&oa, &fa), (&ob, &fb))?;
+            let training = args.link_training_ms.map_or(cable::TRAINING_DEFAULT, Duration::from_millis);
+            let [x, y] = DeviceOptions::build_cabled((&oa, &fa), (&ob, &fb), training)?;
             tracing::info!("{} and {} are joined by a cable", served[*a].name(), served[*b].name());
             vec![(*a, x), (*b, y)]
         }

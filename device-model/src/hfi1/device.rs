@@ -8,6 +8,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::Duration;
 
 use vfio_user_proto::device::RegionFd;
 use vfio_user_proto::dma::{DmaAccess, NoDma};
@@ -78,14 +79,15 @@ impl Hfi1 {
         Ok(Self { config, shared, region_fd, worker: Arc::new(worker), port: OnceLock::new() })
     }
 
-    /// Joins two chip-personality functions with a cable (docs/hfi1-fabric.md): `a` is its end A.
-    pub fn connect(a: &Hfi1, b: &Hfi1) -> Result<()> {
+    /// Joins two chip-personality functions with a cable whose link trains for `training` once both poll
+    /// (docs/hfi1-fabric.md): `a` is its end A.
+    pub fn connect(a: &Hfi1, b: &Hfi1, training: Duration) -> Result<()> {
         for h in [a, b] {
             if !matches!(h.config.personality, Personality::Wfr(_)) || h.port.get().is_some() {
                 return Err(Hfi1Error::Config(format!("{} cannot take a cable", h.config.name())));
             }
         }
-        let cable = Cable::new().map_err(|e| Hfi1Error::Worker(format!("cable thread: {e}")))?;
+        let cable = Cable::new(training).map_err(|e| Hfi1Error::Worker(format!("cable thread: {e}")))?;
         for (end, h) in [(End::A, a), (End::B, b)] {
             let port = Arc::new(HfiPort::new(Arc::clone(&h.shared), Arc::downgrade(&h.worker), h.config.personality));
             let weak: Weak<dyn Port> = Arc::downgrade(&(Arc::clone(&port) as Arc<dyn Port>));

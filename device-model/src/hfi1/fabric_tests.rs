@@ -105,7 +105,7 @@ const LINK_GOING_DOWN: u64 = 1 << 8;
 
 fn pair() -> (Hfi, Hfi) {
     let (ea, eb) = (Hfi1::new(Hfi1Config::wfr_instance(0)).unwrap(), Hfi1::new(Hfi1Config::wfr_instance(1)).unwrap());
-    Hfi1::connect(&ea, &eb).unwrap();
+    Hfi1::connect(&ea, &eb, Duration::ZERO).unwrap();
     let hfi = |e: Hfi1| {
         let f = Function::try_new(Arc::new(e), PciIds::hfi1_wfr_default()).unwrap();
         let (irqs, mem) = (Arc::new(Irqs::default()), Arc::new(HeapMemory::new()));

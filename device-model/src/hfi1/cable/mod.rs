@@ -117,6 +117,14 @@ pub const QUEUE: usize = 1024;
 pub const RECENT: usize = 32;
 /// How long a reordered packet waits for the packet that is to overtake it before it goes alone.
 pub const REORDER_WAIT: Duration = Duration::from_millis(100);
+/// How long the link takes to train once both ends poll, unless configured. A real link's LNI takes seconds
+/// (SerDes tuning, VerifyCap). The stock driver starts the link in `hfi1_init` and registers its IB device
+/// only afterwards (init.c); a link up in between reaches `add_full_mgmt_pkey`, which dispatches a P_Key
+/// event on the unregistered device and oopses in `ib_query_port`. A second end probing next to a polling
+/// first one would otherwise see LinkUp within microseconds, inside that window (docs/hfi1-fabric.md).
+pub const TRAINING_DEFAULT: Duration = Duration::from_millis(1000);
+/// The longest training time a cable accepts.
+pub const TRAINING_MAX: Duration = Duration::from_secs(60);
 
 /// Per direction (indexed by the receiving end): what the cable did with packets.
 #[derive(Debug, Default)]
@@ -153,6 +161,8 @@ impl DirCounters {
 #[derive(Debug, Default)]
 struct Status {
     up: Mutex<bool>,
+    /// Both ends poll and the link trains until then.
+    training_until: Mutex<Option<Instant>>,
     trainings: AtomicU64,
     /// Indexed by the receiving end.
     dirs: [DirCounters; 2],
@@ -219,12 +229,15 @@ pub struct Cable {
 }
 
 impl Cable {
-    pub fn new() -> std::io::Result<Cable> {
+    /// A cable whose link trains for `training` (at most [`TRAINING_MAX`]) once both ends poll.
+    pub fn new(training: Duration) -> std::io::Result<Cable> {
         let (tx, rx) = crossbeam_channel::bounded(QUEUE);
         let status = Arc::new(Status::default());
         let thread_status = Arc::clone(&status);
-        let thread =
-            std::thread::Builder::new().name("hfi1-cable".into()).spawn(move || Link::new(thread_status).run(rx))?;
+        let training = training.min(TRAINING_MAX);
+        let thread = std::thread::Builder::new()
+            .name("hfi1-cable".into())
+            .spawn(move || Link::new(thread_status, training).run(rx))?;
         Ok(Cable { inner: Arc::new(Inner { tx, status, thread: Mutex::new(Some(thread)) }) })
     }
 
@@ -287,6 +300,7 @@ impl CableEnd {
         serde_json::json!({
             "end": self.end.name(),
             "link_up": *s.up.lock().unpoison(),
+            "training_ms_left": s.training_until.lock().unpoison().map(|t| t.saturating_duration_since(Instant::now()).as_millis() as u64),
             "trainings": s.trainings.load(Ordering::Relaxed),
             "to_a": s.dirs[0].json(),
             "to_b": s.dirs[1].json(),
@@ -321,18 +335,23 @@ struct Link {
     ports: [Option<Weak<dyn Port>>; 2],
     polling: [bool; 2],
     up: bool,
+    training: Duration,
+    /// When the link comes up: both ends poll and it trains.
+    train_due: Option<Instant>,
     held: VecDeque<Held>,
     capture: Option<Capture>,
     capture_count: Arc<AtomicU64>,
 }
 
 impl Link {
-    fn new(status: Arc<Status>) -> Self {
+    fn new(status: Arc<Status>, training: Duration) -> Self {
         Link {
             status,
             ports: [None, None],
             polling: [false; 2],
             up: false,
+            training,
+            train_due: None,
             held: VecDeque::new(),
             capture: None,
             capture_count: Arc::new(AtomicU64::new(0)),
@@ -345,7 +364,7 @@ impl Link {
 
     fn run(mut self, rx: Receiver<Msg>) {
         loop {
-            let msg = match self.held.iter().map(|h| h.due).min() {
+            let msg = match self.held.iter().map(|h| h.due).chain(self.train_due).min() {
                 Some(due) => match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
                     Ok(m) => Some(m),
                     Err(RecvTimeoutError::Timeout) => None,
@@ -370,6 +389,10 @@ impl Link {
                     let _ = reply.send(Ok(()));
                 }
                 None => {}
+            }
+            if self.train_due.is_some_and(|due| due <= Instant::now()) {
+                self.set_training(None);
+                self.train();
             }
             self.release_due();
         }
@@ -398,12 +421,20 @@ impl Link {
         match phy {
             Phy::Polling => {
                 self.polling[end.index()] = true;
-                if self.polling == [true, true] && !self.up {
-                    self.train();
+                if self.polling == [true, true] && !self.up && self.train_due.is_none() {
+                    if self.training.is_zero() {
+                        self.train();
+                    } else {
+                        self.set_training(Some(Instant::now() + self.training));
+                        let ms = Val::Dec(self.training.as_millis() as u64);
+                        self.trace(end, "link-training", &[("ms", ms)]);
+                    }
                 }
             }
             Phy::Down { reason } => {
                 self.polling[end.index()] = false;
+                // An end that stops polling ends the training; both must poll again.
+                self.set_training(None);
                 if self.up {
                     self.set_up(false);
                     // The link is down for both: each end trains again only once it polls again.
@@ -418,6 +449,11 @@ impl Link {
                 }
             }
         }
+    }
+
+    fn set_training(&mut self, due: Option<Instant>) {
+        self.train_due = due;
+        *self.status.training_until.lock().unpoison() = due;
     }
 
     fn set_up(&mut self, up: bool) {

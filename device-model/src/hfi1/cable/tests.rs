@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::wire::{LNH_BTH, LRH_BYTES};
 use super::*;
@@ -77,7 +77,11 @@ struct Rig {
 }
 
 fn rig() -> Rig {
-    let cable = Cable::new().unwrap();
+    rig_training(Duration::ZERO)
+}
+
+fn rig_training(training: Duration) -> Rig {
+    let cable = Cable::new(training).unwrap();
     let (a, b) = (FakePort::new(0x11), FakePort::new(0x22));
     let wa: Weak<dyn Port> = Arc::downgrade(&(Arc::clone(&a) as Arc<dyn Port>));
     let wb: Weak<dyn Port> = Arc::downgrade(&(Arc::clone(&b) as Arc<dyn Port>));
@@ -118,6 +122,49 @@ fn the_link_trains_when_both_ends_poll_and_each_learns_the_other() {
     assert_eq!(r.a.wait(1), vec![id(0x22)]);
     assert_eq!(r.b.wait(1), vec![id(0x11)]);
     assert!(r.ea.link_up() && r.eb.link_up());
+}
+
+#[test]
+fn the_link_comes_up_only_once_it_has_trained_for_the_training_time() {
+    const TRAINING: Duration = Duration::from_millis(200);
+    let r = rig_training(TRAINING);
+    r.ea.phy(Phy::Polling);
+    let polled = Instant::now();
+    r.eb.phy(Phy::Polling);
+    assert!(matches!(r.a.wait(1)[0], Seen::Link(LinkEvent::Up(_))));
+    assert!(polled.elapsed() >= TRAINING, "up after {:?}, before the training time", polled.elapsed());
+    assert!(r.eb.link_up());
+    assert_eq!(r.eb.status()["training_ms_left"], serde_json::Value::Null);
+}
+
+/// Waits until the cable thread has taken every message `end` sent before: a packet sent while the link is
+/// down comes back as one more `dropped_link_down`, and the thread takes messages in order.
+fn settled(end: &CableEnd) {
+    let dropped = |e: &CableEnd| e.status()["to_b"]["dropped_link_down"].as_u64().unwrap_or(0);
+    let before = dropped(end);
+    end.transmit(packet(0));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while dropped(end) == before {
+        assert!(Instant::now() < deadline, "the cable thread did not take the packet");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn an_end_that_stops_polling_while_the_link_trains_ends_the_training() {
+    // Long enough that only a bug would bring the link up while the test runs.
+    let r = rig_training(TRAINING_MAX);
+    r.ea.phy(Phy::Polling);
+    r.eb.phy(Phy::Polling);
+    settled(&r.ea);
+    assert!(r.ea.status()["training_ms_left"].as_u64().is_some_and(|ms| ms > 1000), "training");
+    r.ea.phy(Phy::Down { reason: None });
+    settled(&r.ea);
+    assert_eq!(r.ea.status()["training_ms_left"], serde_json::Value::Null, "the training ended");
+    r.ea.phy(Phy::Polling);
+    settled(&r.ea);
+    assert!(r.ea.status()["training_ms_left"].as_u64().is_some_and(|ms| ms > 1000), "both poll: training again");
+    assert!(!r.ea.link_up() && r.a.wait(0).is_empty() && r.b.wait(0).is_empty(), "no end heard of a link");
 }
 
 #[test]
