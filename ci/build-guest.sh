@@ -452,6 +452,28 @@ else
     HFI1_USER_SUM=none
 fi
 
+# verbs-check (testing/verbs-check), C against libibverbs: built here from its source with the host's gcc and
+# Debian's libibverbs-dev (bookworm's rdma-core, the version the guest's libibverbs1 is pinned at), linked
+# dynamically against the guest's libibverbs. Cached by the source's hash.
+VERBS_CHECK_SRC="$REPO_ROOT/testing/verbs-check/verbs-check.c"
+build_verbs_check() {
+    local sum out
+    sum=$(cat "$VERBS_CHECK_SRC" "$UDIR/pins" | sha256sum | cut -c1-16)
+    out="$GUEST_DIR/verbs-check-$sum"
+    if [ ! -x "$out" ]; then
+        apt_install gcc libc6-dev libibverbs-dev
+        local have want
+        have=$(dpkg-query -W -f='${Version}' libibverbs-dev)
+        want=$(sed -n 's/^libibverbs1=//p' "$UDIR/pins")
+        [ "$have" = "$want" ] || log "warning: the host's libibverbs-dev is $have, the guest's libibverbs1 $want"
+        log "building verbs-check"
+        gcc -O2 -Wall -Wextra -Werror -o "$out.tmp" "$VERBS_CHECK_SRC" -libverbs >&2 || die "verbs-check did not build"
+        mv "$out.tmp" "$out"
+    fi
+    echo "$out"
+}
+VERBS_CHECK=$(build_verbs_check)
+
 # Everything the cpio depends on; identical inputs mean the existing cpio is reused.
 INPUTS=$({
     echo "format 3"
@@ -464,6 +486,8 @@ INPUTS=$({
     (cd "$REPO_ROOT/ci/guest" && find rootfs opafm-config.py elf-closure.sh -type f | LC_ALL=C sort | xargs sha256sum)
     echo "udriver $UDRIVER_SUM"
     echo "hfi1-user $HFI1_USER_SUM"
+    echo "verbs-check $(sha256sum <"$VERBS_CHECK" | cut -c1-64)"
+    (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh)
     (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
     (cd "$KDIR/kdriver" && xargs sha256sum <"$KDIR/kdriver.rel")
 })
@@ -507,6 +531,9 @@ else
     install -m 0755 "$INIT_SRC" "$STAGE/init"
     [ -n "$UDRIVER" ] && install -m 0755 "$UDRIVER" "$STAGE/bin/udriver"
     [ -n "$HFI1_USER" ] && install -m 0755 "$HFI1_USER" "$STAGE/bin/hfi1-user"
+    install -D -m 0755 "$VERBS_CHECK" "$STAGE/usr/bin/verbs-check"
+    # Steps the init sources (functions only).
+    install -D -m 0644 "$REPO_ROOT/ci/guest/fabric.sh" "$STAGE/lib/rdma-emu/fabric.sh"
     cat >"$STAGE/etc/rdma-emu-guest" <<EOF
 kernel=$(cat "$KDIR/package")
 busybox=$(cat "$BBDIR/version")

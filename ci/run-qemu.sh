@@ -27,7 +27,13 @@
 #   --hfi1-wfr            also serve an HFI with the real chip's personality (8086:24f0) and run the guest's
 #                         kernel-driver steps on it (modprobe/rmmod hfi1, sysfs, the fabric userland, dmesg)
 #   --fabric              serve two chip-personality HFIs joined by a cable (device names hfi1-wfr and hfi1-wfr1
-#                         on the control socket) instead of one; implies --hfi1-wfr
+#                         on the control socket) instead of one, and run the guest's fabric steps on them
+#                         instead of the single-HFI kernel-driver steps (bring-up under opa-fm, verbs traffic,
+#                         cable faults; docs/hfi1-fabric.md); implies --hfi1-wfr. The host answers the guest's
+#                         requests on the console (arming cable faults, reading access totals)
+#   --capture FILE        with --fabric: record the packets that cross the cable (device-model --capture)
+#   --fabric-bounce       with --fabric: after the bring-up only bounce hfi1_1's link (opaportconfig) and wait
+#                         for ACTIVE again; the stock driver deadlocks there today (docs/hfi1-fabric.md)
 #   --shell               boot with the devices, run the setup (functions bound, hfi1 loaded, opa-fm's sm started
 #                         with two HFIs) and give the console to an interactive shell instead of the demos;
 #                         leaving the shell powers the guest off and stops the device model. Uses --fabric
@@ -68,6 +74,7 @@ ACCEL=${RDMA_EMU_ACCEL:-auto}
 KERNEL="" INITRD="" SHARE=1 DEVICES=1 TIMEOUT=600 DEMO_TIMEOUT=120 UARGS="" APPEND_EXTRA=""
 HFI1_ID=1b36:1100 IRDMA_ID=1b36:1101 RESULT="" LOG_DIR="" KEEP_LOGS=0 TIMING=0 QUIET=0
 HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST="" FABRIC=0 SHELL_MODE=0 TIMEOUT_SET=0
+CAPTURE="" FABRIC_BOUNCE=0
 # Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
@@ -96,6 +103,8 @@ while [ $# -gt 0 ]; do
         --irdma-id) need $#; IRDMA_ID=$2; shift 2 ;;
         --hfi1-wfr) HFI1_WFR=1; shift ;;
         --fabric) FABRIC=1; shift ;;
+        --capture) need $#; CAPTURE=$2; shift 2 ;;
+        --fabric-bounce) FABRIC_BOUNCE=1; shift ;;
         --shell) SHELL_MODE=1; shift ;;
         --hfi1-params) need $#; HFI1_PARAMS=$2; shift 2 ;;
         --kdriver-timeout) need $#; KDRIVER_TIMEOUT=$2; shift 2 ;;
@@ -137,6 +146,13 @@ is_uint "$REPLY_POLL_US" && [ "$REPLY_POLL_US" -le 1000000 ] || die "--reply-pol
 [ "$BENCH" = 0 ] || [ "$DEVICES" = 1 ] || die "--bench needs the devices"
 [ "$SHELL_MODE" = 0 ] || [ "$BENCH" = 0 ] || die "--shell and --bench do not go together"
 [ "$SHELL_MODE" = 0 ] || [ -z "$HFI1_USER_HOST" ] || die "--shell runs no hfi1-user (no --hfi1-user-host)"
+[ "$FABRIC" = 0 ] || [ "$SHELL_MODE" = 1 ] || [ -z "$HFI1_USER_HOST" ] || die "--fabric runs no hfi1-user (no --hfi1-user-host)"
+[ -z "$CAPTURE" ] || [ "$FABRIC" = 1 ] || die "--capture needs --fabric"
+[ "$FABRIC_BOUNCE" = 0 ] || [ "$FABRIC" = 1 ] || die "--fabric-bounce needs --fabric"
+if [ -n "$CAPTURE" ]; then
+    mkdir -p "$(dirname "$CAPTURE")" && CAPTURE=$(cd "$(dirname "$CAPTURE")" && pwd)/$(basename "$CAPTURE")
+    DM_ARGS+=(--capture "$CAPTURE")
+fi
 [ "$BENCH" = 0 ] || [ -z "$SOCKETS_DIR" ] || die "--bench starts its own servers: not with --sockets"
 command -v python3 >/dev/null || apt_install python3
 
@@ -318,6 +334,66 @@ if [ "$BENCH" = 1 ]; then
     log "testbed serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, ours with the defaults $POLLED_ID"
 fi
 
+# --- the control socket -------------------------------------------------------------------------------------
+# One control-socket request (JSON); prints the reply's result as JSON, or fails with the reply's error.
+dm_request() { # json
+    timeout 10 python3 - "$CONTROL_SOCK" "$1" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+f.write(sys.argv[2] + "\n")
+f.flush()
+reply = json.loads(f.readline())
+if not reply.get("ok"):
+    sys.exit(f"control socket: {reply.get('error')}")
+print(json.dumps(reply.get("result")))
+PY
+}
+dm_query() { dm_request "{\"device\":\"$1\",\"cmd\":\"$2\"}"; } # device cmd
+# A top-level field of the JSON on stdin.
+json_field() { python3 -c 'import json, sys; v = json.load(sys.stdin).get(sys.argv[1]); print("" if v is None else v)' "$1"; }
+
+# "reads writes unnamed" of the chip-personality HFIs together so far ("- - -" if the device model does not
+# answer).
+dm_access_totals() {
+    local w out r=0 wr=0 u=0
+    for w in $(wfr_names); do
+        out=$(dm_query "$w" accesses 2>/dev/null \
+            | python3 -c 'import json, sys; a = json.load(sys.stdin); print(a["reads"], a["writes"], a["unnamed"])' 2>/dev/null) \
+            || { echo "- - -"; return; }
+        set -- $out
+        r=$((r + $1)) wr=$((wr + $2)) u=$((u + $3))
+    done
+    echo "$r $wr $u"
+}
+
+# The guest's requests of the fabric run (ci/guest/fabric.sh, host_request): one line in, one answer line out.
+host_answer() { # verb args...
+    local verb=$1 w fired=0 out
+    shift
+    case "$verb" in
+        fault)
+            [ $# -eq 2 ] && [[ $1 =~ ^hfi1-wfr1?$ ]] || { echo "error fault takes an HFI (hfi1-wfr, hfi1-wfr1) and a spec"; return; }
+            out=$(dm_request "$(python3 -c 'import json, sys; print(json.dumps({"device": sys.argv[1], "cmd": "fault", "add": sys.argv[2]}))' "$1" "$2")" 2>&1) \
+                && echo "ok $(json_field id <<<"$out")" || echo "error ${out//$'\n'/ }" ;;
+        fault-clear)
+            for w in $(wfr_names); do
+                out=$(dm_query "$w" fault | python3 -c 'import json, sys; print(sum(f["fired"] for f in json.load(sys.stdin)["faults"]))') \
+                    || { echo "error cannot list $w's faults"; return; }
+                fired=$((fired + out))
+                dm_request "{\"device\":\"$w\",\"cmd\":\"fault\",\"clear\":true}" >/dev/null || { echo "error cannot clear $w's faults"; return; }
+            done
+            echo "ok $fired" ;;
+        accesses)
+            set -- $(dm_access_totals)
+            out=$(dm_query hfi1-wfr link | python3 -c 'import json, sys; c = json.load(sys.stdin)["cable"]; print(c["to_a"]["packets"] + c["to_b"]["packets"])') \
+                && [ "$1" != - ] && echo "ok $1 $2 $out" || echo "error the device model did not answer" ;;
+        *) echo "error unknown request $verb" ;;
+    esac
+}
+
 # --- QEMU -------------------------------------------------------------------------------------------------
 MEM=512M
 # no_timer_check: under TCG on a loaded host the IO-APIC timer probe can miss its window and the kernel
@@ -335,6 +411,13 @@ if [ "$HFI1_WFR" = 1 ] && [ "$DEVICES" = 1 ]; then
     APPEND="$APPEND rdma_emu.hfi1_wfr=8086:24f0 rdma_emu.hfi1_params=\"$HFI1_PARAMS\" rdma_emu.kdriver_timeout=$KDRIVER_TIMEOUT"
 fi
 [ "$BENCH" = 1 ] && APPEND="$APPEND rdma_emu.bench=1 rdma_emu.bench_budget_ms=$BENCH_BUDGET_MS rdma_emu.peer=$PEER_ID rdma_emu.polled=$POLLED_ID rdma_emu.edu=$EDU_ID"
+if [ "$FABRIC" = 1 ] && [ "$SHELL_MODE" = 0 ] && [ "$DEVICES" = 1 ]; then
+    # The node GUIDs the device model gave its two HFIs: the guest checks that opasmaquery reads them back.
+    guids=$(for w in $(wfr_names); do dm_request "{\"device\":\"$w\",\"cmd\":\"link\"}" | json_field node_guid; done | paste -sd,)
+    [[ $guids =~ ^0x[0-9a-f]{16},0x[0-9a-f]{16}$ ]] || fail "the device model did not tell its HFIs' node GUIDs (got '$guids')"
+    APPEND="$APPEND rdma_emu.fabric=1 rdma_emu.fabric_guids=$guids"
+    [ "$FABRIC_BOUNCE" = 1 ] && APPEND="$APPEND rdma_emu.fabric_bounce=1"
+fi
 # The guest's watchdog covers the shell's setup only; the init stops it before the shell starts.
 [ "$SHELL_MODE" = 1 ] && APPEND="$APPEND rdma_emu.shell=1 rdma_emu.watchdog=900"
 [ -n "$APPEND_EXTRA" ] && APPEND="$APPEND $APPEND_EXTRA"
@@ -403,6 +486,11 @@ serial_reader() {
                 # The device model's access totals at each end of a kernel-driver step: the probe's share.
                 set -- $line
                 [ $# -ge 2 ] && [ "$HFI1_WFR" = 1 ] && { echo "$2 end $(dm_access_totals)" >>"$LOG_DIR/step-accesses"; } ;;
+            RDMA-EMU-HOST\ *)
+                # A request of the guest's fabric run: answered on the console's input (fd 4).
+                set -- $line
+                [ $# -ge 3 ] && is_uint "$2" && printf 'RDMA-EMU-ACK %s %s\n' "$2" "$(host_answer "${@:3}")" >&4 ;;
+            RDMA-EMU-ACK\ *) continue ;; # our own answer, echoed
             RDMA-EMU-DEADLINE\ *)
                 set -- $line
                 # The guest's own timeout goes first; the host steps in 30 s later.
@@ -425,31 +513,11 @@ deadline_watch() {
         echo "$name" >"$LOG_DIR/stalled"
         log "guest step $name overran its deadline; stopping QEMU"
         dm_query hfi1-wfr accesses >"$LOG_DIR/stall-accesses.json" 2>/dev/null || true
+        [ "$FABRIC" = 1 ] && { dm_query hfi1-wfr1 accesses >"$LOG_DIR/stall-accesses-1.json" 2>/dev/null || true; }
+        [ "$FABRIC" = 1 ] && { dm_query hfi1-wfr link >"$LOG_DIR/stall-link.json" 2>/dev/null || true; }
         stop_qemu
         return 0
     done
-}
-
-# One control-socket request; prints the reply's result.
-dm_query() { # device cmd
-    timeout 10 python3 - "$CONTROL_SOCK" "$1" "$2" <<'PY'
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(5)
-s.connect(sys.argv[1])
-f = s.makefile("rw")
-f.write(json.dumps({"device": sys.argv[2], "cmd": sys.argv[3]}) + "\n")
-f.flush()
-print(json.dumps(json.loads(f.readline()).get("result"), indent=2))
-PY
-}
-
-# "reads writes unnamed" of the chip personality so far in this session ("- - -" if the device model does not
-# answer).
-dm_access_totals() {
-    dm_query hfi1-wfr accesses 2>/dev/null \
-        | python3 -c 'import json, sys; a = json.load(sys.stdin); print(a["reads"], a["writes"], a["unnamed"])' \
-        2>/dev/null || echo "- - -"
 }
 
 # --- --shell: the console belongs to the user --------------------------------------------------------------
@@ -539,13 +607,18 @@ if [ -n "$HFI1_USER_HOST" ] && [ "$DEVICES" = 1 ]; then
     echo >>"$LOG_DIR/qemu-command.txt"
     HU_STATUS="started"
 fi
+# The console's input: the host's answers to the guest's requests (fabric run); otherwise nothing. Held open
+# here for writing too, so QEMU never sees it end.
+rm -f "$LOG_DIR/console.in"
+mkfifo "$LOG_DIR/console.in"
+exec 4<>"$LOG_DIR/console.in"
 deadline_watch &
 WATCH_PID=$!
 log "booting the guest (timeout ${QEMU_TIMEOUT}s; QEMU command in $LOG_DIR/qemu-command.txt)"
 T_QEMU=$EPOCHREALTIME
 set +e
 (
-    timeout -k 5 "$QEMU_TIMEOUT" "${QCMD[@]}" -pidfile "$LOG_DIR/qemu.pid" </dev/null 2>"$LOG_DIR/qemu.stderr" \
+    timeout -k 5 "$QEMU_TIMEOUT" "${QCMD[@]}" -pidfile "$LOG_DIR/qemu.pid" <&4 2>"$LOG_DIR/qemu.stderr" \
         | serial_reader
     echo "${PIPESTATUS[0]}" >"$LOG_DIR/qemu.rc"
 ) &
@@ -582,8 +655,9 @@ for dev in state["list"].get("result") or []:
     name = dev.get("name") if isinstance(dev, dict) else None
     if isinstance(name, str):
         state[name] = {cmd: ask({"device": name, "cmd": cmd}) for cmd in ("pci", "dump")}
-        if name == "hfi1-wfr":
+        if name.startswith("hfi1-wfr"):
             state[name]["accesses"] = ask({"device": name, "cmd": "accesses"})
+            state[name]["link"] = ask({"device": name, "cmd": "link"})
 with open(sys.argv[2], "w") as out:
     json.dump(state, out, indent=2)
 PY
@@ -595,11 +669,13 @@ trap - EXIT
 # --- result -----------------------------------------------------------------------------------------------
 set +e
 python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
-    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" "$BENCH" "${REPLY_POLL:+$REPLY_POLL_US}" <<'EOF'
+    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" "$BENCH" "${REPLY_POLL:+$REPLY_POLL_US}" \
+    "$FABRIC" "$FABRIC_BOUNCE" "$CAPTURE" <<'EOF'
 import json, os, sys
 
 (log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
- dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status, bench, reply_poll) = sys.argv[1:]
+ dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status, bench, reply_poll,
+ fabric, fabric_bounce, capture) = sys.argv[1:]
 qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
 
 def read(name):
@@ -690,7 +766,18 @@ if guest is not None:
                 expected.append(f"demo-{dev}")
         if "irdma" in guest.get("devices", {}):
             expected.append("demo-irdma-irq")
-        if hfi1_wfr == "1":
+        if fabric == "1" and fabric_bounce == "1":
+            expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm", "fabric-link-bounce", "fabric-dmesg"]
+        elif fabric == "1":
+            expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm", "fabric-smp", "verbs-rc-pio",
+                         "verbs-rc-sdma", "verbs-rc-sdma-odd", "verbs-ud", "verbs-send-bw", "verbs-write-bw",
+                         "verbs-read-bw", "verbs-check", "fault-rc-drop", "fault-rc-reorder", "fault-rc-corrupt",
+                         "fault-rc-delay", "fault-rc-seeded", "fault-sm-drop", "fabric-dmesg"]
+            # hfi1_setup_wqe runs on every work request posted on hfi1 (verbs.c hfi1_post_send path).
+            calls = (guest.get("kernel_functions") or {}).get("hfi1_setup_wqe")
+            if not isinstance(calls, int) or calls <= 0:
+                problems.append(f"kernel_functions.hfi1_setup_wqe is {calls!r}, not a count of calls")
+        elif hfi1_wfr == "1":
             expected += ["find-hfi1-wfr", "kdriver-modprobe", "kdriver-sysfs", "fabric-userland", "kdriver-rmmod", "kdriver-reprobe",
                          "kdriver-rmmod-again", "kdriver-params-beyond-chip", "kdriver-dmesg",
                          "kdriver-params-invalid", "kdriver-final-probe", "kdriver-dmesg-final"]
@@ -728,6 +815,10 @@ def step_accesses():
             out[name] = {"reads": counts[0] - r0, "writes": counts[1] - w0, "unnamed": counts[2] - u0}
     return out
 
+def last_packets(link, n=8):
+    """The last packets on the cable, as the device model's cable status lists them."""
+    return (((link or {}).get("cable") or {}).get("recent_packets") or [])[-n:]
+
 stalled = read("stalled").strip()
 if hfi1_wfr == "1":
     # Every offset the stock driver touches must be a register of the chip: one that is not means the model
@@ -738,12 +829,16 @@ if hfi1_wfr == "1":
 accesses = None
 if stalled:
     accesses = load_json("stall-accesses.json")
-    problems.append(f"guest step {stalled} overran its deadline (the host stopped QEMU); last CSR accesses: "
-                    + "; ".join(last_accesses(accesses)))
+    report = f"guest step {stalled} overran its deadline (the host stopped QEMU); last CSR accesses: " \
+        + "; ".join(last_accesses(accesses))
+    if fabric == "1":
+        report += "; hfi1-wfr1's last CSR accesses: " + "; ".join(last_accesses(load_json("stall-accesses-1.json")))
+        report += "; last cable packets: " + "; ".join(last_packets(load_json("stall-link.json")))
+    problems.append(report)
 elif hfi1_wfr == "1":
     state = load_json("device-state.json") or {}
     accesses = ((state.get("hfi1-wfr") or {}).get("accesses") or {}).get("result")
-    if any(not s.get("ok") for s in steps if s.get("name", "").startswith("kdriver-")):
+    if any(not s.get("ok") for s in steps if s.get("name", "").startswith(("kdriver-", "fabric-", "verbs-", "fault-"))):
         problems.append("kernel-driver step failed; last CSR accesses: " + "; ".join(last_accesses(accesses)))
 hfi1_user_host = None
 if hu_status != "not started":
@@ -800,6 +895,9 @@ result = {
     "timing": timing,
     "guest": guest,
     "hfi1_wfr_step_accesses": step_accesses() if hfi1_wfr == "1" else None,
+    "fabric": (guest or {}).get("fabric") if fabric == "1" else None,
+    "kernel_functions": (guest or {}).get("kernel_functions") if fabric == "1" else None,
+    "capture": capture or None,
     "hfi1_user_host": hfi1_user_host,
     "bench": next((s.get("output") for s in steps if s.get("name") == "bench"), None),
 }

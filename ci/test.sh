@@ -51,13 +51,15 @@ for t in the_kernel_irdma_session_passes_every_step_on_both_transports \
 done
 log "the README's and docs' command lines against the --help of what they run, their links, the docs index"
 bash ci/check-docs.sh
+log "the guest init's helpers under the guest's busybox (ci/guest/test-init.sh)"
+bash ci/guest/test-init.sh
 log "docs/bench.md's results table against docs/bench/results.json"
 bash ci/bench-table.sh --check
 log "irdma integration tests again, over a real vfio-user socket"
 UDRIVER_IT_BACKEND=vfio-user cargo test -p testbed --test irdma_inproc
 
 if [ "$E2E" = 1 ]; then
-    log "QEMU end-to-end (fd-mapped guest RAM, then DMA_READ/WRITE messages, then the lifecycle scenarios)"
+    log "QEMU end-to-end (fd-mapped guest RAM, DMA_READ/WRITE messages, the fabric, the lifecycle and stall scenarios)"
     bash ci/e2e.sh --mode all
 fi
 

@@ -114,5 +114,58 @@ OI_INIT|hfi1_0|0x0011750101000002|2: INIT|5: LinkUp|opainfo does not show hfi1_0
 OI_ACTIVE|hfi1_1|$G|4: ACTIVE|5: LinkUp|opainfo does not show hfi1_1:1's port GUID $G;
 CASES
 
+# The fabric run's helpers (ci/guest/fabric.sh), loaded after the init as the guest does.
+FABRIC="$REPO_ROOT/ci/guest/fabric.sh"
+# shellcheck disable=SC2016
+bbf() { RDMA_EMU_INIT_FUNCTIONS_ONLY=1 CMDLINE="$TMP/cmdline" "$BUSYBOX" sh -c ". '$INIT'; . '$FABRIC'; $1"; }
+
+echo "guid_norm: sysfs's and the driver's GUID spellings become one"
+while IFS='|' read -r input expected; do
+    check "guid_norm $input" "$expected" "$(bbf "guid_norm '$input'")"
+done <<'CASES'
+0011:7501:0100:0002|0x0011750101000002
+11750101000001|0x0011750101000001
+0x0011750101000001|0x0011750101000001
+00117501010000AB|0x00117501010000ab
+CASES
+
+echo "neighbor_of: the neighbour the driver logged last (intr.c handle_linkup_change's message)"
+cat >"$TMP/dmesg" <<'LOG'
+[   10.248535] hfi1 0000:00:04.0: hfi1_1: Neighbor Guid 11750101000001, Type 0, Port Num 1
+[   10.252263] hfi1 0000:00:03.0: hfi1_0: Neighbor Guid 11750101000002, Type 0, Port Num 1
+[   50.252263] hfi1 0000:00:03.0: hfi1_0: Neighbor Guid 11750101000009, Type 1, Port Num 7
+LOG
+while IFS='|' read -r dev expected; do
+    check "neighbor_of $dev" "$expected" "$(bbf "dmesg() { cat '$TMP/dmesg'; }; neighbor_of $dev")"
+done <<'CASES'
+hfi1_1|11750101000001 0 1
+hfi1_0|11750101000009 1 7
+hfi1_2|
+CASES
+
+echo "counters_moved: the RC counters that moved between two snapshots"
+while IFS='|' read -r before after expected; do
+    check "counters_moved $before -> $after" "$expected" "$(bbf "counters_moved '$before' '$after'")"
+done <<'CASES'
+hfi1_0.RcResend=0 hfi1_1.SeqNak=2|hfi1_0.RcResend=0 hfi1_1.SeqNak=2|{}
+hfi1_0.RcResend=0 hfi1_1.SeqNak=2|hfi1_0.RcResend=4 hfi1_1.SeqNak=2|{"hfi1_0.RcResend":4}
+CASES
+
+echo "kprobe_count: hits from kprobe_profile (trace_kprobe.c: the event's name, hits, misses)"
+mkdir -p "$TMP/tracing"
+printf '  %-44s %15lu %15lu\n' hfi1_setup_wqe 1234 0 other 5 0 >"$TMP/tracing/kprobe_profile"
+check "kprobe_count hfi1_setup_wqe" 1234 "$(bbf "TRACING='$TMP/tracing'; kprobe_count hfi1_setup_wqe")"
+check "kprobe_count absent" "" "$(bbf "TRACING='$TMP/tracing'; kprobe_count hfi1_sdma_send")"
+
+echo "listening: a LISTEN socket (state 0A) on a TCP port in /proc/net/tcp"
+printf '  sl  local_address rem_address   st\n   0: 00000000:4853 00000000:0000 0A\n   1: 0100007F:4854 0100007F:9C40 01\n' >"$TMP/tcp"
+while IFS='|' read -r port expected; do
+    check "listening $port" "$expected" "$(bbf "PROC_NET_TCP='$TMP/tcp'; listening $port; echo \$?")"
+done <<'CASES'
+18515|0
+18516|1
+18517|1
+CASES
+
 if [ "$FAILS" -ne 0 ]; then die "$FAILS init helper check(s) failed"; fi
 log "all init helper checks passed"

@@ -139,8 +139,13 @@ impl Hfi1 {
     /// The port as the control socket's `link` shows it: physical and logical state, neighbour, cable.
     pub fn link_status(&self) -> serde_json::Value {
         let dc = self.shared.lock_wfr().map(|w| w.dump()["dc8051"].clone());
+        let guid = match self.config.personality {
+            Personality::Wfr(shape) => Some(format!("{:#018x}", shape.guid)),
+            Personality::Emu => None,
+        };
         serde_json::json!({
             "device": self.config.name(),
+            "node_guid": guid,
             "port": dc,
             "cable": self.shared.cable.get().map(|e| e.status()),
         })
