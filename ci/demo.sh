@@ -2,19 +2,23 @@
 # The main job, from a fresh clone: installs what is missing (apt packages, meson from PyPI, QEMU >= 10.1
 # built from Debian's source package with qemu-patches/ applied), builds the device model and a static udriver,
 # builds the guest (Debian kernel + busybox initramfs), boots QEMU with both emulated functions over vfio-user,
-# and runs udriver's hfi1 and irdma demos inside the guest through VFIO. Prints what the guest saw.
+# and runs udriver's hfi1 and irdma demos inside the guest through VFIO; then boots the fabric (two emulated
+# HFIs on one cable, brought up by the stock hfi1 driver and opa-fm, verbs traffic between them). Prints what the
+# guest saw.
 # Usage: ci/demo.sh [--no-share]   (--no-share: guest RAM not shared, so all DMA goes through messages)
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 MODE=shared
 case "${1:-}" in
     --no-share) MODE=no-share ;;
-    -h|--help) sed -n '2,6s/^# \{0,1\}//p' "$0" >&2; exit 0 ;;
+    -h|--help) sed -n '2,8s/^# \{0,1\}//p' "$0" >&2; exit 0 ;;
     "") ;;
     *) die "unknown option $1 (ci/demo.sh --help)" ;;
 esac
 apt_install python3 ca-certificates
-bash ci/e2e.sh --mode "$MODE"
+rc=0
+bash ci/e2e.sh --mode "$MODE" || rc=$?
+bash ci/e2e.sh --mode fabric || rc=$?
 RESULT=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/rdma-emu/result-$([ "$MODE" = shared ] && echo share || echo no-share).json
 python3 - "$RESULT" <<'PY'
 import json, sys
@@ -76,3 +80,43 @@ t = r.get("timing", {})
 print(f"\ntiming: QEMU start {t.get('qemu_start_s')} s, kernel boot {t.get('kernel_boot_s')} s, demos {t.get('demo_s')}, "
       f"hfi1 probes {t.get('hfi1_probe_s')}")
 PY
+python3 - "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/rdma-emu/result-fabric.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+g = r.get("guest") or {}
+print(f"\nthe fabric: two emulated HFIs on one cable, the stock hfi1 driver and opa-fm: {'OK' if r['ok'] else 'FAILED'}")
+for p in (g.get("fabric") or {}).get("ports", []):
+    print(f"  {p['device']}: node GUID {p['node_guid']}, {p['phys_state']}, {p['state']}, LID {p['lid']}, "
+          f"neighbour {p['neighbor_guid']}")
+print(f"  opa-fm: {((g.get('fabric') or {}).get('sm_discovery') or '').split('topology_main: ')[-1]}")
+print(f"  hfi1_setup_wqe calls counted by ftrace: {(g.get('kernel_functions') or {}).get('hfi1_setup_wqe')}")
+for s in g.get("steps", []):
+    name = s["name"]
+    if not name.startswith(("fabric-", "verbs-", "fault-")):
+        continue
+    if not s["ok"]:
+        d = s.get("error") or ""
+    elif name == "fabric-modprobe":
+        d = f"modprobe hfi1: {', '.join(s.get('functions', []))} bound in {s.get('probe_s')} s"
+    elif name == "fabric-init":
+        d = f"both ports LinkUp/INIT {s.get('init_s')} s after modprobe, each the other's neighbour"
+    elif name == "fabric-sm":
+        d = f"both ACTIVE {s.get('active_s')} s after modprobe; sweep {s.get('sweep_s')} s"
+    elif name == "fabric-smp":
+        q = s.get("queries", [])
+        a = s.get("accesses") or {}
+        d = f"NodeInfo across the cable: {', '.join(x['node_guid'] for x in q)}; {a.get('per_smp')} trapped accesses per SMP"
+    elif "bw_avg_mb_s" in s:
+        d = f"{s.get('bytes')} B messages: {s.get('bw_avg_mb_s')} MB/s (perftest checks no data)"
+    elif name == "verbs-check":
+        x = s.get("summary") or {}
+        d = f"RDMA WRITE + READ, {x.get('transfers')} transfers, {x.get('bytes_compared')} bytes compared, {x.get('failed')} failed"
+    elif name.startswith("fault-"):
+        d = f"{s.get('fault')} fired {s.get('fired')}x; the kernel: {json.dumps(s.get('rc_counters_moved') or s.get('sm_line', '').split('topology_main: ')[-1])}"
+    elif "rate" in s:
+        d = f"{s.get('command')} -c: every byte checked; {s.get('rate')}"
+    else:
+        d = ""
+    print(f"  [{' ok ' if s['ok'] else 'FAIL'}] {name:<20} {d[:160]}")
+PY
+exit "$rc"

@@ -260,11 +260,16 @@ rc_counters() {
     done
 }
 
-# The counters that moved between two rc_counters snapshots, as JSON members.
+# The counters that moved between two rc_counters snapshots, as JSON members (a counter missing from either
+# snapshot is left out).
 counters_moved() { # before after
-    echo "$1" "$2" | awk '{
-        for (i = 1; i <= NF; i++) { split($i, kv, "="); if (i <= NF / 2) b[kv[1]] = kv[2]; else a[kv[1]] = kv[2] }
-        out = ""; for (k in a) if (a[k] != b[k]) out = out (out ? "," : "") "\"" k "\":" (a[k] - b[k])
+    awk -v before="$1" -v after="$2" 'BEGIN {
+        n = split(before, f, " "); for (i = 1; i <= n; i++) { split(f[i], kv, "="); b[kv[1]] = kv[2] }
+        n = split(after, f, " "); out = ""
+        for (i = 1; i <= n; i++) {
+            split(f[i], kv, "=")
+            if ((kv[1] in b) && kv[2] != b[kv[1]]) out = out (out ? "," : "") "\"" kv[1] "\":" sprintf("%.0f", kv[2] - b[kv[1]])
+        }
         print "{" out "}" }'
 }
 
@@ -335,11 +340,13 @@ step_fault_rc() { # step device spec tool args...
     fi
     if host_request fault-clear; then fired=$HOST_REPLY; else err="$err clearing the faults: $HOST_REPLY;"; fi
     [ "${fired:-0}" -gt 0 ] 2>/dev/null || err="$err the fault never fired;"
-    moved=$(counters_moved "$before" "$(rc_counters)")
+    after=$(rc_counters)
+    moved=$(counters_moved "$before" "$after")
     # The kernel's RC protocol noticed (a NAK, a resend, a timeout): the path it took is in the counters.
     [ "$moved" != "{}" ] || err="$err no RC counter moved: the fault went unnoticed;"
     host_deadline_end "$name"
-    members="\"fault\":$(json_str "$fdev:$spec"),\"fired\":${fired:-null},\"command\":$(json_str "$*"),\"rc_counters_moved\":$moved"
+    members="\"fault\":$(json_str "$fdev:$spec"),\"fired\":${fired:-null},\"command\":$(json_str "$*"),\"rc_counters_moved\":$moved,\
+\"rc_counters_before\":$(json_str "$before"),\"rc_counters_after\":$(json_str "$after")"
     if [ -z "$err" ]; then record "$name" true "$t" "" "$members"
     else record "$name" false "$t" "${err# }" "$members"; fi
 }

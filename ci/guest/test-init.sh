@@ -149,6 +149,8 @@ while IFS='|' read -r before after expected; do
 done <<'CASES'
 hfi1_0.RcResend=0 hfi1_1.SeqNak=2|hfi1_0.RcResend=0 hfi1_1.SeqNak=2|{}
 hfi1_0.RcResend=0 hfi1_1.SeqNak=2|hfi1_0.RcResend=4 hfi1_1.SeqNak=2|{"hfi1_0.RcResend":4}
+hfi1_0.RcResend=4294967296|hfi1_0.RcResend=4294967298|{"hfi1_0.RcResend":2}
+hfi1_0.SeqNak=1|hfi1_0.RcResend=7 hfi1_0.SeqNak=3|{"hfi1_0.SeqNak":2}
 CASES
 
 echo "kprobe_count: hits from kprobe_profile (trace_kprobe.c: the event's name, hits, misses)"
