@@ -19,6 +19,7 @@
 #   6. with --mode fabric-bounce (or all): a link bounce on the fabric. The stock driver deadlocks taking an up
 #      link offline on the functional simulator's icode (docs/hfi1-fabric.md): the run must fail within its
 #      deadline, naming the step, the last CSR accesses of both HFIs and the last packets on the cable.
+#   7. with --mode all: ci/guest/test-shell.sh (ci/run-qemu.sh --shell with the fabric, piped and at a terminal).
 # Runs 1 and 2 record every session of the device model (--record) and replay each recording on a fresh device
 # model afterwards (`device-model replay`): a real QEMU session must replay clean. The fabric run is not
 # recorded: the HFIs' own work (SDMA, PIO launch, arrivals) is not yet cut into replayable device steps
@@ -189,6 +190,8 @@ case $MODE in
             bash ci/lifecycle.sh || rc=1
             run_stall
             run_fabric_bounce
+            log "end-to-end: the shell with the fabric, piped and at a terminal (ci/guest/test-shell.sh)"
+            bash ci/guest/test-shell.sh --device-model "$DM" --udriver "$UD" || rc=1
         fi
         ;;
     *) die "unknown mode $MODE" ;;
