@@ -16,6 +16,7 @@ use super::wfr::sdma::{
     Walk, SDMA_FIRST_DESC_ERR, SDMA_GEN_MISMATCH_ERR, SDMA_HEADER_SELECT_ERR, SDMA_LENGTH_MISMATCH_ERR,
     SDMA_MEM_READ_ERR, SDMA_PACKET_DESC_OVERFLOW_ERR, SDMA_TOO_LONG_ERR,
 };
+use crate::trace::{Block, Level, Val};
 
 #[cfg(test)]
 #[path = "sdma_walk_tests.rs"]
@@ -330,5 +331,11 @@ fn fail(shared: &Shared, walk: &Walk, bits: u64, epoch: u64) {
         shared.lock_wfr().map(|mut w| w.sdma_fail(walk, bits)).unwrap_or_default()
     };
     shared.counters.sdma_halts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    shared.probe.trace.event(
+        Block::Txe,
+        Level::Info,
+        "sdma-halt",
+        &[("engine", Val::Dec(walk.engine as u64)), ("err_status", Val::Hex(bits))],
+    );
     vectors.into_iter().for_each(|v| shared.raise(v));
 }
