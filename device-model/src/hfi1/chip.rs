@@ -14,10 +14,37 @@ use super::regs::{
     RCV_TID_CTRL_TID_BASE_INDEX_MASK, RCV_TID_CTRL_TID_BASE_INDEX_SHIFT, RCV_TID_CTRL_TID_PAIR_CNT_MASK,
     RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE, UCTXT_REGS,
 };
-use super::rhq::RhqState;
 use super::shm::SharedWords;
 use super::RXE_NUM_TID_FLOWS;
 use emu_abi::hfi1::{LB_BASE, LB_SIZE};
+
+/// A context's place in its header queue and eager buffers (rhq.rs moves it; the chip keeps one per context).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RhqState {
+    /// The entry the next packet takes.
+    pub(super) tail: u32,
+    /// RCV_HDR_TAIL as the driver reads it: dwords of the entries written.
+    published: u64,
+    pub(super) seq: u8,
+    pub(super) egr_index: u32,
+    /// 64-byte blocks used of the current eager buffer.
+    pub(super) egr_offset: u64,
+}
+
+impl Default for RhqState {
+    fn default() -> Self {
+        RhqState { tail: 0, published: 0, seq: 1, egr_index: 0, egr_offset: 0 }
+    }
+}
+
+impl RhqState {
+    pub fn published(&self) -> u64 {
+        self.published
+    }
+    pub(super) fn set_published(&mut self, published: u64) {
+        self.published = published;
+    }
+}
 
 /// Index of a kernel per-context register in [`KCTXT_REGS`].
 pub const fn kreg(offset: u64) -> usize {

@@ -16,7 +16,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::chip::Chip;
+use super::chip::{Chip, RhqState};
 use super::counters::Counters;
 use super::regs::*;
 
@@ -54,34 +54,6 @@ pub fn entry_dwords(code: u64) -> Option<u32> {
         2 => Some(16),
         4 => Some(32),
         _ => None,
-    }
-}
-
-/// A context's place in its header queue and eager buffers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RhqState {
-    /// The entry the next packet takes.
-    tail: u32,
-    /// RCV_HDR_TAIL as the driver reads it: dwords of the entries written.
-    published: u64,
-    seq: u8,
-    egr_index: u32,
-    /// 64-byte blocks used of the current eager buffer.
-    egr_offset: u64,
-}
-
-impl Default for RhqState {
-    fn default() -> Self {
-        RhqState { tail: 0, published: 0, seq: 1, egr_index: 0, egr_offset: 0 }
-    }
-}
-
-impl RhqState {
-    pub fn published(&self) -> u64 {
-        self.published
-    }
-    pub(super) fn set_published(&mut self, published: u64) {
-        self.published = published;
     }
 }
 
