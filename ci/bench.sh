@@ -8,7 +8,7 @@
 #   --budget-ms N        wall time per measured variant (testbed bench's default when not given)
 #   --case ID            run only this case (testbed bench's a, b, c, d, e, spin, scale, or quiet; repeatable); implies
 #                        --no-qemu
-#   --no-qemu            skip every guest boot: (f), (g) and the in-guest benchmark
+#   --no-qemu            skip every guest boot: (f), (g), (h) and the in-guest benchmark
 #   --no-guest           skip only the in-guest benchmark boot
 #   --guest-budget-ms N  wall time per measured variant inside the guest (default 1000)
 #   --guest-boots N      in-guest benchmark boots per condition (default 3): where threads land is fixed per
@@ -20,7 +20,8 @@
 # defaults, every knob at zero and --low-latency, from device-model's tests/quiet.rs (release). The targets are
 # judged with the latency opt-in: testbed bench runs ours as `device-model --low-latency` does, and every boot below
 # runs the device model with --low-latency. (f) boots the test guest under TCG twice with ci/run-qemu.sh --timing:
-# with the device model and its two functions, and with --no-devices; (g) once with the chip personality. The
+# with the device model and its two functions, and with --no-devices; (g) once with the chip personality; (h) once
+# with the fabric (--fabric: two HFIs on one cable, modprobe to ACTIVE, the SM's sweep, accesses per SMP). The
 # in-guest benchmark boots it --guest-boots times more with ci/run-qemu.sh --bench: `udriver bench` over VFIO
 # against our functions, rust-vmm's peer, ours with the device model's defaults and QEMU's edu; where
 # /dev/cpu_dma_latency is writable, as many boots again hold the host's idle exit latency at 0 us (PM QoS, for
@@ -31,7 +32,7 @@
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
-usage() { sed -n '2,31s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,32s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 BUDGET="" CASES=() QEMU=1 GUEST=1 GUEST_BUDGET=1000 GUEST_BOOTS=3 OUT=docs/bench
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -77,12 +78,14 @@ fi
 
 # (f): each run leaves its result JSON (with a "timing" object) in $WORK; a skip leaves its reason.
 qemu_run() { # name [run-qemu.sh options]
-    local name=$1
+    local name=$1 skip
     shift
     log "ci/run-qemu.sh $* (TCG)"
     if ! bash ci/run-qemu.sh --accel tcg --timing --quiet --result "$WORK/qemu-$name.json" \
         --device-model "$DM" --udriver "$UDRIVER_STATIC" "${DM_OPT_IN[@]}" "$@" >&2; then
-        echo "ci/run-qemu.sh $* failed (see its log above)" >"$WORK/qemu-skip"
+        # (f) cannot be judged without both of its runs; (g) and (h) report what their run left.
+        case $name in devices|no-devices) skip=qemu-skip ;; *) skip=$name-failed ;; esac
+        echo "ci/run-qemu.sh $* failed (see its log above)" >"$WORK/$skip"
         return 1
     fi
 }
@@ -99,7 +102,10 @@ else
     UDRIVER_STATIC=$(sed -n 2p <<<"$BUILT")
     qemu_run devices && qemu_run no-devices --no-devices || true
     # (g): the stock hfi1 driver on the chip personality alone, for its probe time and trapped accesses.
-    qemu_run kdriver --hfi1-wfr --hfi1-id none --irdma-id none || echo "ci/run-qemu.sh --hfi1-wfr failed" >"$WORK/kdriver-skip"
+    qemu_run kdriver --hfi1-wfr --hfi1-id none --irdma-id none || true
+    # (h): the fabric, two HFIs on one cable brought to ACTIVE by the stock driver and opa-fm: its bring-up times,
+    # the SM's sweep and the trapped accesses per SMP, from the fabric run's own steps.
+    qemu_run fabric --fabric || true
     # The in-guest benchmark: udriver bench over VFIO, with rust-vmm's peer and QEMU's edu beside our functions.
     if [ "$GUEST" = 1 ]; then
         guest_boot() { # result-file label skip-file [more ci/run-qemu.sh options]
@@ -197,15 +203,25 @@ def qemu_case():
     return case
 
 
+def run_result(case, name):
+    """The result JSON of the boot `name`, or None with the case's error saying why there is none. A run that
+    failed part-way still left its figures: the case reports them beside the failure."""
+    path = os.path.join(work, f"qemu-{name}.json")
+    if not os.path.exists(path):
+        why = [open(f).read().strip() for f in (os.path.join(work, f"{name}-failed"), os.path.join(work, "qemu-skip"))
+               if os.path.exists(f)]
+        case["error"] = "skipped: " + (why[0] if why else "the boot left no result")
+        return None
+    return json.load(open(path))
+
+
 def kdriver_case():
     """Reported, not judged: what the kernel's probe costs under TCG, and how many register accesses it traps."""
     case = {"id": "g", "title": "the stock Linux hfi1 driver on the chip personality (TCG guest)",
             "metrics": [], "targets": [], "notes": [], "error": None}
-    for skip in ("qemu-skip", "kdriver-skip"):
-        if os.path.exists(os.path.join(work, skip)):
-            case["error"] = "skipped: " + open(os.path.join(work, skip)).read().strip()
-            return case
-    r = json.load(open(os.path.join(work, "qemu-kdriver.json")))
+    r = run_result(case, "kdriver")
+    if r is None:
+        return case
     if not r.get("ok"):
         case["error"] = "the guest run failed: " + "; ".join(r.get("problems", []))
     for step, s in (r.get("timing", {}).get("hfi1_probe_s") or {}).items():
@@ -289,8 +305,43 @@ def guest_cases():
              (f" ({problems})" if problems else "")}]
 
 
+def fabric_case():
+    """Reported, not judged: the fabric's bring-up in the TCG guest, from the steps of ci/guest/fabric.sh."""
+    case = {"id": "h", "title": "the fabric: two HFIs on one cable brought to ACTIVE by the stock driver and opa-fm "
+            "(TCG guest)", "metrics": [], "targets": [], "notes": [], "error": None}
+    r = run_result(case, "fabric")
+    if r is None:
+        return case
+    steps = {s.get("name"): s for s in (r.get("guest") or {}).get("steps", [])}
+    if not r.get("ok"):
+        case["error"] = "the guest run failed: " + "; ".join(r.get("problems", []))
+    figures = [("fabric-modprobe", "probe_s", "modprobe hfi1 to both functions registered", "s"),
+               ("fabric-init", "init_s", "modprobe to both ports LinkUp/INIT", "s"),
+               ("fabric-sm", "active_s", "modprobe to both ports ACTIVE", "s"),
+               ("fabric-sm", "sm_to_active_s", "opa-fm start to both ports ACTIVE", "s"),
+               ("fabric-sm", "sweep_s", "the SM's sweep (its DISCOVERY CYCLE END line)", "s")]
+    for step, key, name, unit in figures:
+        v = steps.get(step, {}).get(key)
+        if v is not None:
+            case["metrics"].append({"name": name, "value": v, "unit": unit})
+    acc = steps.get("fabric-smp", {}).get("accesses") or {}
+    if acc.get("per_smp") is not None:
+        case["metrics"].append({"name": f"trapped CSR accesses per SMP (opasmaquery, {acc.get('smps')} SMPs, both "
+                                "HFIs, idle background subtracted)", "value": acc["per_smp"], "unit": "accesses"})
+    for name, s in steps.items():
+        if name.startswith("verbs-") and name.endswith("-bw") and s.get("bw_avg_mb_s") is not None:
+            case["metrics"].append({"name": f"{name}: perftest BW average ({s.get('bytes')} B messages)",
+                                    "value": s["bw_avg_mb_s"], "unit": "MB/s"})
+    if not case["metrics"] and not case["error"]:
+        case["error"] = "the fabric run reported none of its figures"
+    case["notes"].append("the times are the guest's clock from modprobe hfi1 (ci/guest/fabric.sh); the cable trains "
+                         "for its default 1 s once both ends poll (docs/hfi1-fabric.md)")
+    return case
+
+
 report["cases"].append(qemu_case())
 report["cases"].append(kdriver_case())
+report["cases"].append(fabric_case())
 report["cases"].extend(guest_cases())
 
 
