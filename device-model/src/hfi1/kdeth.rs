@@ -19,6 +19,8 @@ use super::cable::wire::{WirePacket, BTH_BYTES, ICRC_BYTES, LRH_BYTES};
 use super::chip::Chip;
 use super::counters::Counters;
 use super::flow::{FlowCheck, FlowEntry};
+#[cfg(test)]
+use super::rcv::full_flow_psn;
 use super::rcv::{count_refusal, flow_refusal, Packet, Placement, RxResult};
 use super::regs::{
     RCV_CTXT_CTRL_ENABLE_SMASK, RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK, RCV_HDR_SIZE, RCV_HDR_SIZE_HDR_SIZE_MASK,
@@ -197,3 +199,7 @@ fn error_entry(
     counters.wire_rx_kdeth_errors.fetch_add(1, Relaxed);
     Ok(Delivery { kind: Kind::Error(why), rhq: Some(plan), tid: None })
 }
+
+#[cfg(test)]
+#[path = "kdeth_tests.rs"]
+mod tests;
