@@ -50,6 +50,7 @@ struct Hfi {
     f: Arc<Function>,
     irqs: Arc<Irqs>,
     mem: Arc<HeapMemory>,
+    probe: Arc<crate::probe::Probe>,
 }
 
 impl Hfi {
@@ -107,13 +108,14 @@ fn pair() -> (Hfi, Hfi) {
     let (ea, eb) = (Hfi1::new(Hfi1Config::wfr_instance(0)).unwrap(), Hfi1::new(Hfi1Config::wfr_instance(1)).unwrap());
     Hfi1::connect(&ea, &eb, Duration::ZERO).unwrap();
     let hfi = |e: Hfi1| {
+        let probe = crate::engine::Engine::probe(&e);
         let f = Function::try_new(Arc::new(e), PciIds::hfi1_wfr_default()).unwrap();
         let (irqs, mem) = (Arc::new(Irqs::default()), Arc::new(HeapMemory::new()));
         f.attach(DeviceContext { dma: mem.clone() as Arc<dyn DmaAccess>, irq: irqs.clone() });
         // pci_enable_device, bus master, MSI-X on.
         f.region_write(region::CONFIG, 0x04, &0x0006u16.to_le_bytes()).unwrap();
         f.region_write(region::CONFIG, 0xB2, &0x8000u16.to_le_bytes()).unwrap();
-        Hfi { f, irqs, mem }
+        Hfi { f, irqs, mem, probe }
     };
     (hfi(ea), hfi(eb))
 }
@@ -503,8 +505,17 @@ fn a_tid_rdma_read_response_segment_lands_in_the_requesters_tids_with_one_header
         a.mem.write(RING + 16 * i as u64, &d.to_le_bytes()).unwrap();
         a.mem.write(RING + 16 * i as u64 + 8, &q1.to_le_bytes()).unwrap();
     }
+    let sink = crate::trace::Sink::memory();
+    b.probe.trace.set_sink(sink.clone());
+    b.probe.trace.set_filter(&crate::trace::Filter::parse("*::rhq=info").unwrap());
     a.w(SEND_DMA_TAIL, 3);
     assert!(b.irqs.wait(5), "RcvAvail on context 2 for the last packet");
+    // The trace names each placement (two suppressed), then the one entry.
+    let lines = sink.take_lines();
+    let events: Vec<&str> = lines.iter().filter_map(|l| l.split("] ").nth(1)?.split(' ').nth(1)).collect();
+    assert_eq!(events, ["kdeth-expected", "kdeth-expected", "kdeth-expected", "rhq-write"], "{lines:?}");
+    assert!(lines[0].contains(&format!("iova={TID_EVEN:#x}")) && lines[0].contains("suppressed=yes"), "{lines:?}");
+    assert!(lines[2].contains("suppressed=no"), "{lines:?}");
     assert_eq!(read(&b, TID_EVEN, 8192), data[..8192]);
     assert_eq!(read(&b, TID_ODD, 4096), data[8192..]);
     // Only the last packet (SH clear) has an entry: the first of context 2, RcvSeq 1.

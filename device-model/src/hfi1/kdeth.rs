@@ -82,7 +82,7 @@ pub fn judge(chip: &mut Chip, ctxt: usize, pkt: &WirePacket, counters: &Counters
     let hdr_size = (chip.kctxt(ctxt, RCV_HDR_SIZE).unwrap_or(0) & RCV_HDR_SIZE_HDR_SIZE_MASK) as usize * 4;
     let header_len = khdr + hdr_size.max(KDETH_BYTES);
     // The wire holds whole dwords with the ICRC last (WirePacket::seal).
-    let body = pkt.bytes.len() - ICRC_BYTES;
+    let body = pkt.bytes.len().saturating_sub(ICRC_BYTES);
     if header_len > body {
         let (header, rest) = pkt.bytes.split_at(body);
         let why = "KDETH header too short";
