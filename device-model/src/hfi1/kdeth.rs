@@ -130,6 +130,18 @@ fn expected(
     payload: Range<usize>,
     counters: &Counters,
 ) -> Result<Delivery, Refusal> {
+    let entry = |errors| Arrival {
+        rcv_type: RHF_RCV_TYPE_EXPECTED,
+        errors,
+        ..Arrival::ib(header, rest, false, pkt.sc4, pkt.icrc_ok())
+    };
+    // A corrupted packet is neither placed nor counted by its flow: its entry carries IcrcErr, which the
+    // kernel drops (hfi1_handle_kdeth_eflags), and the next packet's sequence error starts the recovery.
+    if !pkt.icrc_ok() {
+        let plan = chip.rhq_reserve(ctxt, &entry(0), counters)?;
+        counters.wire_rx_kdeth_errors.fetch_add(1, Relaxed);
+        return Ok(Delivery { kind: Kind::Error("bad ICRC"), rhq: Some(plan), tid: None });
+    }
     let flow_checked = chip.ctxt_ctrl(ctxt) & RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK != 0;
     let (outcome, flow) = if flow_checked {
         let flow = FlowEntry::decode(chip.flows.read(ctxt, p.flow()).unwrap_or(0));
@@ -144,11 +156,6 @@ fn expected(
         }
         Some(r) => Err(r),
         None => chip.tid_placement(ctxt, p, p.tidctrl(), payload.len() as u64, counters),
-    };
-    let entry = |errors| Arrival {
-        rcv_type: RHF_RCV_TYPE_EXPECTED,
-        errors,
-        ..Arrival::ib(header, rest, false, pkt.sc4, pkt.icrc_ok())
     };
     match judged {
         Ok(placement) => {

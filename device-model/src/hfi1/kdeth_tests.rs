@@ -320,3 +320,15 @@ fn packets_a_context_cannot_judge_are_dropped_by_cause() {
     assert_eq!(judge(&mut c, 1, &data(0, 0, true).wire(), &n), Err(Refusal::Drop("context disabled")));
     assert_eq!((n.rx_flow_invalid.load(Relaxed), n.rx_context_disabled.load(Relaxed)), (1, 1));
 }
+
+#[test]
+fn a_corrupted_expected_packet_makes_an_icrc_err_entry_and_is_not_placed() {
+    let (mut c, n) = chip(0);
+    let mut pkt = data(0, 0, true).wire();
+    pkt.bytes[100] ^= 0xFF;
+    let d = judge(&mut c, CTXT, &pkt, &n).unwrap();
+    let rhf = d.rhq.expect("never suppressed").rhf;
+    assert_ne!(rhf & (1 << 63), 0, "RHF_ICRC_ERR: hfi1_handle_kdeth_eflags drops it");
+    assert_eq!((field(rhf, 12, 7), d.tid), (0, None));
+    assert_eq!(next_psn(&c), full_flow_psn(GEN, 0), "the flow still expects it");
+}
