@@ -6,11 +6,12 @@
 //! families, raw offsets over its 64 MiB BAR0) with RcvArray, flows and injected packets; host
 //! contexts, CQP WQEs, shadow areas and loopback segments for irdma; for the chip personality also the PIO
 //! send buffers, send and receive contexts, SDMA engines and their descriptor rings, packets from the cable
-//! and its link news. Oracles: no panic, no hang (every
+//! and its link news, and KDETH packets with hostile flows, generations, PSNs, TIDs and offsets. Oracles: no panic, no hang (every
 //! wait is bounded and a missed deadline is a crash), register invariants, and no device write outside
 //! the buffers the driver allowed (RcvArray buffers for hfi1, and for the chip personality also the header
 //! queues, tail addresses and credit-return slots it programmed; CCQ rings named by a fetched CREATE_CQ for
-//! irdma), checked at each write and again by comparing memory with the harness's copy at the end.
+//! irdma; and for a KDETH packet only its own context's queues and the TIDs it names), checked at each write
+//! and again by comparing memory with the harness's copy at the end.
 #![no_main]
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -220,6 +221,25 @@ enum WfrOp {
         ebp: bool,
         lrh: Option<[u8; 8]>,
     },
+    /// A KDETH packet from the cable, as a TID RDMA peer sends one to receive context `ctxt` (one beyond the
+    /// last too): flow, PSN, TID, TIDCTRL, offset, SH, version and length are the input's. `psn: None` takes
+    /// the flow's next PSN as read_r_next_psn reads it, so in-sequence packets happen; `hdr_size` rewrites
+    /// the context's RCV_HDR_SIZE first.
+    Kdeth {
+        ctxt: u8,
+        flow: u8,
+        psn: Option<u32>,
+        opcode: u8,
+        tid: u16,
+        tidctrl: u8,
+        offset: u16,
+        om: bool,
+        sh: bool,
+        kver: Option<u8>,
+        len: u16,
+        pad: u8,
+        hdr_size: Option<u8>,
+    },
     /// The cable's link news (`link-event`).
     Link {
         up: bool,
@@ -408,9 +428,17 @@ impl Rig {
             return;
         }
         let code = (value >> hregs::RCV_ARRAY_RT_BUF_SIZE_SHIFT) & hregs::RCV_ARRAY_RT_BUF_SIZE_MASK;
-        if value & hregs::RCV_ARRAY_RT_WRITE_ENABLE_SMASK != 0 && (1..=0xA).contains(&code) {
+        if value & hregs::RCV_ARRAY_RT_WRITE_ENABLE_SMASK == 0 {
+            return;
+        }
+        // What the entry names from now on: a buffer, or nothing (size 0 or a reserved code invalidates it).
+        let index = (offset - hregs::RCV_ARRAY) / 8;
+        if (1..=0xA).contains(&code) {
             let addr = (value & hregs::RCV_ARRAY_RT_ADDR_MASK) << hregs::RT_ADDR_SHIFT;
             mem.allow(addr, 4096u64 << (code - 1));
+            mem.program(index, Some((addr, 4096u64 << (code - 1))));
+        } else {
+            mem.program(index, None);
         }
     }
 
@@ -461,6 +489,35 @@ impl Rig {
             let addr = self.wfr_read64(offset) & wfr::pio::SEND_CTXT_CREDIT_RETURN_ADDR_ADDRESS_SMASK;
             self.wmem.allow(addr + 8 * (c % 8), 8);
         }
+    }
+
+    /// What a KDETH packet for context `c` naming TID pair `tid` with `tidctrl` may write: the context's
+    /// header queue and tail, the eager buffers of its RCV_EGR_CTRL range and the TID entries of its
+    /// RCV_TID_CTRL range the packet names, as the harness programmed them.
+    fn kdeth_scope(&self, c: u64, tid: u64, tidctrl: u32) -> Vec<(u64, u64)> {
+        let mut scope = Vec::new();
+        if c >= wfr_config().rcv_contexts as u64 {
+            return scope;
+        }
+        let k = |reg| self.wfr_read64(hregs::kctxt_csr(reg, c));
+        let entries = (k(hregs::RCV_HDR_CNT) & 0x1FF) << 5;
+        let dwords = [0, 2, 16, 0, 32, 0, 0, 0][(k(hregs::RCV_HDR_ENT_SIZE) & 7) as usize];
+        scope.push((k(hregs::RCV_HDR_ADDR), entries * dwords * 4));
+        scope.push((k(hregs::RCV_HDR_TAIL_ADDR), 8));
+        let range = |v: u64| ((v & 0x1FFF) << 3, ((v >> 32) & 0x1FF) << 3);
+        let (egr_base, egr_cnt) = range(k(hregs::RCV_EGR_CTRL));
+        scope.extend((egr_base..egr_base + egr_cnt).filter_map(|i| self.wmem.programmed(i)));
+        let (tid_base, tid_cnt) = range(k(hregs::RCV_TID_CTRL));
+        let named: &[u64] = match tidctrl {
+            1 => &[0],
+            2 => &[1],
+            3 => &[0, 1],
+            _ => &[],
+        };
+        for rel in named.iter().map(|half| 2 * tid + half).filter(|rel| *rel < tid_cnt) {
+            scope.extend(self.wmem.programmed(tid_base + rel));
+        }
+        scope
     }
 
     fn wfr_write64(&self, offset: u64, value: u64) {
@@ -567,6 +624,44 @@ impl Rig {
                 let _ = self
                     .wfr
                     .control(&serde_json::json!({"cmd": "wire", "packet_hex": hex, "sc4": sc4, "test_ebp": ebp}));
+            }
+            WfrOp::Kdeth { ctxt, flow, psn, opcode, tid, tidctrl, offset, om, sh, kver, len, pad, hdr_size } => {
+                let c = u64::from(ctxt) % (wfr_config().rcv_contexts as u64 + 1);
+                if let Some(h) = hdr_size {
+                    self.wfr_write64(hregs::kctxt_csr(hregs::RCV_HDR_SIZE, c), u64::from(h % 32));
+                }
+                // init_kdeth_qp: the KDETH QP prefix 0x80.
+                self.wfr_write64(hregs::RCV_BTH_QP, 0x80 << hregs::RCV_BTH_QP_KDETH_QP_SHIFT);
+                let flow = u64::from(flow % 32);
+                let psn = psn.unwrap_or_else(|| self.wfr_read64(hregs::tid_flow_csr(c, flow)) as u32) & 0x7FFF_FFFF;
+                let (tidctrl, pad) = (u32::from(tidctrl % 4), pad % 4);
+                let kdeth0 = u32::from(offset & 0x7FFF)
+                    | (u32::from(om) << 15)
+                    | (u32::from(tid & 0x3FF) << 16)
+                    | (tidctrl << 26)
+                    | (u32::from(sh) << 29)
+                    | (u32::from(kver.unwrap_or(1) & 3) << 30);
+                // LRH (VL 0, BTH next, permissive DLID), BTH, the 36-byte TID RDMA header, payload, pad.
+                let len = usize::from(len) % (10240 - 56 - 8);
+                let mut b = vec![0u8; 56];
+                b[1] = 0x2;
+                b[2..4].copy_from_slice(&[0xFF, 0xFF]);
+                b[4..6].copy_from_slice(&(((56 + len + usize::from(pad) + 4) / 4) as u16).to_be_bytes());
+                b[8] = 0xE0 | (opcode & 7);
+                b[9] = pad << 4;
+                b[10..12].copy_from_slice(&[0xFF, 0xFF]);
+                let qp = (0x80u32 << 16) | ((flow as u32) << 11) | c as u32;
+                b[12..16].copy_from_slice(&qp.to_be_bytes());
+                b[16..20].copy_from_slice(&psn.to_be_bytes());
+                b[20..24].copy_from_slice(&kdeth0.to_le_bytes());
+                b.extend((0..len + usize::from(pad)).map(|i| i as u8));
+                b.resize(b.len().div_ceil(4) * 4 + 4, 0);
+                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+                // The oracle: this packet may write its context's header queue, tail and eager buffers, and
+                // the TIDs it names within the context's range, nothing else.
+                self.wmem.set_scope(Some(self.kdeth_scope(c, u64::from(tid & 0x3FF), tidctrl)));
+                let _ = self.wfr.control(&serde_json::json!({"cmd": "wire", "packet_hex": hex}));
+                self.wmem.set_scope(None);
             }
             WfrOp::Link { up } => {
                 let req = if up {

@@ -5,6 +5,7 @@
 //! harness declared writable (RcvArray buffers, CCQ rings); [`GuardedMemory::check_snapshot`] also compares
 //! the memory with the harness's own copy afterwards, so a write that bypassed the check would still show.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use vfio_user_proto::dma::{DmaAccess, DmaError, HeapMemory};
@@ -31,6 +32,11 @@ struct State {
     device_writes: u64,
     /// Ranges anyone wrote since the last reset `(start, end)`: what [`GuardedMemory::reset`] zeroes.
     dirty: Vec<(u64, u64)>,
+    /// The buffer each key (an RcvArray index) names now, `(start, end)`: the harness's last programming.
+    programmed: BTreeMap<u64, (u64, u64)>,
+    /// While set, a device write must also lie inside one of these `(start, end)` ranges: what one packet
+    /// may reach (its context's queues and the TIDs it names).
+    scope: Option<Vec<(u64, u64)>>,
 }
 
 impl State {
@@ -69,6 +75,8 @@ impl GuardedMemory {
             violations: Vec::new(),
             device_writes: 0,
             dirty: Vec::new(),
+            programmed: BTreeMap::new(),
+            scope: None,
         });
         GuardedMemory { mem, state, on_read }
     }
@@ -96,6 +104,8 @@ impl GuardedMemory {
             }
         }
         st.allowed.clear();
+        st.programmed.clear();
+        st.scope = None;
         st.violations.clear();
         st.device_writes = 0;
     }
@@ -136,6 +146,28 @@ impl GuardedMemory {
         let Some(end) = iova.checked_add(len) else { return };
         // Bounded by the input: one allowance per programming step the harness makes.
         self.lock().allowed.push((iova, end));
+    }
+
+    /// Records what buffer `key` names now (`None`: nothing). The key space is the harness's (RcvArray
+    /// indices), so the map stays bounded.
+    pub fn program(&self, key: u64, buf: Option<(u64, u64)>) {
+        let mut st = self.lock();
+        match buf.and_then(|(iova, len)| Some((iova, iova.checked_add(len)?))) {
+            Some(range) => st.programmed.insert(key, range),
+            None => st.programmed.remove(&key),
+        };
+    }
+
+    /// The buffer `key` names now, as `(iova, len)`.
+    pub fn programmed(&self, key: u64) -> Option<(u64, u64)> {
+        self.lock().programmed.get(&key).map(|&(s, e)| (s, e - s))
+    }
+
+    /// Narrows what the device may write to `ranges` (`(iova, len)`) on top of the allowed buffers, until
+    /// called again with `None`.
+    pub fn set_scope(&self, ranges: Option<Vec<(u64, u64)>>) {
+        self.lock().scope =
+            ranges.map(|r| r.into_iter().filter_map(|(iova, len)| Some((iova, iova.checked_add(len)?))).collect());
     }
 
     pub fn violations(&self) -> Vec<Violation> {
@@ -189,6 +221,10 @@ impl DmaAccess for GuardedMemory {
             if !st.allowed.iter().any(|(s, e)| iova >= *s && end <= *e) {
                 st.violations.push(Violation { iova, len, why: "device write outside every allowed buffer" });
                 // Refuse it, so the snapshot shows only what was allowed and the violation is reported once.
+                return Err(DmaError::Permission { iova, dir: "write" });
+            }
+            if st.scope.as_ref().is_some_and(|sc| !sc.iter().any(|(s, e)| iova >= *s && end <= *e)) {
+                st.violations.push(Violation { iova, len, why: "device write outside what the packet may reach" });
                 return Err(DmaError::Permission { iova, dir: "write" });
             }
         }
@@ -273,6 +309,21 @@ mod tests {
         assert_eq!(m.check_snapshot(), None);
         // The allowance is gone with the reset.
         assert!(m.write(0x4010, &[3; 8]).is_err());
+    }
+
+    #[test]
+    fn a_scoped_write_must_lie_in_the_scope_as_well_as_in_an_allowed_buffer() {
+        let m = GuardedMemory::new(&[(0x1000, 0x1000)], None);
+        m.allow(0x1000, 0x1000);
+        m.program(7, Some((0x1400, 0x100)));
+        m.set_scope(Some(vec![m.programmed(7).unwrap()]));
+        assert_eq!(m.write(0x1400, &[1; 0x100]), Ok(()));
+        assert!(m.write(0x1200, &[1; 8]).is_err(), "allowed, but not for this packet");
+        assert_eq!(m.violations().len(), 1);
+        m.set_scope(None);
+        assert_eq!(m.write(0x1200, &[1; 8]), Ok(()));
+        m.program(7, None);
+        assert_eq!(m.programmed(7), None);
     }
 
     #[test]

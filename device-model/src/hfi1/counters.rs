@@ -74,8 +74,21 @@ counters! {
     wire_rx_test_ebp,
     /// Packets routed to a context at or beyond RCV_CONTEXTS.
     wire_rx_bad_context,
-    /// KDETH packets (BTH QP prefix RCV_BTH_QP): not modelled on the wire yet, dropped.
-    wire_rx_kdeth_unmodelled,
+    /// KDETH eager packets (TIDCTRL 0: TID RDMA requests, responses, ACKs, RESYNCs) written to a header
+    /// queue.
+    wire_rx_kdeth_eager,
+    /// KDETH expected packets placed through a TID.
+    wire_rx_kdeth_expected,
+    /// Of those, placed without a header queue entry (header suppression).
+    wire_rx_kdeth_suppressed,
+    /// Payload bytes placed through TIDs.
+    wire_rx_kdeth_bytes,
+    /// KDETH packets delivered as error entries (flow sequence or generation, TID, eager space, KDETH header).
+    wire_rx_kdeth_errors,
+    /// KDETH packets shorter than their header (RHF KHdrMinLenErr).
+    rx_khdr_min_len,
+    /// KDETH packets of a version other than 1 (RHF KHdrKVerErr).
+    rx_khdr_kver,
     /// Packets that did not fit the port's ingress queue.
     wire_rx_ingress_overflow,
     /// Times a packet waited for room in a full header queue or eager buffer set.
@@ -125,7 +138,7 @@ mod tests {
         let c = Counters::default();
         c.rx_gen_mismatch.fetch_add(2, Ordering::Relaxed);
         let snap = c.snapshot();
-        assert_eq!(snap.len(), 44);
+        assert_eq!(snap.len(), 50);
         assert!(snap.contains(&("rx_gen_mismatch", 2)));
         c.reset();
         assert!(c.snapshot().iter().all(|(_, v)| *v == 0));

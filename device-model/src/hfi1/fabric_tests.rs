@@ -50,6 +50,7 @@ struct Hfi {
     f: Arc<Function>,
     irqs: Arc<Irqs>,
     mem: Arc<HeapMemory>,
+    probe: Arc<crate::probe::Probe>,
 }
 
 impl Hfi {
@@ -107,13 +108,14 @@ fn pair() -> (Hfi, Hfi) {
     let (ea, eb) = (Hfi1::new(Hfi1Config::wfr_instance(0)).unwrap(), Hfi1::new(Hfi1Config::wfr_instance(1)).unwrap());
     Hfi1::connect(&ea, &eb, Duration::ZERO).unwrap();
     let hfi = |e: Hfi1| {
+        let probe = crate::engine::Engine::probe(&e);
         let f = Function::try_new(Arc::new(e), PciIds::hfi1_wfr_default()).unwrap();
         let (irqs, mem) = (Arc::new(Irqs::default()), Arc::new(HeapMemory::new()));
         f.attach(DeviceContext { dma: mem.clone() as Arc<dyn DmaAccess>, irq: irqs.clone() });
         // pci_enable_device, bus master, MSI-X on.
         f.region_write(region::CONFIG, 0x04, &0x0006u16.to_le_bytes()).unwrap();
         f.region_write(region::CONFIG, 0xB2, &0x8000u16.to_le_bytes()).unwrap();
-        Hfi { f, irqs, mem }
+        Hfi { f, irqs, mem, probe }
     };
     (hfi(ea), hfi(eb))
 }
@@ -426,4 +428,107 @@ fn a_descriptor_of_the_wrong_generation_halts_the_engine() {
     assert_eq!(a.r(SEND_DMA_ENG_ERR_STATUS) & 0x2, 0x2, "SDMA_GEN_MISMATCH_ERR");
     assert_ne!(a.r(SEND_DMA_STATUS) & (1 << 56), 0, "ENG_HALTED");
     assert_eq!(a.r(SEND_DMA_HEAD), 0);
+}
+
+// --- a TID RDMA READ response segment -----------------------------------------------------------------------
+
+const KHDRQ: u64 = 0x60_0000;
+const TID_EVEN: u64 = 0x70_0000;
+const TID_ODD: u64 = 0x80_0000;
+/// The requester's kernel context 2: RcvArray entries 2048.. (RCV_TID_CTRL base 256 >> 3, 128 groups).
+const KCTXT: u64 = 2;
+const KFLOW: u64 = 3;
+const KGEN: u64 = 0x12345;
+
+/// hfi1_rcvctrl of kernel context 2 with TID RDMA on (TID_FLOW_ENABLE), RCV_HDR_SIZE 9, RCV_BTH_QP 0x80
+/// (chip.c init_kdeth_qp), TID pair 2 programmed as kern_program_rcv_group does (8 KiB even, 4 KiB odd), flow
+/// 3 as kern_set_hw_flow(0x12345) writes it; every other QPN still maps to context 1.
+fn tid_context(h: &Hfi) {
+    h.mem.map(KHDRQ, 64 * 128);
+    h.mem.map(TID_EVEN, 8192);
+    h.mem.map(TID_ODD, 4096);
+    let k = |reg| kctxt_csr(reg, KCTXT);
+    h.w(k(RCV_HDR_CNT), 64 >> 5);
+    h.w(k(RCV_HDR_ENT_SIZE), 4);
+    h.w(k(RCV_HDR_SIZE), 9);
+    h.w(k(RCV_HDR_ADDR), KHDRQ);
+    h.w(k(RCV_TID_CTRL), (128 << 32) | (2048 >> 3));
+    h.w(RCV_ARRAY + 8 * (2048 + 4), (1 << 63) | (2 << 36) | (TID_EVEN >> 12));
+    h.w(RCV_ARRAY + 8 * (2048 + 5), (1 << 63) | (1 << 36) | (TID_ODD >> 12));
+    h.w(tid_flow_csr(KCTXT, KFLOW), (KGEN << 11) | (0x6F << 32));
+    let ctrl = RCV_CTXT_CTRL_ENABLE_SMASK | RCV_CTXT_CTRL_INTR_AVAIL_SMASK | RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK;
+    h.w(k(RCV_CTXT_CTRL), ctrl);
+    h.w(RCV_BTH_QP, 0x80 << 16);
+    h.route_irq(RCVAVAIL_SOURCE + KCTXT, 5);
+}
+
+/// A READ_RESP data packet as hfi1_build_tid_rdma_read_resp builds it: BTH QP = the flow's tid_qpn
+/// (0x80 << 16 | flow << 11 | ctxt), PSN generation << 11 | seq; KDETH0 with KVER 1, SH = !last, TIDCTRL,
+/// TID, OM 64, OFFSET; `payload` behind the 36-byte TID RDMA header.
+fn read_resp(seq: u64, tidctrl: u32, offset_64: u32, last: bool, payload: &[u8]) -> Vec<u8> {
+    let mut h = vec![0u8; 56];
+    h[1] = 0x2;
+    h[2..4].copy_from_slice(&2u16.to_be_bytes());
+    h[4..6].copy_from_slice(&(((56 + payload.len() + 4) / 4) as u16).to_be_bytes());
+    h[6..8].copy_from_slice(&1u16.to_be_bytes());
+    h[8] = 0xE5;
+    let qp = (0x80 << 16) | (KFLOW << 11) | KCTXT;
+    h[12..16].copy_from_slice(&(qp as u32).to_be_bytes());
+    h[16..20].copy_from_slice(&(((KGEN << 11) | seq) as u32).to_be_bytes());
+    let kdeth0 = (1u32 << 30) | (u32::from(!last) << 29) | (tidctrl << 26) | (2 << 16) | (1 << 15) | offset_64;
+    h[20..24].copy_from_slice(&kdeth0.to_le_bytes());
+    h.extend_from_slice(payload);
+    h
+}
+
+#[test]
+fn a_tid_rdma_read_response_segment_lands_in_the_requesters_tids_with_one_header_queue_entry() {
+    let (a, b) = pair();
+    link_up(&a, &b);
+    sdma_engine(&a);
+    verbs_context(&b);
+    tid_context(&b);
+    let data: Vec<u8> = (0..12288u32).map(|i| (i * 31 % 251) as u8).collect();
+    // 4 KiB into the even buffer at 0 and 4096, the last 4 KiB into the odd one.
+    let packets = [
+        read_resp(0, 1, 0, false, &data[..4096]),
+        read_resp(1, 1, 64, false, &data[4096..8192]),
+        read_resp(2, 2, 0, true, &data[8192..]),
+    ];
+    for (i, p) in packets.iter().enumerate() {
+        let mut first = ((p.len() / 4 + 2) as u64).to_le_bytes().to_vec();
+        first.extend_from_slice(p);
+        let at = BUFS + 0x4000 * i as u64;
+        a.mem.write(at, &first).unwrap();
+        let d = (3u64 << 62) | ((first.len() as u64) << 48) | at; // FIRST | LAST
+        let q1 = if i == 2 { 1u64 } else { 0 }; // HEAD_TO_HOST on the last
+        a.mem.write(RING + 16 * i as u64, &d.to_le_bytes()).unwrap();
+        a.mem.write(RING + 16 * i as u64 + 8, &q1.to_le_bytes()).unwrap();
+    }
+    let sink = crate::trace::Sink::memory();
+    b.probe.trace.set_sink(sink.clone());
+    b.probe.trace.set_filter(&crate::trace::Filter::parse("*::rhq=info").unwrap());
+    a.w(SEND_DMA_TAIL, 3);
+    assert!(b.irqs.wait(5), "RcvAvail on context 2 for the last packet");
+    // The trace names each placement (two suppressed), then the one entry.
+    let lines = sink.take_lines();
+    let events: Vec<&str> = lines.iter().filter_map(|l| l.split("] ").nth(1)?.split(' ').nth(1)).collect();
+    assert_eq!(events, ["kdeth-expected", "kdeth-expected", "kdeth-expected", "rhq-write"], "{lines:?}");
+    assert!(lines[0].contains(&format!("iova={TID_EVEN:#x}")) && lines[0].contains("suppressed=yes"), "{lines:?}");
+    assert!(lines[2].contains("suppressed=no"), "{lines:?}");
+    assert_eq!(read(&b, TID_EVEN, 8192), data[..8192]);
+    assert_eq!(read(&b, TID_ODD, 4096), data[8192..]);
+    // Only the last packet (SH clear) has an entry: the first of context 2, RcvSeq 1.
+    let rhf = u64::from_le_bytes(read(&b, KHDRQ + 30 * 4, 8).try_into().unwrap());
+    assert_eq!((rhf >> 12) & 7, 0, "RHF_RCV_TYPE_EXPECTED");
+    assert_eq!(rhf & (0x7FF << 53), 0, "no error flag (rhf_err_flags)");
+    assert_eq!((rhf >> 28) & 0xF, 1);
+    assert_eq!(rhf & 0xFFF, (56 + 4096 + 4) / 4);
+    assert_eq!((rhf >> 44) & 0x1FF, 30 - 14, "LRH, BTH and RCV_HDR_SIZE 9 dwords");
+    assert_eq!(read(&b, KHDRQ + (30 - 14) * 4, 56), packets[2][..56]);
+    assert_eq!(b.r(uctxt_csr(RCV_HDR_TAIL, KCTXT)), 32, "one entry of 32 dwords");
+    // read_r_next_psn: generation and the next sequence.
+    assert_eq!(b.r(tid_flow_csr(KCTXT, KFLOW)) & 0x7FFF_FFFF, (KGEN << 11) | 3);
+    // Nothing reached the verbs context.
+    assert_eq!(b.r(uctxt_csr(RCV_HDR_TAIL, 1)), 0);
 }

@@ -3,7 +3,8 @@
 //!
 //! Decisions (the reference has only names): the 11-bit field at bits 10:0 is the expected sequence and
 //! advances on every accepted packet; KEEP_ON_GEN_ERR / KEEP_AFTER_SEQ_ERR decide whether FLOW_VALID survives a
-//! generation / sequence error; HDR_SUPP_EN is stored only (there is no receive header queue to suppress).
+//! generation / sequence error; HDR_SUPP_EN matters on the wire only (kdeth.rs): the loopback block has no
+//! receive header queue to suppress.
 
 #![forbid(unsafe_code)]
 
@@ -83,30 +84,46 @@ impl FlowTable {
 
     /// Checks `generation`/`sequence` against the flow and records a mismatch. Nothing changes on `Match`.
     pub fn check(&mut self, ctxt: usize, flow: usize, generation: u32, sequence: u16) -> FlowCheck {
-        let Some(raw) = self.slot(ctxt, flow) else { return FlowCheck::Invalid };
-        let e = FlowEntry::decode(*raw);
-        if !e.flow_valid {
-            return FlowCheck::Invalid;
-        }
-        if e.generation != generation {
-            *raw |= RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK;
-            if !e.keep_on_gen_err {
-                *raw &= !RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK;
-            }
-            return FlowCheck::GenMismatch;
-        }
-        if e.sequence != sequence {
-            *raw |= RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK;
-            if !e.keep_after_seq_err {
-                *raw &= !RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK;
-            }
-            return FlowCheck::SeqMismatch;
-        }
-        FlowCheck::Match
+        let outcome = self.peek(ctxt, flow, generation, sequence);
+        self.record(ctxt, flow, outcome);
+        outcome
     }
 
-    /// The packet that matched was accepted: the expected sequence advances (modulo 2048; the generation is
-    /// the driver's to change).
+    /// What [`FlowTable::check`] would find, changing nothing: a packet that must wait for room in its header
+    /// queue is judged again later and must leave no trace the first time.
+    pub fn peek(&self, ctxt: usize, flow: usize, generation: u32, sequence: u16) -> FlowCheck {
+        let Some(raw) = self.read(ctxt, flow) else { return FlowCheck::Invalid };
+        let e = FlowEntry::decode(raw);
+        if !e.flow_valid {
+            FlowCheck::Invalid
+        } else if e.generation != generation {
+            FlowCheck::GenMismatch
+        } else if e.sequence != sequence {
+            FlowCheck::SeqMismatch
+        } else {
+            FlowCheck::Match
+        }
+    }
+
+    /// Records a mismatch [`FlowTable::peek`] found: the status bit set, FLOW_VALID cleared unless the
+    /// matching KEEP bit is set. `Match` and `Invalid` change nothing.
+    pub fn record(&mut self, ctxt: usize, flow: usize, outcome: FlowCheck) {
+        let Some(raw) = self.slot(ctxt, flow) else { return };
+        let (status, keep) = match outcome {
+            FlowCheck::GenMismatch => {
+                (RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK, RCV_TID_FLOW_TABLE_CTRL_KEEP_ON_GEN_ERR_SMASK)
+            }
+            FlowCheck::SeqMismatch => {
+                (RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK, RCV_TID_FLOW_TABLE_CTRL_KEEP_AFTER_SEQ_ERR_SMASK)
+            }
+            FlowCheck::Match | FlowCheck::Invalid => return,
+        };
+        if *raw & keep == 0 {
+            *raw &= !RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK;
+        }
+        *raw |= status;
+    }
+
     /// The device changes a flow's generation by itself (a `flow-generation` fault): `add` is added to the
     /// generation field, everything else stays. Returns the new generation.
     pub fn shift_generation(&mut self, ctxt: usize, flow: usize, add: u32) -> Option<u32> {
@@ -118,6 +135,8 @@ impl FlowTable {
         Some(generation as u32)
     }
 
+    /// The packet that matched was accepted: the expected sequence advances (modulo 2048; the generation is
+    /// the driver's to change).
     pub fn accept(&mut self, ctxt: usize, flow: usize) {
         if let Some(raw) = self.slot(ctxt, flow) {
             let next = (FlowEntry::decode(*raw).sequence as u64 + 1) & RCV_TID_FLOW_TABLE_SEQ_MASK;

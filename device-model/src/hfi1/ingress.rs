@@ -4,7 +4,8 @@
 //! Context selection follows what the driver programs (the RSM is not modelled): the port must be enabled
 //! (RCV_CTRL.RcvPortEnable, set at link INIT), the DLID must pass the port's filter, SC 15 goes to
 //! RCV_VL15's context, and every other packet to RCV_QP_MAP_TABLE[QPN[8:1]] (context 0 while the map is
-//! off). KDETH packets (the RCV_BTH_QP prefix) are counted and dropped: they belong to TID RDMA.
+//! off); KDETH packets (DestQP[23:16] = RCV_BTH_QP.KDETH_QP) go to the context in DestQP[7:0] and are
+//! judged by kdeth.rs (TID RDMA).
 //! A context without room holds the packet at the head of the port's queue until the driver moves a head
 //! register; the port's queue itself is bounded, and every drop is counted by cause.
 
@@ -18,8 +19,10 @@ use vfio_user_proto::sync::Unpoison;
 use super::cable::WirePacket;
 use super::chip::Chip;
 use super::counters::Counters;
+use super::kdeth::{self, Delivery, Kind};
+use super::rcv;
 use super::regs::*;
-use super::rhq::{Arrival, Plan, Refusal};
+use super::rhq::{Arrival, Refusal};
 use super::shared::Shared;
 use super::wfr::{Wfr, IS_RCVAVAIL_START};
 use crate::hfi1::cable::wire::{ICRC_BYTES, SC_VL15};
@@ -30,8 +33,15 @@ pub const INGRESS_QUEUE: usize = 1024;
 /// RCV_VL15 holds the management context's number.
 const RCV_VL15_CTXT_MASK: u64 = 0xFF;
 
+/// Where the port sends a packet: a receive context, as an IB packet or as KDETH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    Ib(usize),
+    Kdeth(usize),
+}
+
 /// The receive context `pkt` goes to, or why it goes nowhere.
-pub(super) fn route(chip: &Chip, wfr: &Wfr, pkt: &WirePacket, counters: &Counters) -> Result<usize, &'static str> {
+pub(super) fn route(chip: &Chip, wfr: &Wfr, pkt: &WirePacket, counters: &Counters) -> Result<Route, &'static str> {
     if chip.global(RCV_CTRL) & RCV_CTRL_RCV_PORT_ENABLE_SMASK == 0 {
         counters.wire_rx_port_disabled.fetch_add(1, Relaxed);
         return Err("port disabled");
@@ -44,31 +54,30 @@ pub(super) fn route(chip: &Chip, wfr: &Wfr, pkt: &WirePacket, counters: &Counter
         counters.wire_rx_dlid_filtered.fetch_add(1, Relaxed);
         return Err("DLID filtered");
     }
-    let ctxt = if pkt.sc() == SC_VL15 {
-        (chip.global(RCV_VL15) & RCV_VL15_CTXT_MASK) as usize
+    let route = if pkt.sc() == SC_VL15 {
+        Route::Ib((chip.global(RCV_VL15) & RCV_VL15_CTXT_MASK) as usize)
     } else {
         let kdeth = (chip.global(RCV_BTH_QP) >> RCV_BTH_QP_KDETH_QP_SHIFT) & RCV_BTH_QP_KDETH_QP_MASK;
         let qpn = pkt.dest_qp();
         if kdeth != 0 && u64::from(qpn >> 16) == kdeth {
-            counters.wire_rx_kdeth_unmodelled.fetch_add(1, Relaxed);
-            return Err("KDETH packet (TID RDMA is not on the wire yet)");
-        }
-        if chip.global(RCV_CTRL) & RCV_CTRL_RCV_QP_MAP_ENABLE_SMASK != 0 {
-            chip.qp_map_ctxt(qpn)
+            Route::Kdeth(kdeth::destqp_ctxt(qpn))
+        } else if chip.global(RCV_CTRL) & RCV_CTRL_RCV_QP_MAP_ENABLE_SMASK != 0 {
+            Route::Ib(chip.qp_map_ctxt(qpn))
         } else {
-            0
+            Route::Ib(0)
         }
     };
+    let (Route::Ib(ctxt) | Route::Kdeth(ctxt)) = route;
     if ctxt >= chip.contexts() {
         counters.wire_rx_bad_context.fetch_add(1, Relaxed);
         return Err("no such receive context");
     }
-    Ok(ctxt)
+    Ok(route)
 }
 
 /// What became of the packet at the head of the queue.
 enum Step {
-    Placed(Plan),
+    Placed(Delivery),
     Dropped,
     Held,
 }
@@ -105,21 +114,29 @@ pub(super) fn run(shared: &Shared, epoch: u64) {
 fn judge(shared: &Shared, pkt: &WirePacket) -> Step {
     let mut chip = shared.lock_chip();
     let Some(wfr) = shared.lock_wfr() else { return Step::Dropped };
-    let ctxt = match route(&chip, &wfr, pkt, &shared.counters) {
-        Ok(c) => c,
+    let route = match route(&chip, &wfr, pkt, &shared.counters) {
+        Ok(r) => r,
         Err(why) => {
             trace(shared, pkt, None, why);
             return Step::Dropped;
         }
     };
     drop(wfr);
-    // A packet whose opcode the chip does not know keeps just its LRH and BTH as header; the driver drops it.
-    let header = pkt.header_bytes().unwrap_or_else(|| pkt.bth_offset().unwrap_or(8) + 12);
-    let (head, rest) = pkt.bytes.split_at(header);
-    let payload = rest.len().saturating_sub(usize::from(pkt.pad()) + ICRC_BYTES);
-    let arrival = Arrival { header: head, rest, has_payload: payload > 0, sc4: pkt.sc4, icrc_ok: pkt.icrc_ok() };
-    match chip.rhq_reserve(ctxt, &arrival, &shared.counters) {
-        Ok(plan) => Step::Placed(plan),
+    let (ctxt, judged) = match route {
+        Route::Kdeth(ctxt) => (ctxt, kdeth::judge(&mut chip, ctxt, pkt, &shared.counters)),
+        Route::Ib(ctxt) => {
+            // A packet whose opcode the chip does not know keeps just its LRH and BTH as header; the driver
+            // drops it.
+            let header = pkt.header_bytes().unwrap_or_else(|| pkt.bth_offset().unwrap_or(8) + 12);
+            let (head, rest) = pkt.bytes.split_at(header);
+            let payload = rest.len().saturating_sub(usize::from(pkt.pad()) + ICRC_BYTES);
+            let arrival = Arrival::ib(head, rest, payload > 0, pkt.sc4, pkt.icrc_ok());
+            let plan = chip.rhq_reserve(ctxt, &arrival, &shared.counters);
+            (ctxt, plan.map(|p| Delivery { kind: Kind::Ib, rhq: Some(p), tid: None }))
+        }
+    };
+    match judged {
+        Ok(delivery) => Step::Placed(delivery),
         Err(Refusal::Hold(_)) => Step::Held,
         Err(Refusal::Drop(why)) => {
             trace(shared, pkt, Some(ctxt), why);
@@ -128,9 +145,19 @@ fn judge(shared: &Shared, pkt: &WirePacket) -> Step {
     }
 }
 
-/// The writes of a placed packet, in the order the driver's polling needs: payload, header, RHF, tail;
-/// then the tail register and the interrupt.
-fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, plan: Plan, epoch: u64) {
+/// The writes of a placed packet, in the order the driver's polling needs: the TID payload of an expected
+/// packet; then, for a packet with a header queue entry, eager payload, header, RHF, tail; then the tail
+/// register and the interrupt.
+fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, d: Delivery, epoch: u64) {
+    let counters = &shared.counters;
+    if let Some((placement, range)) = &d.tid {
+        let payload = pkt.bytes.get(range.clone()).unwrap_or_default();
+        if rcv::place(dma, placement, payload, counters) == rcv::RxResult::Placed {
+            counters.wire_rx_kdeth_bytes.fetch_add(payload.len() as u64, Relaxed);
+        }
+    }
+    trace_kdeth(shared, pkt, &d);
+    let Some(plan) = d.rhq else { return };
     let header_len = (plan.rhf_at - plan.header_at) as usize;
     let (header, rest) = pkt.bytes.split_at(header_len);
     let mut ok = plan.eager.is_none_or(|at| dma.write(at, rest).is_ok());
@@ -138,7 +165,7 @@ fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, plan: Plan, epo
     ok = ok && dma.write_u64(plan.rhf_at, plan.rhf).is_ok();
     ok = ok && plan.tail.is_none_or(|(at, v)| dma.write_u64(at, v).is_ok());
     if !ok {
-        shared.counters.wire_rx_dma_errors.fetch_add(1, Relaxed);
+        counters.wire_rx_dma_errors.fetch_add(1, Relaxed);
     }
     let vector = {
         let mut chip = shared.lock_chip();
@@ -146,7 +173,7 @@ fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, plan: Plan, epo
             return;
         }
         chip.rhq_publish(plan.ctxt, plan.published);
-        shared.counters.wire_rx_written.fetch_add(1, Relaxed);
+        counters.wire_rx_written.fetch_add(1, Relaxed);
         if plan.interrupt {
             shared.lock_wfr().and_then(|mut w| w.raise(IS_RCVAVAIL_START + plan.ctxt as u32))
         } else {
@@ -172,6 +199,40 @@ fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, plan: Plan, epo
     if let Some(v) = vector {
         shared.raise(v);
     }
+}
+
+/// Names what became of a KDETH packet: eager, placed through a TID (where, how much, suppressed or not),
+/// or the error entry it made.
+fn trace_kdeth(shared: &Shared, pkt: &WirePacket, d: &Delivery) {
+    let probe = &shared.probe;
+    let name = match d.kind {
+        Kind::Ib => return,
+        Kind::Eager => "kdeth-eager",
+        Kind::Expected => "kdeth-expected",
+        Kind::Error(_) => "kdeth-error",
+    };
+    if !probe.trace.on(Block::Rhq, Level::Info) {
+        return;
+    }
+    let psn = pkt.psn();
+    let mut fields = vec![
+        ("qp", Val::Hex(pkt.dest_qp().into())),
+        ("opcode", Val::Hex(pkt.opcode().into())),
+        ("generation", Val::Hex(u64::from(psn >> rcv::HFI1_KDETH_BTH_SEQ_SHIFT))),
+        ("seq", Val::Dec(u64::from(psn & rcv::HFI1_KDETH_BTH_SEQ_MASK))),
+    ];
+    if let Some((placement, range)) = &d.tid {
+        fields.push(("iova", Val::Hex(placement.iova)));
+        fields.push(("len", Val::Dec(range.len() as u64)));
+        fields.push(("suppressed", Val::Str(if d.rhq.is_none() { "yes" } else { "no" })));
+    }
+    if let Kind::Error(why) = d.kind {
+        fields.push(("why", Val::Str(why)));
+    }
+    if let Some(plan) = &d.rhq {
+        fields.push(("rhf", Val::Hex(plan.rhf)));
+    }
+    probe.trace.event(Block::Rhq, Level::Info, name, &fields);
 }
 
 fn trace(shared: &Shared, pkt: &WirePacket, ctxt: Option<usize>, why: &'static str) {

@@ -9,6 +9,7 @@ mod device;
 mod egress;
 mod flow;
 mod ingress;
+mod kdeth;
 mod loopback;
 mod names;
 mod observe;

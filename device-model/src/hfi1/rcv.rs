@@ -120,6 +120,26 @@ fn count(c: &std::sync::atomic::AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Counts a packet's outcome by its cause.
+pub fn count_refusal(r: RxResult, counters: &Counters) {
+    let c = match r {
+        RxResult::BadContext => &counters.rx_bad_context,
+        RxResult::ContextDisabled => &counters.rx_context_disabled,
+        RxResult::BadTidCtrl => &counters.rx_bad_tidctrl,
+        RxResult::FlowInvalid => &counters.rx_flow_invalid,
+        RxResult::GenMismatch => &counters.rx_gen_mismatch,
+        RxResult::SeqMismatch => &counters.rx_seq_mismatch,
+        RxResult::TidOutOfRange => &counters.rx_tid_out_of_range,
+        RxResult::TidInvalidEntry => &counters.rx_tid_invalid_entry,
+        RxResult::BufferOverrun => &counters.rx_buffer_overrun,
+        RxResult::DmaError => &counters.rx_dma_errors,
+        RxResult::Placed => &counters.rx_placed,
+        // The loopback block counts its own (lb_bad_descriptors); an abort is no packet's fault.
+        RxResult::BadDescriptor | RxResult::Aborted => return,
+    };
+    count(c);
+}
+
 impl Chip {
     /// Judges a packet of `len` payload bytes. On success the flow's sequence has advanced and the returned
     /// placement lies wholly inside the entry's buffer. On failure nothing but the flow status changed.
@@ -142,23 +162,14 @@ impl Chip {
         }
         let flow_checked = ctrl & RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK != 0;
         if flow_checked {
-            match self.flows.check(ctxt, pkt.flow(), pkt.generation(), pkt.sequence()) {
-                FlowCheck::Match => {}
-                FlowCheck::Invalid => {
-                    count(&counters.rx_flow_invalid);
-                    return Err(RxResult::FlowInvalid);
-                }
-                FlowCheck::GenMismatch => {
-                    count(&counters.rx_gen_mismatch);
-                    return Err(RxResult::GenMismatch);
-                }
-                FlowCheck::SeqMismatch => {
-                    count(&counters.rx_seq_mismatch);
-                    return Err(RxResult::SeqMismatch);
-                }
+            let outcome = self.flows.check(ctxt, pkt.flow(), pkt.generation(), pkt.sequence());
+            if let Some(refused) = flow_refusal(outcome) {
+                count_refusal(refused, counters);
+                return Err(refused);
             }
         }
-        let placement = self.tid_placement(ctxt, pkt, tidctrl, len, counters)?;
+        let placement =
+            self.tid_placement(ctxt, pkt, tidctrl, len, counters).inspect_err(|r| count_refusal(*r, counters))?;
         if flow_checked {
             self.flows.accept(ctxt, pkt.flow());
         }
@@ -166,7 +177,8 @@ impl Chip {
     }
 
     /// The TID checks: the entry (or pair) in the context's range, valid, and holding the whole payload.
-    fn tid_placement(
+    /// Counts nothing: a packet judged again after waiting for room must not be counted twice.
+    pub(super) fn tid_placement(
         &mut self,
         ctxt: usize,
         pkt: &Packet,
@@ -182,12 +194,10 @@ impl Chip {
             _ => (2 * u64::from(pkt.tid()), 2 * u64::from(pkt.tid())),
         };
         if last_rel >= cnt || base + last_rel >= self.rcv_array.count() as u64 {
-            count(&counters.rx_tid_out_of_range);
             return Err(RxResult::TidOutOfRange);
         }
         let index = base + rel;
         let Some(entry) = self.rcv_array.entry(index, counters) else {
-            count(&counters.rx_tid_invalid_entry);
             return Err(RxResult::TidInvalidEntry);
         };
         let offset = pkt.offset_bytes();
@@ -197,16 +207,13 @@ impl Chip {
             return Ok(Placement::at(entry.iova() + offset));
         }
         if tidctrl != TIDCTRL_PAIR {
-            count(&counters.rx_buffer_overrun);
             return Err(RxResult::BufferOverrun);
         }
         // Beyond the even buffer: the odd entry takes the rest (a filler pair half is invalid).
         let Some(odd) = self.rcv_array.entry(index + 1, counters) else {
-            count(&counters.rx_tid_invalid_entry);
             return Err(RxResult::TidInvalidEntry);
         };
         if end - first > odd.buf_size.bytes() {
-            count(&counters.rx_buffer_overrun);
             return Err(RxResult::BufferOverrun);
         }
         Ok(if offset >= first {
@@ -214,6 +221,16 @@ impl Chip {
         } else {
             Placement { iova: entry.iova() + offset, spill: Some((first - offset, odd.iova())) }
         })
+    }
+}
+
+/// The refusal a flow check's outcome means, `None` when the packet may go on.
+pub fn flow_refusal(outcome: FlowCheck) -> Option<RxResult> {
+    match outcome {
+        FlowCheck::Match => None,
+        FlowCheck::Invalid => Some(RxResult::FlowInvalid),
+        FlowCheck::GenMismatch => Some(RxResult::GenMismatch),
+        FlowCheck::SeqMismatch => Some(RxResult::SeqMismatch),
     }
 }
 

@@ -107,6 +107,8 @@ pub const RCV_TID_CTRL_TID_PAIR_CNT_MASK: u64 = 0x1FF;
 pub const RCV_SHIFT: u32 = 3;
 
 // Other fields.
+/// RCV_HDR_SIZE: dwords of a KDETH packet behind its BTH that go to the header queue (DEFAULT_RCVHDRSIZE 9).
+pub const RCV_HDR_SIZE_HDR_SIZE_MASK: u64 = 0x1F;
 pub const RCV_HDR_HEAD_COUNTER_SHIFT: u32 = 32;
 pub const RCV_HDR_HEAD_COUNTER_MASK: u64 = 0xFF;
 pub const RCV_EGR_INDEX_HEAD_HEAD_MASK: u64 = 0x7FF;

@@ -31,11 +31,22 @@ pub const RHF_RCV_SEQ_SHIFT: u32 = 28;
 pub const RHF_EGR_OFFSET_SHIFT: u32 = 32;
 pub const RHF_EGR_OFFSET_MASK: u64 = 0xFFF;
 pub const RHF_HDRQ_OFFSET_SHIFT: u32 = 44;
+pub const RHF_RCV_TYPE_ERR_SHIFT: u32 = 56;
+pub const RHF_TID_ERR: u64 = 1 << 59;
 pub const RHF_ICRC_ERR: u64 = 1 << 63;
 /// RcvSeq runs 1..=RHF_MAX_SEQ and wraps to 1.
 pub const RHF_MAX_SEQ: u8 = 13;
 /// RHF receive types.
+pub const RHF_RCV_TYPE_EXPECTED: u64 = 0;
+pub const RHF_RCV_TYPE_EAGER: u64 = 1;
 pub const RHF_RCV_TYPE_IB: u64 = 2;
+pub const RHF_RCV_TYPE_ERROR: u64 = 3;
+/// RcvTypeErr of an EXPECTED entry: the flow's sequence or generation did not match.
+pub const RHF_RTE_EXPECTED_FLOW_SEQ_ERR: u64 = 0x2;
+pub const RHF_RTE_EXPECTED_FLOW_GEN_ERR: u64 = 0x4;
+/// RcvTypeErr of an ERROR entry: a KDETH header too short, or of a version other than 1.
+pub const RHF_RTE_ERROR_KHDR_MIN_LEN_ERR: u64 = 0x2;
+pub const RHF_RTE_ERROR_KHDR_KVER_ERR: u64 = 0x4;
 /// Bytes of the RHF, and of an eager block (RCV_BUF_BLOCK_SIZE).
 pub const RHF_BYTES: usize = 8;
 pub const RCV_BUF_BLOCK_SIZE: u64 = 64;
@@ -68,6 +79,29 @@ pub struct Arrival<'a> {
     pub has_payload: bool,
     pub sc4: bool,
     pub icrc_ok: bool,
+    /// RHF RcvType.
+    pub rcv_type: u64,
+    /// RHF error bits the receive path found (RcvTypeErr, TidErr).
+    pub errors: u64,
+    /// A KDETH eager packet: when there is no eager room for its payload and the context does not hold it,
+    /// the entry still goes in, without the payload and with TidErr (tid_rdma_tid_err restarts the request).
+    pub tid_err_without_eager: bool,
+}
+
+impl<'a> Arrival<'a> {
+    /// An IB packet: header and the payload, pad and ICRC behind it.
+    pub fn ib(header: &'a [u8], rest: &'a [u8], has_payload: bool, sc4: bool, icrc_ok: bool) -> Self {
+        Arrival {
+            header,
+            rest,
+            has_payload,
+            sc4,
+            icrc_ok,
+            rcv_type: RHF_RCV_TYPE_IB,
+            errors: 0,
+            tid_err_without_eager: false,
+        }
+    }
 }
 
 /// Where the pieces of a placed packet go.
@@ -129,12 +163,23 @@ impl Chip {
         if (st.tail + 1) % cnt == (head / u64::from(entsize)) as u32 % cnt {
             return self.full(ctxt, Full::Rhq, ctrl & RCV_CTXT_CTRL_DONT_DROP_RHQ_FULL_SMASK != 0, counters);
         }
+        let mut tid_err = false;
         let eager = if a.has_payload {
             match self.eager_room(ctxt, ctrl, &mut st, a.rest.len() as u64, counters) {
                 Ok(e) => Some(e),
                 Err(Refusal::Hold(f)) => {
                     let keep = ctrl & RCV_CTXT_CTRL_DONT_DROP_EGR_FULL_SMASK != 0;
-                    return self.full(ctxt, f, keep, counters);
+                    if keep || !a.tid_err_without_eager {
+                        return self.full(ctxt, f, keep, counters);
+                    }
+                    counters.rx_eager_full.fetch_add(1, Relaxed);
+                    tid_err = true;
+                    None
+                }
+                // eager_room counted the cause.
+                Err(_) if a.tid_err_without_eager => {
+                    tid_err = true;
+                    None
                 }
                 Err(r) => return Err(r),
             }
@@ -145,7 +190,8 @@ impl Chip {
         let rhf_at = entry + u64::from(entsize - rhf_dwords) * 4;
         let pkt_dwords = ((a.header.len() + a.rest.len()) / 4) as u64;
         let mut rhf = (pkt_dwords & RHF_PKT_LEN_MASK)
-            | (RHF_RCV_TYPE_IB << RHF_RCV_TYPE_SHIFT)
+            | (a.rcv_type << RHF_RCV_TYPE_SHIFT)
+            | a.errors
             | (u64::from(st.seq) << RHF_RCV_SEQ_SHIFT)
             | (u64::from(entsize - hdr_dwords - rhf_dwords) << RHF_HDRQ_OFFSET_SHIFT);
         if let Some(e) = &eager {
@@ -158,6 +204,9 @@ impl Chip {
         }
         if !a.icrc_ok {
             rhf |= RHF_ICRC_ERR;
+        }
+        if tid_err {
+            rhf |= RHF_TID_ERR;
         }
         st.tail = (st.tail + 1) % cnt;
         st.seq = if st.seq >= RHF_MAX_SEQ { 1 } else { st.seq + 1 };

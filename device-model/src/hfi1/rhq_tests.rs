@@ -39,7 +39,7 @@ fn chip(ctrl_extra: u64) -> (Chip, Counters) {
 
 /// A packet of `hdr` header bytes and `rest` bytes of payload, pad and ICRC.
 fn arrive<'a>(header: &'a [u8], rest: &'a [u8]) -> Arrival<'a> {
-    Arrival { header, rest, has_payload: rest.len() > 4, sc4: false, icrc_ok: true }
+    Arrival::ib(header, rest, rest.len() > 4, false, true)
 }
 
 fn rhf_field(rhf: u64, shift: u32, mask: u64) -> u64 {
