@@ -1,6 +1,7 @@
 # perftest over the emulated fabric against SoftRoCE, in the guest (busybox sh). Sourced by ci/guest/init, whose
-# helpers it uses (begin, record, json_str, now, say, host_deadline, host_deadline_end, wait_for, alive); the
-# init calls step_fabric_perf with rdma_emu.fabric_perf=1 (ci/run-qemu.sh --fabric-perf). docs/bench.md, case
+# helpers it uses (begin, record, json_str, now, say, host_deadline, host_deadline_end, wait_for, alive) and
+# fabric.sh's (listening); fabric.sh's run calls step_fabric_perf last with rdma_emu.fabric_perf=1
+# (ci/run-qemu.sh --fabric-perf). docs/bench.md, case
 # guest-verbs, says what is measured and why.
 #
 # step_fabric_perf assumes hfi1_0 and hfi1_1 ACTIVE (opa-fm's sm running) and lo up. It measures, with the same
@@ -12,7 +13,7 @@
 # shellcheck shell=sh disable=SC2154 # t comes from the init's begin
 
 PERF_SIZES=${PERF_SIZES:-"1024 4096 16384 65536 262144 1048576 4194304"}
-PERF_BW_TOOLS=${PERF_BW_TOOLS:-"ib_send_bw ib_write_bw"}
+PERF_BW_TOOLS=${PERF_BW_TOOLS:-"ib_send_bw ib_write_bw ib_read_bw"}
 PERF_LAT_TOOL=${PERF_LAT_TOOL:-ib_send_lat}
 PERF_LAT_SIZE=${PERF_LAT_SIZE:-8}
 PERF_LAT_ITERS=${PERF_LAT_ITERS:-200}
@@ -25,6 +26,7 @@ PERF_RUN_TIMEOUT=${PERF_RUN_TIMEOUT:-90} # each perftest process
 PERF_BUDGET=${PERF_BUDGET:-900}          # no run starts after this many seconds of the step
 PERF_PORT=${PERF_PORT:-18700}            # perftest's TCP port: a new one per run, no TIME_WAIT in the way
 PERF_DIR=/tmp/perf
+PERF_JSON=/tmp/fabric-perf.json # the result's "fabric_perf" member (the init's emit_result)
 
 # SoftRoCE's veth pair and addresses. Both ends are in this namespace, where each address is local: the kernel
 # would deliver rxe0's packets to rxe1's address over lo, where no rxe device listens (rxe_udp_encap_recv finds
@@ -43,10 +45,11 @@ perf_iters() {
 }
 
 # perftest's result row for SIZE in a bandwidth report: "iterations peak average msgrate" (MB/sec are MiB/s:
-# perftest divides by 0x100000), nothing if there is none. The row follows the " #bytes ... BW average" header.
+# perftest divides by 0x100000), nothing if there is none. The row follows the " #bytes ... BW average[MB/sec]"
+# header; a report in Gb/sec (--report_gbits) gives nothing.
 perf_parse_bw() { # file size
     awk -v size="$2" '
-        /#bytes/ && /BW average/ { hdr = 1; next }
+        /#bytes/ && /BW average\[MB\/sec\]/ { hdr = 1; next }
         hdr && $1 == size && NF >= 5 && $2 ~ /^[0-9]+$/ && $3 ~ /^[0-9.]+$/ && $4 ~ /^[0-9.]+$/ && $5 ~ /^[0-9.]+$/ {
             print $2, $3, $4, $5; exit
         }' "$1" 2>/dev/null
@@ -61,12 +64,6 @@ perf_parse_lat() { # file size
             for (i = 3; i <= 9; i++) if ($i !~ /^[0-9.]+$/) next
             print $2, $3, $4, $5, $6, $7, $8, $9; exit
         }' "$1" 2>/dev/null
-}
-
-# Whether something listens on TCP port $1 (IPv4 or IPv6, any address).
-perf_listening() { # port
-    hex=$(printf '%04X' "$1")
-    grep -q "^ *[0-9]*: [0-9A-F]*:$hex [0-9A-F]*:0000 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null
 }
 
 # The last lines of a run's outputs, for an error message.
@@ -97,7 +94,7 @@ perf_run() { # tool server-dev client-dev args...
     timeout -k 2 "$PERF_RUN_TIMEOUT" "$tool" -d "$sdev" -p "$PERF_PORT" "$@" >"$PERF_DIR/server.out" 2>&1 &
     PERF_SERVER=$!
     # shellcheck disable=SC2016 # evaluated by wait_for
-    if ! wait_for 30 'perf_listening $PERF_PORT || ! alive $PERF_SERVER'; then
+    if ! wait_for 30 'listening $PERF_PORT || ! alive $PERF_SERVER'; then
         PERF_WHY="the server did not listen on port $PERF_PORT within 30 s"
     elif ! alive "$PERF_SERVER"; then
         wait "$PERF_SERVER"
@@ -269,7 +266,7 @@ perf_json_rows() { # kind(bw|lat)
 step_fabric_perf() {
     begin fabric-perf
     PERF_ERR=""
-    rm -rf "$PERF_DIR"
+    rm -rf "$PERF_DIR" "$PERF_JSON"
     mkdir -p "$PERF_DIR"
     : >"$PERF_DIR/hfi1.bw"; : >"$PERF_DIR/hfi1.lat"; : >"$PERF_DIR/rxe.bw"; : >"$PERF_DIR/rxe.lat"
     now
@@ -291,11 +288,18 @@ step_fabric_perf() {
     perf_stop_server
     perf_rxe_down
     host_deadline_end fabric-perf
-    members="\"tools\":{\"bw\":$(json_str "$PERF_BW_TOOLS"),\"lat\":$(json_str "$PERF_LAT_TOOL")},\
+    echo "{\"sizes\":[$(echo "$PERF_SIZES" | sed 's/  */,/g')],\"tools\":{\"bw\":$(json_str "$PERF_BW_TOOLS"),\"lat\":$(json_str "$PERF_LAT_TOOL")},\
+\"units\":{\"bw\":\"MiB/s (perftest's MB/sec)\",\"lat\":\"us\",\"ratio\":\"hfi1 / rxe: average bandwidth, typical latency\"},\
 \"hfi1\":{\"server\":\"hfi1_1\",\"client\":\"hfi1_0\",\"active_mtu\":$(json_str "$hfi1_mtu")},\
 \"rxe\":{\"server\":\"rxe1\",\"client\":\"rxe0\",\"netdevs\":$(json_str "$PERF_VETH_B <- $PERF_VETH_A (veth)"),\
 \"gid_index\":$(json_str "$PERF_GID_A"),\"active_mtu\":$(json_str "$rxe_mtu")},\
-\"bw\":[$(perf_json_rows bw)],\"lat\":[$(perf_json_rows lat)]"
+\"bw\":[$(perf_json_rows bw)],\"lat\":[$(perf_json_rows lat)]}" >"$PERF_JSON"
+    # The figures are the result's fabric_perf; the step says how many rows each transport gave.
+    members=""
+    for f in hfi1.bw rxe.bw hfi1.lat rxe.lat; do
+        n=$(wc -l <"$PERF_DIR/$f")
+        members="$members${members:+,}\"${f%.*}_${f#*.}_rows\":$n"
+    done
     if [ -z "$PERF_ERR" ]; then record fabric-perf true "$t" "" "$members"
     else record fabric-perf false "$t" "${PERF_ERR# }" "$members"; fi
 }
