@@ -400,6 +400,14 @@ def verbs_case():
         if row.get("ratio") is not None:
             case["metrics"].append({"name": f"{what}: hfi1 / rxe (lower is better)", "value": row["ratio"],
                                     "unit": "x"})
+    # What the device model saw of each hfi1 bandwidth run at 1 MiB (set-up and tear-down included).
+    for a in perf.get("hfi1_accesses", []):
+        if a["bytes"] == 1048576 and a["packets"] > 0:
+            mib = a["bytes"] * a["iters"] / 1048576
+            case["metrics"].append({"name": f"{a['tool']} 1 MiB on hfi1: cable packets per MiB",
+                                    "value": round(a["packets"] / mib, 1), "unit": "packets"})
+            case["metrics"].append({"name": f"{a['tool']} 1 MiB on hfi1: trapped CSR accesses per cable packet",
+                                    "value": round((a["reads"] + a["writes"]) / a["packets"], 2), "unit": "accesses"})
     if not step.get("ok"):
         case["error"] = "step fabric-perf failed: " + str(step.get("error"))
     other = [p for p in r.get("problems", []) if "fabric-perf" not in p]

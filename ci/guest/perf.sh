@@ -197,13 +197,21 @@ perf_mtu() { # dev
     ibv_devinfo -d "$1" 2>/dev/null | awk '$1 == "active_mtu:" { print $2; exit }'
 }
 
+# What the device model saw during one hfi1 run (the host's "accesses" before and after it: trapped CSR reads and
+# writes of both HFIs, packets on the cable), as "reads writes packets"; nothing if the host did not answer.
+perf_accesses_delta() { # before after
+    echo "$1 $2" | awk 'NF == 6 { print $4 - $1, $5 - $2, $6 - $3 }'
+}
+
 # Measures one transport; results go to $PERF_DIR/<transport>.bw ("tool bytes iterations peak average msgrate")
-# and <transport>.lat ("tool bytes iterations t_min t_max t_typical t_avg t_stdev p99 p99.9"). Adds to PERF_ERR.
+# and <transport>.lat ("tool bytes iterations t_min t_max t_typical t_avg t_stdev p99 p99.9"); for hfi1 also
+# hfi1.acc ("tool bytes iterations reads writes packets" of each bandwidth run). Adds to PERF_ERR.
 perf_transport() { # name server-dev client-dev extra-args...
     name=$1 sdev=$2 cdev=$3
     shift 3
     : >"$PERF_DIR/$name.bw"
     : >"$PERF_DIR/$name.lat"
+    : >"$PERF_DIR/$name.acc"
     for tool in $PERF_BW_TOOLS; do
         for size in $PERF_SIZES; do
             now
@@ -213,9 +221,15 @@ perf_transport() { # name server-dev client-dev extra-args...
             fi
             iters=$(perf_iters "$size")
             say "fabric-perf: $name $tool -s $size -n $iters"
+            a0=""
+            [ "$name" = hfi1 ] && host_request accesses && a0=$HOST_REPLY
             if perf_run "$tool" "$sdev" "$cdev" -F -s "$size" -n "$iters" "$@" \
                 && row=$(perf_parse_bw "$PERF_DIR/client.out" "$size") && [ -n "$row" ]; then
                 echo "$tool $size $row" >>"$PERF_DIR/$name.bw"
+                if [ -n "$a0" ] && host_request accesses; then
+                    d=$(perf_accesses_delta "$a0" "$HOST_REPLY")
+                    [ -n "$d" ] && echo "$tool $size $iters $d" >>"$PERF_DIR/$name.acc"
+                fi
             else
                 PERF_ERR="$PERF_ERR $name $tool $size B: ${PERF_WHY:-no result row for $size B}: $(perf_tails);"
                 break # the larger sizes would fail the same way
@@ -263,6 +277,12 @@ perf_json_rows() { # kind(bw|lat)
         }' "$PERF_DIR/hfi1.$1" "$PERF_DIR/rxe.$1"
 }
 
+# The device model's side of each hfi1 bandwidth run (hfi1.acc) as JSON objects.
+perf_json_accesses() {
+    awk '{ printf "%s{\"tool\":\"%s\",\"bytes\":%s,\"iters\":%s,\"reads\":%s,\"writes\":%s,\"packets\":%s}", (NR > 1 ? "," : ""), $1, $2, $3, $4, $5, $6 }' \
+        "$PERF_DIR/hfi1.acc" 2>/dev/null
+}
+
 step_fabric_perf() {
     begin fabric-perf
     PERF_ERR=""
@@ -293,7 +313,7 @@ step_fabric_perf() {
 \"hfi1\":{\"server\":\"hfi1_1\",\"client\":\"hfi1_0\",\"active_mtu\":$(json_str "$hfi1_mtu")},\
 \"rxe\":{\"server\":\"rxe1\",\"client\":\"rxe0\",\"netdevs\":$(json_str "$PERF_VETH_B <- $PERF_VETH_A (veth)"),\
 \"gid_index\":$(json_str "$PERF_GID_A"),\"active_mtu\":$(json_str "$rxe_mtu")},\
-\"bw\":[$(perf_json_rows bw)],\"lat\":[$(perf_json_rows lat)]}" >"$PERF_JSON"
+\"bw\":[$(perf_json_rows bw)],\"lat\":[$(perf_json_rows lat)],\"hfi1_accesses\":[$(perf_json_accesses)]}" >"$PERF_JSON"
     # The figures are the result's fabric_perf; the step says how many rows each transport gave.
     members=""
     for f in hfi1.bw rxe.bw hfi1.lat rxe.lat; do

@@ -243,6 +243,16 @@ lat-dur|8|
 bw-one|1048576|
 CASES
 
+echo "perf_accesses_delta: the host's access totals (\"READS WRITES PACKETS\", fabric.sh host_request) before and after"
+while IFS='|' read -r before after expected; do
+    check "perf_accesses_delta '$before' '$after'" "$expected" "$(bbp "perf_accesses_delta '$before' '$after'")"
+done <<'CASES'
+10 20 30|15 27 130|5 7 100
+4294967296 0 7|4294967306 3 7|10 3 0
+|1 2 3|
+1 2 3|the host did not answer|
+CASES
+
 echo "perf_json_rows: both transports' rows joined by tool and size, ratio hfi1 / rxe"
 mkdir -p "$TMP/perf"
 printf 'ib_send_bw 1024 200 3.01 2.75 0.002817\nib_send_bw 1048576 16 80.55 79.12 0.000079\nib_write_bw 1024 200 4.00 3.00 0.003\n' >"$TMP/perf/hfi1.bw"
