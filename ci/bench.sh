@@ -630,8 +630,11 @@ gv = next((c for c in report["cases"] if c["id"] == "guest-verbs"), None)
 if gv and gv.get("date", report["date"]) == report["date"]:
     print("\n(guest-verbs) perftest in the guest, hfi1_0 -> hfi1_1 against SoftRoCE over veth (MiB/s; latency us):",
           file=sys.stderr)
-    rows = {}
+    rows, device = {}, []
     for m in gv.get("metrics", []):
+        if " on hfi1: " in m["name"]:
+            device.append(m)
+            continue
         what, _, who = m["name"].rpartition(": ")
         rows.setdefault(what, {})[who] = m["value"]
     print(f"  {'':<36} {'hfi1':>10} {'rxe':>10} {'hfi1/rxe':>9}", file=sys.stderr)
@@ -639,6 +642,8 @@ if gv and gv.get("date", report["date"]) == report["date"]:
         ratio = v.get("hfi1 / rxe", v.get("hfi1 / rxe (lower is better)"))
         print(f"  {what:<36} {fmt(v.get('hfi1')):>10} {fmt(v.get('rxe')):>10} "
               f"{(f'{ratio:.3f}x' if ratio is not None else '-'):>9}", file=sys.stderr)
+    for m in device:
+        print(f"  {m['name']:<64} {m['value']:g}", file=sys.stderr)
     for t in gv.get("targets", []):
         print(f"  {t['what']:<44} {t['measured']:.3f}x (target >= {t['bound']:g}x): "
               f"{'met' if t['met'] else 'MISSED'}", file=sys.stderr)
