@@ -8,11 +8,12 @@
 #   --doc FILE       the page whose table is replaced, between its two marker lines (default docs/bench.md)
 #
 # The table: every judged target, then, for each case without one, its ratios (or its first figures), and
-# every case that was skipped with its reason. Nothing else in the doc is touched.
+# every case that was skipped with its reason. A case carried from an earlier run (ci/bench.sh --case) says so
+# with that run's date. Nothing else in the doc is touched.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
-usage() { sed -n '2,11s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,12s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 CHECK=0 RESULTS=docs/bench/results.json DOC=docs/bench.md
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -62,9 +63,12 @@ def cell(s):
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-rows, met, total = [], 0, 0
+rows, met, total, carried = [], 0, 0, False
 for c in r["cases"]:
     cid = f"({c['id']})" if len(c["id"]) == 1 else f"`{c['id']}`"
+    if c.get("date", r.get("date")) != r.get("date"):
+        cid += f" (run of {c['date']})"
+        carried = True
     if c.get("error"):
         rows.append((cid, c["title"], c["error"], "-", "not run"))
         continue
@@ -82,7 +86,8 @@ m = r.get("machine", {})
 head = (f"`ci/bench.sh` of {r.get('date', '?')}: {r.get('build', '?')} build, {m.get('nproc', '?')} x "
         f"{m.get('cpu_model', '?')}, kernel {m.get('kernel', '?')}, {r.get('budget_ms', '?')} ms per variant on the "
         f"host; **{met} of {total} targets met**. Plots: [results.svg](bench/results.svg), "
-        f"[scale.svg](bench/scale.svg).")
+        f"[scale.svg](bench/scale.svg)." + (" Cases marked with an earlier run were not run this time "
+                                             "(`ci/bench.sh --case`)." if carried else ""))
 table = [head, "", "| Case | What | Measured | Target | |", "|---|---|---|---|---|"]
 table += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
 

@@ -6,10 +6,11 @@
 #               [--out DIR]
 #
 #   --budget-ms N        wall time per measured variant (testbed bench's default when not given)
-#   --case ID            run only this case (testbed bench's a, b, c, d, e, spin, scale, or quiet; repeatable); implies
-#                        --no-qemu
-#   --no-qemu            skip every guest boot: (f), (g), (h) and the in-guest benchmark
-#   --no-guest           skip only the in-guest benchmark boot
+#   --case ID            run only this case (testbed bench's a, b, c, d, e, spin, scale, or quiet, or guest-verbs;
+#                        repeatable); implies --no-qemu for the other boots. The cases not run keep their entries
+#                        from the results already in --out, each with the date of its run
+#   --no-qemu            skip every guest boot: (f), (g), (h), the in-guest benchmark and guest-verbs
+#   --no-guest           skip only the in-guest benchmark boots and guest-verbs
 #   --guest-budget-ms N  wall time per measured variant inside the guest (default 1000)
 #   --guest-boots N      in-guest benchmark boots per condition (default 3): where threads land is fixed per
 #                        boot, so the trapped-access ratios are judged by their median over the boots
@@ -27,12 +28,13 @@
 # /dev/cpu_dma_latency is writable, as many boots again hold the host's idle exit latency at 0 us (PM QoS, for
 # the boot only), reported as guest-a-lat0. A boot that cannot be had is skipped, with the reason in the
 # results. One more boot with --reply-poll-us 0 (QEMU's vCPU waits for its I/O thread, as upstream) is reported
-# as guest-a-no-reply-poll, not judged. The plot shows every target as measured/target on a log scale;
-# scale.svg the curves.
+# as guest-a-no-reply-poll, not judged. guest-verbs boots the fabric (ci/run-qemu.sh --fabric --fabric-perf):
+# perftest between the two emulated HFIs against SoftRoCE over a veth pair in the same guest, ratios from that
+# boot. The plot shows every target as measured/target on a log scale; scale.svg the curves.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
-usage() { sed -n '2,32s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,33s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 BUDGET="" CASES=() QEMU=1 GUEST=1 GUEST_BUDGET=1000 GUEST_BOOTS=3 OUT=docs/bench
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -51,11 +53,21 @@ done
 [[ $GUEST_BUDGET =~ ^[0-9]+$ ]] || die "--guest-budget-ms must be a number of milliseconds"
 [[ $GUEST_BOOTS =~ ^[1-9][0-9]?$ ]] || die "--guest-boots must be a number from 1 to 99"
 command -v python3 >/dev/null || apt_install python3
+# guest-verbs is this script's own boot; the other cases are testbed bench's (and quiet's).
+TB_CASES=() VERBS=0
+for c in "${CASES[@]}"; do
+    if [ "$c" = guest-verbs ]; then VERBS=1; else TB_CASES+=("$c"); fi
+done
+[ ${#CASES[@]} -gt 0 ] || { [ "$QEMU" = 1 ] && [ "$GUEST" = 1 ] && VERBS=1; }
+TESTBED=1
+[ ${#CASES[@]} -eq 0 ] || [ ${#TB_CASES[@]} -gt 0 ] || TESTBED=0
 
 bash ci/setup-rust.sh
 TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
-log "cargo build --release -p testbed"
-cargo build --release -p testbed >&2
+if [ "$TESTBED" = 1 ] || [ "$QEMU" = 1 ]; then
+    log "cargo build --release -p testbed"
+    cargo build --release -p testbed >&2
+fi
 # The device model's latency opt-in, given to every device model this script starts (docs/bench.md).
 DM_OPT_IN=(--dm-arg --low-latency)
 WORK=$(mktemp -d /tmp/rdma-emu-bench.XXXXXX)
@@ -63,9 +75,11 @@ trap 'rm -rf "$WORK"' EXIT
 
 ARGS=(bench --json)
 [ -z "$BUDGET" ] || ARGS+=(--budget-ms "$BUDGET")
-for c in "${CASES[@]}"; do ARGS+=(--case "$c"); done
-log "testbed ${ARGS[*]}"
-"$TARGET_DIR/release/testbed" "${ARGS[@]}" >"$WORK/udriver.json"
+for c in "${TB_CASES[@]}"; do ARGS+=(--case "$c"); done
+if [ "$TESTBED" = 1 ]; then
+    log "testbed ${ARGS[*]}"
+    "$TARGET_DIR/release/testbed" "${ARGS[@]}" >"$WORK/udriver.json"
+fi
 
 # The idle and sparse-client CPU of the device-model process, defaults against every knob at zero and against
 # --low-latency, side by side (it prints its figures as a case line).
@@ -141,13 +155,38 @@ else
 fi
 [ "$QEMU" = 1 ] || echo "not requested (--no-qemu or --case)" | tee "$WORK/guest-lat0-skip" "$WORK/guest-nopoll-skip" >"$WORK/guest-skip"
 
+# guest-verbs: one boot of the fabric run with the verbs benchmark after its steps (ci/guest/perf.sh): perftest
+# between hfi1_0 and hfi1_1 across the device model's cable, then the same commands on SoftRoCE over a veth pair.
+if [ "$VERBS" = 0 ]; then
+    echo "not requested (--no-qemu, --no-guest or --case)" >"$WORK/verbs-skip"
+elif [ -z "${DM:-}" ] && ! { BUILT=$(bash ci/build.sh) && DM=$(sed -n 1p <<<"$BUILT") \
+    && UDRIVER_STATIC=$(sed -n 2p <<<"$BUILT"); }; then
+    echo "ci/build.sh failed" >"$WORK/verbs-skip"
+elif ! bash ci/get-qemu.sh >/dev/null; then
+    echo "no QEMU >= 10.1 with vfio-user-pci (ci/get-qemu.sh failed)" >"$WORK/verbs-skip"
+else
+    log "ci/run-qemu.sh --fabric --fabric-perf (TCG)"
+    bash ci/run-qemu.sh --accel tcg --quiet --fabric --fabric-perf "${DM_OPT_IN[@]}" --result "$WORK/qemu-verbs.json" \
+        --device-model "$DM" --udriver "$UDRIVER_STATIC" >&2 || log "ci/run-qemu.sh --fabric --fabric-perf failed"
+fi
+
 mkdir -p "$OUT"
-python3 - "$WORK" "$OUT" <<'EOF'
+python3 - "$WORK" "$OUT" "${#CASES[@]}" <<'EOF'
 import json, math, os, re, sys
 from xml.sax.saxutils import escape
 
-work, out = sys.argv[1:]
-report = json.load(open(os.path.join(work, "udriver.json")))
+work, out, partial = sys.argv[1], sys.argv[2], sys.argv[3] != "0"
+previous_path = os.path.join(out, "results.json")
+previous = json.load(open(previous_path)) if partial and os.path.exists(previous_path) else None
+if os.path.exists(os.path.join(work, "udriver.json")):
+    report = json.load(open(os.path.join(work, "udriver.json")))
+else:
+    # Only this script's own cases were asked for: the header of the results already there, today's date.
+    from datetime import datetime, timezone
+    report = {k: v for k, v in (previous or {}).items() if k != "cases"}
+    report.update(tool=report.get("tool", "testbed bench"), cases=[],
+                  date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    report.setdefault("machine", {"nproc": os.cpu_count(), "cpu_model": "?", "kernel": os.uname().release})
 TARGET_ADDED_S = 2.0
 quiet_json = os.path.join(work, "quiet.json")
 if os.path.exists(quiet_json) and os.path.getsize(quiet_json) > 0:
@@ -372,10 +411,88 @@ report["cases"].extend(condition_case(
     "qemu-guest-lat0", "guest-a-lat0", "with the host's idle exit latency held at 0 us (/dev/cpu_dma_latency)",
     "idle latency 0", "boots made as guest-a's, with a PM QoS request of 0 us held open: idle CPUs poll instead of "
     "halting, so a thread hand-off does not wait for a halted vCPU to wake", judged=True))
+def verbs_case():
+    """perftest in the guest over the emulated HFIs against SoftRoCE, both measured in the same boot
+    (ci/guest/perf.sh): bandwidth per size and tool, latency, and the 1 MiB bandwidth target per tool."""
+    case = {"id": "guest-verbs",
+            "title": "in the guest: perftest over the emulated HFIs (hfi1_0 -> hfi1_1 across the cable) against "
+                     "SoftRoCE (rdma_rxe over a veth pair), TCG", "metrics": [], "targets": [], "notes": [],
+            "error": None}
+    skip = os.path.join(work, "verbs-skip")
+    if os.path.exists(skip):
+        case["error"] = "skipped: " + open(skip).read().strip()
+        return case
+    path = os.path.join(work, "qemu-verbs.json")
+    r = json.load(open(path)) if os.path.exists(path) else {}
+    perf = r.get("fabric_perf")
+    step = next((s for s in ((r.get("guest") or {}).get("steps") or []) if s.get("name") == "fabric-perf"), None)
+    if not perf or not step:
+        case["error"] = "the guest reported no fabric-perf: " + ("; ".join(r.get("problems", [])) or "no result")
+        return case
+    for row in perf.get("bw", []):
+        b = row["bytes"]
+        what = f"{row['tool']} " + (f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB")
+        for who in ("hfi1", "rxe"):
+            if row.get(who):
+                case["metrics"].append({"name": f"{what}: {who}", "value": row[who]["mib_s"], "unit": "MiB/s"})
+        if row.get("ratio") is not None:
+            case["metrics"].append({"name": f"{what}: hfi1 / rxe", "value": row["ratio"], "unit": "x"})
+        if row["bytes"] == 1048576:
+            if row.get("ratio") is not None:
+                case["targets"].append(target(f"{row['tool']} 1 MiB: hfi1 / SoftRoCE bandwidth", row["ratio"],
+                                              1.0, "x", "higher"))
+            else:
+                case["notes"].append(f"{row['tool']} 1 MiB: no ratio (a transport gave no figure)")
+    for row in perf.get("lat", []):
+        what = f"{row['tool']} {row['bytes']} B typical latency"
+        for who in ("hfi1", "rxe"):
+            if row.get(who):
+                case["metrics"].append({"name": f"{what}: {who}", "value": row[who]["typical_us"], "unit": "us"})
+        if row.get("ratio") is not None:
+            case["metrics"].append({"name": f"{what}: hfi1 / rxe (lower is better)", "value": row["ratio"],
+                                    "unit": "x"})
+    # What the device model saw of each hfi1 bandwidth run at 1 MiB (set-up and tear-down included).
+    for a in perf.get("hfi1_accesses", []):
+        if a["bytes"] == 1048576 and a["packets"] > 0:
+            mib = a["bytes"] * a["iters"] / 1048576
+            case["metrics"].append({"name": f"{a['tool']} 1 MiB on hfi1: cable packets per MiB",
+                                    "value": round(a["packets"] / mib, 1), "unit": "packets"})
+            case["metrics"].append({"name": f"{a['tool']} 1 MiB on hfi1: trapped CSR accesses per cable packet",
+                                    "value": round((a["reads"] + a["writes"]) / a["packets"], 2), "unit": "accesses"})
+    if not step.get("ok"):
+        case["error"] = "step fabric-perf failed: " + str(step.get("error"))
+    other = [p for p in r.get("problems", []) if "fabric-perf" not in p]
+    if other:
+        case["notes"].append("the fabric run's other problems (not the benchmark's): " + "; ".join(other)[:600])
+    case["notes"].append(f"hfi1 MTU {perf['hfi1'].get('active_mtu')}, rxe MTU {perf['rxe'].get('active_mtu')} "
+                         f"(veth at 9000); MiB/s as perftest's MB/sec; the device model run with --low-latency; "
+                         f"one boot, guest on TCG")
+    case["notes"].append("latency: perftest's two processes busy-poll on the guest's one vCPU, so each ping-pong "
+                         "waits for the scheduler's tick (HZ 250, 4 ms): the typical latency counts ticks for both "
+                         "transports, it is not the wire's")
+    return case
+
+
+report["cases"].append(verbs_case())
 report["cases"].extend(condition_case(
     "qemu-guest-nopoll", "guest-a-no-reply-poll", "QEMU's vCPU waiting for its I/O thread to read each reply",
     "no reply poll", "a boot made as guest-a's with ci/run-qemu.sh --reply-poll-us 0: every server's replies are "
     "read by QEMU's I/O thread, which wakes the vCPU thread (QEMU upstream); a reference, not judged", judged=False))
+if previous:
+    # A partial run (--case): the cases it did not run keep their entries from the results already there, each
+    # with the date of the run that measured it.
+    ran = {c["id"]: c for c in report["cases"] if not str(c.get("error") or "").startswith("skipped: not requested")}
+    for c in ran.values():
+        c["date"] = report["date"]
+    merged = []
+    for c in previous.get("cases", []):
+        if c["id"] in ran:
+            merged.append(ran.pop(c["id"]))
+        else:
+            c.setdefault("date", previous.get("date"))
+            merged.append(c)
+    merged += [c for c in report["cases"] if c["id"] in ran]
+    report["cases"] = merged
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(report, f, indent=2)
     f.write("\n")
@@ -556,13 +673,36 @@ if nopoll:
         if m["name"].startswith("ours / peer, trapped read"):
             print(f"  {m['name']:<28} {m['value']:.2f}x", file=sys.stderr)
 for c in report["cases"]:
-    if c["id"].startswith("guest") and c["id"] not in ("guest-a", "guest-a-lat0", "guest-a-no-reply-poll"):
+    if c["id"].startswith("guest") and c["id"] not in ("guest-a", "guest-a-lat0", "guest-a-no-reply-poll", "guest-verbs"):
         if c.get("error"):
             print(f"  ({c['id']}) {c['error']}", file=sys.stderr)
         for m in c.get("metrics", []):
             print(f"  ({c['id']}) {m['name']:<44} {fmt(m['value'], m['unit'])}", file=sys.stderr)
 if ga and ga.get("error"):
     print(f"  (guest-a) {ga['error']}", file=sys.stderr)
+gv = next((c for c in report["cases"] if c["id"] == "guest-verbs"), None)
+if gv and gv.get("date", report["date"]) == report["date"]:
+    print("\n(guest-verbs) perftest in the guest, hfi1_0 -> hfi1_1 against SoftRoCE over veth (MiB/s; latency us):",
+          file=sys.stderr)
+    rows, device = {}, []
+    for m in gv.get("metrics", []):
+        if " on hfi1: " in m["name"]:
+            device.append(m)
+            continue
+        what, _, who = m["name"].rpartition(": ")
+        rows.setdefault(what, {})[who] = m["value"]
+    print(f"  {'':<36} {'hfi1':>10} {'rxe':>10} {'hfi1/rxe':>9}", file=sys.stderr)
+    for what, v in rows.items():
+        ratio = v.get("hfi1 / rxe", v.get("hfi1 / rxe (lower is better)"))
+        print(f"  {what:<36} {fmt(v.get('hfi1')):>10} {fmt(v.get('rxe')):>10} "
+              f"{(f'{ratio:.3f}x' if ratio is not None else '-'):>9}", file=sys.stderr)
+    for m in device:
+        print(f"  {m['name']:<64} {m['value']:g}", file=sys.stderr)
+    for t in gv.get("targets", []):
+        print(f"  {t['what']:<44} {t['measured']:.3f}x (target >= {t['bound']:g}x): "
+              f"{'met' if t['met'] else 'MISSED'}", file=sys.stderr)
+    if gv.get("error"):
+        print(f"  (guest-verbs) {gv['error']}", file=sys.stderr)
 if curves:
     print(f"\nscale curves ({out}/scale.svg):", file=sys.stderr)
     for cv in curves:

@@ -2,7 +2,8 @@
 # Builds the test guest: Debian's bookworm-backports kernel plus a busybox initramfs holding the vfio modules,
 # the stock hfi1 driver with its dependencies and the verbs/MAD modules (for modprobe), the fabric userland
 # (glibc, rdma-core with the hfi1 provider, opa-fm's sm, opa-basic-tools, perftest; Debian packages pinned in
-# ci/guest/packages.lock), ci/guest/init and (optionally) a static udriver and the hfi1-user test program.
+# ci/guest/packages.lock), ci/guest/init with its perftest step (ci/guest/perf.sh) and (optionally) a static
+# udriver and the hfi1-user test program.
 # Nothing is installed on the host: the packages are only unpacked.
 #
 #   ci/build-guest.sh [--udriver PATH] [--hfi1-user PATH] [--out DIR] [--refresh]
@@ -39,10 +40,12 @@ done
 GUEST_MODULES=(irqbypass vfio vfio_iommu_type1 vfio-pci-core vfio-pci)
 # Kernel drivers the init loads later with modprobe (from /lib/modules/<release>, with a modules.dep): the stock
 # hfi1 driver, the verbs and MAD character devices the userland opens (/dev/infiniband/uverbsN, umadN, issmN),
-# and SoftRoCE over a veth pair (the verbs baseline of the benchmarks).
-KDRIVER_MODULES=(hfi1 ib_uverbs ib_umad rdma_rxe veth)
+# and SoftRoCE over a veth pair (the verbs baseline of the benchmarks) with the crypto API's crc32 for its ICRC
+# (nothing in the guest loads that one on demand).
+KDRIVER_MODULES=(hfi1 ib_uverbs ib_umad rdma_rxe veth crc32_generic)
 GUEST_DIR="$CACHE_DIR/guest"
 INIT_SRC="$REPO_ROOT/ci/guest/init"
+PERF_SRC="$REPO_ROOT/ci/guest/perf.sh" # the init's perftest step, sourced from /lib/rdma-emu/perf.sh
 mkdir -p "$GUEST_DIR"
 if [ -n "$OUT_DIR" ]; then mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd); fi
 
@@ -58,7 +61,7 @@ if [ -n "$HFI1_USER" ]; then
     [ -f "$HFI1_USER" ] && [ -x "$HFI1_USER" ] || die "--hfi1-user $HFI1_USER is not an executable file"
     HFI1_USER=$(cd "$(dirname "$HFI1_USER")" && pwd)/$(basename "$HFI1_USER")
 fi
-[ -f "$INIT_SRC" ] || die "missing $INIT_SRC"
+[ -f "$INIT_SRC" ] && [ -f "$PERF_SRC" ] || die "missing $INIT_SRC or $PERF_SRC"
 
 # --- kernel -----------------------------------------------------------------------------------------------
 # $GUEST_DIR/kernel-<package version>/: vmlinuz, release, modules/ (decompressed .ko), load-order,
@@ -480,6 +483,7 @@ INPUTS=$({
     echo "kernel $(cat "$KDIR/package")"
     echo "busybox $(cat "$BBDIR/version")"
     echo "init $(sha256sum <"$INIT_SRC" | cut -c1-64)"
+    echo "perf $(sha256sum <"$PERF_SRC" | cut -c1-64)"
     echo "userland $(sha256sum <"$UDIR/pins" | cut -c1-64)"
     echo "userland-files $(printf '%s\n' "${USERLAND_PROGRAMS[@]}" "${USERLAND_DLOPEN[@]}" "${USERLAND_FILES[@]}" \
         "${USERLAND_DIRS[@]}" | sha256sum | cut -c1-64)"
@@ -529,6 +533,7 @@ else
     "$depmod" -b "$STAGE" "$KVER" || die "depmod failed for the guest's kernel drivers"
     stage_userland "$UDIR" "$STAGE"
     install -m 0755 "$INIT_SRC" "$STAGE/init"
+    install -D -m 0644 "$PERF_SRC" "$STAGE/lib/rdma-emu/perf.sh"
     [ -n "$UDRIVER" ] && install -m 0755 "$UDRIVER" "$STAGE/bin/udriver"
     [ -n "$HFI1_USER" ] && install -m 0755 "$HFI1_USER" "$STAGE/bin/hfi1-user"
     install -D -m 0755 "$VERBS_CHECK" "$STAGE/usr/bin/verbs-check"

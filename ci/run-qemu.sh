@@ -34,6 +34,9 @@
 #   --capture FILE        with --fabric: record the packets that cross the cable (device-model --capture)
 #   --fabric-bounce       with --fabric: after the bring-up only bounce hfi1_1's link (opaportconfig) and wait
 #                         for ACTIVE again; the stock driver deadlocks there today (docs/hfi1-fabric.md)
+#   --fabric-perf         with --fabric: after its steps, perftest bandwidth and latency between hfi1_0 and hfi1_1
+#                         and the same on SoftRoCE over a veth pair in the guest (step fabric-perf, the result's
+#                         fabric_perf; ci/bench.sh's guest-verbs case); the default --timeout becomes 1800
 #   --shell               boot with the devices, run the setup (functions bound, hfi1 loaded, opa-fm's sm started
 #                         with two HFIs) and give the console to an interactive shell instead of the demos;
 #                         leaving the shell powers the guest off and stops the device model. Uses --fabric
@@ -74,7 +77,7 @@ ACCEL=${RDMA_EMU_ACCEL:-auto}
 KERNEL="" INITRD="" SHARE=1 DEVICES=1 TIMEOUT=600 DEMO_TIMEOUT=120 UARGS="" APPEND_EXTRA=""
 HFI1_ID=1b36:1100 IRDMA_ID=1b36:1101 RESULT="" LOG_DIR="" KEEP_LOGS=0 TIMING=0 QUIET=0
 HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST="" FABRIC=0 SHELL_MODE=0 TIMEOUT_SET=0
-CAPTURE="" FABRIC_BOUNCE=0
+CAPTURE="" FABRIC_BOUNCE=0 FABRIC_PERF=0
 # Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
@@ -105,6 +108,7 @@ while [ $# -gt 0 ]; do
         --fabric) FABRIC=1; shift ;;
         --capture) need $#; CAPTURE=$2; shift 2 ;;
         --fabric-bounce) FABRIC_BOUNCE=1; shift ;;
+        --fabric-perf) FABRIC_PERF=1; shift ;;
         --shell) SHELL_MODE=1; shift ;;
         --hfi1-params) need $#; HFI1_PARAMS=$2; shift 2 ;;
         --kdriver-timeout) need $#; KDRIVER_TIMEOUT=$2; shift 2 ;;
@@ -131,6 +135,8 @@ is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 [ "$SHELL_MODE" = 1 ] && [ "$HFI1_WFR" = 0 ] && FABRIC=1
 [ "$FABRIC" = 1 ] && HFI1_WFR=1
 [ "$SHELL_MODE" = 1 ] && [ "$TIMEOUT_SET" = 0 ] && TIMEOUT=$((100 * 365 * 86400))
+# The fabric run (about 2 minutes under TCG) and then some 60 perftest runs with their set-ups.
+[ "$FABRIC_PERF" = 1 ] && [ "$TIMEOUT_SET" = 0 ] && TIMEOUT=1800
 is_uint "$TIMEOUT" && [ "$TIMEOUT" -ge 10 ] || die "--timeout must be a number of seconds >= 10"
 is_uint "$DEMO_TIMEOUT" && [ "$DEMO_TIMEOUT" -ge 1 ] || die "--demo-timeout must be a number of seconds"
 [[ $HFI1_ID =~ ^([0-9a-fA-F]{4}:[0-9a-fA-F]{4}|none)$ ]] || die "--hfi1-id must be VVVV:DDDD or none"
@@ -149,6 +155,8 @@ is_uint "$REPLY_POLL_US" && [ "$REPLY_POLL_US" -le 1000000 ] || die "--reply-pol
 [ "$FABRIC" = 0 ] || [ "$SHELL_MODE" = 1 ] || [ -z "$HFI1_USER_HOST" ] || die "--fabric runs no hfi1-user (no --hfi1-user-host)"
 [ -z "$CAPTURE" ] || [ "$FABRIC" = 1 ] || die "--capture needs --fabric"
 [ "$FABRIC_BOUNCE" = 0 ] || [ "$FABRIC" = 1 ] || die "--fabric-bounce needs --fabric"
+[ "$FABRIC_PERF" = 0 ] || { [ "$FABRIC" = 1 ] && [ "$SHELL_MODE" = 0 ]; } || die "--fabric-perf needs --fabric (and no --shell)"
+[ "$FABRIC_PERF" = 0 ] || [ "$FABRIC_BOUNCE" = 0 ] || die "--fabric-perf and --fabric-bounce do not go together (the bounce run stops after the link)"
 if [ -n "$CAPTURE" ]; then
     mkdir -p "$(dirname "$CAPTURE")" && CAPTURE=$(cd "$(dirname "$CAPTURE")" && pwd)/$(basename "$CAPTURE")
     DM_ARGS+=(--capture "$CAPTURE")
@@ -417,6 +425,7 @@ if [ "$FABRIC" = 1 ] && [ "$SHELL_MODE" = 0 ] && [ "$DEVICES" = 1 ]; then
     [[ $guids =~ ^0x[0-9a-f]{16},0x[0-9a-f]{16}$ ]] || fail "the device model did not tell its HFIs' node GUIDs (got '$guids')"
     APPEND="$APPEND rdma_emu.fabric=1 rdma_emu.fabric_guids=$guids"
     [ "$FABRIC_BOUNCE" = 1 ] && APPEND="$APPEND rdma_emu.fabric_bounce=1"
+    [ "$FABRIC_PERF" = 1 ] && APPEND="$APPEND rdma_emu.fabric_perf=1"
 fi
 # The guest's watchdog covers the shell's setup only; the init stops it before the shell starts.
 [ "$SHELL_MODE" = 1 ] && APPEND="$APPEND rdma_emu.shell=1 rdma_emu.watchdog=900"
@@ -670,12 +679,12 @@ trap - EXIT
 set +e
 python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
     "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" "$BENCH" "${REPLY_POLL:+$REPLY_POLL_US}" \
-    "$FABRIC" "$FABRIC_BOUNCE" "$CAPTURE" <<'EOF'
+    "$FABRIC" "$FABRIC_BOUNCE" "$CAPTURE" "$FABRIC_PERF" <<'EOF'
 import json, os, sys
 
 (log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
  dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status, bench, reply_poll,
- fabric, fabric_bounce, capture) = sys.argv[1:]
+ fabric, fabric_bounce, capture, fabric_perf) = sys.argv[1:]
 qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
 
 def read(name):
@@ -773,6 +782,8 @@ if guest is not None:
                          "verbs-rc-sdma", "verbs-rc-sdma-odd", "verbs-ud", "verbs-send-bw", "verbs-write-bw",
                          "verbs-read-bw", "verbs-check", "fault-rc-drop", "fault-rc-reorder", "fault-rc-corrupt",
                          "fault-rc-delay", "fault-rc-seeded", "fault-sm-drop", "fabric-dmesg"]
+            if fabric_perf == "1":
+                expected.append("fabric-perf")
             # hfi1_setup_wqe runs on every work request posted on hfi1 (verbs.c hfi1_post_send path).
             calls = (guest.get("kernel_functions") or {}).get("hfi1_setup_wqe")
             if not isinstance(calls, int) or calls <= 0:
@@ -897,6 +908,7 @@ result = {
     "hfi1_wfr_step_accesses": step_accesses() if hfi1_wfr == "1" else None,
     "fabric": (guest or {}).get("fabric") if fabric == "1" else None,
     "kernel_functions": (guest or {}).get("kernel_functions") if fabric == "1" else None,
+    "fabric_perf": (guest or {}).get("fabric_perf") if fabric_perf == "1" else None,
     "capture": capture or None,
     "hfi1_user_host": hfi1_user_host,
     "bench": next((s.get("output") for s in steps if s.get("name") == "bench"), None),

@@ -169,5 +169,111 @@ done <<'CASES'
 18517|1
 CASES
 
+# The verbs benchmark's helpers (ci/guest/perf.sh), loaded after fabric.sh as the guest does.
+PERF="$REPO_ROOT/ci/guest/perf.sh"
+# shellcheck disable=SC2016
+bbp() { RDMA_EMU_INIT_FUNCTIONS_ONLY=1 CMDLINE="$TMP/cmdline" "$BUSYBOX" sh -c ". '$INIT'; . '$FABRIC'; . '$PERF'; $1"; }
+
+echo "perf_iters: PERF_BYTES worth of messages, within [PERF_MIN_ITERS, PERF_MAX_ITERS] (16 MiB, 8, 200)"
+while IFS='|' read -r size expected; do
+    check "perf_iters $size" "$expected" "$(bbp "perf_iters $size")"
+done <<'CASES'
+1024|200
+65536|200
+262144|64
+1048576|16
+4194304|8
+CASES
+
+# perftest's report lines, made with its own format strings (perftest 4.5-0.17, src/perftest_parameters.h:
+# RESULT_FMT, RESULT_FMT_G, RESULT_FMT_LAT, RESULT_FMT_LAT_DUR, REPORT_FMT, REPORT_FMT_LAT, REPORT_EXT_CPU_UTIL;
+# PRIu64 is lu), under its RESULT_LINE rules and after the parameter block a client prints first.
+P_LINE='---------------------------------------------------------------------------------------'
+P_FMT=' #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]'
+P_FMT_G=' #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]'
+P_FMT_LAT=' #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] '
+P_FMT_LAT_DUR=' #bytes        #iterations       t_avg[usec]    tps average'
+bw_report() { # header rows ("size iters peak avg rate", ';'-separated)
+    printf '%s\n                    Send BW Test\n Dual-port       : OFF\t\tDevice         : hfi1_0\n' "$P_LINE"
+    printf ' Mtu             : 4096[B]\n local address: LID 0x01 QPN 0x0012 PSN 0x5a0e1c\n%s\n%s\n' "$P_LINE" "$1"
+    echo "$2" | tr ';' '\n' | while read -r sz it pk av rt; do
+        if [ -n "$sz" ]; then
+            printf ' %-7lu    %-10lu       %-7.2lf            %-7.2lf\t\t   %-7.6lf\n' "$sz" "$it" "$pk" "$av" "$rt"
+        fi
+    done
+    printf '%s\n' "$P_LINE"
+}
+bw_report "$P_FMT" "1048576 16 5.12 4.87 0.000005" >"$TMP/bw-one"
+bw_report "$P_FMT" "1024 200 3.01 2.75 0.002817;65536 200 44.10 40.02 0.000640;1048576 16 80.55 79.12 0.000079" >"$TMP/bw-all"
+bw_report "$P_FMT_G" "1048576 16 0.04 0.04 0.000005" >"$TMP/bw-gbits"
+bw_report "$P_FMT" "" >"$TMP/bw-server"
+printf ' 1048576    16               5.12               4.87   \t\t   0.000005\n' >"$TMP/bw-noheader"
+{ bw_report "$P_FMT" "" | head -n -1; printf ' %-7lu    %-10lu       %-7.2lf            %-7.2lf\t\t   %-7.6lf\t    %-3.2f\n' \
+    4194304 8 12.50 11.25 0.000003 51.00; } >"$TMP/bw-cpu"
+echo "perf_parse_bw: the row of one size in a bandwidth report, as \"iterations peak average msgrate\" (MiB/s)"
+while IFS='|' read -r file size expected; do
+    check "perf_parse_bw $file $size" "$expected" "$(bbp "perf_parse_bw '$TMP/$file' $size")"
+done <<'CASES'
+bw-one|1048576|16 5.12 4.87 0.000005
+bw-one|4194304|
+bw-all|65536|200 44.10 40.02 0.000640
+bw-all|1024|200 3.01 2.75 0.002817
+bw-gbits|1048576|
+bw-server|1048576|
+bw-noheader|1048576|
+bw-cpu|4194304|8 12.50 11.25 0.000003
+missing-file|1024|
+CASES
+
+lat_report() { # header size iters min max typical avg stdev p99 p999
+    printf '%s\n                    Send Latency Test\n%s\n%s\n' "$P_LINE" "$P_LINE" "$1"
+    shift
+    printf ' %-7lu %lu          %-7.2f        %-7.2f      %-7.2f  \t       %-7.2f     \t%-7.2f\t\t%-7.2f \t\t%-7.2f\n' "$@"
+    printf '%s\n' "$P_LINE"
+}
+lat_report "$P_FMT_LAT" 8 200 21.34 310.97 24.12 27.80 20.01 130.55 310.97 >"$TMP/lat-one"
+{ printf '%s\n%s\n' "$P_LINE" "$P_FMT_LAT_DUR"; printf ' %-7lu       %lu            %-7.2f        %-7.2f\n' 8 5000 25.10 39800.12; } >"$TMP/lat-dur"
+echo "perf_parse_lat: the row of one size in a latency report, \"iterations min max typical avg stdev p99 p99.9\" (us)"
+while IFS='|' read -r file size expected; do
+    check "perf_parse_lat $file $size" "$expected" "$(bbp "perf_parse_lat '$TMP/$file' $size")"
+done <<'CASES'
+lat-one|8|200 21.34 310.97 24.12 27.80 20.01 130.55 310.97
+lat-one|64|
+lat-dur|8|
+bw-one|1048576|
+CASES
+
+echo "perf_accesses_delta: the host's access totals (\"READS WRITES PACKETS\", fabric.sh host_request) before and after"
+while IFS='|' read -r before after expected; do
+    check "perf_accesses_delta '$before' '$after'" "$expected" "$(bbp "perf_accesses_delta '$before' '$after'")"
+done <<'CASES'
+10 20 30|15 27 130|5 7 100
+4294967296 0 7|4294967306 3 7|10 3 0
+|1 2 3|
+1 2 3|the host did not answer|
+CASES
+
+echo "perf_json_rows: both transports' rows joined by tool and size, ratio hfi1 / rxe"
+mkdir -p "$TMP/perf"
+printf 'ib_send_bw 1024 200 3.01 2.75 0.002817\nib_send_bw 1048576 16 80.55 79.12 0.000079\nib_write_bw 1024 200 4.00 3.00 0.003\n' >"$TMP/perf/hfi1.bw"
+printf 'ib_send_bw 1024 200 6.02 5.50 0.005634\nib_send_bw 1048576 16 40.00 39.56 0.000040\n' >"$TMP/perf/rxe.bw"
+printf 'ib_send_lat 8 200 21.34 310.97 24.12 27.80 20.01 130.55 310.97\n' >"$TMP/perf/hfi1.lat"
+: >"$TMP/perf/rxe.lat"
+# kind | tool, bytes, hfi1's and rxe's figure compared (average MiB/s, typical us) and the ratio, per row
+while IFS='|' read -r kind expected; do
+    got=$(bbp "PERF_DIR='$TMP/perf'; echo \"[\$(perf_json_rows $kind)]\"" | python3 -c '
+import json, sys
+k = sys.argv[1]
+col = "mib_s" if k == "bw" else "typical_us"
+def fig(r, who):
+    return (r[who] or {}).get(col)
+print(";".join("%s %s %s %s %s" % (r["tool"], r["bytes"], fig(r, "hfi1"), fig(r, "rxe"), r["ratio"])
+               for r in json.loads(sys.stdin.read())))' "$kind" 2>&1)
+    check "perf_json_rows $kind" "$expected" "$got"
+done <<'CASES'
+bw|ib_send_bw 1024 2.75 5.5 0.5;ib_send_bw 1048576 79.12 39.56 2.0;ib_write_bw 1024 3.0 None None
+lat|ib_send_lat 8 24.12 None None
+CASES
+
 if [ "$FAILS" -ne 0 ]; then die "$FAILS init helper check(s) failed"; fi
 log "all init helper checks passed"
