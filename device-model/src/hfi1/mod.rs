@@ -35,6 +35,17 @@ pub use loopback::{
 };
 pub use rcv::{full_flow_psn, Packet, RxResult, TIDCTRL_EVEN, TIDCTRL_ODD, TIDCTRL_PAIR};
 pub use rcvarray::{BufSize, RcvEntry};
+/// What a driver reads in host memory: the RHF of each header-queue entry (common.h); RCV_HDR_CNT's unit.
+pub use rhq::{
+    HDRQ_SIZE_SHIFT, RCV_BUF_BLOCK_SIZE, RHF_BYTES, RHF_EGR_INDEX_MASK, RHF_EGR_INDEX_SHIFT, RHF_EGR_OFFSET_MASK,
+    RHF_EGR_OFFSET_SHIFT, RHF_ERROR_SMASK, RHF_HDRQ_OFFSET_MASK, RHF_HDRQ_OFFSET_SHIFT, RHF_MAX_SEQ, RHF_PKT_LEN_MASK,
+    RHF_RCV_SEQ_MASK, RHF_RCV_SEQ_SHIFT, RHF_RCV_TYPE_IB, RHF_RCV_TYPE_MASK, RHF_RCV_TYPE_SHIFT, RHF_USE_EGR_BFR,
+};
+/// What a driver writes in host memory: SDMA descriptors (sdma.h).
+pub use sdma_walk::{
+    DESC_BYTES, SDMA_DESC0_BYTE_COUNT_SHIFT, SDMA_DESC0_FIRST_DESC_FLAG, SDMA_DESC0_LAST_DESC_FLAG,
+    SDMA_DESC1_GENERATION_MASK, SDMA_DESC1_GENERATION_SHIFT, SDMA_DESC1_HEAD_TO_HOST_FLAG,
+};
 
 pub use regs::{RXE_NUM_CONTEXTS, RXE_NUM_TID_FLOWS};
 /// RcvArray entries are handed out in groups of 8 (RCV_INCREMENT).

@@ -23,14 +23,19 @@ use super::regs::*;
 /// RHF fields (common.h).
 pub const RHF_PKT_LEN_MASK: u64 = 0xFFF;
 pub const RHF_RCV_TYPE_SHIFT: u32 = 12;
+pub const RHF_RCV_TYPE_MASK: u64 = 0x7;
 pub const RHF_USE_EGR_BFR: u64 = 1 << 15;
 pub const RHF_EGR_INDEX_SHIFT: u32 = 16;
 pub const RHF_EGR_INDEX_MASK: u64 = 0x7FF;
 pub const RHF_DC_INFO: u64 = 1 << 27;
 pub const RHF_RCV_SEQ_SHIFT: u32 = 28;
+pub const RHF_RCV_SEQ_MASK: u64 = 0xF;
 pub const RHF_EGR_OFFSET_SHIFT: u32 = 32;
 pub const RHF_EGR_OFFSET_MASK: u64 = 0xFFF;
 pub const RHF_HDRQ_OFFSET_SHIFT: u32 = 44;
+pub const RHF_HDRQ_OFFSET_MASK: u64 = 0x1FF;
+/// Every error bit (63:53).
+pub const RHF_ERROR_SMASK: u64 = 0xFFE0_0000_0000_0000;
 pub const RHF_RCV_TYPE_ERR_SHIFT: u32 = 56;
 pub const RHF_TID_ERR: u64 = 1 << 59;
 pub const RHF_ICRC_ERR: u64 = 1 << 63;
