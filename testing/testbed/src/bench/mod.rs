@@ -5,6 +5,8 @@
 
 #![forbid(unsafe_code)]
 
+mod fabric;
+mod fabric_rig;
 mod hfi1;
 mod irdma;
 mod placement;
@@ -15,9 +17,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use udriver::bench::{utc_string, BenchReport, Better, Case, Machine, Metric, Samples, Target};
 
-/// Every case `run` knows, in report order: (a)-(e) of issue 7, the hfi1 worker spin measurement, and the
-/// scale curves of issue 17.
-pub const CASES: [&str; 7] = ["a", "b", "c", "d", "e", "spin", "scale"];
+/// Every case `run` knows, in report order: (a)-(e) of issue 7, the hfi1 worker spin measurement, the scale
+/// curves of issue 17, and the two-HFI fabric of issue 28.
+pub const CASES: [&str; 8] = ["a", "b", "c", "d", "e", "spin", "scale", "fabric"];
 
 /// What to run and for how long.
 #[derive(Debug, Clone)]
@@ -66,6 +68,9 @@ pub fn run(opts: &BenchOptions) -> BenchReport {
     }
     if opts.wants("scale") {
         cases.push(scale::scale(budget));
+    }
+    if opts.wants("fabric") {
+        cases.push(fabric::fabric(budget));
     }
     BenchReport {
         tool: "testbed",
