@@ -6,9 +6,9 @@
 #               [--out DIR]
 #
 #   --budget-ms N        wall time per measured variant (testbed bench's default when not given)
-#   --case ID            run only this case (testbed bench's a, b, c, d, e, spin, scale, or quiet, or guest-verbs;
-#                        repeatable); implies --no-qemu for the other boots. The cases not run keep their entries
-#                        from the results already in --out, each with the date of its run
+#   --case ID            run only this case (testbed bench's a, b, c, d, e, spin, scale, fabric, or quiet, or
+#                        guest-verbs; repeatable); implies --no-qemu for the other boots. The cases not run keep
+#                        their entries from the results already in --out, each with the date of its run
 #   --no-qemu            skip every guest boot: (f), (g), (h), the in-guest benchmark and guest-verbs
 #   --no-guest           skip only the in-guest benchmark boots and guest-verbs
 #   --guest-budget-ms N  wall time per measured variant inside the guest (default 1000)
@@ -16,9 +16,9 @@
 #                        boot, so the trapped-access ratios are judged by their median over the boots
 #   --out DIR            where the results and plots go (default docs/bench)
 #
-# (a)-(e), the worker spin and the scale curves come from `testbed bench --json` (release build, one process,
-# ratios measured in that run); `quiet`, the device-model process's CPU idle and under a sparse client with its
-# defaults, every knob at zero and --low-latency, from device-model's tests/quiet.rs (release). The targets are
+# (a)-(e), the worker spin, the scale curves and `fabric` come from `testbed bench --json` (release build, one
+# process, ratios measured in that run); `quiet`, the device-model process's CPU idle and under a sparse client
+# with its defaults, every knob at zero and --low-latency, from device-model's tests/quiet.rs (release). The targets are
 # judged with the latency opt-in: testbed bench runs ours as `device-model --low-latency` does, and every boot below
 # runs the device model with --low-latency. (f) boots the test guest under TCG twice with ci/run-qemu.sh --timing:
 # with the device model and its two functions, and with --no-devices; (g) once with the chip personality; (h) once
@@ -633,6 +633,13 @@ if quiet:
               file=sys.stderr)
     if quiet.get("error"):
         print(f"  (quiet) {quiet['error']}", file=sys.stderr)
+fabric = next((c for c in report["cases"] if c["id"] == "fabric"), None)
+if fabric:
+    print("\n(fabric) two HFIs on one cable, host, one process (reported, no target):", file=sys.stderr)
+    for m in fabric.get("metrics", []):
+        print(f"  {m['name']:<54} {fmt(m['value'], m['unit'])}", file=sys.stderr)
+    if fabric.get("error"):
+        print(f"  (fabric) {fabric['error']}", file=sys.stderr)
 def guest_table(ga, heading):
     print(heading, file=sys.stderr)
     if not ga or ga.get("error"):

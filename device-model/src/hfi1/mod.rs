@@ -29,6 +29,8 @@ pub use control::{CAPTURE_DEFAULT_MIB, CAPTURE_MAX_MIB};
 pub use counters::Counters;
 pub use device::Hfi1;
 pub use flow::{FlowCheck, FlowEntry};
+/// Packets the port holds for its worker; a burst longer than this from the cable loses the rest (counted).
+pub use ingress::INGRESS_QUEUE;
 pub use loopback::{
     Descriptor, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR,
     LB_DESC_HDR_LEN, LB_DOORBELL, LB_LAST_RESULT, LB_MAX_CHAIN, LB_MAX_PAYLOAD, LB_MSIX_VECTOR, LB_SIZE,

@@ -23,11 +23,12 @@ use device_model::hfi1::wfr::{
     DC_DC8051_INT, IS_DC_START, IS_RCVAVAIL_START, IS_SDMAENG_ERR_START, IS_SENDCREDIT_START, TXE_PIO_SEND,
 };
 use device_model::hfi1::{
-    BufSize, Hfi1, Hfi1Config, DESC_BYTES, HDRQ_SIZE_SHIFT, RCV_BUF_BLOCK_SIZE, RHF_BYTES, RHF_EGR_INDEX_MASK,
-    RHF_EGR_INDEX_SHIFT, RHF_EGR_OFFSET_MASK, RHF_EGR_OFFSET_SHIFT, RHF_ERROR_SMASK, RHF_HDRQ_OFFSET_MASK,
-    RHF_HDRQ_OFFSET_SHIFT, RHF_MAX_SEQ, RHF_PKT_LEN_MASK, RHF_RCV_SEQ_MASK, RHF_RCV_SEQ_SHIFT, RHF_RCV_TYPE_IB,
-    RHF_RCV_TYPE_MASK, RHF_RCV_TYPE_SHIFT, RHF_USE_EGR_BFR, SDMA_DESC0_BYTE_COUNT_SHIFT, SDMA_DESC0_FIRST_DESC_FLAG,
-    SDMA_DESC0_LAST_DESC_FLAG, SDMA_DESC1_GENERATION_MASK, SDMA_DESC1_GENERATION_SHIFT, SDMA_DESC1_HEAD_TO_HOST_FLAG,
+    BufSize, Hfi1, Hfi1Config, DESC_BYTES, HDRQ_SIZE_SHIFT, INGRESS_QUEUE, RCV_BUF_BLOCK_SIZE, RHF_BYTES,
+    RHF_EGR_INDEX_MASK, RHF_EGR_INDEX_SHIFT, RHF_EGR_OFFSET_MASK, RHF_EGR_OFFSET_SHIFT, RHF_ERROR_SMASK,
+    RHF_HDRQ_OFFSET_MASK, RHF_HDRQ_OFFSET_SHIFT, RHF_MAX_SEQ, RHF_PKT_LEN_MASK, RHF_RCV_SEQ_MASK, RHF_RCV_SEQ_SHIFT,
+    RHF_RCV_TYPE_IB, RHF_RCV_TYPE_MASK, RHF_RCV_TYPE_SHIFT, RHF_USE_EGR_BFR, SDMA_DESC0_BYTE_COUNT_SHIFT,
+    SDMA_DESC0_FIRST_DESC_FLAG, SDMA_DESC0_LAST_DESC_FLAG, SDMA_DESC1_GENERATION_MASK, SDMA_DESC1_GENERATION_SHIFT,
+    SDMA_DESC1_HEAD_TO_HOST_FLAG,
 };
 use device_model::pci::regs::{
     PCI_COMMAND, PCI_COMMAND_MASTER, PCI_COMMAND_MEMORY, PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_ENABLE,
@@ -75,22 +76,25 @@ const SEND_CTXT: u64 = 0;
 pub const PIO_MAX_PAYLOAD: usize = 2048;
 pub const SEND_CREDITS: u64 = 3 * (PIO_MAX_PAYLOAD as u64 + 128) / PIO_BLOCK_SIZE;
 
-/// SDMA engine 0 with a ring of 16384 descriptors (sdma_descq_cnt=16384): 16 MiB of 4 KiB packets, two
-/// descriptors each, fit one doorbell.
+/// SDMA engine 0 with a ring of 4096 descriptors (`sdma_descq_cnt=4096`; the default 2048 holds one
+/// descriptor less than the largest doorbell needs, as the driver keeps one slot free).
 const ENGINE: u64 = 0;
-const RING_DESCS: u64 = 16384;
+const RING_DESCS: u64 = 4096;
 /// PBC and header of one SDMA packet, each in a 64-byte slot.
 const HDR_SLOT: u64 = 64;
 pub const SDMA_PAYLOAD: usize = 4096;
-pub const SDMA_MAX_PACKETS: usize = 4096;
+/// The longest burst (a PIO round, an SDMA doorbell): as many packets as the receiving port queues for its
+/// worker. Nothing holds the sender back while the peer's worker is behind (the model has no link credits,
+/// docs/hfi1-fabric.md "The cable"), so a longer burst loses its tail at the port (`wire_rx_ingress_overflow`).
+pub const MAX_BURST: usize = INGRESS_QUEUE;
 
-/// Receive context 1 as `hfi1 rcvhdrcnt=8192 eager_buffer_size=32M` sets it up (init.c): 8192 header-queue
-/// entries of 32 dwords, 128 eager buffers of 256 KiB (HFI1_MAX_EAGER_BUFFER_SIZE), packets packed into them
-/// (MULTI_PKT_EGR). A whole 16 MiB doorbell lands without the receiver freeing anything meanwhile.
+/// Receive context 1 as the driver's defaults set it up (init.c: rcvhdrcnt=2048 entries of 32 dwords,
+/// eager_buffer_size=8M in buffers of 256 KiB, HFI1_MAX_EAGER_BUFFER_SIZE), packets packed into them
+/// (MULTI_PKT_EGR). The largest doorbell (4 MiB and its ICRCs) lands without the receiver freeing anything.
 const RCV_CTXT: u64 = 1;
-const RHQ_ENTRIES: u64 = 8192;
+const RHQ_ENTRIES: u64 = 2048;
 const ENTRY_DWORDS: u64 = 32;
-const EAGER_BUFFERS: u64 = 128;
+const EAGER_BUFFERS: u64 = 32;
 const EAGER_CODE: u8 = 7;
 const EAGER_SIZE: u64 = 256 * 1024;
 
@@ -101,7 +105,7 @@ const A_HEAD_HOME: u64 = 0x110_0000;
 const A_HEADERS: u64 = 0x120_0000;
 const A_PAYLOAD: u64 = 0x1000_0000;
 /// The SDMA payload buffer: one doorbell's worth, plus a page the case slides its window through.
-pub const PAYLOAD_BYTES: usize = SDMA_MAX_PACKETS * SDMA_PAYLOAD + 4096;
+pub const PAYLOAD_BYTES: usize = MAX_BURST * SDMA_PAYLOAD + 4096;
 const B_HDRQ: u64 = 0x100_0000;
 const B_TAIL: u64 = 0x110_0000;
 const B_EAGER: u64 = 0x1000_0000;
@@ -317,7 +321,7 @@ impl SdmaRing {
     fn start(a: &Hfi) -> Result<Self, String> {
         a.map(A_RING, (RING_DESCS as usize) * DESC_BYTES)?;
         a.map(A_HEAD_HOME, 4096)?;
-        a.map(A_HEADERS, SDMA_MAX_PACKETS * HDR_SLOT as usize)?;
+        a.map(A_HEADERS, MAX_BURST * HDR_SLOT as usize)?;
         a.map(A_PAYLOAD, PAYLOAD_BYTES)?;
         let k = |reg| reg + 0x100 * ENGINE;
         let len = (RING_DESCS / 64) << SEND_DMA_LEN_GEN_LENGTH_SHIFT;
@@ -542,7 +546,8 @@ impl RcvContext {
     }
 }
 
-/// LRH (VL 0, DLID 2, SLID 1), BTH (UD SEND_ONLY, P_Key 0xffff, QP 5, `psn`) and DETH for `payload` bytes.
+/// LRH (VL 0, DLID 2, SLID 1), BTH (UD SEND_ONLY, P_Key 0xffff, QP 5, `psn`, no pad) and DETH for `payload`
+/// bytes, a whole number of dwords.
 pub fn ud_header(payload: usize, psn: u32) -> Vec<u8> {
     let mut h = vec![0u8; HEADER_BYTES];
     let dwords = ((HEADER_BYTES + payload + ICRC_BYTES) / 4) as u16;

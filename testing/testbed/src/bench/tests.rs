@@ -38,22 +38,88 @@ fn only_the_requested_cases_run() {
     assert_eq!(report.cases[0].error, None);
 }
 
-/// The link between two ports loses nothing (docs/hfi1-fabric.md, "The cable": in order, lossless; the real
-/// chip's link credits hold the sender back): one SDMA doorbell of 4096 packets of 4 KiB, far more than any
-/// queue between the engine and the peer's receive context holds, arrives whole, every packet where its RHF
-/// says and in order, while the receive context has room for all of it.
+/// A run of packets from one sender on a fresh fabric.
+#[derive(Clone, Copy)]
+enum Burst {
+    /// `n` PIO packets of `payload` bytes each.
+    Pio { payload: usize, n: usize },
+    /// `doorbells` SDMA doorbells of `n` 4 KiB packets each.
+    Sdma { n: usize, doorbells: usize },
+}
+
+/// Sends `burst` and checks each of its packets with `expect` (which may alter what the check looks for);
+/// the check's verdict.
+fn send_and_check(burst: Burst, expect: impl Fn(&mut Vec<(Vec<u8>, Vec<u8>)>)) -> Result<(), String> {
+    use super::fabric_rig::{pio_packet, ud_header, Expected, Fabric, PAYLOAD_BYTES, SDMA_PAYLOAD};
+    let mut fabric = Fabric::new()?;
+    let source: Vec<u8> = (0..PAYLOAD_BYTES).map(|i| (i * 7 + i / 4093) as u8).collect();
+    let (rounds, n) = match burst {
+        Burst::Pio { n, .. } => (1, n),
+        Burst::Sdma { n, doorbells } => {
+            fabric.load_payload(&source)?;
+            (doorbells, n)
+        }
+    };
+    for round in 0..rounds {
+        let psn = |k: usize| (round * n + k) as u32;
+        let mut sent: Vec<(Vec<u8>, Vec<u8>)> = match burst {
+            Burst::Pio { payload, .. } => {
+                (0..n).map(|k| (ud_header(payload, psn(k)), source[k * 5..][..payload].to_vec())).collect()
+            }
+            Burst::Sdma { .. } => (0..n)
+                .map(|k| {
+                    (ud_header(SDMA_PAYLOAD, psn(k)), source[round * 64 + k * SDMA_PAYLOAD..][..SDMA_PAYLOAD].to_vec())
+                })
+                .collect(),
+        };
+        match burst {
+            Burst::Pio { .. } => fabric.pio(&sent.iter().map(|(h, p)| pio_packet(h, p)).collect::<Vec<_>>())?,
+            Burst::Sdma { .. } => fabric.sdma(&sent.iter().map(|(h, _)| h.clone()).collect::<Vec<_>>(), round * 64)?,
+        };
+        expect(&mut sent);
+        let expected: Vec<Expected<'_>> = sent.iter().map(|(h, p)| Expected { header: h, payload: p }).collect();
+        fabric.check(&expected)?;
+    }
+    Ok(())
+}
+
+/// What the receiving driver finds after each burst (docs/hfi1-fabric.md "Receive"): every packet in the header
+/// queue in order, its RHF (PktLen, RcvType IB, no error bit, RcvSeq 1..13 wrapping, HdrqOffset, UseEgrBfr), its
+/// header right against the RHF, its payload packed in the eager buffer the RHF names. Bursts as long as the
+/// peer's port queues, three doorbells in a row, wrap the header queue and the eager buffers.
 #[test]
-fn a_16_mib_sdma_doorbell_arrives_whole_at_the_peer() {
-    use super::fabric_rig::{ud_header, Expected, Fabric, PAYLOAD_BYTES, SDMA_MAX_PACKETS, SDMA_PAYLOAD};
-    let mut fabric = Fabric::new().unwrap();
-    let payload: Vec<u8> = (0..PAYLOAD_BYTES).map(|i| (i * 7 + i / 4093) as u8).collect();
-    fabric.load_payload(&payload).unwrap();
-    let headers: Vec<Vec<u8>> = (0..SDMA_MAX_PACKETS as u32).map(|k| ud_header(SDMA_PAYLOAD, k)).collect();
-    fabric.sdma(&headers, 0).unwrap();
-    let expected: Vec<Expected<'_>> = headers
-        .iter()
-        .enumerate()
-        .map(|(k, h)| Expected { header: h, payload: &payload[k * SDMA_PAYLOAD..][..SDMA_PAYLOAD] })
-        .collect();
-    fabric.check(&expected).unwrap();
+fn every_burst_lands_where_its_rhf_says() {
+    use super::fabric_rig::{MAX_BURST, PIO_MAX_PAYLOAD};
+    let cases = [
+        ("PIO, 40 packets of 64 B", Burst::Pio { payload: 64, n: 40 }),
+        ("PIO, 100 packets of the largest payload", Burst::Pio { payload: PIO_MAX_PAYLOAD, n: 100 }),
+        ("SDMA, one packet", Burst::Sdma { n: 1, doorbells: 1 }),
+        ("SDMA, three doorbells of the longest burst", Burst::Sdma { n: MAX_BURST, doorbells: 3 }),
+    ];
+    for (what, burst) in cases {
+        assert_eq!(send_and_check(burst, |_| {}), Ok(()), "{what}");
+    }
+}
+
+/// The check reads what landed, so a run measures real work: checked against anything but what was sent, it
+/// fails and names the packet.
+#[test]
+fn the_check_names_the_packet_that_differs_from_what_was_sent() {
+    type Alter = fn(&mut Vec<(Vec<u8>, Vec<u8>)>);
+    let cases: [(&str, Burst, Alter, &str); 5] = [
+        ("a payload byte", Burst::Pio { payload: 64, n: 8 }, |s| s[3].1[10] ^= 1, "packet 3: the payload"),
+        (
+            "a PSN in the header",
+            Burst::Pio { payload: 64, n: 8 },
+            |s| s[5].0[19] ^= 1,
+            "packet 5 (entry 5): the header",
+        ),
+        ("two packets swapped", Burst::Pio { payload: 64, n: 8 }, |s| s.swap(2, 6), "packet 2 (entry 2): the header"),
+        ("a shorter payload", Burst::Pio { payload: 64, n: 8 }, |s| s[4].1.truncate(60), "packet 4 (entry 4): RHF"),
+        ("an SDMA payload byte", Burst::Sdma { n: 16, doorbells: 1 }, |s| s[15].1[4095] ^= 1, "packet 15: the payload"),
+    ];
+    for (what, burst, alter, error) in cases {
+        let got = send_and_check(burst, alter);
+        assert!(got.as_ref().is_err_and(|e| e.starts_with(error)), "{what}: {got:?}");
+    }
 }
