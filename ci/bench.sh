@@ -7,7 +7,7 @@
 #
 #   --budget-ms N        wall time per measured variant (testbed bench's default when not given)
 #   --case ID            run only this case (testbed bench's a, b, c, d, e, spin, scale, fabric, or quiet, or
-#                        guest-verbs; repeatable); implies --no-qemu for the other boots. The cases not run keep
+#                        the boots h and guest-verbs; repeatable); implies --no-qemu for the other boots. The cases not run keep
 #                        their entries from the results already in --out, each with the date of its run
 #   --no-qemu            skip every guest boot: (f), (g), (h), the in-guest benchmark and guest-verbs
 #   --no-guest           skip only the in-guest benchmark boots and guest-verbs
@@ -54,11 +54,12 @@ done
 [[ $GUEST_BOOTS =~ ^[1-9][0-9]?$ ]] || die "--guest-boots must be a number from 1 to 99"
 command -v python3 >/dev/null || apt_install python3
 # guest-verbs is this script's own boot; the other cases are testbed bench's (and quiet's).
-TB_CASES=() VERBS=0
+TB_CASES=() VERBS=0 FABRIC=0
 for c in "${CASES[@]}"; do
-    if [ "$c" = guest-verbs ]; then VERBS=1; else TB_CASES+=("$c"); fi
+    case $c in guest-verbs) VERBS=1 ;; h) FABRIC=1 ;; *) TB_CASES+=("$c") ;; esac
 done
 [ ${#CASES[@]} -gt 0 ] || { [ "$QEMU" = 1 ] && [ "$GUEST" = 1 ] && VERBS=1; }
+[ ${#CASES[@]} -gt 0 ] || [ "$QEMU" = 0 ] || FABRIC=1
 TESTBED=1
 [ ${#CASES[@]} -eq 0 ] || [ ${#TB_CASES[@]} -gt 0 ] || TESTBED=0
 
@@ -117,9 +118,6 @@ else
     qemu_run devices && qemu_run no-devices --no-devices || true
     # (g): the stock hfi1 driver on the chip personality alone, for its probe time and trapped accesses.
     qemu_run kdriver --hfi1-wfr --hfi1-id none --irdma-id none || true
-    # (h): the fabric, two HFIs on one cable brought to ACTIVE by the stock driver and opa-fm: its bring-up times,
-    # the SM's sweep and the trapped accesses per SMP, from the fabric run's own steps.
-    qemu_run fabric --fabric || true
     # The in-guest benchmark: udriver bench over VFIO, with rust-vmm's peer and QEMU's edu beside our functions.
     if [ "$GUEST" = 1 ]; then
         guest_boot() { # result-file label skip-file [more ci/run-qemu.sh options]
@@ -154,6 +152,19 @@ else
     fi
 fi
 [ "$QEMU" = 1 ] || echo "not requested (--no-qemu or --case)" | tee "$WORK/guest-lat0-skip" "$WORK/guest-nopoll-skip" >"$WORK/guest-skip"
+
+# (h): the fabric, two HFIs on one cable brought to ACTIVE by the stock driver and opa-fm: its bring-up times,
+# the SM's sweep and the trapped accesses per SMP, from the fabric run's own steps.
+if [ "$FABRIC" = 1 ]; then
+    if [ -z "${DM:-}" ] && ! { BUILT=$(bash ci/build.sh) && DM=$(sed -n 1p <<<"$BUILT") \
+        && UDRIVER_STATIC=$(sed -n 2p <<<"$BUILT"); }; then
+        echo "ci/build.sh failed" >"$WORK/fabric-failed"
+    elif ! bash ci/get-qemu.sh >/dev/null; then
+        echo "no QEMU >= 10.1 with vfio-user-pci (ci/get-qemu.sh failed)" >"$WORK/fabric-failed"
+    else
+        qemu_run fabric --fabric || true
+    fi
+fi
 
 # guest-verbs: one boot of the fabric run with the verbs benchmark after its steps (ci/guest/perf.sh): perftest
 # between hfi1_0 and hfi1_1 across the device model's cable, then the same commands on SoftRoCE over a veth pair.
