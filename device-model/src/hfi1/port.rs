@@ -78,7 +78,7 @@ pub(super) fn apply_link(shared: &Shared, event: LinkEvent, record: bool) -> boo
         let _chip = shared.lock_chip();
         let applied = shared.lock_wfr().and_then(|mut w| w.link_event(event));
         if record {
-            let request = match event {
+            let request = || match event {
                 LinkEvent::Up(n) => serde_json::json!({"cmd": "link-event", "event": "up",
                     "neighbor_guid": n.guid, "node_type": n.node_type, "port": n.port}),
                 LinkEvent::Down { reason } => {
@@ -116,8 +116,10 @@ pub(super) fn arrive(shared: &Shared, worker: &WorkQueue<Job>, packet: WirePacke
         let mut q = shared.ingress.lock().unpoison();
         let queued = q.len() < INGRESS_QUEUE;
         if record {
-            let request = serde_json::json!({"cmd": "wire", "packet_hex": hex(&packet.bytes),
-                "sc4": packet.sc4, "test_ebp": packet.test_ebp});
+            let request = || {
+                serde_json::json!({"cmd": "wire", "packet_hex": hex(&packet.bytes),
+                    "sc4": packet.sc4, "test_ebp": packet.test_ebp})
+            };
             shared.record_input(request, serde_json::json!({"queued": queued}));
         }
         if queued {

@@ -154,9 +154,11 @@ impl Shared {
     }
 
     /// Logs an input from outside the device (the cable's packets and link events) in the session being
-    /// recorded, as the control request that reproduces it and its reply.
-    pub(super) fn record_input(&self, mut request: serde_json::Value, result: serde_json::Value) {
+    /// recorded, as the control request that reproduces it and its reply. `request` is only built while a
+    /// session is recorded: a packet's hex costs more than carrying it.
+    pub(super) fn record_input(&self, request: impl FnOnce() -> serde_json::Value, result: serde_json::Value) {
         let Some(session) = self.probe.recorder().and_then(|r| r.current()) else { return };
+        let mut request = request();
         request["device"] = self.probe.device().into();
         let id = session.control_request(&request.to_string());
         session.control_reply(id, &serde_json::json!({"ok": true, "result": result}).to_string());
