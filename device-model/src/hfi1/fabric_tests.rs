@@ -532,3 +532,40 @@ fn a_tid_rdma_read_response_segment_lands_in_the_requesters_tids_with_one_header
     // Nothing reached the verbs context.
     assert_eq!(b.r(uctxt_csr(RCV_HDR_TAIL, 1)), 0);
 }
+
+/// The control requests a session file holds.
+fn recorded_requests(path: &std::path::Path) -> Vec<serde_json::Value> {
+    use vfio_user_proto::record::{Record, RecordingReader};
+    let (_, records, _) = RecordingReader::new(std::fs::File::open(path).unwrap()).unwrap().records().unwrap();
+    records
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::ControlRequest { text, .. } => Some(serde_json::from_str(&text).unwrap()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_packet_from_the_cable_is_recorded_as_the_wire_request_that_replays_it() {
+    let (a, b) = pair();
+    link_up(&a, &b);
+    send_context(&a);
+    control_context(&b);
+    let dir = std::env::temp_dir().join(format!("dm-fabric-record-{}", std::process::id()));
+    let rec = vfio_user_proto::record::Recorder::idle("hfi1-wfr1", serde_json::json!({}));
+    assert!(b.probe.set_recorder(rec.clone()));
+    rec.set_dir(Some(&dir)).unwrap();
+    let path = rec.begin().unwrap().expect("a session").path().to_path_buf();
+    let packet = smp();
+    pio_copy(&a, &packet);
+    assert!(b.irqs.wait(1), "RcvAvail on the peer");
+    rec.end();
+    let wires: Vec<_> = recorded_requests(&path).into_iter().filter(|r| r["cmd"] == "wire").collect();
+    assert_eq!(wires.len(), 1, "{wires:?}");
+    let hex: String = packet.iter().map(|b| format!("{b:02x}")).collect();
+    let got = wires[0]["packet_hex"].as_str().unwrap();
+    assert!(got.starts_with(&hex), "the packet as sent (then its ICRC): {got}");
+    assert_eq!(wires[0]["device"], b.probe.device());
+    let _ = std::fs::remove_dir_all(&dir);
+}
