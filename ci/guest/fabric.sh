@@ -438,6 +438,13 @@ run_fabric() { # id
         step_fabric_dmesg
         return 0
     fi
+    # The kernel's own TID RDMA: its steps instead of the plain verbs and fault steps (ci/guest/tid-rdma.sh).
+    if [ "$P_tid_rdma" = 1 ]; then
+        if command -v run_tid_rdma >/dev/null; then run_tid_rdma
+        else begin tid-setup; record tid-setup false "$t" "the initramfs has no /lib/rdma-emu/tid-rdma.sh"; fi
+        step_fabric_dmesg
+        return 0
+    fi
     {
         step_fabric_smp
         kprobe_count_start hfi1_setup_wqe 2>/dev/null
