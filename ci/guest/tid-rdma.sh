@@ -204,6 +204,33 @@ step_tid_exhaust() {
     else record tid-exhaust false "$t" "${err# }" "$members"; fi
 }
 
+# The cable loses, reorders or corrupts packets of TID flows while verbs-check moves data with every byte
+# compared: READ responses arrive at hfi1_0 (hfi1-wfr), WRITE data at hfi1_1 (hfi1-wfr1). A lost or corrupted
+# expected packet leaves its flow behind, the next one makes a FLOW_SEQ_ERR entry, and the kernel restarts the
+# READ from the flow's next PSN or NAKs the WRITE (hfi1_handle_kdeth_eflags, tid_rdma.c:2746-2811, 2956-3029).
+TID_FAULT_SIZES=4096,262144,1M
+step_tid_fault() { # step device spec
+    name=$1 fdev=$2 spec=$3
+    begin "$name"; host_deadline "$name" "$KDRIVER_TIMEOUT"
+    err="" fired=""
+    tid_snapshot; before=$TID_SNAP
+    if host_request fault "$fdev" "$spec"; then
+        run_to "$KDRIVER_TIMEOUT" verbs-check -a "$FABRIC_A" -b "$FABRIC_B" -s "$TID_FAULT_SIZES" -t "$((KDRIVER_TIMEOUT - 10))"
+        rc=$?
+        summary=$(grep '"summary"' "$OUT" | tail -n 1)
+        [ "$rc" = 0 ] && [ -n "$summary" ] || err="verbs-check: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
+    else
+        err="arming $fdev:$spec: $HOST_REPLY;"
+    fi
+    if host_request fault-clear; then fired=$HOST_REPLY; else err="$err clearing the faults: $HOST_REPLY;"; fi
+    [ "${fired:-0}" -gt 0 ] 2>/dev/null || err="$err the fault never fired;"
+    tid_measure "$before"
+    host_deadline_end "$name"
+    members="\"fault\":$(json_str "$fdev:$spec"),\"fired\":${fired:-null},\"summary\":${summary:-null},\"moved\":$TID_MOVED"
+    if [ -z "$err" ]; then record "$name" true "$t" "" "$members"
+    else record "$name" false "$t" "${err# }" "$members"; fi
+}
+
 # --- the run -------------------------------------------------------------------------------------------------
 run_tid_rdma() {
     step_tid_setup
@@ -212,6 +239,9 @@ run_tid_rdma() {
     step_tid_verbs_check
     step_tid_opfn
     step_tid_exhaust
+    step_tid_fault tid-fault-read-drop hfi1-wfr "cable-drop,prob=0.02,seed=7,count=3"
+    step_tid_fault tid-fault-read-reorder hfi1-wfr "cable-reorder,prob=0.02,seed=5,count=3"
+    step_tid_fault tid-fault-write-corrupt hfi1-wfr1 "cable-corrupt,prob=0.02,seed=11,count=3,byte=200"
     # The result's kernel_functions and tid_rdma: everything since tid-setup.
     tid_measure "$TID_BASE"
     kf=""
