@@ -757,8 +757,8 @@ for s in steps:
 # The guest's TID RDMA steps (ci/guest/tid-rdma.sh) and what the run must show: each of the four kernel
 # functions ran, and the device model placed bytes of TID RDMA READ and WRITE through TIDs and flows the kernel
 # programmed (docs/kernel-tid-rdma.md).
-TID_STEPS = ["tid-setup", "tid-read-bw", "tid-write-bw", "tid-verbs-check", "tid-opfn", "tid-exhaust",
-             "tid-fault-read-drop", "tid-fault-read-reorder", "tid-fault-write-corrupt"]
+TID_STEPS = ["tid-setup", "tid-read-bw", "tid-write-bw", "tid-verbs-check", "tid-opfn", "tid-fault-read-drop",
+             "tid-fault-read-reorder", "tid-fault-write-corrupt", "tid-exhaust"]
 TID_KFUNCS = ["hfi1_setup_wqe", "hfi1_kern_exp_rcv_setup", "hfi1_kern_setup_hw_flow", "queue_qp_for_tid_wait"]
 
 def tid_rdma_problems(guest):
