@@ -40,7 +40,7 @@ hist_by_opcode() { # prefix system/event...
         | awk -v p="$p" '/^\{ opcode:/ { n[$3] += $6 } END { for (k in n) printf "%s.%s=%d ", p, k, n[k] }'
 }
 
-# One snapshot of every count the steps compare, as "NAME=VALUE ..." in TID_SNAP (not echoed: host_request
+# One snapshot of every count the steps compare (and the kernel's RC counters, fabric.sh), as "NAME=VALUE ..." in TID_SNAP (not echoed: host_request
 # must run in this shell, which keeps the request sequence).
 TID_SNAP="" TID_SNAP_ERR=""
 tid_snapshot() {
@@ -48,7 +48,7 @@ tid_snapshot() {
     for f in $TID_KFUNCS; do s="$s k.$f=$(kprobe_count "$f")"; done
     for e in $TID_EVENTS; do s="$s e.${e#*/}=$(hist_total "$e")"; done
     # shellcheck disable=SC2086 # event list
-    s="$s $(hist_by_opcode wr $TID_WR_EVENT) $(hist_by_opcode wire $TID_WIRE_EVENTS)"
+    s="$s $(hist_by_opcode wr $TID_WR_EVENT) $(hist_by_opcode wire $TID_WIRE_EVENTS) $(rc_counters)"
     # shellcheck disable=SC2086 # counter names
     if host_request counters $TID_DM_COUNTERS; then
         set -- $HOST_REPLY
