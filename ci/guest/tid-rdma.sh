@@ -40,8 +40,8 @@ hist_by_opcode() { # prefix system/event...
         | awk -v p="$p" '/^\{ opcode:/ { n[$3] += $6 } END { for (k in n) printf "%s.%s=%d ", p, k, n[k] }'
 }
 
-# One snapshot of every count the steps compare (and the kernel's RC counters, fabric.sh), as "NAME=VALUE ..." in TID_SNAP (not echoed: host_request
-# must run in this shell, which keeps the request sequence).
+# One snapshot of every count the steps compare, and the kernel's RC counters (fabric.sh), as "NAME=VALUE ..."
+# in TID_SNAP (not echoed: host_request must run in this shell, which keeps the request sequence).
 TID_SNAP="" TID_SNAP_ERR=""
 tid_snapshot() {
     s=""
