@@ -176,7 +176,7 @@ step_tid_opfn() {
     done
     remote=$(grep -m 1 'remote' "$TID_INST/trace" 2>/dev/null | sed 's/^.*hfi1_opfn_param: //')
     case "$remote" in
-        *"max_len 262144"*) ;;
+        *"max length 262144"*) ;;
         *) err="$err no remote OPFN parameters with a 256 KiB segment: ${remote:-none};" ;;
     esac
     members="\"remote_params\":$(json_str "$remote"),\"moved\":$TID_MOVED"
