@@ -184,26 +184,28 @@ step_tid_opfn() {
     else record tid-opfn false "$t" "${err# }" "$members"; fi
 }
 
-# More queue pairs with TID RDMA READs outstanding than a receive context has flows (32, RXE_NUM_TID_FLOWS):
-# a QP holds one flow while its segment is in flight, so hfi1_kern_setup_hw_flow finds none free and queues the
-# QP (queue_qp_for_tid_wait), which resumes when a flow is released. Every READ must still complete. Each TID
-# QP allocates flow state for every send queue entry and every responder slot (hfi1_qp_priv_init): with
-# perftest's default depth of 128, 40 QPs took the 512 MiB guest out of memory, so the depth is 2; and the sm,
-# whose sweeps are done, is stopped first (ports stay ACTIVE without it; it holds 330 MiB).
-TID_EXHAUST_QPS=40
+# More queue pairs with TID RDMA transfers at once than a receive context has flows (32, RXE_NUM_TID_FLOWS):
+# a QP holds one flow while its segment is in flight (the READ requester's, the WRITE responder's), so
+# hfi1_kern_setup_hw_flow finds none free and queues the QP (queue_qp_for_tid_wait, tid_rdma.c:815), which
+# resumes when a flow is released. verbs-check on 40 pairs: every byte of every transfer compared. Each TID QP
+# allocates flow state for every send queue entry and responder slot (hfi1_qp_priv_init): verbs-check's depth
+# is 4 (40 perftest QPs at its default depth of 128 ran the 512 MiB guest out of memory).
+TID_EXHAUST_PAIRS=40
 step_tid_exhaust() {
     begin tid-exhaust; host_deadline tid-exhaust "$KDRIVER_TIMEOUT"
-    sm_stop 30
     tid_snapshot; before=$TID_SNAP
-    run_pair "$KDRIVER_TIMEOUT" ib_read_bw -q "$TID_EXHAUST_QPS" -s "$TID_BYTES" -n 10 -t 2
+    run_to "$KDRIVER_TIMEOUT" verbs-check -a "$FABRIC_A" -b "$FABRIC_B" -q "$TID_EXHAUST_PAIRS" -s 4096,262144 \
+        -t "$((KDRIVER_TIMEOUT - 10))"
+    rc=$?
     tid_measure "$before"
     host_deadline_end tid-exhaust
     err=""
-    line=$(awk '$1 ~ /^[0-9]+$/ && NF >= 4 { l = $0 } END { print l }' /tmp/client.out)
-    [ "$PAIR_RC" = 0 ] && [ -n "$line" ] || err="ib_read_bw -q $TID_EXHAUST_QPS: $(timeout_msg "$PAIR_RC" "$KDRIVER_TIMEOUT"): $(pair_tail);"
+    summary=$(grep '"summary"' "$OUT" | tail -n 1)
+    [ "$rc" = 0 ] && [ -n "$summary" ] || err="verbs-check -q $TID_EXHAUST_PAIRS: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
     tid_expect read
+    tid_expect write
     [ "$(moved "$TID_MOVED" k.queue_qp_for_tid_wait)" -gt 0 ] || err="$err queue_qp_for_tid_wait never ran;"
-    members="\"qps\":$TID_EXHAUST_QPS,\"result\":$(json_str "$line"),\"moved\":$TID_MOVED"
+    members="\"pairs\":$TID_EXHAUST_PAIRS,\"summary\":${summary:-null},\"moved\":$TID_MOVED"
     if [ -z "$err" ]; then record tid-exhaust true "$t" "" "$members"
     else record tid-exhaust false "$t" "${err# }" "$members"; fi
 }
