@@ -16,6 +16,7 @@ TRACING=/sys/kernel/tracing
 #   fault DEVICE SPEC      arm a fault on a device (docs/observe.md, fault specs)
 #   fault-clear            disarm every fault of both HFIs; replies "FIRED" (how often they fired in total)
 #   accesses               "READS WRITES PACKETS": trapped CSR accesses of both HFIs, packets the cable carried
+#   counters NAME...       the device model's counters of those names, each summed over both HFIs (tid-rdma.sh)
 HOST_SEQ=0
 HOST_REPLY=""
 host_request() { # words...
