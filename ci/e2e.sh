@@ -23,7 +23,7 @@
 #   8. with --mode tid-rdma: the fabric with the kernel's own TID RDMA (ci/run-qemu.sh --tid-rdma): OPFN
 #      negotiates, READ and WRITE of 256 KiB and more go through the RcvArray and flow table the kernel
 #      programs, every byte compared; the four seed functions counted (docs/kernel-tid-rdma.md). Not yet in
-#      both/all: it does not pass yet.
+#      both/all: it does not pass reliably yet.
 # Runs 1 and 2 record every session of the device model (--record) and replay each recording on a fresh device
 # model afterwards (`device-model replay`): a real QEMU session must replay clean. The fabric run is not
 # recorded: the HFIs' own work (SDMA, PIO launch, arrivals) is not yet cut into replayable device steps
