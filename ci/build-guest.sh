@@ -491,7 +491,7 @@ INPUTS=$({
     echo "udriver $UDRIVER_SUM"
     echo "hfi1-user $HFI1_USER_SUM"
     echo "verbs-check $(sha256sum <"$VERBS_CHECK" | cut -c1-64)"
-    (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh)
+    (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh tid-rdma.sh)
     (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
     (cd "$KDIR/kdriver" && xargs sha256sum <"$KDIR/kdriver.rel")
 })
@@ -539,6 +539,7 @@ else
     install -D -m 0755 "$VERBS_CHECK" "$STAGE/usr/bin/verbs-check"
     # Steps the init sources (functions only).
     install -D -m 0644 "$REPO_ROOT/ci/guest/fabric.sh" "$STAGE/lib/rdma-emu/fabric.sh"
+    install -D -m 0644 "$REPO_ROOT/ci/guest/tid-rdma.sh" "$STAGE/lib/rdma-emu/tid-rdma.sh"
     cat >"$STAGE/etc/rdma-emu-guest" <<EOF
 kernel=$(cat "$KDIR/package")
 busybox=$(cat "$BBDIR/version")

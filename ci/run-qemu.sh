@@ -37,6 +37,9 @@
 #   --fabric-perf         with --fabric: after its steps, perftest bandwidth and latency between hfi1_0 and hfi1_1
 #                         and the same on SoftRoCE over a veth pair in the guest (step fabric-perf, the result's
 #                         fabric_perf; ci/bench.sh's guest-verbs case); the default --timeout becomes 1800
+#   --tid-rdma            the fabric with the kernel's own TID RDMA: cap_mask gains TID_RDMA and OPFN, and after
+#                         the bring-up the guest runs its TID RDMA steps (ci/guest/tid-rdma.sh) instead of the
+#                         plain verbs and fault steps; implies --fabric (docs/kernel-tid-rdma.md)
 #   --shell               boot with the devices, run the setup (functions bound, hfi1 loaded, opa-fm's sm started
 #                         with two HFIs) and give the console to an interactive shell instead of the demos;
 #                         leaving the shell powers the guest off and stops the device model. Uses --fabric
@@ -77,7 +80,7 @@ ACCEL=${RDMA_EMU_ACCEL:-auto}
 KERNEL="" INITRD="" SHARE=1 DEVICES=1 TIMEOUT=600 DEMO_TIMEOUT=120 UARGS="" APPEND_EXTRA=""
 HFI1_ID=1b36:1100 IRDMA_ID=1b36:1101 RESULT="" LOG_DIR="" KEEP_LOGS=0 TIMING=0 QUIET=0
 HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST="" FABRIC=0 SHELL_MODE=0 TIMEOUT_SET=0
-CAPTURE="" FABRIC_BOUNCE=0 FABRIC_PERF=0
+CAPTURE="" FABRIC_BOUNCE=0 FABRIC_PERF=0 TID_RDMA=0
 # Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
@@ -109,6 +112,7 @@ while [ $# -gt 0 ]; do
         --capture) need $#; CAPTURE=$2; shift 2 ;;
         --fabric-bounce) FABRIC_BOUNCE=1; shift ;;
         --fabric-perf) FABRIC_PERF=1; shift ;;
+        --tid-rdma) TID_RDMA=1; shift ;;
         --shell) SHELL_MODE=1; shift ;;
         --hfi1-params) need $#; HFI1_PARAMS=$2; shift 2 ;;
         --kdriver-timeout) need $#; KDRIVER_TIMEOUT=$2; shift 2 ;;
@@ -133,6 +137,7 @@ done
 is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 # The shell wants the fabric unless one HFI was asked for; a user's session has no deadline unless asked for.
 [ "$SHELL_MODE" = 1 ] && [ "$HFI1_WFR" = 0 ] && FABRIC=1
+[ "$TID_RDMA" = 1 ] && FABRIC=1
 [ "$FABRIC" = 1 ] && HFI1_WFR=1
 [ "$SHELL_MODE" = 1 ] && [ "$TIMEOUT_SET" = 0 ] && TIMEOUT=$((100 * 365 * 86400))
 # The fabric run (about 2 minutes under TCG) and then some 60 perftest runs with their set-ups.
@@ -157,6 +162,13 @@ is_uint "$REPLY_POLL_US" && [ "$REPLY_POLL_US" -le 1000000 ] || die "--reply-pol
 [ "$FABRIC_BOUNCE" = 0 ] || [ "$FABRIC" = 1 ] || die "--fabric-bounce needs --fabric"
 [ "$FABRIC_PERF" = 0 ] || { [ "$FABRIC" = 1 ] && [ "$SHELL_MODE" = 0 ]; } || die "--fabric-perf needs --fabric (and no --shell)"
 [ "$FABRIC_PERF" = 0 ] || [ "$FABRIC_BOUNCE" = 0 ] || die "--fabric-perf and --fabric-bounce do not go together (the bounce run stops after the link)"
+[ "$TID_RDMA" = 0 ] || [ "$FABRIC_BOUNCE" = 0 ] || die "--tid-rdma and --fabric-bounce do not go together"
+if [ "$TID_RDMA" = 1 ]; then
+    # HFI1_CAP_TID_RDMA (1 << 5) and HFI1_CAP_OPFN (1 << 16), include/uapi/rdma/hfi/hfi1_user.h: ORed into the
+    # cap_mask of --hfi1-params (the driver's default mask has neither, common.h HFI1_CAP_MASK_DEFAULT).
+    [[ " $HFI1_PARAMS " =~ \ cap_mask=(0x[0-9a-fA-F]+)\  ]] || die "--tid-rdma needs a hexadecimal cap_mask in --hfi1-params"
+    HFI1_PARAMS=${HFI1_PARAMS/cap_mask=${BASH_REMATCH[1]}/cap_mask=$(printf '0x%x' $(( BASH_REMATCH[1] | 0x20 | 0x10000 )))}
+fi
 if [ -n "$CAPTURE" ]; then
     mkdir -p "$(dirname "$CAPTURE")" && CAPTURE=$(cd "$(dirname "$CAPTURE")" && pwd)/$(basename "$CAPTURE")
     DM_ARGS+=(--capture "$CAPTURE")
@@ -398,6 +410,19 @@ host_answer() { # verb args...
             set -- $(dm_access_totals)
             out=$(dm_query hfi1-wfr link | python3 -c 'import json, sys; c = json.load(sys.stdin)["cable"]; print(c["to_a"]["packets"] + c["to_b"]["packets"])') \
                 && [ "$1" != - ] && echo "ok $1 $2 $out" || echo "error the device model did not answer" ;;
+        counters)
+            # The named counters of the device model, each summed over both HFIs, in the order asked.
+            [ $# -ge 1 ] && [[ "$*" =~ ^[a-z0-9_\ ]+$ ]] || { echo "error counters takes counter names"; return; }
+            out=$(for w in $(wfr_names); do dm_query "$w" counters || exit 1; done | python3 -c '
+import json, sys
+sums = dict.fromkeys(sys.argv[1:], 0)
+for line in sys.stdin:
+    got = json.loads(line)
+    for k in sums:
+        if k not in got:
+            sys.exit(f"no counter {k}")
+        sums[k] += got[k]
+print(" ".join(str(v) for v in sums.values()))' "$@" 2>&1) && echo "ok $out" || echo "error ${out//$'\n'/ }" ;;
         *) echo "error unknown request $verb" ;;
     esac
 }
@@ -426,6 +451,7 @@ if [ "$FABRIC" = 1 ] && [ "$SHELL_MODE" = 0 ] && [ "$DEVICES" = 1 ]; then
     APPEND="$APPEND rdma_emu.fabric=1 rdma_emu.fabric_guids=$guids"
     [ "$FABRIC_BOUNCE" = 1 ] && APPEND="$APPEND rdma_emu.fabric_bounce=1"
     [ "$FABRIC_PERF" = 1 ] && APPEND="$APPEND rdma_emu.fabric_perf=1"
+    [ "$TID_RDMA" = 1 ] && APPEND="$APPEND rdma_emu.tid_rdma=1"
 fi
 # The guest's watchdog covers the shell's setup only; the init stops it before the shell starts.
 [ "$SHELL_MODE" = 1 ] && APPEND="$APPEND rdma_emu.shell=1 rdma_emu.watchdog=900"
@@ -679,12 +705,12 @@ trap - EXIT
 set +e
 python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
     "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" "$BENCH" "${REPLY_POLL:+$REPLY_POLL_US}" \
-    "$FABRIC" "$FABRIC_BOUNCE" "$CAPTURE" "$FABRIC_PERF" <<'EOF'
+    "$FABRIC" "$FABRIC_BOUNCE" "$CAPTURE" "$FABRIC_PERF" "$TID_RDMA" <<'EOF'
 import json, os, sys
 
 (log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
  dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status, bench, reply_poll,
- fabric, fabric_bounce, capture, fabric_perf) = sys.argv[1:]
+ fabric, fabric_bounce, capture, fabric_perf, tid_rdma) = sys.argv[1:]
 qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
 
 def read(name):
@@ -737,6 +763,25 @@ for s in steps:
         if err and s.get("ok"):
             s["ok"], s["error"] = False, err
 
+# The guest's TID RDMA steps (ci/guest/tid-rdma.sh) and what the run must show: each of the four kernel
+# functions ran, and the device model placed bytes of TID RDMA READ and WRITE through TIDs and flows the kernel
+# programmed (docs/kernel-tid-rdma.md).
+TID_STEPS = ["tid-setup", "tid-read-bw", "tid-write-bw", "tid-verbs-check", "tid-opfn", "tid-fault-read-drop",
+             "tid-fault-read-reorder", "tid-fault-write-corrupt", "tid-exhaust-flows", "tid-exhaust-check"]
+TID_KFUNCS = ["hfi1_setup_wqe", "hfi1_kern_exp_rcv_setup", "hfi1_kern_setup_hw_flow", "queue_qp_for_tid_wait"]
+
+def tid_rdma_problems(guest):
+    out = []
+    kf = guest.get("kernel_functions") or {}
+    for name in TID_KFUNCS:
+        if not isinstance(kf.get(name), int) or kf[name] <= 0:
+            out.append(f"kernel_functions.{name} is {kf.get(name)!r}, not a count of calls")
+    tid = guest.get("tid_rdma") or {}
+    for name in ["read_bytes", "write_bytes", "flows_programmed", "rcvarray_entries_programmed"]:
+        if not isinstance(tid.get(name), int) or tid[name] <= 0:
+            out.append(f"tid_rdma.{name} is {tid.get(name)!r}, not a positive count")
+    return out
+
 def sync_problem(out):
     """The hfi1 demo's SYNC step (issue 15): a READ that crossed its flow's PSN space waited for the segment
     in flight, parked the flow on the reserved generation, went on with the next one, and had both
@@ -777,6 +822,9 @@ if guest is not None:
             expected.append("demo-irdma-irq")
         if fabric == "1" and fabric_bounce == "1":
             expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm", "fabric-link-bounce", "fabric-dmesg"]
+        elif fabric == "1" and tid_rdma == "1":
+            expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm"] + TID_STEPS + ["fabric-dmesg"]
+            problems.extend(tid_rdma_problems(guest))
         elif fabric == "1":
             expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm", "fabric-smp", "verbs-rc-pio",
                          "verbs-rc-sdma", "verbs-rc-sdma-odd", "verbs-ud", "verbs-send-bw", "verbs-write-bw",
@@ -909,6 +957,7 @@ result = {
     "fabric": (guest or {}).get("fabric") if fabric == "1" else None,
     "kernel_functions": (guest or {}).get("kernel_functions") if fabric == "1" else None,
     "fabric_perf": (guest or {}).get("fabric_perf") if fabric_perf == "1" else None,
+    "tid_rdma": (guest or {}).get("tid_rdma") if tid_rdma == "1" else None,
     "capture": capture or None,
     "hfi1_user_host": hfi1_user_host,
     "bench": next((s.get("output") for s in steps if s.get("name") == "bench"), None),

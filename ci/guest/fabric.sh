@@ -16,6 +16,7 @@ TRACING=/sys/kernel/tracing
 #   fault DEVICE SPEC      arm a fault on a device (docs/observe.md, fault specs)
 #   fault-clear            disarm every fault of both HFIs; replies "FIRED" (how often they fired in total)
 #   accesses               "READS WRITES PACKETS": trapped CSR accesses of both HFIs, packets the cable carried
+#   counters NAME...       the device model's counters of those names, each summed over both HFIs (tid-rdma.sh)
 HOST_SEQ=0
 HOST_REPLY=""
 host_request() { # words...
@@ -435,6 +436,13 @@ run_fabric() { # id
     # The bounce alone: the run is about the link (ci/e2e.sh's fabric-bounce scenario).
     if [ "$P_fabric_bounce" = 1 ]; then
         step_fabric_bounce
+        step_fabric_dmesg
+        return 0
+    fi
+    # The kernel's own TID RDMA: its steps instead of the plain verbs and fault steps (ci/guest/tid-rdma.sh).
+    if [ "$P_tid_rdma" = 1 ]; then
+        if command -v run_tid_rdma >/dev/null; then run_tid_rdma
+        else begin tid-setup; record tid-setup false "$t" "the initramfs has no /lib/rdma-emu/tid-rdma.sh"; fi
         step_fabric_dmesg
         return 0
     fi

@@ -1,18 +1,20 @@
 /*
- * verbs-check: RDMA WRITE and RDMA READ between two RC queue pairs, one on each of two verbs devices (the two
- * ends of the emulated Omni-Path cable: hfi1_0 and hfi1_1), every byte compared.
+ * verbs-check: RDMA WRITE and RDMA READ between RC queue pairs, one end of each pair on each of two verbs
+ * devices (the two ends of the emulated Omni-Path cable: hfi1_0 and hfi1_1), every byte compared.
  *
- * One process opens both devices and connects the two queue pairs itself (no out-of-band exchange). For each
- * size and each placement (page-aligned, or starting and ending off a page boundary) it fills A's source with a
- * pattern, RDMA WRITEs it into B's buffer, RDMA READs it back into a second buffer of A, and compares the
- * source with both copies, and the guard bytes around them with their fill. It prints one JSON line per
- * transfer and a summary line, and exits 0 only if every transfer completed and compared equal.
+ * One process opens both devices and connects the queue pairs itself (no out-of-band exchange). For each size
+ * and each placement (page-aligned, or starting and ending off a page boundary) it fills each pair's source in
+ * A with a pattern, RDMA WRITEs them into B's buffers on all pairs at once, RDMA READs them back into second
+ * buffers of A on all pairs at once, and compares each source with both copies, and the guard bytes around
+ * them with their fill. It prints one JSON line per transfer and a summary line, and exits 0 only if every
+ * transfer completed and compared equal.
  *
- *   verbs-check [-a DEV] [-b DEV] [-m MTU] [-s SIZES] [-t SECS]
+ *   verbs-check [-a DEV] [-b DEV] [-m MTU] [-q PAIRS] [-s SIZES] [-t SECS]
  *     -a, -b  the two devices (default hfi1_0, hfi1_1)
  *     -m      path MTU in bytes: 256, 512, 1024, 2048 or 4096 (default 4096)
+ *     -q      queue pairs, each with its own buffers, all transferring at once (default 1, at most 64)
  *     -s      comma-separated sizes in bytes, K and M suffixes allowed (default 1,63,4095,4096,65537,262144,1M,4M)
- *     -t      seconds each work request may take (default 60)
+ *     -t      seconds each round of work requests may take (default 60)
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -28,16 +30,19 @@
 #define PAGE 4096UL
 #define GUARD 64
 #define MAX_SIZES 64
+#define MAX_PAIRS 64
 
 struct end {
 	const char *name;
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
-	struct ibv_qp *qp;
+	struct ibv_qp *qp[MAX_PAIRS];
 	struct ibv_mr *mr;
-	uint8_t *buf; /* [0, half): source (A) or target (B); [half, 2 * half): read-back (A) */
+	/* Pair i's [2 * i * len, (2 * i + 1) * len): source (A) or target (B); the next len: read-back (A). */
+	uint8_t *buf;
 	size_t len;
+	int pairs;
 	uint16_t lid;
 };
 
@@ -96,7 +101,7 @@ static enum ibv_mtu mtu_enum(int mtu)
 	}
 }
 
-static int open_end(struct end *e, size_t len)
+static int open_end(struct end *e, size_t len, int pairs)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
 	struct ibv_port_attr port;
@@ -119,40 +124,45 @@ static int open_end(struct end *e, size_t len)
 		return ENETDOWN;
 	e->lid = port.lid;
 	e->len = len;
-	if (posix_memalign((void **)&e->buf, PAGE, 2 * len))
+	e->pairs = pairs;
+	if (posix_memalign((void **)&e->buf, PAGE, 2 * len * pairs))
 		return ENOMEM;
 	e->pd = ibv_alloc_pd(e->ctx);
-	e->cq = e->pd ? ibv_create_cq(e->ctx, 16, NULL, NULL, 0) : NULL;
+	e->cq = e->pd ? ibv_create_cq(e->ctx, 2 * pairs + 16, NULL, NULL, 0) : NULL;
 	if (!e->cq)
 		return errno ? errno : ENOMEM;
-	e->mr = ibv_reg_mr(e->pd, e->buf, 2 * len,
+	e->mr = ibv_reg_mr(e->pd, e->buf, 2 * len * pairs,
 			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	if (!e->mr)
+		return errno ? errno : ENOMEM;
 	init.send_cq = e->cq;
 	init.recv_cq = e->cq;
-	e->qp = e->mr ? ibv_create_qp(e->pd, &init) : NULL;
-	return e->qp ? 0 : (errno ? errno : ENOMEM);
+	for (int i = 0; i < pairs; i++)
+		if (!(e->qp[i] = ibv_create_qp(e->pd, &init)))
+			return errno ? errno : ENOMEM;
+	return 0;
 }
 
-/* INIT, RTR toward `peer`, RTS. */
-static int connect_qp(struct end *e, struct end *peer, enum ibv_mtu mtu)
+/* Pair i's queue pair: INIT, RTR toward `peer`'s, RTS. */
+static int connect_qp(struct end *e, struct end *peer, int i, enum ibv_mtu mtu)
 {
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
 		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
 	};
 
-	if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+	if (ibv_modify_qp(e->qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
 		return errno;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = mtu;
-	a.dest_qp_num = peer->qp->qp_num;
+	a.dest_qp_num = peer->qp[i]->qp_num;
 	a.rq_psn = 0;
 	a.max_dest_rd_atomic = 16;
 	a.min_rnr_timer = 12;
 	a.ah_attr.dlid = peer->lid;
 	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+	if (ibv_modify_qp(e->qp[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 			  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
 		return errno;
 	memset(&a, 0, sizeof(a));
@@ -162,41 +172,58 @@ static int connect_qp(struct end *e, struct end *peer, enum ibv_mtu mtu)
 	a.rnr_retry = 7;
 	a.sq_psn = 0;
 	a.max_rd_atomic = 16;
-	if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+	if (ibv_modify_qp(e->qp[i], &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 			  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
 		return errno;
 	return 0;
 }
 
-/* One RDMA operation from A and its completion, within `secs`. */
-static int rdma(struct end *a, struct end *b, enum ibv_wr_opcode op, uint8_t *local, uint8_t *remote,
-		size_t len, int secs, const char **why)
+/*
+ * One RDMA operation from A on every pair at once (pair i: `local[i]` to or from `remote[i]`, `len` bytes) and
+ * their completions, within `secs`. ok[i] tells which completed with success.
+ */
+static int rdma(struct end *a, struct end *b, enum ibv_wr_opcode op, uint8_t **local, uint8_t **remote,
+		size_t len, int secs, int *ok, const char **why)
 {
-	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = len, .lkey = a->mr->lkey };
-	struct ibv_send_wr wr = {
-		.sg_list = &sge, .num_sge = 1, .opcode = op, .send_flags = IBV_SEND_SIGNALED,
-		.wr.rdma = { .remote_addr = (uintptr_t)remote, .rkey = b->mr->rkey },
-	}, *bad;
-	struct ibv_wc wc;
 	double deadline = now_us() + secs * 1e6;
-	int n;
+	int done = 0;
 
-	if (ibv_post_send(a->qp, &wr, &bad)) {
-		*why = "ibv_post_send failed";
-		return -1;
-	}
-	while ((n = ibv_poll_cq(a->cq, 1, &wc)) == 0) {
-		if (now_us() > deadline) {
-			*why = "no completion in time";
+	for (int i = 0; i < a->pairs; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)local[i], .length = len, .lkey = a->mr->lkey };
+		struct ibv_send_wr wr = {
+			.wr_id = i, .sg_list = &sge, .num_sge = 1, .opcode = op, .send_flags = IBV_SEND_SIGNALED,
+			.wr.rdma = { .remote_addr = (uintptr_t)remote[i], .rkey = b->mr->rkey },
+		}, *bad;
+
+		ok[i] = 0;
+		if (ibv_post_send(a->qp[i], &wr, &bad)) {
+			*why = "ibv_post_send failed";
 			return -1;
 		}
-		usleep(100);
 	}
-	if (n < 0 || wc.status != IBV_WC_SUCCESS) {
-		*why = n < 0 ? "ibv_poll_cq failed" : ibv_wc_status_str(wc.status);
-		return -1;
+	while (done < a->pairs) {
+		struct ibv_wc wc;
+		int n = ibv_poll_cq(a->cq, 1, &wc);
+
+		if (n < 0) {
+			*why = "ibv_poll_cq failed";
+			return -1;
+		}
+		if (n == 0) {
+			if (now_us() > deadline) {
+				*why = "no completion in time";
+				return -1;
+			}
+			usleep(100);
+			continue;
+		}
+		done++;
+		if (wc.wr_id < (uint64_t)a->pairs && wc.status == IBV_WC_SUCCESS)
+			ok[wc.wr_id] = 1;
+		else if (!*why)
+			*why = ibv_wc_status_str(wc.status);
 	}
-	return 0;
+	return *why ? -1 : 0;
 }
 
 /* Pattern byte `i` of transfer `t`: no two transfers, and no two neighbouring bytes, alike. */
@@ -211,80 +238,100 @@ int main(int argc, char **argv)
 {
 	struct end a = { .name = "hfi1_0" }, b = { .name = "hfi1_1" };
 	size_t sizes[MAX_SIZES], max = 0;
-	int nsizes, mtu = 4096, secs = 60, opt, err, failed = 0, transfers = 0;
+	int nsizes, mtu = 4096, secs = 60, pairs = 1, opt, err, failed = 0, transfers = 0, stop = 0;
 	const char *size_list = "1,63,4095,4096,65537,262144,1M,4M";
 	uint64_t bytes = 0;
 
-	while ((opt = getopt(argc, argv, "a:b:m:s:t:")) != -1) {
+	while ((opt = getopt(argc, argv, "a:b:m:q:s:t:")) != -1) {
 		switch (opt) {
 		case 'a': a.name = optarg; break;
 		case 'b': b.name = optarg; break;
 		case 'm': mtu = atoi(optarg); break;
+		case 'q': pairs = atoi(optarg); break;
 		case 's': size_list = optarg; break;
 		case 't': secs = atoi(optarg); break;
 		default:
-			fprintf(stderr, "usage: verbs-check [-a DEV] [-b DEV] [-m MTU] [-s SIZES] [-t SECS]\n");
+			fprintf(stderr, "usage: verbs-check [-a DEV] [-b DEV] [-m MTU] [-q PAIRS] [-s SIZES] [-t SECS]\n");
 			return 2;
 		}
 	}
 	nsizes = parse_sizes(size_list, sizes, MAX_SIZES);
-	if (nsizes <= 0 || !mtu_enum(mtu) || secs <= 0) {
-		fprintf(stderr, "verbs-check: bad -s, -m or -t\n");
+	if (nsizes <= 0 || !mtu_enum(mtu) || secs <= 0 || pairs < 1 || pairs > MAX_PAIRS) {
+		fprintf(stderr, "verbs-check: bad -s, -m, -q or -t\n");
 		return 2;
 	}
 	for (int i = 0; i < nsizes; i++)
 		max = sizes[i] > max ? sizes[i] : max;
 	/* Room for the largest transfer off a page boundary, with guards either side. */
 	max = (max + 2 * PAGE + PAGE - 1) & ~(PAGE - 1);
-	if ((err = open_end(&a, max)))
+	if ((err = open_end(&a, max, pairs)))
 		return die(a.name, err);
-	if ((err = open_end(&b, max)))
+	if ((err = open_end(&b, max, pairs)))
 		return die(b.name, err);
-	if ((err = connect_qp(&a, &b, mtu_enum(mtu))) || (err = connect_qp(&b, &a, mtu_enum(mtu))))
-		return die("connecting the queue pairs", err);
+	for (int i = 0; i < pairs; i++)
+		if ((err = connect_qp(&a, &b, i, mtu_enum(mtu))) || (err = connect_qp(&b, &a, i, mtu_enum(mtu))))
+			return die("connecting the queue pairs", err);
 
-	for (int s = 0; s < nsizes; s++) {
+	for (int s = 0; s < nsizes && !stop; s++) {
 		/* Offsets into the buffers: page-aligned, then 1 byte past a page (ending off one too). */
-		for (size_t off = 0; off <= 1; off++) {
+		for (size_t off = 0; off <= 1 && !stop; off++) {
 			size_t len = sizes[s], at = PAGE + off;
-			uint8_t *src = a.buf + at, *back = a.buf + max + at, *dst = b.buf + at;
-			double t0, t1, t2;
+			uint8_t *src[MAX_PAIRS], *back[MAX_PAIRS], *dst[MAX_PAIRS];
+			int wrote[MAX_PAIRS], read[MAX_PAIRS];
+			double t0, t1, t2 = 0;
 			const char *why = NULL;
-			size_t bad = len;
-			unsigned t = transfers++;
+			unsigned t = transfers;
 
-			for (size_t i = 0; i < len; i++)
-				src[i] = pattern(t, i);
-			memset(dst - GUARD, 0xA5, len + 2 * GUARD);
-			memset(back - GUARD, 0x5A, len + 2 * GUARD);
-			t0 = now_us();
-			if (rdma(&a, &b, IBV_WR_RDMA_WRITE, src, dst, len, secs, &why) == 0) {
-				t1 = now_us();
-				if (rdma(&a, &b, IBV_WR_RDMA_READ, back, dst, len, secs, &why) == 0) {
-					t2 = now_us();
-					for (size_t i = 0; i < len && bad == len; i++)
-						if (dst[i] != src[i] || back[i] != src[i])
-							bad = i;
-					for (int g = 1; g <= GUARD && !why; g++)
-						if (dst[-g] != 0xA5 || dst[len + g - 1] != 0xA5 ||
-						    back[-g] != 0x5A || back[len + g - 1] != 0x5A)
-							why = "a guard byte changed";
-					if (!why && bad != len)
-						why = "data differs";
-					if (!why) {
-						bytes += 2 * len;
-						printf("{\"size\":%zu,\"offset\":%zu,\"ok\":true,\"write_us\":%.0f,"
-						       "\"read_us\":%.0f}\n", len, off, t1 - t0, t2 - t1);
-						continue;
-					}
-				}
+			for (int i = 0; i < pairs; i++) {
+				src[i] = a.buf + 2 * max * i + at;
+				back[i] = a.buf + 2 * max * i + max + at;
+				dst[i] = b.buf + 2 * max * i + at;
+				for (size_t j = 0; j < len; j++)
+					src[i][j] = pattern(t + i, j);
+				memset(dst[i] - GUARD, 0xA5, len + 2 * GUARD);
+				memset(back[i] - GUARD, 0x5A, len + 2 * GUARD);
+				wrote[i] = read[i] = 0;
 			}
-			failed++;
-			printf("{\"size\":%zu,\"offset\":%zu,\"ok\":false,\"error\":\"%s\",\"first_bad_byte\":%zd}\n",
-			       len, off, why, bad == len ? (ssize_t)-1 : (ssize_t)bad);
+			transfers += pairs;
+			t0 = now_us();
+			rdma(&a, &b, IBV_WR_RDMA_WRITE, src, dst, len, secs, wrote, &why);
+			t1 = now_us();
+			if (!why) {
+				rdma(&a, &b, IBV_WR_RDMA_READ, back, dst, len, secs, read, &why);
+				t2 = now_us();
+			}
+			/* A failed round leaves work requests whose completions would confuse the next: stop there. */
+			stop = why != NULL;
+			for (int i = 0; i < pairs; i++) {
+				const char *bad_why = NULL;
+				size_t bad = len;
+
+				if (!wrote[i] || !read[i])
+					bad_why = why ? why : "not completed";
+				for (size_t j = 0; j < len && !bad_why && bad == len; j++)
+					if (dst[i][j] != src[i][j] || back[i][j] != src[i][j])
+						bad = j;
+				for (int g = 1; g <= GUARD && !bad_why; g++)
+					if (dst[i][-g] != 0xA5 || dst[i][len + g - 1] != 0xA5 ||
+					    back[i][-g] != 0x5A || back[i][len + g - 1] != 0x5A)
+						bad_why = "a guard byte changed";
+				if (!bad_why && bad != len)
+					bad_why = "data differs";
+				if (!bad_why) {
+					bytes += 2 * len;
+					printf("{\"size\":%zu,\"offset\":%zu,\"pair\":%d,\"ok\":true,\"write_us\":%.0f,"
+					       "\"read_us\":%.0f}\n", len, off, i, t1 - t0, t2 - t1);
+					continue;
+				}
+				failed++;
+				printf("{\"size\":%zu,\"offset\":%zu,\"pair\":%d,\"ok\":false,\"error\":\"%s\","
+				       "\"first_bad_byte\":%zd}\n", len, off, i, bad_why,
+				       bad == len ? (ssize_t)-1 : (ssize_t)bad);
+			}
 		}
 	}
 	printf("{\"summary\":true,\"transfers\":%d,\"failed\":%d,\"bytes_compared\":%" PRIu64
-	       ",\"mtu\":%d,\"a\":\"%s\",\"b\":\"%s\"}\n", transfers, failed, bytes, mtu, a.name, b.name);
+	       ",\"mtu\":%d,\"pairs\":%d,\"a\":\"%s\",\"b\":\"%s\"}\n", transfers, failed, bytes, mtu, pairs, a.name,
+	       b.name);
 	return failed ? 1 : 0;
 }

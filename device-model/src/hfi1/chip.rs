@@ -3,10 +3,12 @@
 
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use serde_json::{json, Value};
 
 use super::counters::Counters;
-use super::flow::{FlowEntry, FlowTable};
+use super::flow::{FlowEntry, FlowTable, KERN_GENERATION_RESERVED};
 use super::rcvarray::RcvArray;
 use super::regs::{
     apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL,
@@ -173,6 +175,11 @@ impl Chip {
         Some((base << RCV_SHIFT, cnt << RCV_SHIFT))
     }
 
+    /// Whether RcvArray entry `index` lies in some context's expected range.
+    fn is_expected_entry(&self, index: u64) -> bool {
+        (0..self.contexts).filter_map(|c| self.tid_range(c)).any(|(base, count)| (base..base + count).contains(&index))
+    }
+
     /// A 64-bit register read at the 8-byte-aligned `offset`.
     pub fn read(&mut self, offset: u64, counters: &Counters) -> Access {
         match decode(offset, self.contexts, self.loopback) {
@@ -214,11 +221,16 @@ impl Chip {
                 None => Access::Unimplemented,
             },
             Csr::Flow { ctxt, flow } => {
-                if self.flows.write(ctxt, flow, value) {
-                    Access::Done(value)
-                } else {
-                    Access::Unimplemented
+                if !self.flows.write(ctxt, flow, value) {
+                    return Access::Unimplemented;
                 }
+                let e = FlowEntry::decode(self.flows.read(ctxt, flow).unwrap_or(0));
+                match (e.flow_valid, e.generation == KERN_GENERATION_RESERVED) {
+                    (true, false) => counters.flows_programmed.fetch_add(1, Relaxed),
+                    (true, true) => counters.flows_parked.fetch_add(1, Relaxed),
+                    (false, _) => 0,
+                };
+                Access::Done(value)
             }
             Csr::QpMap(i) => {
                 self.qp_map[i] = value;
@@ -226,7 +238,9 @@ impl Chip {
             }
             Csr::RcvArray(i) => {
                 // Out-of-range indices are counted by the RcvArray itself.
-                self.rcv_array.write(i, value, counters);
+                if self.rcv_array.write(i, value, counters) && self.is_expected_entry(i) {
+                    counters.rcv_array_expected_programmed.fetch_add(1, Relaxed);
+                }
                 Access::Done(value)
             }
             Csr::Loopback(rel) => Access::Loopback(rel),

@@ -34,6 +34,15 @@ counters! {
     rcv_array_bad_index,
     /// RcvArray values adopted (programmed or invalidated) from a trapped write or from shared memory.
     rcv_array_adopted,
+    /// RcvArray entries programmed with a buffer inside a context's expected (TID) range of RCV_TID_CTRL:
+    /// the TIDs a driver set up for expected receive (eager buffers lie outside that range).
+    rcv_array_expected_programmed,
+    /// RCV_TID_FLOW_TABLE writes that make a flow valid on a generation other than the kernel's reserved
+    /// 0xFFFFF: a flow set up for a TID RDMA segment (kern_set_hw_flow from hfi1_kern_setup_hw_flow).
+    flows_programmed,
+    /// RCV_TID_FLOW_TABLE writes that park a flow on the reserved generation 0xFFFFF (kern_clear_hw_flow,
+    /// hfi1_kern_init_ctxt_generations).
+    flows_parked,
     /// Packets offered to the receive engine.
     rx_packets,
     /// Packets whose payload was placed.
@@ -83,6 +92,11 @@ counters! {
     wire_rx_kdeth_suppressed,
     /// Payload bytes placed through TIDs.
     wire_rx_kdeth_bytes,
+    /// Of those, the bytes of TID RDMA READ responses (opcode 0xE5): READ data landing at the requester.
+    wire_rx_kdeth_read_resp_bytes,
+    /// Of those, the bytes of TID RDMA WRITE DATA and WRITE DATA LAST (0xE2, 0xE3): WRITE data landing at the
+    /// responder.
+    wire_rx_kdeth_write_data_bytes,
     /// KDETH packets delivered as error entries (flow sequence or generation, TID, eager space, KDETH header).
     wire_rx_kdeth_errors,
     /// KDETH packets shorter than their header (RHF KHdrMinLenErr).
@@ -138,7 +152,7 @@ mod tests {
         let c = Counters::default();
         c.rx_gen_mismatch.fetch_add(2, Ordering::Relaxed);
         let snap = c.snapshot();
-        assert_eq!(snap.len(), 50);
+        assert_eq!(snap.len(), 55);
         assert!(snap.contains(&("rx_gen_mismatch", 2)));
         c.reset();
         assert!(c.snapshot().iter().all(|(_, v)| *v == 0));

@@ -51,9 +51,14 @@ struct Hfi {
     irqs: Arc<Irqs>,
     mem: Arc<HeapMemory>,
     probe: Arc<crate::probe::Probe>,
+    engine: Arc<Hfi1>,
 }
 
 impl Hfi {
+    fn counter(&self, name: &str) -> u64 {
+        self.engine.counters().into_iter().find(|(n, _)| *n == name).map(|(_, v)| v).unwrap()
+    }
+
     fn r(&self, off: u64) -> u64 {
         let mut b = [0u8; 8];
         self.f.region_read(region::BAR0, off, &mut b).unwrap();
@@ -109,13 +114,14 @@ fn pair() -> (Hfi, Hfi) {
     Hfi1::connect(&ea, &eb, Duration::ZERO).unwrap();
     let hfi = |e: Hfi1| {
         let probe = crate::engine::Engine::probe(&e);
-        let f = Function::try_new(Arc::new(e), PciIds::hfi1_wfr_default()).unwrap();
+        let engine = Arc::new(e);
+        let f = Function::try_new(engine.clone(), PciIds::hfi1_wfr_default()).unwrap();
         let (irqs, mem) = (Arc::new(Irqs::default()), Arc::new(HeapMemory::new()));
         f.attach(DeviceContext { dma: mem.clone() as Arc<dyn DmaAccess>, irq: irqs.clone() });
         // pci_enable_device, bus master, MSI-X on.
         f.region_write(region::CONFIG, 0x04, &0x0006u16.to_le_bytes()).unwrap();
         f.region_write(region::CONFIG, 0xB2, &0x8000u16.to_le_bytes()).unwrap();
-        Hfi { f, irqs, mem, probe }
+        Hfi { f, irqs, mem, probe, engine }
     };
     (hfi(ea), hfi(eb))
 }
@@ -531,6 +537,12 @@ fn a_tid_rdma_read_response_segment_lands_in_the_requesters_tids_with_one_header
     assert_eq!(b.r(tid_flow_csr(KCTXT, KFLOW)) & 0x7FFF_FFFF, (KGEN << 11) | 3);
     // Nothing reached the verbs context.
     assert_eq!(b.r(uctxt_csr(RCV_HDR_TAIL, 1)), 0);
+    // The counters the guest's TID RDMA steps read: the pair and the flow tid_context programmed, and
+    // every byte of the segment placed as READ response data.
+    assert_eq!(b.counter("rcv_array_expected_programmed"), 2);
+    assert_eq!(b.counter("flows_programmed"), 1);
+    assert_eq!(b.counter("wire_rx_kdeth_read_resp_bytes"), 12288);
+    assert_eq!(b.counter("wire_rx_kdeth_write_data_bytes"), 0);
 }
 
 /// The control requests a session file holds.

@@ -58,6 +58,10 @@ pub enum FlowCheck {
     SeqMismatch,
 }
 
+/// The generation the kernel parks an unused flow on (KERN_GENERATION_RESERVED, tid_rdma.c:47-48): the chip
+/// gives it no meaning; the counters tell a flow set up for a segment from a parked one by it.
+pub const KERN_GENERATION_RESERVED: u32 = RCV_TID_FLOW_TABLE_GEN_MASK as u32;
+
 /// The flow tables of every context.
 pub struct FlowTable {
     raw: Vec<[u64; RXE_NUM_TID_FLOWS]>,

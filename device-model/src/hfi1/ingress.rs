@@ -25,7 +25,9 @@ use super::regs::*;
 use super::rhq::{Arrival, Refusal};
 use super::shared::Shared;
 use super::wfr::{Wfr, IS_RCVAVAIL_START};
-use crate::hfi1::cable::wire::{ICRC_BYTES, SC_VL15};
+use crate::hfi1::cable::wire::{
+    ICRC_BYTES, OPCODE_TID_RDMA_READ_RESP, OPCODE_TID_RDMA_WRITE_DATA, OPCODE_TID_RDMA_WRITE_DATA_LAST, SC_VL15,
+};
 use crate::trace::{Block, Level, Val};
 
 /// Packets the port queues for its worker at most; more are dropped (counted).
@@ -153,7 +155,15 @@ fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, d: Delivery, ep
     if let Some((placement, range)) = &d.tid {
         let payload = pkt.bytes.get(range.clone()).unwrap_or_default();
         if rcv::place(dma, placement, payload, counters) == rcv::RxResult::Placed {
-            counters.wire_rx_kdeth_bytes.fetch_add(payload.len() as u64, Relaxed);
+            let n = payload.len() as u64;
+            counters.wire_rx_kdeth_bytes.fetch_add(n, Relaxed);
+            match pkt.opcode() {
+                OPCODE_TID_RDMA_READ_RESP => counters.wire_rx_kdeth_read_resp_bytes.fetch_add(n, Relaxed),
+                OPCODE_TID_RDMA_WRITE_DATA | OPCODE_TID_RDMA_WRITE_DATA_LAST => {
+                    counters.wire_rx_kdeth_write_data_bytes.fetch_add(n, Relaxed)
+                }
+                _ => 0,
+            };
         }
     }
     trace_kdeth(shared, pkt, &d);

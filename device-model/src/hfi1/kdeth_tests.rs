@@ -332,3 +332,21 @@ fn a_corrupted_expected_packet_makes_an_icrc_err_entry_and_is_not_placed() {
     assert_eq!((field(rhf, 12, 7), d.tid), (0, None));
     assert_eq!(next_psn(&c), full_flow_psn(GEN, 0), "the flow still expects it");
 }
+
+/// What the guest's TID RDMA steps count: the setup above is the kernel's own programming (8 eager buffers
+/// outside the expected range, one TID pair inside it, one flow on a live generation); kern_clear_hw_flow then
+/// parks the flow on KERN_GENERATION_RESERVED without HDR_SUPP_EN (tid_rdma.c:735-752, 772-778), and
+/// PT_INVALID (BUF_SIZE 0) releases a TID without programming one.
+#[test]
+fn programmed_tids_and_flows_are_counted_apart_from_eager_buffers_parked_flows_and_invalidations() {
+    let (mut c, n) = chip(0);
+    assert_eq!(n.rcv_array_expected_programmed.load(Relaxed), 2);
+    assert_eq!(n.flows_programmed.load(Relaxed), 1);
+    assert_eq!(n.flows_parked.load(Relaxed), 0);
+    let parked = (0xF_FFFF << 11) | (0x6D << 32);
+    c.write(tid_flow_csr(CTXT as u64, u64::from(FLOW)), parked, &n);
+    assert_eq!(n.flows_parked.load(Relaxed), 1);
+    assert_eq!(n.flows_programmed.load(Relaxed), 1);
+    c.write(RCV_ARRAY + 8 * (TID_BASE + 4), 1 << 63, &n);
+    assert_eq!(n.rcv_array_expected_programmed.load(Relaxed), 2);
+}

@@ -116,27 +116,36 @@ impl RcvArray {
         self.entries.len()
     }
 
-    fn adopt(&mut self, index: usize, value: u64, counters: &Counters) {
-        let Some(slot) = self.entries.get_mut(index) else { return };
+    /// Returns whether the entry now points at a buffer it was given by this value.
+    fn adopt(&mut self, index: usize, value: u64, counters: &Counters) -> bool {
+        let Some(slot) = self.entries.get_mut(index) else { return false };
         // Only writes with WRITE_ENABLE count as the fault's events: the ones that change an entry.
         if let Some(p) = self.probe.as_ref().filter(|_| value & RCV_ARRAY_RT_WRITE_ENABLE_SMASK != 0) {
             if p.fault(FaultKind::RcvarrayIgnore, |f| f.index.is_none_or(|i| i == index as u64)).is_some() {
-                return;
+                return false;
             }
         }
-        match judge(value) {
+        let programmed = match judge(value) {
             Judgement::Ignored => {
                 counters.rcv_array_no_write_enable.fetch_add(1, Ordering::Relaxed);
-                return;
+                return false;
             }
-            Judgement::Invalidate => *slot = None,
-            Judgement::Program(e) => *slot = Some(e),
+            Judgement::Invalidate => {
+                *slot = None;
+                false
+            }
+            Judgement::Program(e) => {
+                *slot = Some(e);
+                true
+            }
             Judgement::BadSize(_) => {
                 counters.rcv_array_bad_buf_size.fetch_add(1, Ordering::Relaxed);
                 *slot = None;
+                false
             }
-        }
+        };
         counters.rcv_array_adopted.fetch_add(1, Ordering::Relaxed);
+        programmed
     }
 
     /// Takes shared word `index` and adopts it. A taken 0 is indistinguishable from "nothing written" and is
@@ -156,14 +165,15 @@ impl RcvArray {
         }
     }
 
-    /// A trapped write of `value` to entry `index`: older shared stores first, then this value.
-    pub fn write(&mut self, index: u64, value: u64, counters: &Counters) {
+    /// A trapped write of `value` to entry `index`: older shared stores first, then this value. Returns
+    /// whether this value programmed the entry (a buffer, not an invalidation).
+    pub fn write(&mut self, index: u64, value: u64, counters: &Counters) -> bool {
         let Some(i) = usize::try_from(index).ok().filter(|i| *i < self.entries.len()) else {
             counters.rcv_array_bad_index.fetch_add(1, Ordering::Relaxed);
-            return;
+            return false;
         };
         self.sync(i, counters);
-        self.adopt(i, value, counters);
+        self.adopt(i, value, counters)
     }
 
     /// The effective entry `index` after adopting any pending shared store. `None` if invalid or out of range.

@@ -44,6 +44,10 @@ const RC: u8 = 0x00;
 const UC: u8 = 0x20;
 const UD: u8 = 0x60;
 pub const OPCODE_TID_RDMA: u8 = 0xE0;
+/// The TID RDMA opcodes that carry data through TIDs (include/rdma/tid_rdma_defs.h:76-95).
+pub const OPCODE_TID_RDMA_WRITE_DATA: u8 = OPCODE_TID_RDMA + 0x2;
+pub const OPCODE_TID_RDMA_WRITE_DATA_LAST: u8 = OPCODE_TID_RDMA + 0x3;
+pub const OPCODE_TID_RDMA_READ_RESP: u8 = OPCODE_TID_RDMA + 0x5;
 const TID_RDMA_OPCODES: u8 = 8;
 pub const OPCODE_CNP: u8 = 0x80;
 

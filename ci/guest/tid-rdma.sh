@@ -1,0 +1,280 @@
+# The kernel's own TID RDMA over the two emulated HFIs (rdma_emu.tid_rdma=1, ci/run-qemu.sh --tid-rdma): hfi1
+# loaded with cap_mask TID_RDMA and OPFN, RDMA READ and WRITE of 256 KiB and more from perftest and
+# verbs-check, and the evidence that the kernel's TID RDMA ran on our RcvArray and flow table. Sourced by /init
+# after fabric.sh, whose helpers it uses (host_request, run_pair, kprobe_count_start, kprobe_count, ...);
+# docs/kernel-tid-rdma.md maps each step to the kernel functions and what the device saw.
+
+# shellcheck disable=SC2154 # t: set by init's begin
+TID_JSON=/tmp/tid-rdma.json
+# The four seed functions, counted by kprobe events (kprobe_profile). kern_reserve_flow is inlined: its
+# evidence is the hfi1_tid_flow_alloc tracepoint and the flow-table writes the device model counts.
+TID_KFUNCS="hfi1_setup_wqe hfi1_kern_exp_rcv_setup hfi1_kern_setup_hw_flow queue_qp_for_tid_wait"
+# Tracepoints counted by hist triggers in a trace instance of our own: OPFN's negotiation (opfn.c) and the
+# flow reservations (hfi1_kern_exp_rcv_setup's hfi1_tid_flow_alloc, tid_rdma.c).
+TID_EVENTS="hfi1_tid/hfi1_opfn_state_conn_request hfi1_tid/hfi1_opfn_state_conn_response \
+hfi1_tid/hfi1_opfn_state_conn_reply hfi1_tid/hfi1_opfn_param hfi1_tid/hfi1_tid_flow_alloc"
+# Work requests by opcode after hfi1_setup_wqe (rdmavt's rvt_post_one_wr), and packets sent by opcode.
+TID_WR_EVENT=rvt_tx/rvt_post_one_wr
+TID_WIRE_EVENTS="hfi1_ibhdrs/sdma_output_ibhdr hfi1_ibhdrs/pio_output_ibhdr hfi1_ibhdrs/ack_output_ibhdr"
+# The device model's counters (both HFIs summed; docs/hfi1-fabric.md "TID RDMA on the wire").
+TID_DM_COUNTERS="wire_rx_kdeth_read_resp_bytes wire_rx_kdeth_write_data_bytes flows_programmed \
+rcv_array_expected_programmed wire_rx_kdeth_expected wire_rx_kdeth_suppressed wire_rx_kdeth_eager \
+wire_rx_kdeth_errors rx_seq_mismatch rx_gen_mismatch rx_tid_invalid_entry"
+# HFI1_CAP_TID_RDMA and HFI1_CAP_OPFN (include/uapi/rdma/hfi/hfi1_user.h:98, 109).
+TID_CAPS=$((0x20 | 0x10000))
+# IB_WR_TID_RDMA_WRITE / _READ = IB_WR_RESERVED1 / 2 (include/rdma/tid_rdma_defs.h, ib_verbs.h: 0xf0, 0xf1);
+# IB_WR_RDMA_WRITE 0, IB_WR_RDMA_READ 4.
+TID_WR_TID_WRITE=240 TID_WR_TID_READ=241
+TID_INST=$TRACING/instances/rdmaemu-tid
+TID_BYTES=262144
+
+# --- counting ------------------------------------------------------------------------------------------------
+# A hist trigger's total hits ("Hits: N" of its hist file), 0 without one.
+hist_total() { # system/event
+    awk '/^ *Hits:/ { print $2; found = 1 } END { if (!found) print 0 }' "$TID_INST/events/$1/hist" 2>/dev/null
+}
+# "PREFIX.KEY=HITS ..." of hist triggers keyed on opcode, summed over the events given.
+hist_by_opcode() { # prefix system/event...
+    p=$1; shift
+    for e in "$@"; do cat "$TID_INST/events/$e/hist" 2>/dev/null; done \
+        | awk -v p="$p" '/^\{ opcode:/ { n[$3] += $6 } END { for (k in n) printf "%s.%s=%d ", p, k, n[k] }'
+}
+
+# One snapshot of every count the steps compare, and the kernel's RC counters (fabric.sh), as "NAME=VALUE ..."
+# in TID_SNAP (not echoed: host_request must run in this shell, which keeps the request sequence).
+TID_SNAP="" TID_SNAP_ERR=""
+tid_snapshot() {
+    s=""
+    for f in $TID_KFUNCS; do s="$s k.$f=$(kprobe_count "$f")"; done
+    for e in $TID_EVENTS; do s="$s e.${e#*/}=$(hist_total "$e")"; done
+    # shellcheck disable=SC2086 # event list
+    s="$s $(hist_by_opcode wr $TID_WR_EVENT) $(hist_by_opcode wire $TID_WIRE_EVENTS) $(rc_counters)"
+    # shellcheck disable=SC2086 # counter names
+    if host_request counters $TID_DM_COUNTERS; then
+        set -- $HOST_REPLY
+        for c in $TID_DM_COUNTERS; do s="$s d.$c=${1:-0}"; shift; done
+    else
+        TID_SNAP_ERR="the host gave no device counters: $HOST_REPLY"
+    fi
+    TID_SNAP=$s
+}
+
+# What moved between two snapshots, as a JSON object; a name missing from the first counts from 0 there (an
+# opcode's first packets).
+tid_moved() { # before after
+    awk -v before="$1" -v after="$2" 'BEGIN {
+        n = split(before, f, " "); for (i = 1; i <= n; i++) { split(f[i], kv, "="); b[kv[1]] = kv[2] }
+        n = split(after, f, " "); out = ""
+        for (i = 1; i <= n; i++) {
+            split(f[i], kv, "="); d = kv[2] - b[kv[1]]
+            if (kv[1] != "" && d != 0) out = out (out ? "," : "") "\"" kv[1] "\":" sprintf("%.0f", d)
+        }
+        print "{" out "}" }'
+}
+
+# A value of a tid_moved object (0 when it did not move).
+moved() { # json name
+    printf '%s' "$1" | tr ',{}' '\n' | awk -F: -v k="\"$2\"" '$1 == k { print $2; found = 1 } END { if (!found) print 0 }'
+}
+
+# --- steps ---------------------------------------------------------------------------------------------------
+# The driver took both bits; kprobes on the four functions and the hist triggers are armed.
+step_tid_setup() {
+    begin tid-setup
+    err=""
+    mask=$(cat /sys/module/hfi1/parameters/cap_mask 2>/dev/null)
+    [ $((${mask:-0} & TID_CAPS)) = "$TID_CAPS" ] || err="hfi1's cap_mask is ${mask:-unreadable}: TID_RDMA (0x20) or OPFN (0x10000) missing;"
+    grep -q '^tracefs ' /proc/mounts || mount -t tracefs tracefs "$TRACING" 2>/dev/null
+    echo 0 >"$TRACING/tracing_on"
+    for f in $TID_KFUNCS; do
+        kprobe_count_start "$f" 2>/dev/null || err="$err no kprobe on $f;"
+    done
+    mkdir -p "$TID_INST" 2>/dev/null
+    for e in $TID_EVENTS; do
+        echo 'hist:keys=common_pid' >"$TID_INST/events/$e/trigger" 2>/dev/null || err="$err no hist trigger on $e;"
+    done
+    for e in $TID_WR_EVENT $TID_WIRE_EVENTS; do
+        echo 'hist:keys=opcode' >"$TID_INST/events/$e/trigger" 2>/dev/null || err="$err no hist trigger on $e;"
+    done
+    # The negotiated parameters themselves, in the instance's buffer (a few events per queue pair).
+    echo 1 >"$TID_INST/events/hfi1_tid/hfi1_opfn_param/enable" 2>/dev/null
+    echo 1 >"$TID_INST/tracing_on"
+    tid_snapshot
+    TID_BASE=$TID_SNAP
+    [ -z "$TID_SNAP_ERR" ] || err="$err $TID_SNAP_ERR;"
+    members="\"cap_mask\":$(json_str "$mask"),\"kfuncs\":$(json_str "$TID_KFUNCS")"
+    if [ -z "$err" ]; then record tid-setup true "$t" "" "$members"
+    else record tid-setup false "$t" "${err# }" "$members"; fi
+}
+
+# A step's deltas: the members of its record and the checks. Sets TID_MOVED.
+tid_measure() { # before
+    tid_snapshot
+    TID_MOVED=$(tid_moved "$1" "$TID_SNAP")
+}
+
+# Checks shared by the traffic steps: what the kernel posted and what the device placed. Appends to err.
+tid_expect() { # what(read|write)
+    case "$1" in
+        read) wr=$TID_WR_TID_READ bytes=d.wire_rx_kdeth_read_resp_bytes wire=229 ;;
+        write) wr=$TID_WR_TID_WRITE bytes=d.wire_rx_kdeth_write_data_bytes wire=226 ;;
+    esac
+    [ "$(moved "$TID_MOVED" "wr.$wr")" -gt 0 ] || err="$err no TID RDMA $1 work request posted (IB_WR opcode $wr);"
+    [ "$(moved "$TID_MOVED" "$bytes")" -gt 0 ] || err="$err the device placed no TID RDMA $1 data through TIDs;"
+    [ "$(moved "$TID_MOVED" "wire.$wire")" -gt 0 ] || err="$err no TID RDMA $1 data packet (opcode $wire) sent;"
+    [ "$(moved "$TID_MOVED" "k.hfi1_kern_exp_rcv_setup")" -gt 0 ] || err="$err hfi1_kern_exp_rcv_setup never ran;"
+}
+
+# perftest's READ or WRITE bandwidth at 256 KiB: it checks no data, the deltas show the path it took.
+step_tid_perftest() { # step what tool args...
+    name=$1 what=$2; shift 2
+    begin "$name"; host_deadline "$name" "$KDRIVER_TIMEOUT"
+    tid_snapshot; before=$TID_SNAP
+    run_pair "$KDRIVER_TIMEOUT" "$@"
+    tid_measure "$before"
+    host_deadline_end "$name"
+    err=""
+    line=$(awk '$1 ~ /^[0-9]+$/ && NF >= 4 { l = $0 } END { print l }' /tmp/client.out)
+    [ "$PAIR_RC" = 0 ] && [ -n "$line" ] || err="$*: $(timeout_msg "$PAIR_RC" "$KDRIVER_TIMEOUT"): $(pair_tail);"
+    tid_expect "$what"
+    # shellcheck disable=SC2086 # the result line's fields
+    set -- $line
+    members="\"result\":$(json_str "$line"),\"bw_avg_mb_s\":${4:-null},\"moved\":$TID_MOVED"
+    if [ -z "$err" ]; then record "$name" true "$t" "" "$members"
+    else record "$name" false "$t" "${err# }" "$members"; fi
+}
+
+# verbs-check: WRITE then READ, every byte and the guards compared. The first 4 KiB transfer lets OPFN
+# negotiate (work requests posted before it completes use plain RDMA); the page-aligned transfers of 256 KiB
+# and more then go by TID RDMA, the ones a byte off a page by plain RDMA (setup_tid_rdma_wqe's conditions).
+TID_CHECK_SIZES=4096,262144,1M,4M
+step_tid_verbs_check() {
+    begin tid-verbs-check; host_deadline tid-verbs-check "$KDRIVER_TIMEOUT"
+    tid_snapshot; before=$TID_SNAP
+    run_to "$KDRIVER_TIMEOUT" verbs-check -a "$FABRIC_A" -b "$FABRIC_B" -s "$TID_CHECK_SIZES" -t "$((KDRIVER_TIMEOUT - 10))"
+    rc=$?
+    tid_measure "$before"
+    host_deadline_end tid-verbs-check
+    err=""
+    summary=$(grep '"summary"' "$OUT" | tail -n 1)
+    [ "$rc" = 0 ] && [ -n "$summary" ] || err="verbs-check: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
+    tid_expect read
+    tid_expect write
+    members="\"summary\":${summary:-null},\"moved\":$TID_MOVED,\"output\":$(json_str "$(head -c 16384 "$OUT")")"
+    if [ -z "$err" ]; then record tid-verbs-check true "$t" "" "$members"
+    else record tid-verbs-check false "$t" "${err# }" "$members"; fi
+}
+
+# OPFN negotiated: request, response and reply on the queue pairs, and each side's parameters (hfi1_opfn_param:
+# the peer's KDETH QP 0x80 << 16 | ctxt and a 256 KiB segment, tid_rdma_opfn_init).
+step_tid_opfn() {
+    begin tid-opfn
+    err=""
+    tid_measure "$TID_BASE"
+    for e in $TID_EVENTS; do
+        case "$e" in *opfn*) [ "$(moved "$TID_MOVED" "e.${e#*/}")" -gt 0 ] || err="$err no ${e#*/} event;" ;; esac
+    done
+    remote=$(grep -m 1 'remote' "$TID_INST/trace" 2>/dev/null | sed 's/^.*hfi1_opfn_param: //')
+    case "$remote" in
+        *"max length 262144"*) ;;
+        *) err="$err no remote OPFN parameters with a 256 KiB segment: ${remote:-none};" ;;
+    esac
+    members="\"remote_params\":$(json_str "$remote"),\"moved\":$TID_MOVED"
+    if [ -z "$err" ]; then record tid-opfn true "$t" "" "$members"
+    else record tid-opfn false "$t" "${err# }" "$members"; fi
+}
+
+# More queue pairs with TID RDMA READs in flight than a receive context has flows (32, RXE_NUM_TID_FLOWS): a
+# QP holds one flow while its segment is in flight, so hfi1_kern_setup_hw_flow finds none free and queues the
+# QP (queue_qp_for_tid_wait, tid_rdma.c:815), which resumes when a flow is released. perftest on 40 QPs with two
+# READs in flight each keeps more than 32 segments in flight; verbs-check on 40 pairs (one transfer each at a
+# time, so fewer in flight) then compares every byte under the same load. Each TID QP allocates flow state for
+# every send queue entry and responder slot (hfi1_qp_priv_init, order-2 pages): 40 QPs a side do not fit the
+# 512 MiB guest next to opa-fm's sm (330 MiB), whose sweeps are done, so it is stopped first (the ports stay
+# ACTIVE without it).
+TID_EXHAUST_QPS=40
+step_tid_exhaust() {
+    begin tid-exhaust-flows; host_deadline tid-exhaust-flows "$KDRIVER_TIMEOUT"
+    sm_stop 30
+    tid_snapshot; before=$TID_SNAP
+    run_pair "$KDRIVER_TIMEOUT" ib_read_bw -q "$TID_EXHAUST_QPS" -s "$TID_BYTES" -n 10 -t 2
+    tid_measure "$before"
+    host_deadline_end tid-exhaust-flows
+    err=""
+    line=$(awk '$1 ~ /^[0-9]+$/ && NF >= 4 { l = $0 } END { print l }' /tmp/client.out)
+    [ "$PAIR_RC" = 0 ] && [ -n "$line" ] || err="ib_read_bw -q $TID_EXHAUST_QPS: $(timeout_msg "$PAIR_RC" "$KDRIVER_TIMEOUT"): $(pair_tail);"
+    tid_expect read
+    [ "$(moved "$TID_MOVED" k.queue_qp_for_tid_wait)" -gt 0 ] || err="$err queue_qp_for_tid_wait never ran;"
+    members="\"qps\":$TID_EXHAUST_QPS,\"result\":$(json_str "$line"),\"moved\":$TID_MOVED"
+    if [ -z "$err" ]; then record tid-exhaust-flows true "$t" "" "$members"
+    else record tid-exhaust-flows false "$t" "${err# }" "$members"; fi
+
+    begin tid-exhaust-check; host_deadline tid-exhaust-check "$KDRIVER_TIMEOUT"
+    tid_snapshot; before=$TID_SNAP
+    run_to "$KDRIVER_TIMEOUT" verbs-check -a "$FABRIC_A" -b "$FABRIC_B" -q "$TID_EXHAUST_QPS" -s 4096,262144 \
+        -t "$((KDRIVER_TIMEOUT - 10))"
+    rc=$?
+    tid_measure "$before"
+    host_deadline_end tid-exhaust-check
+    err=""
+    summary=$(grep '"summary"' "$OUT" | tail -n 1)
+    [ "$rc" = 0 ] && [ -n "$summary" ] || err="verbs-check -q $TID_EXHAUST_QPS: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
+    tid_expect read
+    tid_expect write
+    members="\"pairs\":$TID_EXHAUST_QPS,\"summary\":${summary:-null},\"moved\":$TID_MOVED"
+    if [ -z "$err" ]; then record tid-exhaust-check true "$t" "" "$members"
+    else record tid-exhaust-check false "$t" "${err# }" "$members"; fi
+}
+
+# The cable loses, reorders or corrupts packets of TID flows while verbs-check moves data with every byte
+# compared: READ responses arrive at hfi1_0 (hfi1-wfr), WRITE data at hfi1_1 (hfi1-wfr1). A lost or corrupted
+# expected packet leaves its flow behind, the next one makes a FLOW_SEQ_ERR entry, and the kernel restarts the
+# READ from the flow's next PSN or NAKs the WRITE (hfi1_handle_kdeth_eflags, tid_rdma.c:2746-2811, 2956-3029).
+TID_FAULT_SIZES=4096,262144,1M
+step_tid_fault() { # step device spec
+    name=$1 fdev=$2 spec=$3
+    begin "$name"; host_deadline "$name" "$KDRIVER_TIMEOUT"
+    err="" fired=""
+    tid_snapshot; before=$TID_SNAP
+    if host_request fault "$fdev" "$spec"; then
+        run_to "$KDRIVER_TIMEOUT" verbs-check -a "$FABRIC_A" -b "$FABRIC_B" -s "$TID_FAULT_SIZES" -t "$((KDRIVER_TIMEOUT - 10))"
+        rc=$?
+        summary=$(grep '"summary"' "$OUT" | tail -n 1)
+        [ "$rc" = 0 ] && [ -n "$summary" ] || err="verbs-check: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
+    else
+        err="arming $fdev:$spec: $HOST_REPLY;"
+    fi
+    if host_request fault-clear; then fired=$HOST_REPLY; else err="$err clearing the faults: $HOST_REPLY;"; fi
+    [ "${fired:-0}" -gt 0 ] 2>/dev/null || err="$err the fault never fired;"
+    tid_measure "$before"
+    host_deadline_end "$name"
+    members="\"fault\":$(json_str "$fdev:$spec"),\"fired\":${fired:-null},\"summary\":${summary:-null},\"moved\":$TID_MOVED"
+    if [ -z "$err" ]; then record "$name" true "$t" "" "$members"
+    else record "$name" false "$t" "${err# }" "$members"; fi
+}
+
+# --- the run -------------------------------------------------------------------------------------------------
+run_tid_rdma() {
+    step_tid_setup
+    # perftest posts up to its send queue depth at once, and only work requests posted after OPFN finished go by
+    # TID RDMA: whether its WRITE warm-up gets OPFN done before the measured WRITEs are posted is a race, so
+    # both run at a depth of 4, which leaves most of the 40 to TID RDMA.
+    step_tid_perftest tid-read-bw read ib_read_bw -s "$TID_BYTES" -n 40 -t 4
+    step_tid_perftest tid-write-bw write ib_write_bw -s "$TID_BYTES" -n 40 -t 4
+    step_tid_verbs_check
+    step_tid_opfn
+    step_tid_fault tid-fault-read-drop hfi1-wfr "cable-drop,prob=0.02,seed=7,count=3"
+    step_tid_fault tid-fault-read-reorder hfi1-wfr "cable-reorder,prob=0.02,seed=5,count=3"
+    step_tid_fault tid-fault-write-corrupt hfi1-wfr1 "cable-corrupt,prob=0.02,seed=11,count=3,byte=200"
+    step_tid_exhaust
+    # The result's kernel_functions and tid_rdma: everything since tid-setup.
+    tid_measure "$TID_BASE"
+    kf=""
+    for f in $TID_KFUNCS; do kf="$kf${kf:+,}\"$f\":$(moved "$TID_MOVED" "k.$f")"; done
+    echo "$kf" >"$KFUNC_JSON"
+    echo "{\"read_bytes\":$(moved "$TID_MOVED" d.wire_rx_kdeth_read_resp_bytes),\
+\"write_bytes\":$(moved "$TID_MOVED" d.wire_rx_kdeth_write_data_bytes),\
+\"flows_programmed\":$(moved "$TID_MOVED" d.flows_programmed),\
+\"rcvarray_entries_programmed\":$(moved "$TID_MOVED" d.rcv_array_expected_programmed),\
+\"moved\":$TID_MOVED}" >"$TID_JSON"
+}
