@@ -382,15 +382,12 @@ fn verbs_context(h: &Hfi) {
     h.route_irq(RCVAVAIL_SOURCE + 1, 1);
 }
 
-#[test]
-fn a_ud_packet_gathered_by_sdma_lands_in_the_peers_verbs_context() {
-    let (a, b) = pair();
-    link_up(&a, &b);
-    sdma_engine(&a);
-    verbs_context(&b);
-    // LRH (VL 0, DLID 2, SLID 1), BTH (UD SEND_ONLY, QP 5), DETH; 1000 bytes of payload, pad 0.
+/// A UD packet as two descriptors at ring index `at` (sdma.h): FIRST with PBC and header; LAST with the payload,
+/// HEAD_TO_HOST, and INT_REQ when asked; generation 0. Its LRH: VL 0, DLID 2, SLID 1; BTH: UD SEND_ONLY, QP 5;
+/// then DETH and 1000 bytes of payload, pad 0. Returns the payload and the packet's length in dwords.
+fn ud_packet_by_sdma(a: &Hfi, at: u64, int_req: bool) -> (Vec<u8>, u16) {
     let mut hdr = vec![0u8; 28];
-    let payload: Vec<u8> = (0..1000).map(|i| (i * 7) as u8).collect();
+    let payload: Vec<u8> = (0..1000).map(|i| (i * 7 + at as usize) as u8).collect();
     let dwords = ((hdr.len() + payload.len() + 4) / 4) as u16;
     hdr[1] = 0x2;
     hdr[2..4].copy_from_slice(&2u16.to_be_bytes());
@@ -401,15 +398,27 @@ fn a_ud_packet_gathered_by_sdma_lands_in_the_peers_verbs_context() {
     let pbc = (((hdr.len() + payload.len()) / 4) + 2) as u64;
     let mut first = pbc.to_le_bytes().to_vec();
     first.extend_from_slice(&hdr);
-    a.mem.write(BUFS, &first).unwrap();
-    a.mem.write(BUFS + 0x1000, &payload).unwrap();
-    // Two descriptors (sdma.h): FIRST with PBC and header; LAST with the payload, HEAD_TO_HOST; generation 0.
-    let d0 = (1u64 << 63) | ((first.len() as u64) << 48) | BUFS;
-    let d1 = (1u64 << 62) | ((payload.len() as u64) << 48) | (BUFS + 0x1000);
-    for (i, (q0, q1)) in [(d0, 0u64), (d1, 1u64)].into_iter().enumerate() {
-        a.mem.write(RING + 16 * i as u64, &q0.to_le_bytes()).unwrap();
-        a.mem.write(RING + 16 * i as u64 + 8, &q1.to_le_bytes()).unwrap();
+    let (buf0, buf1) = (BUFS + at * 0x2000, BUFS + at * 0x2000 + 0x1000);
+    a.mem.write(buf0, &first).unwrap();
+    a.mem.write(buf1, &payload).unwrap();
+    let d0 = (1u64 << 63) | ((first.len() as u64) << 48) | buf0;
+    let d1 = (1u64 << 62) | ((payload.len() as u64) << 48) | buf1;
+    let last = 1 | if int_req { 1 << 1 } else { 0 }; // HEAD_TO_HOST, INT_REQ
+    for (i, (q0, q1)) in [(d0, 0u64), (d1, last)].into_iter().enumerate() {
+        let slot = RING + 16 * (at + i as u64);
+        a.mem.write(slot, &q0.to_le_bytes()).unwrap();
+        a.mem.write(slot + 8, &q1.to_le_bytes()).unwrap();
     }
+    (payload, dwords)
+}
+
+#[test]
+fn a_ud_packet_gathered_by_sdma_lands_in_the_peers_verbs_context() {
+    let (a, b) = pair();
+    link_up(&a, &b);
+    sdma_engine(&a);
+    verbs_context(&b);
+    let (payload, dwords) = ud_packet_by_sdma(&a, 0, false);
     a.w(SEND_DMA_TAIL, 2); // sdma_update_tail: the doorbell
     assert!(a.irqs.wait(3), "SDmaIdle");
     assert_eq!(a.r(SEND_DMA_HEAD), 2, "the live head");
@@ -418,6 +427,30 @@ fn a_ud_packet_gathered_by_sdma_lands_in_the_peers_verbs_context() {
     let rhf = u64::from_le_bytes(read(&b, HDRQ + 30 * 4, 8).try_into().unwrap());
     assert_eq!(rhf & 0xFFF, u64::from(dwords));
     assert_eq!(read(&b, EAGER, 1000), payload);
+}
+
+#[test]
+fn the_sources_one_sdma_completion_raises_reach_the_host_as_one_interrupt() {
+    let (a, b) = pair();
+    link_up(&a, &b);
+    sdma_engine(&a);
+    verbs_context(&b);
+    // The engine's SDMA (INT_REQ), progress and idle sources on its one vector, as the driver maps them.
+    a.route_irq(192, 3); // IS_SDMA_START + 0
+    a.route_irq(208, 3); // IS_SDMA_PROGRESS_START + 0
+    const STATUS_WORD: u64 = 8 * (192 / 64);
+    for round in 0..2u64 {
+        ud_packet_by_sdma(&a, 2 * round, true);
+        a.w(SEND_DMA_TAIL, 2 * (round + 1));
+        assert!(a.irqs.wait(3), "round {round}: the engine's vector");
+        // sdma_interrupt: read the status word under the engine's mask, clear what was read.
+        let status = a.r(CCE_INT_STATUS + STATUS_WORD);
+        assert_eq!(status & (1 << 0 | 1 << 32), 1 << 0 | 1 << 32, "round {round}: INT_REQ and idle both pending");
+        a.w(CCE_INT_CLEAR + STATUS_WORD, status);
+    }
+    // Round 1's doorbell is walked after every message of round 0 went out: a second message for round 0's
+    // sources would still be here.
+    assert_eq!(*a.irqs.got.lock().unwrap(), Vec::<u32>::new(), "one message per completion");
 }
 
 #[test]
