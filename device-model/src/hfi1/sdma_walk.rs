@@ -234,10 +234,10 @@ fn walk_once(shared: &Shared, dma: &dyn DmaAccess, walk: Walk, epoch: u64) -> bo
                 shared.counters.sdma_head_dma_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        // The sources one completion raises (INT_REQ, progress, idle: remap_sdma_interrupts maps all three to the engine's
-        // vector) reach the host as one message per vector. On the chip their edges are simultaneous and merge in
-        // the CPU's pending vector; sent one by one, the second finds the status the first handler already took
-        // ("SDMA engine N interrupt, but no status bits set", chip.c sdma_interrupt).
+        // The sources one completion raises (INT_REQ, progress, idle: remap_sdma_interrupts maps all three to
+        // the engine's vector) reach the host as one message per vector. On the chip their edges are simultaneous
+        // and merge in the CPU's pending vector; sent one by one, the second finds the status the first handler
+        // already took ("SDMA engine N interrupt, but no status bits set", chip.c sdma_interrupt).
         let mut vectors: Vec<u16> = Vec::new();
         if let Some(mut w) = shared.lock_wfr() {
             for v in progress.sources.into_iter().filter_map(|source| w.raise(source)) {
