@@ -192,22 +192,102 @@ fn flow_errors_make_expected_entries_with_the_kernels_receive_type_error_and_pla
     }
 }
 
+/// One arrival of a recovery scenario, or the kernel's write of the flow.
+enum Step {
+    /// Sequence `seq` of generation `gen`, 2 KiB at 2 KiB steps of TID pair 2's even entry; `last` clears SH.
+    Pkt { gen: u32, seq: u32, last: bool },
+    /// kern_set_hw_flow(`gen`) on the live flow: sequence 0, the status bits written 1 (FLOW_VALUE has them).
+    Program(u32),
+}
+
+/// What the kernel's receive path gets from a step: `None` when the packet is placed without an entry
+/// (suppressed), `Some(rte)` for an EXPECTED entry with RcvTypeErr `rte` (0: placed, the last of a segment;
+/// 2: FLOW_SEQ_ERR, 4: FLOW_GEN_ERR, neither placed), and the flow's next PSN afterwards (read_r_next_psn).
+type Seen = (Option<u64>, u32);
+
+/// The kernel's recoveries, as the flow table must carry them: the chip never advances a flow on an error,
+/// so the first FLOW_SEQ_ERR entry finds the first missing packet in the flow table (read_r_next_psn at
+/// tid_rdma.c:2798 and 2960). The READ restarts from the segment's start (restart_tid_rdma_read_req, 2639)
+/// and the kernel drops what lies behind that PSN (2766-2777); the WRITE is NAKed there (2956-2964,
+/// 3029-3035) and the sender resends from the NAK PSN (hfi1_tid_rdma_restart_req, 3068-3071). A duplicate
+/// behind the next PSN is an error that neither moves the flow nor places again. RESYNC reprograms the flow on
+/// the next generation at sequence 0 (hfi1_rc_rcv_tid_rdma_resync, 4911-4913; kern_set_hw_flow, 735-752):
+/// stale packets of the old generation are FLOW_GEN_ERR, which the kernel drops (READ, 2813-2818) or NAKs
+/// (WRITE, 2997-2998), and the new generation runs from 0.
 #[test]
-fn after_a_sequence_error_the_missing_packet_is_placed_and_the_flow_runs_on() {
-    // The READ recovery of handle_read_kdeth_eflags: packet 1 of a segment is lost, packet 2 makes a
-    // sequence error, the kernel reads the next PSN (packet 1) and the responder sends from there again.
-    let (mut c, n) = chip(0);
-    // 2 KiB packets at 2 KiB steps (32 blocks of 64 bytes).
-    let half = |seq: u32| K { payload: 2048, ..data(seq, 32 * seq, true) };
-    judge_k(&mut c, &n, &half(0)).unwrap();
-    let d = judge_k(&mut c, &n, &half(2)).unwrap();
-    assert_eq!(field(d.rhq.unwrap().rhf, 56, 7), 2);
-    assert_eq!(next_psn(&c), full_flow_psn(GEN, 1));
-    for seq in [1, 2] {
-        let d = judge_k(&mut c, &n, &half(seq)).unwrap();
-        assert_eq!((d.kind, d.rhq), (Kind::Expected, None));
+fn after_a_flow_error_the_flow_holds_the_first_missing_psn_and_the_kernels_resend_runs_on() {
+    use Step::*;
+    let p = |seq, last| Pkt { gen: GEN, seq, last };
+    let next = |seq| full_flow_psn(GEN, seq);
+    let scenarios: [(&str, Vec<(Step, Seen)>); 4] = [
+        (
+            "WRITE: packet 1 lost, NAK from the next PSN, resend 1..3",
+            vec![
+                (p(0, false), (None, next(1))),
+                (p(2, false), (Some(2), next(1))),
+                (p(3, true), (Some(2), next(1))),
+                (p(1, false), (None, next(2))),
+                (p(2, false), (None, next(3))),
+                (p(3, true), (Some(0), next(4))),
+            ],
+        ),
+        (
+            "READ: packet 2 lost, the segment requested again from its start",
+            vec![
+                (p(0, false), (None, next(1))),
+                (p(1, false), (None, next(2))),
+                (p(3, true), (Some(2), next(2))),
+                (p(0, false), (Some(2), next(2))),
+                (p(1, false), (Some(2), next(2))),
+                (p(2, false), (None, next(3))),
+                (p(3, true), (Some(0), next(4))),
+            ],
+        ),
+        (
+            "duplicates of a whole segment after it completed (an RC retry)",
+            vec![
+                (p(0, false), (None, next(1))),
+                (p(1, true), (Some(0), next(2))),
+                (p(0, false), (Some(2), next(2))),
+                (p(1, true), (Some(2), next(2))),
+                (p(2, false), (None, next(3))),
+            ],
+        ),
+        (
+            "RESYNC: the flow on the next generation, stale packets of the old one",
+            vec![
+                (p(0, false), (None, next(1))),
+                (p(2, false), (Some(2), next(1))),
+                (Program(GEN + 1), (None, full_flow_psn(GEN + 1, 0))),
+                (p(3, true), (Some(4), full_flow_psn(GEN + 1, 0))),
+                (Pkt { gen: GEN + 1, seq: 0, last: false }, (None, full_flow_psn(GEN + 1, 1))),
+                (Pkt { gen: GEN + 1, seq: 1, last: true }, (Some(0), full_flow_psn(GEN + 1, 2))),
+            ],
+        ),
+    ];
+    let status = RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK | RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK;
+    for (name, steps) in scenarios {
+        let (mut c, n) = chip(0);
+        for (i, (step, (entry, next_after))) in steps.into_iter().enumerate() {
+            match step {
+                Pkt { gen, seq, last } => {
+                    let k = K { psn: full_flow_psn(gen, seq), payload: 2048, ..data(seq, 32 * seq, !last) };
+                    let d = judge_k(&mut c, &n, &k).unwrap();
+                    let rte = d.rhq.map(|plan| decoded(plan.rhf).1);
+                    assert_eq!(rte, entry, "{name}, step {i}: the entry");
+                    let placed = d.tid.map(|(placement, _)| placement.iova);
+                    let want = (entry.unwrap_or(0) == 0).then_some(EVEN_BUF + 2048 * u64::from(seq));
+                    assert_eq!(placed, want, "{name}, step {i}: placed only when in sequence");
+                }
+                Program(gen) => {
+                    let value = (u64::from(gen) << 11) | (FLOW_VALUE & !(u64::from(GEN) << 11));
+                    c.write(tid_flow_csr(CTXT as u64, u64::from(FLOW)), value, &n);
+                    assert_eq!(flow_raw(&c) & status, 0, "{name}: kern_set_hw_flow clears the status");
+                }
+            }
+            assert_eq!(next_psn(&c), next_after, "{name}, step {i}: read_r_next_psn");
+        }
     }
-    assert_eq!(next_psn(&c), full_flow_psn(GEN, 3));
 }
 
 #[test]
