@@ -148,21 +148,27 @@ step_tid_perftest() { # step what tool args...
 # negotiate (work requests posted before it completes use plain RDMA); the page-aligned transfers of 256 KiB
 # and more then go by TID RDMA, the ones a byte off a page by plain RDMA (setup_tid_rdma_wqe's conditions).
 TID_CHECK_SIZES=4096,262144,1M,4M
-step_tid_verbs_check() {
-    begin tid-verbs-check; host_deadline tid-verbs-check "$KDRIVER_TIMEOUT"
+step_tid_verbs_check() { tid_check_step tid-verbs-check "" -s "$TID_CHECK_SIZES"; }
+
+# A verbs-check step: NAME, extra result members (JSON, with a trailing comma, or empty), then verbs-check's
+# own options. Every byte and the guards compared; TID READ and WRITE must both have run.
+tid_check_step() {
+    tc_name=$1 tc_extra=$2
+    shift 2
+    begin "$tc_name"; host_deadline "$tc_name" "$KDRIVER_TIMEOUT"
     tid_snapshot; before=$TID_SNAP
-    run_to "$KDRIVER_TIMEOUT" verbs-check -a "$FABRIC_A" -b "$FABRIC_B" -s "$TID_CHECK_SIZES" -t "$((KDRIVER_TIMEOUT - 10))"
+    run_to "$KDRIVER_TIMEOUT" verbs-check -a "$FABRIC_A" -b "$FABRIC_B" "$@" -t "$((KDRIVER_TIMEOUT - 10))"
     rc=$?
     tid_measure "$before"
-    host_deadline_end tid-verbs-check
+    host_deadline_end "$tc_name"
     err=""
     summary=$(grep '"summary"' "$OUT" | tail -n 1)
-    [ "$rc" = 0 ] && [ -n "$summary" ] || err="verbs-check: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
+    [ "$rc" = 0 ] && [ -n "$summary" ] || err="verbs-check $*: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
     tid_expect read
     tid_expect write
-    members="\"summary\":${summary:-null},\"moved\":$TID_MOVED,\"output\":$(json_str "$(head -c 16384 "$OUT")")"
-    if [ -z "$err" ]; then record tid-verbs-check true "$t" "" "$members"
-    else record tid-verbs-check false "$t" "${err# }" "$members"; fi
+    members="$tc_extra\"summary\":${summary:-null},\"moved\":$TID_MOVED,\"output\":$(json_str "$(head -c 16384 "$OUT")")"
+    if [ -z "$err" ]; then record "$tc_name" true "$t" "" "$members"
+    else record "$tc_name" false "$t" "${err# }" "$members"; fi
 }
 
 # OPFN negotiated: request, response and reply on the queue pairs, and each side's parameters (hfi1_opfn_param:
@@ -209,21 +215,7 @@ step_tid_exhaust() {
     if [ -z "$err" ]; then record tid-exhaust-flows true "$t" "" "$members"
     else record tid-exhaust-flows false "$t" "${err# }" "$members"; fi
 
-    begin tid-exhaust-check; host_deadline tid-exhaust-check "$KDRIVER_TIMEOUT"
-    tid_snapshot; before=$TID_SNAP
-    run_to "$KDRIVER_TIMEOUT" verbs-check -a "$FABRIC_A" -b "$FABRIC_B" -q "$TID_EXHAUST_QPS" -s 4096,262144 \
-        -t "$((KDRIVER_TIMEOUT - 10))"
-    rc=$?
-    tid_measure "$before"
-    host_deadline_end tid-exhaust-check
-    err=""
-    summary=$(grep '"summary"' "$OUT" | tail -n 1)
-    [ "$rc" = 0 ] && [ -n "$summary" ] || err="verbs-check -q $TID_EXHAUST_QPS: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
-    tid_expect read
-    tid_expect write
-    members="\"pairs\":$TID_EXHAUST_QPS,\"summary\":${summary:-null},\"moved\":$TID_MOVED"
-    if [ -z "$err" ]; then record tid-exhaust-check true "$t" "" "$members"
-    else record tid-exhaust-check false "$t" "${err# }" "$members"; fi
+    tid_check_step tid-exhaust-check "\"pairs\":$TID_EXHAUST_QPS," -q "$TID_EXHAUST_QPS" -s 4096,262144
 }
 
 # The cable loses, reorders or corrupts packets of TID flows while verbs-check moves data with every byte
