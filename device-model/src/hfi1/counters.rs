@@ -90,6 +90,9 @@ counters! {
     wire_rx_kdeth_expected,
     /// Of those, placed without a header queue entry (header suppression).
     wire_rx_kdeth_suppressed,
+    /// Of those, placed in sequence on a flow that had a sequence error since the driver last wrote it, so
+    /// their entries report FLOW_SEQ_ERR all the same (the kernel's software PSN check).
+    wire_rx_kdeth_placed_after_seq_err,
     /// Payload bytes placed through TIDs.
     wire_rx_kdeth_bytes,
     /// Of those, the bytes of TID RDMA READ responses (opcode 0xE5): READ data landing at the requester.
@@ -152,7 +155,7 @@ mod tests {
         let c = Counters::default();
         c.rx_gen_mismatch.fetch_add(2, Ordering::Relaxed);
         let snap = c.snapshot();
-        assert_eq!(snap.len(), 55);
+        assert_eq!(snap.len(), 56);
         assert!(snap.contains(&("rx_gen_mismatch", 2)));
         c.reset();
         assert!(c.snapshot().iter().all(|(_, v)| *v == 0));

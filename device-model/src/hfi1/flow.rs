@@ -3,8 +3,10 @@
 //!
 //! Decisions (the reference has only names): the 11-bit field at bits 10:0 is the expected sequence and
 //! advances on every accepted packet; KEEP_ON_GEN_ERR / KEEP_AFTER_SEQ_ERR decide whether FLOW_VALID survives a
-//! generation / sequence error; HDR_SUPP_EN matters on the wire only (kdeth.rs): the loopback block has no
-//! receive header queue to suppress.
+//! generation / sequence error; SEQ_MISMATCH, once set, marks every later packet of the flow as a sequence
+//! error until the driver writes the flow (the ones in sequence are still placed), which is what the kernel's
+//! software PSN check expects (docs/hfi1-fabric.md, "TID RDMA on the wire"); HDR_SUPP_EN matters on the wire
+//! only (kdeth.rs): the loopback block has no receive header queue to suppress.
 
 #![forbid(unsafe_code)]
 
@@ -50,6 +52,10 @@ impl FlowEntry {
 pub enum FlowCheck {
     /// Generation and sequence match: the packet may be placed; call [`FlowTable::accept`] once it is.
     Match,
+    /// Generation and sequence match, but the flow has had a sequence error since the driver last wrote it
+    /// (SEQ_MISMATCH still set): placed and accepted as on `Match`, and reported as a FLOW_SEQ_ERR all the same,
+    /// so the driver's software PSN check sees every packet until it writes the flow again.
+    MatchAfterSeqErr,
     /// FLOW_VALID is clear: no status bit, nothing changes.
     Invalid,
     /// GEN_MISMATCH was set (and FLOW_VALID cleared unless KEEP_ON_GEN_ERR).
@@ -104,6 +110,8 @@ impl FlowTable {
             FlowCheck::GenMismatch
         } else if e.sequence != sequence {
             FlowCheck::SeqMismatch
+        } else if e.seq_mismatch {
+            FlowCheck::MatchAfterSeqErr
         } else {
             FlowCheck::Match
         }
@@ -120,7 +128,7 @@ impl FlowTable {
             FlowCheck::SeqMismatch => {
                 (RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK, RCV_TID_FLOW_TABLE_CTRL_KEEP_AFTER_SEQ_ERR_SMASK)
             }
-            FlowCheck::Match | FlowCheck::Invalid => return,
+            FlowCheck::Match | FlowCheck::MatchAfterSeqErr | FlowCheck::Invalid => return,
         };
         if *raw & keep == 0 {
             *raw &= !RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK;

@@ -159,14 +159,22 @@ fn expected(
     };
     match judged {
         Ok(placement) => {
-            let suppressed = flow.hdr_supp_en && (p.kdeth0 >> KDETH_SH_SHIFT) & 1 != 0;
-            let rhq = if suppressed { None } else { Some(chip.rhq_reserve(ctxt, &entry(0), counters)?) };
+            // After a sequence error every packet of the flow reports one until the driver writes the flow, so the
+            // kernel's software PSN check (HFI1_R_TID_SW_PSN) sees each; an error is never suppressed.
+            let after_seq_err = outcome == FlowCheck::MatchAfterSeqErr;
+            let errors = if after_seq_err { RHF_RTE_EXPECTED_FLOW_SEQ_ERR << RHF_RCV_TYPE_ERR_SHIFT } else { 0 };
+            let suppressed = !after_seq_err && flow.hdr_supp_en && (p.kdeth0 >> KDETH_SH_SHIFT) & 1 != 0;
+            let rhq = if suppressed { None } else { Some(chip.rhq_reserve(ctxt, &entry(errors), counters)?) };
             if flow_checked {
                 chip.flows.accept(ctxt, p.flow());
             }
             counters.wire_rx_kdeth_expected.fetch_add(1, Relaxed);
             if suppressed {
                 counters.wire_rx_kdeth_suppressed.fetch_add(1, Relaxed);
+            }
+            if after_seq_err {
+                counters.wire_rx_kdeth_placed_after_seq_err.fetch_add(1, Relaxed);
+                counters.wire_rx_kdeth_errors.fetch_add(1, Relaxed);
             }
             Ok(Delivery { kind: Kind::Expected, rhq, tid: Some((placement, payload)) })
         }

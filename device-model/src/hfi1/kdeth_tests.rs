@@ -201,83 +201,99 @@ enum Step {
 }
 
 /// What the kernel's receive path gets from a step: `None` when the packet is placed without an entry
-/// (suppressed), `Some(rte)` for an EXPECTED entry with RcvTypeErr `rte` (0: placed, the last of a segment;
-/// 2: FLOW_SEQ_ERR, 4: FLOW_GEN_ERR, neither placed), and the flow's next PSN afterwards (read_r_next_psn).
-type Seen = (Option<u64>, u32);
+/// (suppressed), `Some(rte)` for an EXPECTED entry with RcvTypeErr `rte` (0: the last of a segment; 2:
+/// FLOW_SEQ_ERR, 4: FLOW_GEN_ERR); whether its payload was placed; and the flow's next PSN afterwards
+/// (read_r_next_psn).
+type Seen = (Option<u64>, bool, u32);
 
-/// The kernel's recoveries, as the flow table must carry them: the chip never advances a flow on an error,
-/// so the first FLOW_SEQ_ERR entry finds the first missing packet in the flow table (read_r_next_psn at
-/// tid_rdma.c:2798 and 2960). The READ restarts from the segment's start (restart_tid_rdma_read_req, 2639)
-/// and the kernel drops what lies behind that PSN (2766-2777); the WRITE is NAKed there (2956-2964,
-/// 3029-3035) and the sender resends from the NAK PSN (hfi1_tid_rdma_restart_req, 3068-3071). A duplicate
-/// behind the next PSN is an error that neither moves the flow nor places again. RESYNC reprograms the flow on
-/// the next generation at sequence 0 (hfi1_rc_rcv_tid_rdma_resync, 4911-4913; kern_set_hw_flow, 735-752):
-/// stale packets of the old generation are FLOW_GEN_ERR, which the kernel drops (READ, 2813-2818) or NAKs
-/// (WRITE, 2997-2998), and the new generation runs from 0.
+/// The kernel's recoveries, as the flow table must carry them. A mismatch never advances the flow, so the
+/// first FLOW_SEQ_ERR entry finds the first missing packet in the flow table (read_r_next_psn at
+/// tid_rdma.c:2798 and 2960). From then on the kernel checks PSNs in software (HFI1_R_TID_SW_PSN, set at 2801
+/// and 2958, cleared only where it writes the flow: 1812, 2554, 3501, 3528, 4920): it counts an entry whose PSN
+/// equals its own next PSN as received without copying anything (2780-2795, 2971-2993), and clears its NAK
+/// state there (2981), so that a later loss is NAKed again. So until the flow is written, every packet reports
+/// FLOW_SEQ_ERR, and the ones in sequence are placed and advance the flow. The READ restarts from the segment's
+/// start (restart_tid_rdma_read_req, 2639) and the kernel drops what lies behind that PSN (2766-2777); the WRITE
+/// is NAKed at the next PSN (2956-2964, 3029-3035) and the sender resends from there (hfi1_tid_rdma_restart_req,
+/// 3068-3071). RESYNC reprograms the flow on the next generation at sequence 0 (hfi1_rc_rcv_tid_rdma_resync,
+/// 4911-4913; kern_set_hw_flow, 735-752, writing the status bits clears them): stale packets of the old
+/// generation are FLOW_GEN_ERR, which the kernel drops (READ, 2813-2818) or NAKs (WRITE, 2997-2998), and the new
+/// generation runs from 0, suppressed again.
 #[test]
-fn after_a_flow_error_the_flow_holds_the_first_missing_psn_and_the_kernels_resend_runs_on() {
+fn after_a_sequence_error_the_flow_reports_every_packet_until_the_kernel_writes_it() {
     use Step::*;
     let p = |seq, last| Pkt { gen: GEN, seq, last };
     let next = |seq| full_flow_psn(GEN, seq);
-    let scenarios: [(&str, Vec<(Step, Seen)>); 4] = [
+    let scenarios: [(&str, Vec<(Step, Seen)>); 5] = [
         (
             "WRITE: packet 1 lost, NAK from the next PSN, resend 1..3",
             vec![
-                (p(0, false), (None, next(1))),
-                (p(2, false), (Some(2), next(1))),
-                (p(3, true), (Some(2), next(1))),
-                (p(1, false), (None, next(2))),
-                (p(2, false), (None, next(3))),
-                (p(3, true), (Some(0), next(4))),
+                (p(0, false), (None, true, next(1))),
+                (p(2, false), (Some(2), false, next(1))),
+                (p(3, true), (Some(2), false, next(1))),
+                (p(1, false), (Some(2), true, next(2))),
+                (p(2, false), (Some(2), true, next(3))),
+                (p(3, true), (Some(2), true, next(4))),
+            ],
+        ),
+        (
+            "WRITE: packet 1 lost, and packet 2 lost again in the resend: NAKed again from 2",
+            vec![
+                (p(0, false), (None, true, next(1))),
+                (p(2, false), (Some(2), false, next(1))),
+                (p(1, false), (Some(2), true, next(2))),
+                (p(3, true), (Some(2), false, next(2))),
+                (p(2, false), (Some(2), true, next(3))),
+                (p(3, true), (Some(2), true, next(4))),
             ],
         ),
         (
             "READ: packet 2 lost, the segment requested again from its start",
             vec![
-                (p(0, false), (None, next(1))),
-                (p(1, false), (None, next(2))),
-                (p(3, true), (Some(2), next(2))),
-                (p(0, false), (Some(2), next(2))),
-                (p(1, false), (Some(2), next(2))),
-                (p(2, false), (None, next(3))),
-                (p(3, true), (Some(0), next(4))),
+                (p(0, false), (None, true, next(1))),
+                (p(1, false), (None, true, next(2))),
+                (p(3, true), (Some(2), false, next(2))),
+                (p(0, false), (Some(2), false, next(2))),
+                (p(1, false), (Some(2), false, next(2))),
+                (p(2, false), (Some(2), true, next(3))),
+                (p(3, true), (Some(2), true, next(4))),
             ],
         ),
         (
             "duplicates of a whole segment after it completed (an RC retry)",
             vec![
-                (p(0, false), (None, next(1))),
-                (p(1, true), (Some(0), next(2))),
-                (p(0, false), (Some(2), next(2))),
-                (p(1, true), (Some(2), next(2))),
-                (p(2, false), (None, next(3))),
+                (p(0, false), (None, true, next(1))),
+                (p(1, true), (Some(0), true, next(2))),
+                (p(0, false), (Some(2), false, next(2))),
+                (p(1, true), (Some(2), false, next(2))),
+                (p(2, false), (Some(2), true, next(3))),
             ],
         ),
         (
             "RESYNC: the flow on the next generation, stale packets of the old one",
             vec![
-                (p(0, false), (None, next(1))),
-                (p(2, false), (Some(2), next(1))),
-                (Program(GEN + 1), (None, full_flow_psn(GEN + 1, 0))),
-                (p(3, true), (Some(4), full_flow_psn(GEN + 1, 0))),
-                (Pkt { gen: GEN + 1, seq: 0, last: false }, (None, full_flow_psn(GEN + 1, 1))),
-                (Pkt { gen: GEN + 1, seq: 1, last: true }, (Some(0), full_flow_psn(GEN + 1, 2))),
+                (p(0, false), (None, true, next(1))),
+                (p(2, false), (Some(2), false, next(1))),
+                (Program(GEN + 1), (None, false, full_flow_psn(GEN + 1, 0))),
+                (p(3, true), (Some(4), false, full_flow_psn(GEN + 1, 0))),
+                (Pkt { gen: GEN + 1, seq: 0, last: false }, (None, true, full_flow_psn(GEN + 1, 1))),
+                (Pkt { gen: GEN + 1, seq: 1, last: true }, (Some(0), true, full_flow_psn(GEN + 1, 2))),
             ],
         ),
     ];
     let status = RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK | RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK;
     for (name, steps) in scenarios {
         let (mut c, n) = chip(0);
-        for (i, (step, (entry, next_after))) in steps.into_iter().enumerate() {
+        for (i, (step, (entry, placed, next_after))) in steps.into_iter().enumerate() {
             match step {
                 Pkt { gen, seq, last } => {
                     let k = K { psn: full_flow_psn(gen, seq), payload: 2048, ..data(seq, 32 * seq, !last) };
                     let d = judge_k(&mut c, &n, &k).unwrap();
                     let rte = d.rhq.map(|plan| decoded(plan.rhf).1);
                     assert_eq!(rte, entry, "{name}, step {i}: the entry");
-                    let placed = d.tid.map(|(placement, _)| placement.iova);
-                    let want = (entry.unwrap_or(0) == 0).then_some(EVEN_BUF + 2048 * u64::from(seq));
-                    assert_eq!(placed, want, "{name}, step {i}: placed only when in sequence");
+                    let at = d.tid.map(|(placement, _)| placement.iova);
+                    let want = placed.then_some(EVEN_BUF + 2048 * u64::from(seq));
+                    assert_eq!(at, want, "{name}, step {i}: placed only in sequence");
                 }
                 Program(gen) => {
                     let value = (u64::from(gen) << 11) | (FLOW_VALUE & !(u64::from(GEN) << 11));

@@ -227,7 +227,8 @@ impl Chip {
 /// The refusal a flow check's outcome means, `None` when the packet may go on.
 pub fn flow_refusal(outcome: FlowCheck) -> Option<RxResult> {
     match outcome {
-        FlowCheck::Match => None,
+        // The loopback block has no header queue to report the sticky sequence error in: placed as a match.
+        FlowCheck::Match | FlowCheck::MatchAfterSeqErr => None,
         FlowCheck::Invalid => Some(RxResult::FlowInvalid),
         FlowCheck::GenMismatch => Some(RxResult::GenMismatch),
         FlowCheck::SeqMismatch => Some(RxResult::SeqMismatch),
