@@ -491,16 +491,18 @@ report["cases"].extend(condition_case(
     "read by QEMU's I/O thread, which wakes the vCPU thread (QEMU upstream); a reference, not judged", judged=False))
 if previous:
     # A partial run (--case): the cases it did not run keep their entries from the results already there, each
-    # with the date of the run that measured it.
+    # with the date of the run that measured it and the machine it ran on (the header names this run's).
     ran = {c["id"]: c for c in report["cases"] if not str(c.get("error") or "").startswith("skipped: not requested")}
     for c in ran.values():
         c["date"] = report["date"]
+        c.pop("machine", None)
     merged = []
     for c in previous.get("cases", []):
         if c["id"] in ran:
             merged.append(ran.pop(c["id"]))
         else:
             c.setdefault("date", previous.get("date"))
+            c.setdefault("machine", previous.get("machine"))
             merged.append(c)
     merged += [c for c in report["cases"] if c["id"] in ran]
     report["cases"] = merged

@@ -1,9 +1,10 @@
 //! Two chip-personality HFIs on one cable, programmed through their registers as the Linux hfi1 driver
-//! programs them, for the `fabric` case: the link started on both ends, a kernel PIO send context with credit
-//! return, SDMA engine 0 with its ring and head write-back on end A; on end B a receive context behind the QP map
-//! with a DMA'd tail, its header queue and eager buffers. Register accesses are `pci::Function` region accesses,
-//! host memory is each function's `HeapMemory`, interrupts arrive as MSI-X vectors. Field values come from the
-//! kernel (chip.c, pio.c, sdma.c, init.c, common.h).
+//! programs them, for the `fabric` case (and `tid`, whose tid_rig.rs adds a context on end B): the link started
+//! on both ends, a kernel PIO send context with credit return, SDMA engine 0 with its ring and head write-back on
+//! end A; on end B a receive context behind the QP map with a DMA'd tail, its header queue and eager buffers.
+//! Register accesses are `pci::Function` region accesses, host memory is each function's `HeapMemory`,
+//! interrupts arrive as MSI-X vectors. Field values come from the kernel (chip.c, pio.c, sdma.c, init.c,
+//! common.h).
 
 #![forbid(unsafe_code)]
 

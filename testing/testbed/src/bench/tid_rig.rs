@@ -42,7 +42,7 @@ pub const MAX_SEGMENTS: usize = 4;
 const BUFFER_PAGES: usize = MAX_SEGMENTS * SEGMENT_PAGES;
 const REGION_PAGES: usize = 2 * BUFFER_PAGES;
 /// Buffer page `p` sits at region page `2 * (p * SCATTER mod BUFFER_PAGES) + 1`: odd, so a permutation, and
-/// neighbours land 74 pages apart, so tid_rdma_find_phys_blocks_4k finds a set of one page for each.
+/// neighbours land at least 74 pages apart, so tid_rdma_find_phys_blocks_4k finds a set of one page for each.
 const SCATTER: usize = 37;
 /// What the gaps hold; a page of the buffer holds it too until a packet lands there.
 const CANARY: u8 = 0xC5;
@@ -203,7 +203,7 @@ impl TidContext {
     /// segment's last, tid_rdma.c:2363-2399). The QP's flow goes on in its generation while the doorbell's
     /// packets fit below its last sequence, which RESYNC keeps; otherwise the kernel syncs first: the flow is
     /// cleared onto the reserved generation and set up again on the next one from sequence 0
-    /// (tid_rdma.c:1835-1846, hfi1_kern_clear_hw_flow 820-838, hfi1_kern_setup_hw_flow 780-818).
+    /// (tid_rdma.c:1835-1846, hfi1_kern_clear_hw_flow 820-846, hfi1_kern_setup_hw_flow 780-818).
     pub fn round(&mut self, b: &Hfi, segments: usize) -> Result<Round, String> {
         let packets = segments * SEGMENT_PACKETS;
         if self.psn as usize + packets > k::MAX_TID_FLOW_PSN as usize - 1 {
@@ -370,7 +370,7 @@ fn flow_csr(f: u32) -> u64 {
 /// cut into page sets (tid_rdma_find_phys_blocks_4k: one page each, none adjacent), one RcvArray entry per set
 /// from the slot's complete groups (kern_alloc_tids takes complete groups first, tid_rdma.c:1237-1258)
 /// programmed PT_EXPECTED (hfi1_put_tid), and the tidarray kern_program_rcv_group builds over them: every even
-/// entry of a group with the odd one after it is a pair, TIDCTRL 3, LEN both sets' pages (tid_rdma.c:1300-1356).
+/// entry of a group with the odd one after it is a pair, TIDCTRL 3, LEN both sets' pages (tid_rdma.c:1300-1366).
 fn program_segment(b: &Hfi, slot: usize) -> Result<Vec<u32>, String> {
     let pages: Vec<u64> = (0..SEGMENT_PAGES).map(|p| page_iova(slot * SEGMENT_PAGES + p)).collect();
     let mut sets = Vec::new();
