@@ -9,7 +9,7 @@
 #
 # The table: every judged target, then, for each case without one, its ratios (or its first figures), and
 # every case that was skipped with its reason. A case carried from an earlier run (ci/bench.sh --case) says so
-# with that run's date. Nothing else in the doc is touched.
+# with that run's date, and its machine when that was another. Nothing else in the doc is touched.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
@@ -63,11 +63,16 @@ def cell(s):
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
+def cpu(m):
+    return f"{(m or {}).get('nproc', '?')} x {(m or {}).get('cpu_model', '?')}"
+
+
 rows, met, total, carried = [], 0, 0, False
 for c in r["cases"]:
     cid = f"({c['id']})" if len(c["id"]) == 1 else f"`{c['id']}`"
-    if c.get("date", r.get("date")) != r.get("date"):
-        cid += f" (run of {c['date']})"
+    elsewhere = "machine" in c and cpu(c["machine"]) != cpu(r.get("machine"))
+    if c.get("date", r.get("date")) != r.get("date") or elsewhere:
+        cid += f" (run of {c.get('date', r.get('date'))}" + (f" on {cpu(c['machine'])})" if elsewhere else ")")
         carried = True
     if c.get("error"):
         rows.append((cid, c["title"], c["error"], "-", "not run"))

@@ -6,7 +6,7 @@
 #               [--out DIR]
 #
 #   --budget-ms N        wall time per measured variant (testbed bench's default when not given)
-#   --case ID            run only this case (testbed bench's a, b, c, d, e, spin, scale, fabric, or quiet, or
+#   --case ID            run only this case (testbed bench's a, b, c, d, e, spin, scale, fabric, tid, or quiet, or
 #                        the boots h and guest-verbs; repeatable); implies --no-qemu for the other boots. The cases not run keep
 #                        their entries from the results already in --out, each with the date of its run
 #   --no-qemu            skip every guest boot: (f), (g), (h), the in-guest benchmark and guest-verbs
@@ -16,8 +16,8 @@
 #                        boot, so the trapped-access ratios are judged by their median over the boots
 #   --out DIR            where the results and plots go (default docs/bench)
 #
-# (a)-(e), the worker spin, the scale curves and `fabric` come from `testbed bench --json` (release build, one
-# process, ratios measured in that run); `quiet`, the device-model process's CPU idle and under a sparse client
+# (a)-(e), the worker spin, the scale curves, `fabric` and `tid` (TID RDMA placed through the flow table against
+# memcpy) come from `testbed bench --json` (release build, one process, ratios measured in that run); `quiet`, the device-model process's CPU idle and under a sparse client
 # with its defaults, every knob at zero and --low-latency, from device-model's tests/quiet.rs (release). The targets are
 # judged with the latency opt-in: testbed bench runs ours as `device-model --low-latency` does, and every boot below
 # runs the device model with --low-latency. (f) boots the test guest under TCG twice with ci/run-qemu.sh --timing:
@@ -34,7 +34,7 @@
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
-usage() { sed -n '2,33s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,34s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 BUDGET="" CASES=() QEMU=1 GUEST=1 GUEST_BUDGET=1000 GUEST_BOOTS=3 OUT=docs/bench
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -491,16 +491,18 @@ report["cases"].extend(condition_case(
     "read by QEMU's I/O thread, which wakes the vCPU thread (QEMU upstream); a reference, not judged", judged=False))
 if previous:
     # A partial run (--case): the cases it did not run keep their entries from the results already there, each
-    # with the date of the run that measured it.
+    # with the date of the run that measured it and the machine it ran on (the header names this run's).
     ran = {c["id"]: c for c in report["cases"] if not str(c.get("error") or "").startswith("skipped: not requested")}
     for c in ran.values():
         c["date"] = report["date"]
+        c.pop("machine", None)
     merged = []
     for c in previous.get("cases", []):
         if c["id"] in ran:
             merged.append(ran.pop(c["id"]))
         else:
             c.setdefault("date", previous.get("date"))
+            c.setdefault("machine", previous.get("machine"))
             merged.append(c)
     merged += [c for c in report["cases"] if c["id"] in ran]
     report["cases"] = merged
@@ -644,13 +646,14 @@ if quiet:
               file=sys.stderr)
     if quiet.get("error"):
         print(f"  (quiet) {quiet['error']}", file=sys.stderr)
-fabric = next((c for c in report["cases"] if c["id"] == "fabric"), None)
-if fabric:
-    print("\n(fabric) two HFIs on one cable, host, one process (reported, no target):", file=sys.stderr)
-    for m in fabric.get("metrics", []):
-        print(f"  {m['name']:<54} {fmt(m['value'], m['unit'])}", file=sys.stderr)
-    if fabric.get("error"):
-        print(f"  (fabric) {fabric['error']}", file=sys.stderr)
+for cid, heading in (("fabric", "two HFIs on one cable"), ("tid", "TID RDMA through the flow table, two HFIs")):
+    host = next((c for c in report["cases"] if c["id"] == cid), None)
+    if host and host.get("date", report["date"]) == report["date"]:
+        print(f"\n({cid}) {heading}, host, one process (reported, no target):", file=sys.stderr)
+        for m in host.get("metrics", []):
+            print(f"  {m['name']:<54} {fmt(m['value'], m['unit'])}", file=sys.stderr)
+        if host.get("error"):
+            print(f"  ({cid}) {host['error']}", file=sys.stderr)
 def guest_table(ga, heading):
     print(heading, file=sys.stderr)
     if not ga or ga.get("error"):

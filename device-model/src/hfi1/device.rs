@@ -14,7 +14,7 @@ use vfio_user_proto::device::RegionFd;
 use vfio_user_proto::dma::{DmaAccess, NoDma};
 use vfio_user_proto::sync::Unpoison;
 
-use super::cable::{Cable, End, Port};
+use super::cable::{Cable, End, Port, WirePacket};
 use super::chip::{Access, Chip};
 use super::counters::Counters;
 use super::loopback::{LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
@@ -134,6 +134,16 @@ impl Hfi1 {
         }
         self.worker.run_queued();
         result.recv_timeout(WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("no result from the worker".into()))
+    }
+
+    /// A packet as if the cable had brought it (the control socket's `wire`), queued at the port for the
+    /// worker: `false` when the port's queue was full (the packet is dropped and counted). Only the chip
+    /// personality has a port.
+    pub fn wire(&self, packet: WirePacket) -> Result<bool> {
+        if !matches!(self.config.personality, Personality::Wfr(_)) {
+            return Err(Hfi1Error::Config(format!("{} has no port", self.config.name())));
+        }
+        Ok(super::port::arrive(&self.shared, &self.worker, packet, false))
     }
 
     /// The port as the control socket's `link` shows it: physical and logical state, neighbour, cable.
@@ -396,10 +406,7 @@ impl Engine for Hfi1 {
             Command::Counters => Ok(counters_json(self.shared_counters())),
             Command::Link => Ok(self.link_status()),
             Command::Wire { packet } => {
-                if !matches!(self.config.personality, Personality::Wfr(_)) {
-                    return Err(format!("{} has no port", self.config.name()));
-                }
-                Ok(serde_json::json!({"queued": super::port::arrive(&self.shared, &self.worker, packet, false)}))
+                Ok(serde_json::json!({"queued": self.wire(packet).map_err(|e| e.to_string())?}))
             }
             Command::LinkEvent(event) => {
                 Ok(serde_json::json!({"applied": super::port::apply_link(&self.shared, event, false)}))

@@ -45,7 +45,7 @@ enum TestbedCommand {
         /// Wall time spent measuring each variant of a case.
         #[arg(long, default_value_t = 1500)]
         budget_ms: u64,
-        /// Run only these cases (repeatable): a, b, c, d, e, spin, scale, fabric.
+        /// Run only these cases (repeatable): a, b, c, d, e, spin, scale, fabric, tid.
         #[arg(long = "case", value_name = "ID")]
         cases: Vec<String>,
     },

@@ -54,7 +54,7 @@ impl Plan {
 }
 
 /// Bytes that do not repeat within the pool (xorshift64), so a payload taken at another offset differs.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
+pub(super) fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)
         .map(|_| {
@@ -68,15 +68,15 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 
 /// One device run and one floor run of the same work, timed back to back, pair after pair.
 #[derive(Default)]
-struct Paired {
-    device: Samples,
-    floor: Samples,
+pub(super) struct Paired {
+    pub(super) device: Samples,
+    pub(super) floor: Samples,
     /// Per pair: floor time over device time (the device's rate over the floor's).
-    ratios: Vec<f64>,
+    pub(super) ratios: Vec<f64>,
 }
 
 impl Paired {
-    fn ratio(&self, q: f64) -> f64 {
+    pub(super) fn ratio(&self, q: f64) -> f64 {
         let mut v = self.ratios.clone();
         v.sort_unstable_by(f64::total_cmp);
         udriver::bench::stats::nearest_rank(&v, q).unwrap_or(0.0)
@@ -86,9 +86,9 @@ impl Paired {
 /// As case (e): after one untimed run of each, pairs until `budget` (at least `min_pairs`), each side of a pair
 /// the fastest of `best_of` runs interleaved with the other side's (the order alternating), so a preemption must
 /// last a whole pair to count; the ratio is judged per pair.
-fn paired(
+pub(super) fn paired(
     budget: Duration,
-    plan: &Plan,
+    (min_pairs, best_of): (usize, usize),
     mut device: impl FnMut() -> Result<u64, String>,
     mut floor: impl FnMut() -> Result<u64, String>,
 ) -> Result<Paired, String> {
@@ -96,9 +96,9 @@ fn paired(
     floor()?;
     let mut p = Paired::default();
     let start = Instant::now();
-    while p.ratios.len() < plan.min_pairs || start.elapsed() < budget {
+    while p.ratios.len() < min_pairs || start.elapsed() < budget {
         let (mut d, mut f) = (u64::MAX, u64::MAX);
-        for k in 0..plan.best_of {
+        for k in 0..best_of {
             if (p.ratios.len() + k).is_multiple_of(2) {
                 d = d.min(device()?);
                 f = f.min(floor()?);
@@ -221,7 +221,7 @@ fn pio(fabric: &mut Fabric, budget: Duration, plan: &Plan, payload: usize) -> Re
         fabric.check(&expected)?;
         Ok(ns)
     };
-    paired(budget, plan, device, || pipeline.round(&floor_packets))
+    paired(budget, (plan.min_pairs, plan.best_of), device, || pipeline.round(&floor_packets))
 }
 
 /// SDMA doorbells of `packets` 4 KiB packets, against memcpy of their payload.
@@ -252,19 +252,22 @@ fn sdma(fabric: &mut Fabric, source: &[u8], budget: Duration, plan: &Plan, packe
         std::hint::black_box(&mut dst);
         Ok(start.elapsed().as_nanos() as u64)
     };
-    paired(budget, plan, device, memcpy)
+    paired(budget, (plan.min_pairs, plan.best_of), device, memcpy)
 }
 
 fn per_second(count: usize, s: &Samples) -> f64 {
     count as f64 * 1e9 / s.median().max(1.0)
 }
 
-fn gbps(bytes: usize, s: &Samples) -> f64 {
+pub(super) fn gbps(bytes: usize, s: &Samples) -> f64 {
     bytes as f64 / s.median().max(1.0)
 }
 
-fn size(bytes: usize) -> String {
-    if bytes >= 1024 && bytes.is_multiple_of(1024) {
+pub(super) fn size(bytes: usize) -> String {
+    const MIB: usize = 1024 * 1024;
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else if bytes >= 1024 && bytes.is_multiple_of(1024) {
         format!("{} KiB", bytes / 1024)
     } else {
         format!("{bytes} B")

@@ -1,9 +1,10 @@
 //! Two chip-personality HFIs on one cable, programmed through their registers as the Linux hfi1 driver
-//! programs them, for the `fabric` case: the link started on both ends, a kernel PIO send context with credit
-//! return, SDMA engine 0 with its ring and head write-back on end A; on end B a receive context behind the QP map
-//! with a DMA'd tail, its header queue and eager buffers. Register accesses are `pci::Function` region accesses,
-//! host memory is each function's `HeapMemory`, interrupts arrive as MSI-X vectors. Field values come from the
-//! kernel (chip.c, pio.c, sdma.c, init.c, common.h).
+//! programs them, for the `fabric` case (and `tid`, whose tid_rig.rs adds a context on end B): the link started
+//! on both ends, a kernel PIO send context with credit return, SDMA engine 0 with its ring and head write-back on
+//! end A; on end B a receive context behind the QP map with a DMA'd tail, its header queue and eager buffers.
+//! Register accesses are `pci::Function` region accesses, host memory is each function's `HeapMemory`,
+//! interrupts arrive as MSI-X vectors. Field values come from the kernel (chip.c, pio.c, sdma.c, init.c,
+//! common.h).
 
 #![forbid(unsafe_code)]
 
@@ -50,7 +51,7 @@ const PHY_STATE_MASK: u64 = 0xFF;
 const PLS_POLLING: u64 = 0x20;
 const PLS_LINKUP: u64 = 0x50;
 /// RCV_HDR_ENT_SIZE for 32-dword entries (encode_rcv_header_entry_size; hdrq_entsize's default, init.c).
-const RCV_HDR_ENT_SIZE_32: u64 = 4;
+pub(super) const RCV_HDR_ENT_SIZE_32: u64 = 4;
 /// IBTA: the UD SEND_ONLY opcode and its DETH (ib_hdrs.h).
 const IB_OPCODE_UD_SEND_ONLY: u8 = 0x64;
 const DETH_BYTES: usize = 8;
@@ -61,10 +62,13 @@ const V_RCVAVAIL: u32 = 1;
 const V_CREDIT: u32 = 2;
 const V_SDMA_IDLE: u32 = 3;
 const V_SDMA_ERR: u32 = 4;
-const VECTORS: usize = 5;
+/// RcvAvail of a second receive context on end B (the `tid` case's kernel context with TID RDMA): every
+/// receive context has a vector of its own, as msix.c gives each one.
+pub(super) const V_RCVAVAIL_2: u32 = 5;
+const VECTORS: usize = 6;
 
 /// How long a wait for the device may go without progress before the run is declared stalled.
-const STALL: Duration = Duration::from_secs(2);
+pub(super) const STALL: Duration = Duration::from_secs(2);
 
 /// LRH, BTH and DETH of a UD SEND_ONLY: the header the receive side splits off into the header queue.
 pub const HEADER_BYTES: usize = LRH_BYTES + BTH_BYTES + DETH_BYTES;
@@ -92,8 +96,8 @@ pub const MAX_BURST: usize = INGRESS_QUEUE;
 /// eager_buffer_size=8M in buffers of 256 KiB, HFI1_MAX_EAGER_BUFFER_SIZE), packets packed into them
 /// (MULTI_PKT_EGR). The largest doorbell (4 MiB and its ICRCs) lands without the receiver freeing anything.
 const RCV_CTXT: u64 = 1;
-const RHQ_ENTRIES: u64 = 2048;
-const ENTRY_DWORDS: u64 = 32;
+pub(super) const RHQ_ENTRIES: u64 = 2048;
+pub(super) const ENTRY_DWORDS: u64 = 32;
 const EAGER_BUFFERS: u64 = 32;
 const EAGER_CODE: u8 = 7;
 const EAGER_SIZE: u64 = 256 * 1024;
@@ -142,7 +146,7 @@ impl Irqs {
 
 /// One HFI as its driver sees it.
 pub struct Hfi {
-    engine: Arc<Hfi1>,
+    pub(super) engine: Arc<Hfi1>,
     f: Arc<Function>,
     irqs: Arc<Irqs>,
     pub mem: Arc<HeapMemory>,
@@ -165,18 +169,18 @@ impl Hfi {
         Ok(Hfi { engine, f, irqs, mem })
     }
 
-    fn r(&self, off: u64) -> Result<u64, String> {
+    pub(super) fn r(&self, off: u64) -> Result<u64, String> {
         let mut b = [0u8; 8];
         self.f.region_read(region::BAR0, off, &mut b).map_err(|e| format!("read {off:#x}: {e}"))?;
         Ok(u64::from_le_bytes(b))
     }
 
-    fn w(&self, off: u64, v: u64) -> Result<(), String> {
+    pub(super) fn w(&self, off: u64, v: u64) -> Result<(), String> {
         self.f.region_write(region::BAR0, off, &v.to_le_bytes()).map_err(|e| format!("write {off:#x}: {e}"))
     }
 
     /// Unmasks interrupt `source` and maps it to `vector` (set_intr_bits, remap_intr).
-    fn route_irq(&self, source: u32, vector: u32) -> Result<(), String> {
+    pub(super) fn route_irq(&self, source: u32, vector: u32) -> Result<(), String> {
         let (source, vector) = (u64::from(source), u64::from(vector));
         let mask = CCE_INT_MASK + 8 * (source / 64);
         self.w(mask, self.r(mask)? | 1 << (source % 64))?;
@@ -186,23 +190,28 @@ impl Hfi {
     }
 
     /// Clears `source`'s status so its next event interrupts again (the handler's CCE_INT_CLEAR).
-    fn clear_irq(&self, source: u32) -> Result<(), String> {
+    pub(super) fn clear_irq(&self, source: u32) -> Result<(), String> {
         let source = u64::from(source);
         self.w(CCE_INT_CLEAR + 8 * (source / 64), 1 << (source % 64))
     }
 
-    fn read_u64(&self, at: u64) -> Result<u64, String> {
+    /// Waits until `deadline` for an interrupt on `vector`, and takes it.
+    pub(super) fn irq(&self, vector: u32, deadline: Instant) -> bool {
+        self.irqs.take(vector, deadline)
+    }
+
+    pub(super) fn read_u64(&self, at: u64) -> Result<u64, String> {
         let mut b = [0u8; 8];
         self.mem.read(at, &mut b).map_err(|e| format!("host memory {at:#x}: {e}"))?;
         Ok(u64::from_le_bytes(b))
     }
 
-    fn map(&self, at: u64, len: usize) -> Result<(), String> {
+    pub(super) fn map(&self, at: u64, len: usize) -> Result<(), String> {
         self.mem.map(at, len).then_some(()).ok_or_else(|| format!("host memory {at:#x}+{len:#x} not mapped"))
     }
 
     /// The device's counters that are not zero, and its cable's, for a stall report.
-    fn state(&self) -> String {
+    pub(super) fn state(&self) -> String {
         let counters: Vec<String> =
             self.engine.counters().into_iter().filter(|(_, v)| *v != 0).map(|(k, v)| format!("{k}={v}")).collect();
         format!("counters {}; link {}", counters.join(" "), self.engine.link_status()["cable"])
@@ -615,14 +624,42 @@ impl Fabric {
     /// doorbell (SEND_DMA_TAIL) and waits until the last packet is in B's header queue, then for the engine
     /// to go idle. Returns the nanoseconds from the doorbell to the last packet's arrival.
     pub fn sdma(&mut self, headers: &[Vec<u8>], offset: usize) -> Result<u64, String> {
+        let (rcv, b, n) = (&self.rcv, &self.b, headers.len());
+        Self::doorbell(&self.a, &mut self.sdma, headers, offset, || rcv.wait(b, n))
+    }
+
+    /// As [`Fabric::sdma`], for packets to another of B's receive contexts: `arrived` waits until the last
+    /// packet is where the caller looks for it.
+    pub(super) fn sdma_to(
+        &mut self,
+        headers: &[Vec<u8>],
+        offset: usize,
+        arrived: impl FnOnce(&Hfi) -> Result<(), String>,
+    ) -> Result<u64, String> {
+        let b = &self.b;
+        Self::doorbell(&self.a, &mut self.sdma, headers, offset, || arrived(b))
+    }
+
+    fn doorbell(
+        a: &Hfi,
+        ring: &mut SdmaRing,
+        headers: &[Vec<u8>],
+        offset: usize,
+        arrived: impl FnOnce() -> Result<(), String>,
+    ) -> Result<u64, String> {
         let at = |k: usize| A_PAYLOAD + (offset + k * SDMA_PAYLOAD) as u64;
-        let tail = self.sdma.post(&self.a, headers, at)?;
+        let tail = ring.post(a, headers, at)?;
         let start = Instant::now();
-        self.a.w(SEND_DMA_TAIL + 0x100 * ENGINE, tail)?;
-        self.rcv.wait(&self.b, headers.len())?;
+        a.w(SEND_DMA_TAIL + 0x100 * ENGINE, tail)?;
+        arrived()?;
         let ns = start.elapsed().as_nanos() as u64;
-        self.sdma.await_idle(&self.a)?;
+        ring.await_idle(a)?;
         Ok(ns)
+    }
+
+    /// End B, the receiver, for a rig that programs more of it.
+    pub(super) fn receiver(&self) -> &Hfi {
+        &self.b
     }
 
     /// Checks the packets that arrived since the last check (see [`RcvContext::check_and_release`]).

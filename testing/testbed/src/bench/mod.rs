@@ -12,14 +12,16 @@ mod irdma;
 mod placement;
 mod scale;
 mod socket;
+mod tid;
+mod tid_rig;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use udriver::bench::{utc_string, BenchReport, Better, Case, Machine, Metric, Samples, Target};
 
 /// Every case `run` knows, in report order: (a)-(e) of issue 7, the hfi1 worker spin measurement, the scale
-/// curves of issue 17, and the two-HFI fabric of issue 28.
-pub const CASES: [&str; 8] = ["a", "b", "c", "d", "e", "spin", "scale", "fabric"];
+/// curves of issue 17, the two-HFI fabric of issue 28 and its TID RDMA placement of issue 29.
+pub const CASES: [&str; 9] = ["a", "b", "c", "d", "e", "spin", "scale", "fabric", "tid"];
 
 /// What to run and for how long.
 #[derive(Debug, Clone)]
@@ -71,6 +73,9 @@ pub fn run(opts: &BenchOptions) -> BenchReport {
     }
     if opts.wants("fabric") {
         cases.push(fabric::fabric(budget));
+    }
+    if opts.wants("tid") {
+        cases.push(tid::tid(budget));
     }
     BenchReport {
         tool: "testbed",

@@ -25,7 +25,8 @@ fn a_short_run_of_every_case_completes_and_reports_each_target() {
     let scale = report.cases.iter().find(|c| c.id == "scale").map(|c| c.curves.len());
     assert_eq!(scale, Some(9), "qhash x3, contexts x2, clients, DMA x3");
     let targets: Vec<(&str, usize)> = report.cases.iter().map(|c| (c.id.as_str(), c.targets.len())).collect();
-    assert_eq!(targets, [("a", 4), ("b", 1), ("c", 1), ("d", 1), ("e", 1), ("spin", 0), ("scale", 0), ("fabric", 0)]);
+    let want = [("a", 4), ("b", 1), ("c", 1), ("d", 1), ("e", 1), ("spin", 0), ("scale", 0), ("fabric", 0), ("tid", 0)];
+    assert_eq!(targets, want);
     let json = serde_json::to_value(&report).unwrap_or_default();
     assert_eq!(json["cases"][0]["targets"][0]["better"], "lower");
     assert_eq!(json["machine"]["nproc"], report.machine.nproc);
@@ -122,4 +123,47 @@ fn the_check_names_the_packet_that_differs_from_what_was_sent() {
         let got = send_and_check(burst, alter);
         assert!(got.as_ref().is_err_and(|e| e.starts_with(error)), "{what}: {got:?}");
     }
+}
+
+/// What the requester's driver finds after each TID RDMA round (docs/hfi1-fabric.md "TID RDMA on the wire"):
+/// every payload on the page its TID names and nothing else of the receive region changed, one EXPECTED entry
+/// per segment (the header suppressed on the others), the flow's next PSN past the round. Nine doorbells of
+/// four segments take 2304 sequences, more than a generation holds (MAX_TID_FLOW_PSN 2048), so the flow is
+/// synced onto the next generation on the way, as the kernel does; both paths, and single segments between.
+#[test]
+fn every_tid_round_lands_in_its_pages_across_generations() {
+    use super::tid::{Path, TidRig};
+    use super::tid_rig::MAX_SEGMENTS;
+    let mut rig = TidRig::new().unwrap();
+    for k in 0..9 {
+        let path = if k % 2 == 0 { Path::Sdma } else { Path::Port };
+        assert!(rig.round(path, MAX_SEGMENTS, |_| {}).is_ok(), "doorbell {k} of four segments by {path:?}");
+        assert!(rig.round(path, 1, |_| {}).is_ok(), "one segment after doorbell {k}, by {path:?}");
+    }
+}
+
+/// The TID check reads what landed: checked against anything but what was sent, or after a stray write into
+/// the receive region, it fails and names the packet or the page.
+#[test]
+fn the_tid_check_names_the_packet_or_page_that_differs() {
+    use super::tid::{Path, TidRig};
+    use super::tid_rig::REGION;
+    use vfio_user_proto::dma::DmaAccess;
+    type Alter = fn(&mut Vec<Vec<u8>>);
+    let cases: [(&str, Path, Alter, &str); 3] = [
+        ("a payload byte", Path::Sdma, |p| p[5][100] ^= 1, "packet 5: its payload differs"),
+        ("two payloads swapped", Path::Port, |p| p.swap(2, 40), "packet 2: its payload differs"),
+        ("the last payload cut short", Path::Sdma, |p| p[63].truncate(4000), "segment 0 (entry 1): RHF"),
+    ];
+    for (what, path, alter, error) in cases {
+        let mut rig = TidRig::new().unwrap();
+        assert_eq!(rig.round(path, 1, |_| {}).map(|_| ()), Ok(()), "{what}: the round before");
+        let got = rig.round(path, 1, alter);
+        assert!(got.as_ref().is_err_and(|e| e.starts_with(error)), "{what}: {got:?}");
+    }
+    // Region page 0 lies between buffer pages: nothing may write it.
+    let mut rig = TidRig::new().unwrap();
+    rig.receiver().mem.write(REGION + 10, &[0]).unwrap();
+    let got = rig.round(Path::Sdma, 1, |_| {});
+    assert!(got.as_ref().is_err_and(|e| e.starts_with("region page 0, a gap, was written")), "{got:?}");
 }
