@@ -20,10 +20,10 @@
 #      link offline on the functional simulator's icode (docs/hfi1-fabric.md): the run must fail within its
 #      deadline, naming the step, the last CSR accesses of both HFIs and the last packets on the cable.
 #   7. with --mode all: ci/guest/test-shell.sh (ci/run-qemu.sh --shell with the fabric, piped and at a terminal).
-#   8. with --mode tid-rdma: the fabric with the kernel's own TID RDMA (ci/run-qemu.sh --tid-rdma): OPFN
-#      negotiates, READ and WRITE of 256 KiB and more go through the RcvArray and flow table the kernel
-#      programs, every byte compared; the four seed functions counted (docs/kernel-tid-rdma.md). Not yet in
-#      both/all: it does not pass reliably yet.
+#   8. with --mode tid-rdma (or both, all): the fabric with the kernel's own TID RDMA (ci/run-qemu.sh
+#      --tid-rdma): OPFN negotiates, READ and WRITE of 256 KiB and more go through the RcvArray and flow table
+#      the kernel programs, every byte compared, under cable faults and with flows and RcvArray groups run out;
+#      the four seed functions counted (docs/kernel-tid-rdma.md).
 # Runs 1 and 2 record every session of the device model (--record) and replay each recording on a fresh device
 # model afterwards (`device-model replay`): a real QEMU session must replay clean. The fabric run is not
 # recorded: the HFIs' own work (SDMA, PIO launch, arrivals) is not yet cut into replayable device steps
@@ -202,6 +202,7 @@ case $MODE in
         run_mode "fd-mapped guest RAM (memfd, share=on)" shared
         run_mode "DMA_READ/WRITE messages (guest RAM not shared)" no-share --no-share
         run_fabric
+        run_tid_rdma
         if [ "$MODE" = all ]; then
             log "end-to-end: lifecycle scenarios"
             bash ci/lifecycle.sh || rc=1

@@ -168,6 +168,14 @@ if [ "$TID_RDMA" = 1 ]; then
     # cap_mask of --hfi1-params (the driver's default mask has neither, common.h HFI1_CAP_MASK_DEFAULT).
     [[ " $HFI1_PARAMS " =~ \ cap_mask=(0x[0-9a-fA-F]+)\  ]] || die "--tid-rdma needs a hexadecimal cap_mask in --hfi1-params"
     HFI1_PARAMS=${HFI1_PARAMS/cap_mask=${BASH_REMATCH[1]}/cap_mask=$(printf '0x%x' $(( BASH_REMATCH[1] | 0x20 | 0x10000 )))}
+    # A smaller RcvArray partition, so the tid-exhaust step runs a kernel context out of RcvArray groups as well
+    # as flows: 14 user contexts and the 2 kernel ones share the chip's 16 receive contexts, so each gets 512 / 16
+    # = 32 groups of the 4096 entries (set_up_context_variables, chip.c:13484-13491) instead of 170.
+    if [[ " $HFI1_PARAMS " =~ \ num_user_contexts=[0-9-]+\  ]]; then
+        HFI1_PARAMS=$(sed -E 's/(^| )num_user_contexts=[0-9-]+/\1num_user_contexts=14/' <<<"$HFI1_PARAMS")
+    else
+        HFI1_PARAMS="$HFI1_PARAMS num_user_contexts=14"
+    fi
 fi
 if [ -n "$CAPTURE" ]; then
     mkdir -p "$(dirname "$CAPTURE")" && CAPTURE=$(cd "$(dirname "$CAPTURE")" && pwd)/$(basename "$CAPTURE")
@@ -767,7 +775,7 @@ for s in steps:
 # functions ran, and the device model placed bytes of TID RDMA READ and WRITE through TIDs and flows the kernel
 # programmed (docs/kernel-tid-rdma.md).
 TID_STEPS = ["tid-setup", "tid-read-bw", "tid-write-bw", "tid-verbs-check", "tid-opfn", "tid-fault-read-drop",
-             "tid-fault-read-reorder", "tid-fault-write-corrupt", "tid-exhaust-flows", "tid-exhaust-check"]
+             "tid-fault-read-reorder", "tid-fault-write-corrupt", "tid-exhaust", "tid-exhaust-check"]
 TID_KFUNCS = ["hfi1_setup_wqe", "hfi1_kern_exp_rcv_setup", "hfi1_kern_setup_hw_flow", "queue_qp_for_tid_wait"]
 
 def tid_rdma_problems(guest):

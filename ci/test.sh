@@ -59,7 +59,7 @@ log "irdma integration tests again, over a real vfio-user socket"
 UDRIVER_IT_BACKEND=vfio-user cargo test -p testbed --test irdma_inproc
 
 if [ "$E2E" = 1 ]; then
-    log "QEMU end-to-end (fd-mapped guest RAM, DMA_READ/WRITE messages, the fabric, the lifecycle and stall scenarios)"
+    log "QEMU end-to-end (fd-mapped guest RAM, DMA_READ/WRITE messages, the fabric, the kernel's TID RDMA, the lifecycle and stall scenarios)"
     bash ci/e2e.sh --mode all
 fi
 

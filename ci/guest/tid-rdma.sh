@@ -11,8 +11,13 @@ TID_JSON=/tmp/tid-rdma.json
 TID_KFUNCS="hfi1_setup_wqe hfi1_kern_exp_rcv_setup hfi1_kern_setup_hw_flow queue_qp_for_tid_wait"
 # Tracepoints counted by hist triggers in a trace instance of our own: OPFN's negotiation (opfn.c) and the
 # flow reservations (hfi1_kern_exp_rcv_setup's hfi1_tid_flow_alloc, tid_rdma.c).
+# hfi1_msg_alloc_tids fires only where kern_alloc_tids finds too few RcvArray groups (tid_rdma.c:1293).
 TID_EVENTS="hfi1_tid/hfi1_opfn_state_conn_request hfi1_tid/hfi1_opfn_state_conn_response \
-hfi1_tid/hfi1_opfn_state_conn_reply hfi1_tid/hfi1_opfn_param hfi1_tid/hfi1_tid_flow_alloc"
+hfi1_tid/hfi1_opfn_state_conn_reply hfi1_tid/hfi1_opfn_param hfi1_tid/hfi1_tid_flow_alloc \
+hfi1_tid/hfi1_msg_alloc_tids"
+# hfi1_kern_setup_hw_flow's return value (a kretprobe of our own): -EAGAIN when the context has no free flow
+# (tid_rdma.c:813-817).
+TID_FLOW_RET=rdmaemu/setup_hw_flow_ret
 # Work requests by opcode after hfi1_setup_wqe (rdmavt's rvt_post_one_wr), and packets sent by opcode.
 TID_WR_EVENT=rvt_tx/rvt_post_one_wr
 TID_WIRE_EVENTS="hfi1_ibhdrs/sdma_output_ibhdr hfi1_ibhdrs/pio_output_ibhdr hfi1_ibhdrs/ack_output_ibhdr"
@@ -46,6 +51,9 @@ TID_SNAP="" TID_SNAP_ERR=""
 tid_snapshot() {
     s=""
     for f in $TID_KFUNCS; do s="$s k.$f=$(kprobe_count "$f")"; done
+    # Calls that found no free flow: the hits of the return probe's non-zero keys.
+    s="$s flows_busy=$(awk '/^\{ ret:/ && $3 != "0" { n += $6 } END { print n + 0 }' \
+        "$TID_INST/events/$TID_FLOW_RET/hist" 2>/dev/null)"
     for e in $TID_EVENTS; do s="$s e.${e#*/}=$(hist_total "$e")"; done
     # shellcheck disable=SC2086 # event list
     s="$s $(hist_by_opcode wr $TID_WR_EVENT) $(hist_by_opcode wire $TID_WIRE_EVENTS) $(rc_counters)"
@@ -96,6 +104,9 @@ step_tid_setup() {
     for e in $TID_WR_EVENT $TID_WIRE_EVENTS; do
         echo 'hist:keys=opcode' >"$TID_INST/events/$e/trigger" 2>/dev/null || err="$err no hist trigger on $e;"
     done
+    { echo "r:$TID_FLOW_RET hfi1_kern_setup_hw_flow ret=\$retval:s32" >>"$TRACING/kprobe_events" &&
+        echo 'hist:keys=ret' >"$TID_INST/events/$TID_FLOW_RET/trigger"; } 2>/dev/null ||
+        err="$err no return probe on hfi1_kern_setup_hw_flow;"
     # The negotiated parameters themselves, in the instance's buffer (a few events per queue pair).
     echo 1 >"$TID_INST/events/hfi1_tid/hfi1_opfn_param/enable" 2>/dev/null
     echo 1 >"$TID_INST/tracing_on"
@@ -190,30 +201,34 @@ step_tid_opfn() {
     else record tid-opfn false "$t" "${err# }" "$members"; fi
 }
 
-# More queue pairs with TID RDMA READs in flight than a receive context has flows (32, RXE_NUM_TID_FLOWS): a
-# QP holds one flow while its segment is in flight, so hfi1_kern_setup_hw_flow finds none free and queues the
-# QP (queue_qp_for_tid_wait, tid_rdma.c:815), which resumes when a flow is released. perftest on 40 QPs with two
-# READs in flight each keeps more than 32 segments in flight; verbs-check on 40 pairs (one transfer each at a
-# time, so fewer in flight) then compares every byte under the same load. Each TID QP allocates flow state for
-# every send queue entry and responder slot (hfi1_qp_priv_init, order-2 pages): 40 QPs a side do not fit the
-# 512 MiB guest next to opa-fm's sm (330 MiB), whose sweeps are done, so it is stopped first (the ports stay
-# ACTIVE without it).
+# More queue pairs with TID RDMA READs in flight than a receive context has flows (32, RXE_NUM_TID_FLOWS) or
+# RcvArray groups (ci/run-qemu.sh gives the run a smaller partition: 32 groups a context, of which the eager
+# buffers take some, and a 256 KiB segment needs two). A QP holds one flow while it has segments in flight, so
+# hfi1_kern_setup_hw_flow finds none free and queues the QP (tid_rdma.c:813-817); a QP with a flow whose
+# segment finds too few groups is queued as well (kern_alloc_tids, 1293, then 1537). Both queues go through
+# queue_qp_for_tid_wait (564-580), and the QPs resume as flows and groups are released. perftest on 40 QPs with
+# two READs in flight each keeps far more segments in flight than either; verbs-check on 40 pairs then compares
+# every byte under the same load. Each TID QP allocates flow state for every send queue entry and responder slot
+# (hfi1_qp_priv_init, order-2 pages): 40 QPs a side do not fit the 512 MiB guest next to opa-fm's sm (330 MiB),
+# whose sweeps are done, so it is stopped first (the ports stay ACTIVE without it).
 TID_EXHAUST_QPS=40
 step_tid_exhaust() {
-    begin tid-exhaust-flows; host_deadline tid-exhaust-flows "$KDRIVER_TIMEOUT"
+    begin tid-exhaust; host_deadline tid-exhaust "$KDRIVER_TIMEOUT"
     sm_stop 30
     tid_snapshot; before=$TID_SNAP
     run_pair "$KDRIVER_TIMEOUT" ib_read_bw -q "$TID_EXHAUST_QPS" -s "$TID_BYTES" -n 10 -t 2
     tid_measure "$before"
-    host_deadline_end tid-exhaust-flows
+    host_deadline_end tid-exhaust
     err=""
     line=$(awk '$1 ~ /^[0-9]+$/ && NF >= 4 { l = $0 } END { print l }' /tmp/client.out)
     [ "$PAIR_RC" = 0 ] && [ -n "$line" ] || err="ib_read_bw -q $TID_EXHAUST_QPS: $(timeout_msg "$PAIR_RC" "$KDRIVER_TIMEOUT"): $(pair_tail);"
     tid_expect read
     [ "$(moved "$TID_MOVED" k.queue_qp_for_tid_wait)" -gt 0 ] || err="$err queue_qp_for_tid_wait never ran;"
-    members="\"qps\":$TID_EXHAUST_QPS,\"result\":$(json_str "$line"),\"moved\":$TID_MOVED"
-    if [ -z "$err" ]; then record tid-exhaust-flows true "$t" "" "$members"
-    else record tid-exhaust-flows false "$t" "${err# }" "$members"; fi
+    [ "$(moved "$TID_MOVED" e.hfi1_msg_alloc_tids)" -gt 0 ] || err="$err no segment ran out of RcvArray groups;"
+    members="\"qps\":$TID_EXHAUST_QPS,\"flows_busy\":$(moved "$TID_MOVED" flows_busy),\
+\"rcvarray_groups_short\":$(moved "$TID_MOVED" e.hfi1_msg_alloc_tids),\"result\":$(json_str "$line"),\"moved\":$TID_MOVED"
+    if [ -z "$err" ]; then record tid-exhaust true "$t" "" "$members"
+    else record tid-exhaust false "$t" "${err# }" "$members"; fi
 
     tid_check_step tid-exhaust-check "\"pairs\":$TID_EXHAUST_QPS," -q "$TID_EXHAUST_QPS" -s 4096,262144
 }
