@@ -7,10 +7,10 @@
 #
 #   --budget-ms N        wall time per measured variant (testbed bench's default when not given)
 #   --case ID            run only this case (testbed bench's a, b, c, d, e, spin, scale, fabric, tid, or quiet, or
-#                        the boots h and guest-verbs; repeatable); implies --no-qemu for the other boots. The cases not run keep
+#                        the boots h, guest-verbs and guest-tid; repeatable); implies --no-qemu for the other boots. The cases not run keep
 #                        their entries from the results already in --out, each with the date of its run
-#   --no-qemu            skip every guest boot: (f), (g), (h), the in-guest benchmark and guest-verbs
-#   --no-guest           skip only the in-guest benchmark boots and guest-verbs
+#   --no-qemu            skip every guest boot: (f), (g), (h), the in-guest benchmark, guest-verbs and guest-tid
+#   --no-guest           skip only the in-guest benchmark boots, guest-verbs and guest-tid
 #   --guest-budget-ms N  wall time per measured variant inside the guest (default 1000)
 #   --guest-boots N      in-guest benchmark boots per condition (default 3): where threads land is fixed per
 #                        boot, so the trapped-access ratios are judged by their median over the boots
@@ -30,11 +30,13 @@
 # results. One more boot with --reply-poll-us 0 (QEMU's vCPU waits for its I/O thread, as upstream) is reported
 # as guest-a-no-reply-poll, not judged. guest-verbs boots the fabric (ci/run-qemu.sh --fabric --fabric-perf):
 # perftest between the two emulated HFIs against SoftRoCE over a veth pair in the same guest, ratios from that
-# boot. The plot shows every target as measured/target on a log scale; scale.svg the curves.
+# boot. guest-tid boots the fabric with the kernel's TID RDMA (ci/run-qemu.sh --tid-rdma --fabric-perf): perftest
+# READ and WRITE with TID RDMA, without it (OPFN cleared at run time) and on SoftRoCE, in that boot. The plot
+# shows every target as measured/target on a log scale; scale.svg the curves.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
-usage() { sed -n '2,34s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,36s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 BUDGET="" CASES=() QEMU=1 GUEST=1 GUEST_BUDGET=1000 GUEST_BOOTS=3 OUT=docs/bench
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -53,12 +55,12 @@ done
 [[ $GUEST_BUDGET =~ ^[0-9]+$ ]] || die "--guest-budget-ms must be a number of milliseconds"
 [[ $GUEST_BOOTS =~ ^[1-9][0-9]?$ ]] || die "--guest-boots must be a number from 1 to 99"
 command -v python3 >/dev/null || apt_install python3
-# guest-verbs is this script's own boot; the other cases are testbed bench's (and quiet's).
-TB_CASES=() VERBS=0 FABRIC=0
+# guest-verbs and guest-tid are this script's own boots; the other cases are testbed bench's (and quiet's).
+TB_CASES=() VERBS=0 TIDPERF=0 FABRIC=0
 for c in "${CASES[@]}"; do
-    case $c in guest-verbs) VERBS=1 ;; h) FABRIC=1 ;; *) TB_CASES+=("$c") ;; esac
+    case $c in guest-verbs) VERBS=1 ;; guest-tid) TIDPERF=1 ;; h) FABRIC=1 ;; *) TB_CASES+=("$c") ;; esac
 done
-[ ${#CASES[@]} -gt 0 ] || { [ "$QEMU" = 1 ] && [ "$GUEST" = 1 ] && VERBS=1; }
+[ ${#CASES[@]} -gt 0 ] || { [ "$QEMU" = 1 ] && [ "$GUEST" = 1 ] && VERBS=1 && TIDPERF=1; }
 [ ${#CASES[@]} -gt 0 ] || [ "$QEMU" = 0 ] || FABRIC=1
 TESTBED=1
 [ ${#CASES[@]} -eq 0 ] || [ ${#TB_CASES[@]} -gt 0 ] || TESTBED=0
@@ -179,6 +181,20 @@ else
     log "ci/run-qemu.sh --fabric --fabric-perf (TCG)"
     bash ci/run-qemu.sh --accel tcg --quiet --fabric --fabric-perf "${DM_OPT_IN[@]}" --result "$WORK/qemu-verbs.json" \
         --device-model "$DM" --udriver "$UDRIVER_STATIC" >&2 || log "ci/run-qemu.sh --fabric --fabric-perf failed"
+fi
+
+# guest-tid: one boot of the TID RDMA run with its benchmark after its steps (ci/guest/perf.sh step_tid_perf).
+if [ "$TIDPERF" = 0 ]; then
+    echo "not requested (--no-qemu, --no-guest or --case)" >"$WORK/tidperf-skip"
+elif [ -z "${DM:-}" ] && ! { BUILT=$(bash ci/build.sh) && DM=$(sed -n 1p <<<"$BUILT") \
+    && UDRIVER_STATIC=$(sed -n 2p <<<"$BUILT"); }; then
+    echo "ci/build.sh failed" >"$WORK/tidperf-skip"
+elif ! bash ci/get-qemu.sh >/dev/null; then
+    echo "no QEMU >= 10.1 with vfio-user-pci (ci/get-qemu.sh failed)" >"$WORK/tidperf-skip"
+else
+    log "ci/run-qemu.sh --tid-rdma --fabric-perf (TCG)"
+    bash ci/run-qemu.sh --accel tcg --quiet --tid-rdma --fabric-perf "${DM_OPT_IN[@]}" --result "$WORK/qemu-tid.json" \
+        --device-model "$DM" --udriver "$UDRIVER_STATIC" >&2 || log "ci/run-qemu.sh --tid-rdma --fabric-perf failed"
 fi
 
 mkdir -p "$OUT"
@@ -485,6 +501,56 @@ def verbs_case():
 
 
 report["cases"].append(verbs_case())
+
+
+def tid_case():
+    """perftest READ and WRITE in one TID RDMA boot (ci/guest/perf.sh step_tid_perf): on hfi1 with TID RDMA, on
+    hfi1 without it (OPFN cleared) and on SoftRoCE; the share of each hfi1 run's bytes placed through TIDs."""
+    case = {"id": "guest-tid",
+            "title": "in the guest: perftest READ and WRITE over the emulated HFIs with the kernel's TID RDMA, "
+                     "without it, and on SoftRoCE (rdma_rxe over a veth pair), TCG", "metrics": [], "targets": [],
+            "notes": [], "error": None}
+    skip = os.path.join(work, "tidperf-skip")
+    if os.path.exists(skip):
+        case["error"] = "skipped: " + open(skip).read().strip()
+        return case
+    path = os.path.join(work, "qemu-tid.json")
+    r = json.load(open(path)) if os.path.exists(path) else {}
+    perf = r.get("fabric_perf")
+    step = next((s for s in ((r.get("guest") or {}).get("steps") or []) if s.get("name") == "tid-perf"), None)
+    if not perf or not step or perf.get("kind") != "tid":
+        case["error"] = "the guest reported no tid-perf: " + ("; ".join(r.get("problems", [])) or "no result")
+        return case
+    names = {"tid": "hfi1 TID RDMA", "plain": "hfi1 plain RDMA", "rxe": "SoftRoCE"}
+    for row in perf.get("bw", []):
+        b = row["bytes"]
+        what = f"{row['tool']} " + (f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB")
+        for who, label in names.items():
+            if row.get(who):
+                case["metrics"].append({"name": f"{what}: {label}", "value": row[who]["mib_s"], "unit": "MiB/s"})
+        # The ratios at 1 MiB (guest-verbs' size) go to the results table; the others stay in the figures.
+        for key, label in (("tid_over_plain", "TID / plain"), ("tid_over_rxe", "TID / SoftRoCE"),
+                           ("plain_over_rxe", "plain / SoftRoCE")):
+            if row.get(key) is not None:
+                case["metrics"].append({"name": f"{what}: {label}", "value": row[key],
+                                        "unit": "x" if b == 1048576 else "ratio"})
+        share = row.get("tid_share") or {}
+        for who in ("tid", "plain"):
+            if share.get(who) is not None:
+                case["metrics"].append({"name": f"{what}: bytes through TIDs, {names[who]} run",
+                                        "value": share[who], "unit": "share"})
+    if not step.get("ok"):
+        case["error"] = "step tid-perf failed: " + str(step.get("error"))
+    other = [p for p in r.get("problems", []) if "tid-perf" not in p]
+    if other:
+        case["notes"].append("the TID RDMA run's other problems (not the benchmark's): " + "; ".join(other)[:600])
+    case["notes"].append(f"perftest at send queue depth {perf.get('depth')} on all three (only work requests posted "
+                         f"after a QP's OPFN go by TID RDMA); hfi1 cap_mask {perf.get('cap_mask')}, OPFN cleared "
+                         f"for the plain runs; the device model run with --low-latency; one boot, guest on TCG")
+    return case
+
+
+report["cases"].append(tid_case())
 report["cases"].extend(condition_case(
     "qemu-guest-nopoll", "guest-a-no-reply-poll", "QEMU's vCPU waiting for its I/O thread to read each reply",
     "no reply poll", "a boot made as guest-a's with ci/run-qemu.sh --reply-poll-us 0: every server's replies are "
@@ -694,7 +760,8 @@ if nopoll:
         if m["name"].startswith("ours / peer, trapped read"):
             print(f"  {m['name']:<28} {m['value']:.2f}x", file=sys.stderr)
 for c in report["cases"]:
-    if c["id"].startswith("guest") and c["id"] not in ("guest-a", "guest-a-lat0", "guest-a-no-reply-poll", "guest-verbs"):
+    if c["id"].startswith("guest") and c["id"] not in ("guest-a", "guest-a-lat0", "guest-a-no-reply-poll", "guest-verbs",
+                                                       "guest-tid"):
         if c.get("error"):
             print(f"  ({c['id']}) {c['error']}", file=sys.stderr)
         for m in c.get("metrics", []):
@@ -724,6 +791,13 @@ if gv and gv.get("date", report["date"]) == report["date"]:
               f"{'met' if t['met'] else 'MISSED'}", file=sys.stderr)
     if gv.get("error"):
         print(f"  (guest-verbs) {gv['error']}", file=sys.stderr)
+gt = next((c for c in report["cases"] if c["id"] == "guest-tid"), None)
+if gt and gt.get("date", report["date"]) == report["date"]:
+    print("\n(guest-tid) perftest READ and WRITE in the guest: TID RDMA, plain RDMA, SoftRoCE (MiB/s):", file=sys.stderr)
+    for m in gt.get("metrics", []):
+        print(f"  {m['name']:<56} {fmt(m['value'], m['unit'])}", file=sys.stderr)
+    if gt.get("error"):
+        print(f"  (guest-tid) {gt['error']}", file=sys.stderr)
 if curves:
     print(f"\nscale curves ({out}/scale.svg):", file=sys.stderr)
     for cv in curves:

@@ -36,7 +36,9 @@
 #                         for ACTIVE again; the stock driver deadlocks there today (docs/hfi1-fabric.md)
 #   --fabric-perf         with --fabric: after its steps, perftest bandwidth and latency between hfi1_0 and hfi1_1
 #                         and the same on SoftRoCE over a veth pair in the guest (step fabric-perf, the result's
-#                         fabric_perf; ci/bench.sh's guest-verbs case); the default --timeout becomes 1800
+#                         fabric_perf; ci/bench.sh's guest-verbs case); with --tid-rdma instead perftest READ
+#                         and WRITE with TID RDMA, without it and on SoftRoCE (step tid-perf; ci/bench.sh's
+#                         guest-tid case); the default --timeout becomes 1800
 #   --tid-rdma            the fabric with the kernel's own TID RDMA: cap_mask gains TID_RDMA and OPFN, and after
 #                         the bring-up the guest runs its TID RDMA steps (ci/guest/tid-rdma.sh) instead of the
 #                         plain verbs and fault steps; implies --fabric (docs/kernel-tid-rdma.md)
@@ -832,6 +834,8 @@ if guest is not None:
             expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm", "fabric-link-bounce", "fabric-dmesg"]
         elif fabric == "1" and tid_rdma == "1":
             expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm"] + TID_STEPS + ["fabric-dmesg"]
+            if fabric_perf == "1":
+                expected.append("tid-perf")
             problems.extend(tid_rdma_problems(guest))
         elif fabric == "1":
             expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm", "fabric-smp", "verbs-rc-pio",

@@ -443,6 +443,11 @@ run_fabric() { # id
     if [ "$P_tid_rdma" = 1 ]; then
         if command -v run_tid_rdma >/dev/null; then run_tid_rdma
         else begin tid-setup; record tid-setup false "$t" "the initramfs has no /lib/rdma-emu/tid-rdma.sh"; fi
+        # TID RDMA READ and WRITE against plain RDMA and SoftRoCE (ci/run-qemu.sh --tid-rdma --fabric-perf).
+        if [ "$P_fabric_perf" = 1 ]; then
+            if command -v step_tid_perf >/dev/null; then step_tid_perf
+            else begin tid-perf; record tid-perf false "$t" "the initramfs has no /lib/rdma-emu/perf.sh"; fi
+        fi
         step_fabric_dmesg
         return 0
     fi

@@ -36,6 +36,9 @@ PERF_VETH_A=rxa PERF_VETH_B=rxb
 PERF_IP_A=10.77.0.1 PERF_IP_B=10.77.0.2
 PERF_TABLE_A=177 PERF_TABLE_B=178
 
+# The device model's bytes placed through TIDs (both HFIs): READ responses and WRITE data (docs/hfi1-fabric.md).
+PERF_TID_COUNTERS="wire_rx_kdeth_read_resp_bytes wire_rx_kdeth_write_data_bytes"
+
 # Iterations for a bandwidth run of $1 bytes.
 perf_iters() {
     n=$((PERF_BYTES / $1))
@@ -221,8 +224,10 @@ perf_transport() { # name server-dev client-dev extra-args...
             fi
             iters=$(perf_iters "$size")
             say "fabric-perf: $name $tool -s $size -n $iters"
-            a0=""
-            [ "$name" = hfi1 ] && host_request accesses && a0=$HOST_REPLY
+            a0="" t0=""
+            [ "$name" = rxe ] || { host_request accesses && a0=$HOST_REPLY; }
+            # shellcheck disable=SC2086 # the counter names
+            [ "$name" = rxe ] || { host_request counters $PERF_TID_COUNTERS && t0=$HOST_REPLY; }
             if perf_run "$tool" "$sdev" "$cdev" -F -s "$size" -n "$iters" "$@" \
                 && row=$(perf_parse_bw "$PERF_DIR/client.out" "$size") && [ -n "$row" ]; then
                 echo "$tool $size $row" >>"$PERF_DIR/$name.bw"
@@ -230,12 +235,18 @@ perf_transport() { # name server-dev client-dev extra-args...
                     d=$(perf_accesses_delta "$a0" "$HOST_REPLY")
                     [ -n "$d" ] && echo "$tool $size $iters $d" >>"$PERF_DIR/$name.acc"
                 fi
+                # shellcheck disable=SC2086 # the counter names
+                if [ -n "$t0" ] && host_request counters $PERF_TID_COUNTERS; then
+                    echo "$t0 $HOST_REPLY" | awk -v k="$tool $size" 'NF == 4 { print k, ($3 - $1) + ($4 - $2) }' \
+                        >>"$PERF_DIR/$name.tid"
+                fi
             else
                 PERF_ERR="$PERF_ERR $name $tool $size B: ${PERF_WHY:-no result row for $size B}: $(perf_tails);"
                 break # the larger sizes would fail the same way
             fi
         done
     done
+    [ -n "$PERF_LAT_TOOL" ] || return 0
     say "fabric-perf: $name $PERF_LAT_TOOL -s $PERF_LAT_SIZE -n $PERF_LAT_ITERS"
     if perf_run "$PERF_LAT_TOOL" "$sdev" "$cdev" -F -s "$PERF_LAT_SIZE" -n "$PERF_LAT_ITERS" "$@" \
         && row=$(perf_parse_lat "$PERF_DIR/client.out" "$PERF_LAT_SIZE") && [ -n "$row" ]; then
@@ -322,4 +333,104 @@ step_fabric_perf() {
     done
     if [ -z "$PERF_ERR" ]; then record fabric-perf true "$t" "" "$members"
     else record fabric-perf false "$t" "${PERF_ERR# }" "$members"; fi
+}
+
+# --- TID RDMA against plain RDMA and SoftRoCE (ci/run-qemu.sh --tid-rdma --fabric-perf) -----------------------
+# The same perftest READ and WRITE runs three times in one boot: on hfi1 with TID RDMA (the run's cap_mask has
+# OPFN, so each new RC QP negotiates it), on hfi1 without (OPFN cleared at run time: a writable bit,
+# HFI1_CAP_WRITABLE_MASK in common.h, checked by hfi1_caps_set, driver.c:69-106; a QP then never asks, opfn.c:298),
+# and on SoftRoCE. Only work requests posted after a QP's OPFN finished go by TID RDMA, and perftest posts its
+# send queue's depth at once, so every run uses a depth of 4 (as the tid-read-bw step does); each hfi1 run records
+# the bytes the device placed through TIDs, so the share that went by TID RDMA is measured, not assumed.
+TID_PERF_SIZES=${TID_PERF_SIZES:-"262144 1048576 4194304"}
+TID_PERF_TOOLS=${TID_PERF_TOOLS:-"ib_write_bw ib_read_bw"}
+TID_PERF_DEPTH=4
+# Bytes per run: 64 MiB, so that the depth's first work requests, posted before OPFN finished, are a small part
+# (at 4 MiB, 4 of 16).
+TID_PERF_BYTES=${TID_PERF_BYTES:-67108864}
+HFI1_CAP_OPFN=$((1 << 16))
+
+# Sets or clears OPFN in hfi1's cap_mask; false if the driver did not take it. The mask reads back with the
+# kernel bits mirrored into the user half (hfi1_caps_get), so only the OPFN bit is compared.
+perf_opfn() { # 0|1
+    m=$(($(cat /sys/module/hfi1/parameters/cap_mask 2>/dev/null) + 0))
+    if [ "$1" = 1 ]; then m=$((m | HFI1_CAP_OPFN)); else m=$((m & ~HFI1_CAP_OPFN)); fi
+    printf '0x%x\n' "$m" >/sys/module/hfi1/parameters/cap_mask 2>/dev/null
+    [ $(($(cat /sys/module/hfi1/parameters/cap_mask 2>/dev/null) & HFI1_CAP_OPFN)) = $(($1 * HFI1_CAP_OPFN)) ]
+}
+
+# JSON rows joining the three variants by tool and size: each one's figures, the ratios of average bandwidth,
+# and the share of each hfi1 run's bytes the device placed through TIDs.
+perf_tid_json_rows() {
+    awk '
+        function obj(f,   a) {
+            if (f == "") return "null"
+            split(f, a, " ")
+            return sprintf("{\"iters\":%s,\"peak_mib_s\":%s,\"mib_s\":%s,\"mpps\":%s}", a[1], a[2], a[3], a[4])
+        }
+        function avg(f,   a) { if (f == "") return 0; split(f, a, " "); return a[3] + 0 }
+        function ratio(x, y) { return (x > 0 && y > 0) ? sprintf("%.4f", x / y) : "null" }
+        FILENAME ~ /\.tid$/ { split(FILENAME, p, "/"); n2 = p[length(p)]; sub(/\.tid$/, "", n2)
+            if (n2 == "tid") tb[$1 " " $2] = $3; else pb[$1 " " $2] = $3; next }
+        {
+            key = $1 " " $2; rest = $3; for (i = 4; i <= NF; i++) rest = rest " " $i
+            if (!(key in seen)) { seen[key] = 1; order[++n] = key }
+            if (FILENAME ~ /\/tid\.bw$/) T[key] = rest; else if (FILENAME ~ /\/plain\.bw$/) P[key] = rest; else R[key] = rest
+        }
+        END {
+            for (i = 1; i <= n; i++) {
+                k = order[i]; split(k, t, " ")
+                ts = "null"; if ((k in tb) && (k in T)) { split(T[k], a, " "); if (t[2] * a[1] > 0) ts = sprintf("%.3f", tb[k] / (t[2] * a[1])) }
+                ps = "null"; if ((k in pb) && (k in P)) { split(P[k], a, " "); if (t[2] * a[1] > 0) ps = sprintf("%.3f", pb[k] / (t[2] * a[1])) }
+                printf "%s{\"tool\":\"%s\",\"bytes\":%s,\"tid\":%s,\"plain\":%s,\"rxe\":%s,", (i > 1 ? "," : ""),
+                    t[1], t[2], obj(T[k]), obj(P[k]), obj(R[k])
+                printf "\"tid_over_plain\":%s,\"tid_over_rxe\":%s,\"plain_over_rxe\":%s,\"tid_share\":{\"tid\":%s,\"plain\":%s}}",
+                    ratio(avg(T[k]), avg(P[k])), ratio(avg(T[k]), avg(R[k])), ratio(avg(P[k]), avg(R[k])), ts, ps
+            }
+        }' "$PERF_DIR/tid.tid" "$PERF_DIR/plain.tid" "$PERF_DIR/tid.bw" "$PERF_DIR/plain.bw" "$PERF_DIR/rxe.bw"
+}
+
+step_tid_perf() {
+    begin tid-perf
+    PERF_ERR=""
+    rm -rf "$PERF_DIR" "$PERF_JSON"
+    mkdir -p "$PERF_DIR"
+    for f in tid plain rxe; do : >"$PERF_DIR/$f.bw"; : >"$PERF_DIR/$f.tid"; done
+    now
+    PERF_DEADLINE=$((${NOW%.*} + PERF_BUDGET))
+    host_deadline tid-perf $((PERF_BUDGET + 2 * PERF_RUN_TIMEOUT + 60))
+    mask=$(cat /sys/module/hfi1/parameters/cap_mask 2>/dev/null)
+    # The tools and sizes of this step; no latency run.
+    saved="$PERF_SIZES|$PERF_BW_TOOLS|$PERF_LAT_TOOL|$PERF_BYTES"
+    PERF_SIZES=$TID_PERF_SIZES PERF_BW_TOOLS=$TID_PERF_TOOLS PERF_LAT_TOOL="" PERF_BYTES=$TID_PERF_BYTES
+    if [ $((${mask:-0} & HFI1_CAP_OPFN)) = 0 ]; then
+        PERF_ERR="$PERF_ERR hfi1's cap_mask ${mask:-unreadable} has no OPFN: not a --tid-rdma boot;"
+    else
+        perf_transport tid hfi1_1 hfi1_0 -t "$TID_PERF_DEPTH"
+        if perf_opfn 0; then
+            perf_transport plain hfi1_1 hfi1_0 -t "$TID_PERF_DEPTH"
+        else
+            PERF_ERR="$PERF_ERR hfi1 did not take a cap_mask without OPFN;"
+        fi
+        perf_opfn 1 || PERF_ERR="$PERF_ERR hfi1 did not take OPFN back;"
+    fi
+    PERF_GID_A="" PERF_GID_B=""
+    if perf_rxe_up; then
+        perf_transport rxe rxe1 rxe0 -x "$PERF_GID_A" -t "$TID_PERF_DEPTH"
+    else
+        PERF_ERR="$PERF_ERR SoftRoCE setup: $PERF_RXE_WHY;"
+    fi
+    perf_stop_server
+    perf_rxe_down
+    PERF_SIZES=${saved%%|*} saved=${saved#*|} PERF_BW_TOOLS=${saved%%|*} saved=${saved#*|}
+    PERF_LAT_TOOL=${saved%%|*} PERF_BYTES=${saved#*|}
+    host_deadline_end tid-perf
+    echo "{\"kind\":\"tid\",\"sizes\":[$(echo "$TID_PERF_SIZES" | sed 's/  */,/g')],\"tools\":$(json_str "$TID_PERF_TOOLS"),\
+\"depth\":$TID_PERF_DEPTH,\"cap_mask\":$(json_str "$mask"),\"units\":{\"bw\":\"MiB/s (perftest's MB/sec)\",\
+\"tid_share\":\"bytes the device placed through TIDs / bytes moved\"},\
+\"bw\":[$(perf_tid_json_rows)]}" >"$PERF_JSON"
+    members=""
+    for f in tid plain rxe; do members="$members${members:+,}\"${f}_bw_rows\":$(wc -l <"$PERF_DIR/$f.bw")"; done
+    if [ -z "$PERF_ERR" ]; then record tid-perf true "$t" "" "$members"
+    else record tid-perf false "$t" "${PERF_ERR# }" "$members"; fi
 }

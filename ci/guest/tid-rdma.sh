@@ -211,17 +211,20 @@ step_tid_opfn() {
 # every byte under the same load. Each TID QP allocates flow state for every send queue entry and responder slot
 # (hfi1_qp_priv_init, order-2 pages): 40 QPs a side do not fit the 512 MiB guest next to opa-fm's sm (330 MiB),
 # whose sweeps are done, so it is stopped first (the ports stay ACTIVE without it).
-TID_EXHAUST_QPS=40
+# The QPs' ACK timeout is 4.096 us * 2^18, about 1 s, rather than perftest's 2^14 (67 ms): 40 QPs a side on the
+# guest's one TCG vCPU answer slower than that under load, and the retries that follow can run a QP out of
+# them (seen with a build running beside the guest: "exit status 1", RcTimeOut 697).
+TID_EXHAUST_QPS=40 TID_EXHAUST_TIMEOUT=18
 step_tid_exhaust() {
     begin tid-exhaust; host_deadline tid-exhaust "$KDRIVER_TIMEOUT"
     sm_stop 30
     tid_snapshot; before=$TID_SNAP
-    run_pair "$KDRIVER_TIMEOUT" ib_read_bw -q "$TID_EXHAUST_QPS" -s "$TID_BYTES" -n 10 -t 2
+    run_pair "$KDRIVER_TIMEOUT" ib_read_bw -q "$TID_EXHAUST_QPS" -s "$TID_BYTES" -n 10 -t 2 -u "$TID_EXHAUST_TIMEOUT"
     tid_measure "$before"
     host_deadline_end tid-exhaust
     err=""
     line=$(awk '$1 ~ /^[0-9]+$/ && NF >= 4 { l = $0 } END { print l }' /tmp/client.out)
-    [ "$PAIR_RC" = 0 ] && [ -n "$line" ] || err="ib_read_bw -q $TID_EXHAUST_QPS: $(timeout_msg "$PAIR_RC" "$KDRIVER_TIMEOUT"): $(pair_tail);"
+    [ "$PAIR_RC" = 0 ] && [ -n "$line" ] || err="ib_read_bw -q $TID_EXHAUST_QPS -u $TID_EXHAUST_TIMEOUT: $(timeout_msg "$PAIR_RC" "$KDRIVER_TIMEOUT"): $(pair_tail);"
     tid_expect read
     [ "$(moved "$TID_MOVED" k.queue_qp_for_tid_wait)" -gt 0 ] || err="$err queue_qp_for_tid_wait never ran;"
     [ "$(moved "$TID_MOVED" e.hfi1_msg_alloc_tids)" -gt 0 ] || err="$err no segment ran out of RcvArray groups;"
@@ -230,7 +233,8 @@ step_tid_exhaust() {
     if [ -z "$err" ]; then record tid-exhaust true "$t" "" "$members"
     else record tid-exhaust false "$t" "${err# }" "$members"; fi
 
-    tid_check_step tid-exhaust-check "\"pairs\":$TID_EXHAUST_QPS," -q "$TID_EXHAUST_QPS" -s 4096,262144
+    tid_check_step tid-exhaust-check "\"pairs\":$TID_EXHAUST_QPS," -q "$TID_EXHAUST_QPS" -s 4096,262144 \
+        -u "$TID_EXHAUST_TIMEOUT"
 }
 
 # The cable loses, reorders or corrupts packets of TID flows while verbs-check moves data with every byte

@@ -9,12 +9,13 @@
  * them with their fill. It prints one JSON line per transfer and a summary line, and exits 0 only if every
  * transfer completed and compared equal.
  *
- *   verbs-check [-a DEV] [-b DEV] [-m MTU] [-q PAIRS] [-s SIZES] [-t SECS]
+ *   verbs-check [-a DEV] [-b DEV] [-m MTU] [-q PAIRS] [-s SIZES] [-t SECS] [-u TIMEOUT]
  *     -a, -b  the two devices (default hfi1_0, hfi1_1)
  *     -m      path MTU in bytes: 256, 512, 1024, 2048 or 4096 (default 4096)
  *     -q      queue pairs, each with its own buffers, all transferring at once (default 1, at most 64)
  *     -s      comma-separated sizes in bytes, K and M suffixes allowed (default 1,63,4095,4096,65537,262144,1M,4M)
  *     -t      seconds each round of work requests may take (default 60)
+ *     -u      the queue pairs' local ACK timeout, 4.096 us * 2^TIMEOUT, 1..31 (default 14, as perftest's -u)
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -144,7 +145,7 @@ static int open_end(struct end *e, size_t len, int pairs)
 }
 
 /* Pair i's queue pair: INIT, RTR toward `peer`'s, RTS. */
-static int connect_qp(struct end *e, struct end *peer, int i, enum ibv_mtu mtu)
+static int connect_qp(struct end *e, struct end *peer, int i, enum ibv_mtu mtu, int timeout)
 {
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
@@ -167,7 +168,7 @@ static int connect_qp(struct end *e, struct end *peer, int i, enum ibv_mtu mtu)
 		return errno;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
+	a.timeout = timeout;
 	a.retry_cnt = 7;
 	a.rnr_retry = 7;
 	a.sq_psn = 0;
@@ -238,11 +239,11 @@ int main(int argc, char **argv)
 {
 	struct end a = { .name = "hfi1_0" }, b = { .name = "hfi1_1" };
 	size_t sizes[MAX_SIZES], max = 0;
-	int nsizes, mtu = 4096, secs = 60, pairs = 1, opt, err, failed = 0, transfers = 0, stop = 0;
+	int nsizes, mtu = 4096, secs = 60, pairs = 1, timeout = 14, opt, err, failed = 0, transfers = 0, stop = 0;
 	const char *size_list = "1,63,4095,4096,65537,262144,1M,4M";
 	uint64_t bytes = 0;
 
-	while ((opt = getopt(argc, argv, "a:b:m:q:s:t:")) != -1) {
+	while ((opt = getopt(argc, argv, "a:b:m:q:s:t:u:")) != -1) {
 		switch (opt) {
 		case 'a': a.name = optarg; break;
 		case 'b': b.name = optarg; break;
@@ -250,14 +251,15 @@ int main(int argc, char **argv)
 		case 'q': pairs = atoi(optarg); break;
 		case 's': size_list = optarg; break;
 		case 't': secs = atoi(optarg); break;
+		case 'u': timeout = atoi(optarg); break;
 		default:
-			fprintf(stderr, "usage: verbs-check [-a DEV] [-b DEV] [-m MTU] [-q PAIRS] [-s SIZES] [-t SECS]\n");
+			fprintf(stderr, "usage: verbs-check [-a DEV] [-b DEV] [-m MTU] [-q PAIRS] [-s SIZES] [-t SECS] [-u TIMEOUT]\n");
 			return 2;
 		}
 	}
 	nsizes = parse_sizes(size_list, sizes, MAX_SIZES);
-	if (nsizes <= 0 || !mtu_enum(mtu) || secs <= 0 || pairs < 1 || pairs > MAX_PAIRS) {
-		fprintf(stderr, "verbs-check: bad -s, -m, -q or -t\n");
+	if (nsizes <= 0 || !mtu_enum(mtu) || secs <= 0 || pairs < 1 || pairs > MAX_PAIRS || timeout < 1 || timeout > 31) {
+		fprintf(stderr, "verbs-check: bad -s, -m, -q, -t or -u\n");
 		return 2;
 	}
 	for (int i = 0; i < nsizes; i++)
@@ -269,7 +271,7 @@ int main(int argc, char **argv)
 	if ((err = open_end(&b, max, pairs)))
 		return die(b.name, err);
 	for (int i = 0; i < pairs; i++)
-		if ((err = connect_qp(&a, &b, i, mtu_enum(mtu))) || (err = connect_qp(&b, &a, i, mtu_enum(mtu))))
+		if ((err = connect_qp(&a, &b, i, mtu_enum(mtu), timeout)) || (err = connect_qp(&b, &a, i, mtu_enum(mtu), timeout)))
 			return die("connecting the queue pairs", err);
 
 	for (int s = 0; s < nsizes && !stop; s++) {
