@@ -30,7 +30,8 @@ use crate::hfi1::cable::wire::{
 };
 use crate::trace::{Block, Level, Val};
 
-/// Packets the port queues for its worker at most; more are dropped (counted).
+/// Packets the port queues for its worker at most (one more while the worker has the head out to judge it);
+/// more are dropped (counted).
 pub const INGRESS_QUEUE: usize = 1024;
 /// RCV_VL15 holds the management context's number.
 const RCV_VL15_CTXT_MASK: u64 = 0xFF;
@@ -92,13 +93,19 @@ pub(super) fn run(shared: &Shared, epoch: u64) {
         if !shared.current(epoch) {
             return;
         }
-        let Some(pkt) = shared.ingress.lock().unpoison().front().cloned() else {
+        let Some(pkt) = shared.ingress.lock().unpoison().pop_front() else {
             shared.ingress_held.store(false, Relaxed);
             return;
         };
         let step = judge(shared, &pkt);
         match step {
             Step::Held => {
+                // Back at the head, unless a reset emptied the queue meanwhile (it moves the epoch first).
+                let mut q = shared.ingress.lock().unpoison();
+                if shared.current(epoch) {
+                    q.push_front(pkt);
+                }
+                drop(q);
                 if !shared.ingress_held.swap(true, Relaxed) {
                     shared.counters.wire_rx_held.fetch_add(1, Relaxed);
                 }
@@ -108,7 +115,6 @@ pub(super) fn run(shared: &Shared, epoch: u64) {
             Step::Placed(plan) => write(shared, dma.as_ref(), &pkt, plan, epoch),
         }
         shared.ingress_held.store(false, Relaxed);
-        shared.ingress.lock().unpoison().pop_front();
     }
 }
 

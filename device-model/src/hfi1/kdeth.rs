@@ -130,14 +130,15 @@ fn expected(
     payload: Range<usize>,
     counters: &Counters,
 ) -> Result<Delivery, Refusal> {
+    let icrc_ok = pkt.icrc_ok();
     let entry = |errors| Arrival {
         rcv_type: RHF_RCV_TYPE_EXPECTED,
         errors,
-        ..Arrival::ib(header, rest, false, pkt.sc4, pkt.icrc_ok())
+        ..Arrival::ib(header, rest, false, pkt.sc4, icrc_ok)
     };
     // A corrupted packet is neither placed nor counted by its flow: its entry carries IcrcErr, which the
     // kernel drops (hfi1_handle_kdeth_eflags), and the next packet's sequence error starts the recovery.
-    if !pkt.icrc_ok() {
+    if !icrc_ok {
         let plan = chip.rhq_reserve(ctxt, &entry(0), counters)?;
         counters.wire_rx_kdeth_errors.fetch_add(1, Relaxed);
         return Ok(Delivery { kind: Kind::Error("bad ICRC"), rhq: Some(plan), tid: None });

@@ -211,7 +211,11 @@ impl WirePacket {
 /// The invariant CRC: CRC-32 over the packet with the fields a switch may change set to ones (LRH.VL; in the
 /// GRH the traffic class, flow label and hop limit; the BTH's FECN/BECN byte), as the IBTA's ICRC masks them.
 pub fn icrc(body: &[u8]) -> u32 {
-    let mut masked = body.to_vec();
+    // Only the headers are masked: they are copied, the payload is hashed where it lies.
+    let mut head = [0u8; LRH_BYTES + GRH_BYTES + BTH_BYTES];
+    let n = head.len().min(body.len());
+    head[..n].copy_from_slice(&body[..n]);
+    let masked = &mut head[..n];
     if let Some(b) = masked.first_mut() {
         *b |= 0xF0;
     }
@@ -230,7 +234,10 @@ pub fn icrc(body: &[u8]) -> u32 {
     if let Some(b) = masked.get_mut(bth + 4) {
         *b = 0xFF;
     }
-    crc32fast::hash(&masked)
+    let mut h = crc32fast::Hasher::new();
+    h.update(masked);
+    h.update(&body[n..]);
+    h.finalize()
 }
 
 #[cfg(test)]
@@ -304,6 +311,28 @@ mod tests {
         let mut bad = p.clone();
         bad.bytes[100] ^= 1;
         assert!(!bad.icrc_ok());
+    }
+
+    /// Golden ICRCs: CRC-32 (Python's zlib.crc32) over each packet with the IBTA's variant fields set to ones
+    /// (LRH.VL; GRH traffic class, flow label and hop limit; BTH byte 4), computed outside this crate.
+    #[test]
+    fn the_icrc_is_the_crc32_of_the_packet_with_the_variant_fields_masked() {
+        let mut bth_only = smp();
+        (28..bth_only.len()).for_each(|i| bth_only[i] = (i * 7 + 3) as u8);
+        let mut grh = vec![0u8; LRH_BYTES + GRH_BYTES + BTH_BYTES + 64];
+        grh[0] = 0x10;
+        grh[1] = LNH_GRH;
+        let dwords = ((grh.len() + ICRC_BYTES) / 4) as u16;
+        grh[4..6].copy_from_slice(&dwords.to_be_bytes());
+        grh[8..12].copy_from_slice(&[0x6A, 0xBC, 0xDE, 0xF1]); // version 6, traffic class, flow label
+        grh[15] = 0x40; // hop limit
+        (16..48).for_each(|i| grh[i] = i as u8);
+        grh[48] = 0x04;
+        grh[52] = 0x3F;
+        (60..grh.len()).for_each(|i| grh[i] = (i * 13 + 1) as u8);
+        for (name, body, golden) in [("LRH+BTH", bth_only, 0x23b1_d7f9u32), ("LRH+GRH+BTH", grh, 0x1000_0306)] {
+            assert_eq!(icrc(&body), golden, "{name}");
+        }
     }
 
     #[test]
