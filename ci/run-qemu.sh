@@ -777,7 +777,8 @@ for s in steps:
 # functions ran, and the device model placed bytes of TID RDMA READ and WRITE through TIDs and flows the kernel
 # programmed (docs/kernel-tid-rdma.md).
 TID_STEPS = ["tid-setup", "tid-read-bw", "tid-write-bw", "tid-verbs-check", "tid-opfn", "tid-fault-read-drop",
-             "tid-fault-read-reorder", "tid-fault-write-corrupt", "tid-exhaust", "tid-exhaust-check"]
+             "tid-fault-read-reorder", "tid-fault-write-corrupt", "tid-fault-write-resync", "tid-exhaust",
+             "tid-exhaust-check"]
 TID_KFUNCS = ["hfi1_setup_wqe", "hfi1_kern_exp_rcv_setup", "hfi1_kern_setup_hw_flow", "queue_qp_for_tid_wait"]
 
 def tid_rdma_problems(guest):

@@ -30,6 +30,8 @@ TID_CAPS=$((0x20 | 0x10000))
 # IB_WR_TID_RDMA_WRITE / _READ = IB_WR_RESERVED1 / 2 (include/rdma/tid_rdma_defs.h, ib_verbs.h: 0xf0, 0xf1);
 # IB_WR_RDMA_WRITE 0, IB_WR_RDMA_READ 4.
 TID_WR_TID_WRITE=240 TID_WR_TID_READ=241
+# TID_OP(RESYNC) on the wire: IB_OPCODE_TID_RDMA 0xE0 + 6 (include/rdma/tid_rdma_defs.h:76-95).
+TID_OP_RESYNC=230
 TID_INST=$TRACING/instances/rdmaemu-tid
 TID_BYTES=262144
 
@@ -242,27 +244,33 @@ step_tid_exhaust() {
 # expected packet leaves its flow behind, the next one makes a FLOW_SEQ_ERR entry, and the kernel restarts the
 # READ from the flow's next PSN or NAKs the WRITE (hfi1_handle_kdeth_eflags, tid_rdma.c:2746-2811, 2956-3029).
 TID_FAULT_SIZES=4096,262144,1M
-step_tid_fault() { # step device spec
-    name=$1 fdev=$2 spec=$3
+step_tid_fault() { # step wire-opcode-that-must-be-sent|"" device spec [device spec]...
+    name=$1 must=$2
+    shift 2
     begin "$name"; host_deadline "$name" "$KDRIVER_TIMEOUT"
-    err="" fired=""
+    err="" fired="" armed="" n=0
     tid_snapshot; before=$TID_SNAP
-    if host_request fault "$fdev" "$spec"; then
+    while [ $# -ge 2 ]; do
+        host_request fault "$1" "$2" || err="$err arming $1:$2: $HOST_REPLY;"
+        armed="$armed${armed:+ }$1:$2" n=$((n + 1))
+        shift 2
+    done
+    if [ -z "$err" ]; then
         run_to "$KDRIVER_TIMEOUT" verbs-check -a "$FABRIC_A" -b "$FABRIC_B" -s "$TID_FAULT_SIZES" -t "$((KDRIVER_TIMEOUT - 10))"
         rc=$?
         summary=$(grep '"summary"' "$OUT" | tail -n 1)
         [ "$rc" = 0 ] && [ -n "$summary" ] || err="verbs-check: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
-    else
-        err="arming $fdev:$spec: $HOST_REPLY;"
     fi
     if host_request fault-clear; then fired=$HOST_REPLY; else err="$err clearing the faults: $HOST_REPLY;"; fi
-    [ "${fired:-0}" -gt 0 ] 2>/dev/null || err="$err the fault never fired;"
+    [ "${fired:-0}" -ge "$n" ] 2>/dev/null || err="$err the faults fired ${fired:-?} times, fewer than the $n armed;"
     tid_measure "$before"
+    [ -z "$must" ] || [ "$(moved "$TID_MOVED" "wire.$must")" -gt 0 ] || err="$err no packet of opcode $must sent;"
     host_deadline_end "$name"
-    members="\"fault\":$(json_str "$fdev:$spec"),\"fired\":${fired:-null},\"summary\":${summary:-null},\"moved\":$TID_MOVED"
+    members="\"fault\":$(json_str "$armed"),\"fired\":${fired:-null},\"summary\":${summary:-null},\"moved\":$TID_MOVED"
     if [ -z "$err" ]; then record "$name" true "$t" "" "$members"
     else record "$name" false "$t" "${err# }" "$members"; fi
 }
+
 
 # --- the run -------------------------------------------------------------------------------------------------
 run_tid_rdma() {
@@ -274,9 +282,19 @@ run_tid_rdma() {
     step_tid_perftest tid-write-bw write ib_write_bw -s "$TID_BYTES" -n 40 -t 4
     step_tid_verbs_check
     step_tid_opfn
-    step_tid_fault tid-fault-read-drop hfi1-wfr "cable-drop,prob=0.02,seed=7,count=3"
-    step_tid_fault tid-fault-read-reorder hfi1-wfr "cable-reorder,prob=0.02,seed=5,count=3"
-    step_tid_fault tid-fault-write-corrupt hfi1-wfr1 "cable-corrupt,prob=0.02,seed=11,count=3,byte=200"
+    step_tid_fault tid-fault-read-drop "" hfi1-wfr "cable-drop,prob=0.02,seed=7,count=3"
+    step_tid_fault tid-fault-read-reorder "" hfi1-wfr "cable-reorder,prob=0.02,seed=5,count=3"
+    step_tid_fault tid-fault-write-corrupt "" hfi1-wfr1 "cable-corrupt,prob=0.02,seed=11,count=3,byte=200"
+    # A WRITE DATA packet (0xE2) in the middle of the 1 MiB WRITE's second segment is lost (the 256 KiB WRITE
+    # sends 63, the first segment 64), and so is the NAK the responder sends for it (the step's third TID ACK,
+    # 0xE7, to hfi1_0, after the 256 KiB WRITE's and the first segment's ACKs): the requester never hears of the
+    # loss, its TID retry timer fires and it sends RESYNC (0xE6, hfi1_tid_retry_timeout, tid_rdma.c:4798-4841);
+    # the responder moves the flow to the next generation and ACKs from the PSN it had
+    # (hfi1_rc_rcv_tid_rdma_resync, 4869-4977; make_tid_rdma_ack, 5186-5320), and the requester sends the rest
+    # again. Where the kernel's own RESYNC does not recover (a lost last packet of a request, or a loss in its
+    # first segment): docs/kernel-tid-rdma.md.
+    step_tid_fault tid-fault-write-resync "$TID_OP_RESYNC" \
+        hfi1-wfr1 "cable-drop,opcode=0xe2,nth=158" hfi1-wfr "cable-drop,opcode=0xe7,nth=3"
     step_tid_exhaust
     # The result's kernel_functions and tid_rdma: everything since tid-setup.
     tid_measure "$TID_BASE"

@@ -147,12 +147,19 @@ impl FaultKind {
             FaultKind::Removed => (&[], "surprise removal: reads all-ones, nothing else reaches the device"),
             FaultKind::MsixDrop => (&["vector"], "an interrupt is not delivered"),
             FaultKind::DmaMapRefuse => (&["errno"], "a DMA_MAP is refused with errno (default ENOMEM)"),
-            FaultKind::CableDrop => (&[], "a packet to the device is lost on the cable"),
-            FaultKind::CableDelay => (&["ms"], "a packet to the device arrives ms milliseconds late"),
-            FaultKind::CableCorrupt => {
-                (&["byte", "xor"], "byte (default the middle one) of a packet to the device is XORed with xor")
+            FaultKind::CableDrop => {
+                (&["opcode"], "a packet to the device (of BTH opcode, if given) is lost on the cable")
             }
-            FaultKind::CableReorder => (&[], "a packet to the device arrives after the next one"),
+            FaultKind::CableDelay => {
+                (&["ms", "opcode"], "a packet to the device (of BTH opcode, if given) arrives ms milliseconds late")
+            }
+            FaultKind::CableCorrupt => (
+                &["byte", "xor", "opcode"],
+                "byte (default the middle one) of a packet to the device (of BTH opcode, if given) is XORed with xor",
+            ),
+            FaultKind::CableReorder => {
+                (&["opcode"], "a packet to the device (of BTH opcode, if given) arrives after the next one")
+            }
         }
     }
 
@@ -227,6 +234,8 @@ pub struct Params {
     pub errno: i32,
     /// Which byte of a packet `cable-corrupt` changes.
     pub byte: Option<u64>,
+    /// Cable faults: only packets of this BTH opcode count as events (e.g. 0xE3, TID RDMA WRITE DATA LAST).
+    pub opcode: Option<u8>,
 }
 
 /// When a fault fires.
@@ -376,6 +385,7 @@ impl FaultSpec {
                 "value" => p.value = num(u64::MAX)?,
                 "vector" => p.vector = Some(num(2047)? as u16),
                 "byte" => p.byte = Some(num(u64::from(u16::MAX))?),
+                "opcode" => p.opcode = Some(num(0xFF)? as u8),
                 "errno" => {
                     p.errno = match ERRNOS.iter().find(|(n, _)| n.eq_ignore_ascii_case(value)) {
                         Some((_, e)) => *e,
@@ -500,6 +510,9 @@ impl fmt::Display for FaultSpec {
             | FaultKind::Removed
             | FaultKind::CableDrop
             | FaultKind::CableReorder => {}
+        }
+        if let Some(o) = p.opcode {
+            kv("opcode", format!("{o:#x}"))?;
         }
         let t = &self.trigger;
         kv("nth", t.nth.to_string())?;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use vfio_user_proto::sync::Unpoison;
 
-use crate::fault::FaultKind;
+use crate::fault::{FaultKind, Params};
 use crate::probe::Probe;
 use crate::trace::{Block, Level, Val};
 use capture::{Capture, Direction};
@@ -494,24 +494,26 @@ impl Link {
             return;
         };
         let probe = port.probe();
-        if probe.fault(FaultKind::CableDrop, |_| true).is_some() {
+        let opcode = packet.opcode();
+        let ours = |p: &Params| p.opcode.is_none_or(|o| o == opcode);
+        if probe.fault(FaultKind::CableDrop, ours).is_some() {
             dir.dropped_fault.fetch_add(1, Ordering::Relaxed);
             self.record(to, &packet, "dropped");
             return;
         }
-        if let Some(f) = probe.fault(FaultKind::CableCorrupt, |_| true) {
+        if let Some(f) = probe.fault(FaultKind::CableCorrupt, ours) {
             let at = f.params.byte.map_or(packet.bytes.len() / 2, |b| b as usize) % packet.bytes.len();
             // A zero XOR would leave the packet intact: flip the low bit then.
             let xor = (f.params.xor as u8).max(1);
             packet.bytes[at] ^= xor;
             dir.corrupted.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(f) = probe.fault(FaultKind::CableDelay, |_| true) {
+        if let Some(f) = probe.fault(FaultKind::CableDelay, ours) {
             dir.delayed.fetch_add(1, Ordering::Relaxed);
             self.hold(Held { due: Instant::now() + Duration::from_millis(f.params.ms), to, packet, reorder: false });
             return;
         }
-        if probe.fault(FaultKind::CableReorder, |_| true).is_some() {
+        if probe.fault(FaultKind::CableReorder, ours).is_some() {
             dir.reordered.fetch_add(1, Ordering::Relaxed);
             self.hold(Held { due: Instant::now() + REORDER_WAIT, to, packet, reorder: true });
             return;

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::wire::{LNH_BTH, LRH_BYTES};
+use super::wire::{LNH_BTH, LRH_BYTES, OPCODE_TID_RDMA_WRITE_DATA_LAST};
 use super::*;
 use crate::fault::FaultSpec;
 
@@ -230,6 +230,32 @@ fn cable_faults_drop_corrupt_delay_and_reorder_the_nth_packet() {
             .map(|p| tag(p))
             .collect();
         assert_eq!(bad, broken, "{spec}");
+    }
+}
+
+#[test]
+fn a_cable_fault_with_an_opcode_counts_only_the_packets_of_that_opcode() {
+    // Tags 1..=6, the even ones TID RDMA WRITE DATA LAST (0xE3), the odd ones SEND ONLY (0x04): the second 0xE3
+    // packet is tag 4. (fault, tags received in order)
+    let table = [
+        ("cable-drop,opcode=0xe3,nth=2", vec![1, 2, 3, 5, 6]),
+        ("cable-drop,opcode=0x04,nth=2", vec![1, 2, 4, 5, 6]),
+        ("cable-reorder,opcode=0xe3,nth=1", vec![1, 3, 2, 4, 5, 6]),
+    ];
+    for (spec, want) in table {
+        let r = rig();
+        r.b.probe.faults.arm(FaultSpec::parse(spec).unwrap());
+        up(&r);
+        for t in 1..=6u8 {
+            let mut p = packet(t);
+            if t % 2 == 0 {
+                p.bytes[LRH_BYTES] = OPCODE_TID_RDMA_WRITE_DATA_LAST;
+                p = WirePacket::seal(p.bytes[..p.bytes.len() - 4].to_vec(), false, false).unwrap();
+            }
+            r.ea.transmit(p);
+        }
+        r.b.wait(1 + want.len());
+        assert_eq!(r.b.packets().iter().map(|p| tag(p)).collect::<Vec<_>>(), want, "{spec}");
     }
 }
 
