@@ -286,15 +286,16 @@ run_tid_rdma() {
     step_tid_fault tid-fault-read-reorder "" hfi1-wfr "cable-reorder,prob=0.02,seed=5,count=3"
     step_tid_fault tid-fault-write-corrupt "" hfi1-wfr1 "cable-corrupt,prob=0.02,seed=11,count=3,byte=200"
     # A WRITE DATA packet (0xE2) in the middle of the 1 MiB WRITE's second segment is lost (the 256 KiB WRITE
-    # sends 63, the first segment 64), and so is the NAK the responder sends for it (the step's third TID ACK,
-    # 0xE7, to hfi1_0, after the 256 KiB WRITE's and the first segment's ACKs): the requester never hears of the
-    # loss, its TID retry timer fires and it sends RESYNC (0xE6, hfi1_tid_retry_timeout, tid_rdma.c:4798-4841);
-    # the responder moves the flow to the next generation and ACKs from the PSN it had
+    # sends 63, the first segment 64), and so is the NAK the responder sends for it: the step's second and third
+    # TID ACKs (0xE7) to hfi1_0 are lost, after the 256 KiB WRITE's, and the NAK is one of them whether or not the
+    # first segment's ACK went out before it (a lost ACK is made good by a later one). The requester never hears
+    # of the loss, its TID retry timer fires and it sends RESYNC (0xE6, hfi1_tid_retry_timeout,
+    # tid_rdma.c:4798-4841); the responder moves the flow to the next generation and ACKs from the PSN it had
     # (hfi1_rc_rcv_tid_rdma_resync, 4869-4977; make_tid_rdma_ack, 5186-5320), and the requester sends the rest
     # again. Where the kernel's own RESYNC does not recover (a lost last packet of a request, or a loss in its
     # first segment): docs/kernel-tid-rdma.md.
     step_tid_fault tid-fault-write-resync "$TID_OP_RESYNC" \
-        hfi1-wfr1 "cable-drop,opcode=0xe2,nth=158" hfi1-wfr "cable-drop,opcode=0xe7,nth=3"
+        hfi1-wfr1 "cable-drop,opcode=0xe2,nth=158" hfi1-wfr "cable-drop,opcode=0xe7,nth=2,count=2"
     step_tid_exhaust
     # The result's kernel_functions and tid_rdma: everything since tid-setup.
     tid_measure "$TID_BASE"
