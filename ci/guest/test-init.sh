@@ -275,5 +275,22 @@ bw|ib_send_bw 1024 2.75 5.5 0.5;ib_send_bw 1048576 79.12 39.56 2.0;ib_write_bw 1
 lat|ib_send_lat 8 24.12 None None
 CASES
 
+echo "perf_tid_json_rows: TID, plain and SoftRoCE rows joined, their ratios and each hfi1 run's share through TIDs"
+mkdir -p "$TMP/tidperf"
+# tool bytes iterations peak average msgrate; TID bytes per run (tool bytes count)
+printf 'ib_write_bw 1048576 64 50.0 40.00 0.00004\nib_read_bw 1048576 64 30.0 30.00 0.00003\n' >"$TMP/tidperf/tid.bw"
+printf 'ib_write_bw 1048576 64 60.0 50.00 0.00005\n' >"$TMP/tidperf/plain.bw"
+printf 'ib_write_bw 1048576 64 90.0 80.00 0.00008\nib_read_bw 1048576 64 70.0 60.00 0.00006\n' >"$TMP/tidperf/rxe.bw"
+printf 'ib_write_bw 1048576 50331648\nib_read_bw 1048576 67108864\n' >"$TMP/tidperf/tid.tid"
+printf 'ib_write_bw 1048576 0\n' >"$TMP/tidperf/plain.tid"
+got=$(bbp "PERF_DIR='$TMP/tidperf'; echo \"[\$(perf_tid_json_rows)]\"" | python3 -c '
+import json, sys
+f = lambda r, w: (r[w] or {}).get("mib_s")
+print(";".join("%s %s %s %s %s %s %s %s %s %s" % (r["tool"], r["bytes"], f(r, "tid"), f(r, "plain"), f(r, "rxe"),
+      r["tid_over_plain"], r["tid_over_rxe"], r["plain_over_rxe"], r["tid_share"]["tid"], r["tid_share"]["plain"])
+      for r in json.loads(sys.stdin.read())))' 2>&1)
+# 48 MiB of 64 through TIDs: 0.75; 64 of 64: 1.0; the plain run none.
+check perf_tid_json_rows "ib_write_bw 1048576 40.0 50.0 80.0 0.8 0.5 0.625 0.75 0.0;ib_read_bw 1048576 30.0 None 60.0 None 0.5 None 1.0 None" "$got"
+
 if [ "$FAILS" -ne 0 ]; then die "$FAILS init helper check(s) failed"; fi
 log "all init helper checks passed"
