@@ -155,47 +155,43 @@ else
 fi
 [ "$QEMU" = 1 ] || echo "not requested (--no-qemu or --case)" | tee "$WORK/guest-lat0-skip" "$WORK/guest-nopoll-skip" >"$WORK/guest-skip"
 
-# (h): the fabric, two HFIs on one cable brought to ACTIVE by the stock driver and opa-fm: its bring-up times,
-# the SM's sweep and the trapped accesses per SMP, from the fabric run's own steps.
-if [ "$FABRIC" = 1 ]; then
+# What a boot of its own needs: the device model and the static udriver (built once) and QEMU. False, with the
+# reason in SKIP-FILE, when one cannot be had.
+boot_prereqs() { # skip-file
     if [ -z "${DM:-}" ] && ! { BUILT=$(bash ci/build.sh) && DM=$(sed -n 1p <<<"$BUILT") \
         && UDRIVER_STATIC=$(sed -n 2p <<<"$BUILT"); }; then
-        echo "ci/build.sh failed" >"$WORK/fabric-failed"
-    elif ! bash ci/get-qemu.sh >/dev/null; then
-        echo "no QEMU >= 10.1 with vfio-user-pci (ci/get-qemu.sh failed)" >"$WORK/fabric-failed"
-    else
-        qemu_run fabric --fabric || true
+        echo "ci/build.sh failed" >"$1"
+        return 1
     fi
+    bash ci/get-qemu.sh >/dev/null && return 0
+    echo "no QEMU >= 10.1 with vfio-user-pci (ci/get-qemu.sh failed)" >"$1"
+    return 1
+}
+
+# (h): the fabric, two HFIs on one cable brought to ACTIVE by the stock driver and opa-fm: its bring-up times,
+# the SM's sweep and the trapped accesses per SMP, from the fabric run's own steps.
+if [ "$FABRIC" = 1 ] && boot_prereqs "$WORK/fabric-failed"; then
+    qemu_run fabric --fabric || true
 fi
 
-# guest-verbs: one boot of the fabric run with the verbs benchmark after its steps (ci/guest/perf.sh): perftest
-# between hfi1_0 and hfi1_1 across the device model's cable, then the same commands on SoftRoCE over a veth pair.
-if [ "$VERBS" = 0 ]; then
-    echo "not requested (--no-qemu, --no-guest or --case)" >"$WORK/verbs-skip"
-elif [ -z "${DM:-}" ] && ! { BUILT=$(bash ci/build.sh) && DM=$(sed -n 1p <<<"$BUILT") \
-    && UDRIVER_STATIC=$(sed -n 2p <<<"$BUILT"); }; then
-    echo "ci/build.sh failed" >"$WORK/verbs-skip"
-elif ! bash ci/get-qemu.sh >/dev/null; then
-    echo "no QEMU >= 10.1 with vfio-user-pci (ci/get-qemu.sh failed)" >"$WORK/verbs-skip"
-else
-    log "ci/run-qemu.sh --fabric --fabric-perf (TCG)"
-    bash ci/run-qemu.sh --accel tcg --quiet --fabric --fabric-perf "${DM_OPT_IN[@]}" --result "$WORK/qemu-verbs.json" \
-        --device-model "$DM" --udriver "$UDRIVER_STATIC" >&2 || log "ci/run-qemu.sh --fabric --fabric-perf failed"
-fi
-
-# guest-tid: one boot of the TID RDMA run with its benchmark after its steps (ci/guest/perf.sh step_tid_perf).
-if [ "$TIDPERF" = 0 ]; then
-    echo "not requested (--no-qemu, --no-guest or --case)" >"$WORK/tidperf-skip"
-elif [ -z "${DM:-}" ] && ! { BUILT=$(bash ci/build.sh) && DM=$(sed -n 1p <<<"$BUILT") \
-    && UDRIVER_STATIC=$(sed -n 2p <<<"$BUILT"); }; then
-    echo "ci/build.sh failed" >"$WORK/tidperf-skip"
-elif ! bash ci/get-qemu.sh >/dev/null; then
-    echo "no QEMU >= 10.1 with vfio-user-pci (ci/get-qemu.sh failed)" >"$WORK/tidperf-skip"
-else
-    log "ci/run-qemu.sh --tid-rdma --fabric-perf (TCG)"
-    bash ci/run-qemu.sh --accel tcg --quiet --tid-rdma --fabric-perf "${DM_OPT_IN[@]}" --result "$WORK/qemu-tid.json" \
-        --device-model "$DM" --udriver "$UDRIVER_STATIC" >&2 || log "ci/run-qemu.sh --tid-rdma --fabric-perf failed"
-fi
+# One boot with a benchmark after the run's steps, its result in RESULT-FILE; a skip leaves its reason.
+perf_boot() { # wanted(0|1) skip-file result-file run-qemu.sh options...
+    local wanted=$1 skip=$2 result=$3
+    shift 3
+    if [ "$wanted" = 0 ]; then
+        echo "not requested (--no-qemu, --no-guest or --case)" >"$skip"
+        return 0
+    fi
+    boot_prereqs "$skip" || return 0
+    log "ci/run-qemu.sh $* (TCG)"
+    bash ci/run-qemu.sh --accel tcg --quiet "$@" "${DM_OPT_IN[@]}" --result "$result" \
+        --device-model "$DM" --udriver "$UDRIVER_STATIC" >&2 || log "ci/run-qemu.sh $* failed"
+}
+# guest-verbs: the fabric run with the verbs benchmark after its steps (ci/guest/perf.sh): perftest between hfi1_0
+# and hfi1_1 across the device model's cable, then the same commands on SoftRoCE over a veth pair.
+perf_boot "$VERBS" "$WORK/verbs-skip" "$WORK/qemu-verbs.json" --fabric --fabric-perf
+# guest-tid: the TID RDMA run with its benchmark after its steps (ci/guest/perf.sh step_tid_perf).
+perf_boot "$TIDPERF" "$WORK/tidperf-skip" "$WORK/qemu-tid.json" --tid-rdma --fabric-perf
 
 mkdir -p "$OUT"
 python3 - "$WORK" "$OUT" "${#CASES[@]}" <<'EOF'
