@@ -7,5 +7,6 @@
 
 #![forbid(unsafe_code)]
 
+pub mod dc8051;
 pub mod hfi1;
 pub mod irdma;

@@ -4,7 +4,7 @@
 #![forbid(unsafe_code)]
 
 use super::csr::*;
-use super::NUM_INTERRUPT_SOURCES;
+use super::{Icode, NUM_INTERRUPT_SOURCES};
 
 /// CCE_REVISION fields.
 pub const CCE_REVISION_CHIP_REV_MINOR_SHIFT: u32 = 0;
@@ -18,14 +18,14 @@ pub const CCE_REVISION2_IMPL_CODE_SHIFT: u32 = 8;
 pub const CHIP_REV_MAJOR: u64 = 7;
 pub const CHIP_REV_MINOR_B0: u64 = 0x10;
 pub const CHIP_REV_SW: u64 = 3;
-/// ICODE_FUNCTIONAL_SIMULATOR (chip.h): the driver loads no firmware and skips SerDes, thermal and PCIe Gen3.
-pub const ICODE_FUNCTIONAL_SIMULATOR: u64 = 3;
 
 pub const CCE_REVISION_VALUE: u64 = (CHIP_REV_SW << CCE_REVISION_SW_SHIFT)
     | (CHIP_REV_MAJOR << CCE_REVISION_CHIP_REV_MAJOR_SHIFT)
     | (CHIP_REV_MINOR_B0 << CCE_REVISION_CHIP_REV_MINOR_SHIFT);
-/// HFI 0 of its ASIC, implementation revision 0.
-pub const CCE_REVISION2_VALUE: u64 = ICODE_FUNCTIONAL_SIMULATOR << CCE_REVISION2_IMPL_CODE_SHIFT;
+/// HFI 0 of its ASIC, implementation revision 0, with the chip's implementation code.
+pub fn cce_revision2(icode: Icode) -> u64 {
+    icode.value() << CCE_REVISION2_IMPL_CODE_SHIFT
+}
 
 // CCE_CTRL bits (write-only triggers) and the CCE_STATUS bits they act on.
 pub const CCE_CTRL_SPC_FREEZE_SMASK: u64 = 0x100;
@@ -54,6 +54,8 @@ const _: () = assert!(CCE_NUM_INT_CSRS * 64 == NUM_INTERRUPT_SOURCES as usize);
 
 #[derive(Debug)]
 pub struct Cce {
+    /// CCE_REVISION2: identity, set at power-on.
+    revision2: u64,
     status: u64,
     int_status: [u64; CCE_NUM_INT_CSRS],
     int_mask: [u64; CCE_NUM_INT_CSRS],
@@ -62,9 +64,10 @@ pub struct Cce {
     deliverable: Vec<u32>,
 }
 
-impl Default for Cce {
-    fn default() -> Self {
+impl Cce {
+    pub fn new(icode: Icode) -> Self {
         Cce {
+            revision2: cce_revision2(icode),
             status: 0,
             int_status: [0; CCE_NUM_INT_CSRS],
             int_mask: [0; CCE_NUM_INT_CSRS],
@@ -101,7 +104,7 @@ impl Cce {
         }
         match offset {
             CCE_REVISION => Some(CCE_REVISION_VALUE),
-            CCE_REVISION2 => Some(CCE_REVISION2_VALUE),
+            CCE_REVISION2 => Some(self.revision2),
             CCE_CTRL | CCE_MSIX_INT_GRANTED | CCE_MSIX_VEC_CLR_WITHOUT_INT => Some(0),
             CCE_STATUS => Some(self.status),
             _ => None,

@@ -14,6 +14,8 @@
 
 use std::collections::HashMap;
 
+use emu_abi::dc8051::{decode_payload, FirmwareVersion};
+
 use super::csr::*;
 use super::WfrShape;
 use crate::hfi1::cable::{LinkEvent, Neighbor, Phy};
@@ -49,8 +51,12 @@ pub const NUM_GENERAL_FIELDS: u64 = 0x17;
 pub const NUM_LANE_FIELDS: u64 = 0x8;
 
 // DC_DC8051_CFG_RAM_ACCESS_* fields.
+pub const RAM_ACCESS_SETUP_RAM_SEL_SMASK: u64 = 0x1;
+pub const RAM_ACCESS_SETUP_AUTO_INCR_ADDR_SMASK: u64 = 0x100;
 pub const RAM_ACCESS_CTRL_ADDRESS_MASK: u64 = 0x7FFF;
 pub const RAM_ACCESS_CTRL_WRITE_ENA_SMASK: u64 = 0x100_0000;
+/// The code RAM: 32 KiB, the reach of the access address (the driver loads the firmware from address 0).
+pub const CODE_RAM_QWORDS: usize = (RAM_ACCESS_CTRL_ADDRESS_MASK as usize + 1) / 8;
 pub const RAM_ACCESS_STATUS_ACCESS_COMPLETED_SMASK: u64 = 0x1_0000;
 
 // DC_DC8051_STS_CUR_STATE fields and values.
@@ -64,7 +70,9 @@ pub const PLS_OFFLINE_MASK: u64 = 0xF0;
 pub const PLS_POLLING: u64 = 0x20;
 pub const PLS_DISABLED: u64 = 0x30;
 pub const PLS_LINKUP: u64 = 0x50;
+/// DC_DC8051_CFG_RST: the core reset, and the code-RAM reset (chip_registers.h).
 pub const DC_DC8051_CFG_RST_M8051W_SMASK: u64 = 0x1;
+pub const DC_DC8051_CFG_RST_CRAM_SMASK: u64 = 0x2;
 
 /// DCC_CFG_PORT_CONFIG.LINK_STATE and the logical states (chip.h LSTATE_*); the power-on value is Down.
 pub const DCC_CFG_PORT_CONFIG_LINK_STATE_SHIFT: u32 = 48;
@@ -87,7 +95,15 @@ pub const LINK_GOING_DOWN: u64 = 1 << 8;
 /// 8051 general config fields the driver reads after a link loss (chip.h): the reason the link went down
 /// (byte 0) and, in LINK_QUALITY_INFO bits 23:16, the neighbour's planned-down reason.
 pub const LINK_QUALITY_INFO: u64 = 0x14;
+/// LINK_DOWN_REASON is the first byte of its field, VERSION_PATCH the last (chip.h).
 pub const LINK_DOWN_REASON: u64 = 0x16;
+pub const LINK_DOWN_REASON_MASK: u64 = 0xFF;
+pub const VERSION_PATCH: u64 = 0x16;
+/// The running firmware's version (chip.c read_misc_status): MISC_STATUS holds major and minor.
+pub const MISC_STATUS: u64 = 0x0e;
+pub const STS_FM_VERSION_MINOR_SHIFT: u32 = 16;
+pub const STS_FM_VERSION_MAJOR_SHIFT: u32 = 24;
+pub const STS_FM_VERSION_PATCH_SHIFT: u32 = 24;
 pub const GENERAL_CONFIG: u64 = 4;
 pub const DOWN_REMOTE_REASON_SHIFT: u32 = 16;
 /// Link-down reasons (chip.h LDR_*): the link dropped with no word from the neighbour, or the neighbour sent
@@ -103,8 +119,16 @@ pub struct Dc {
     host_cmd_1: u64,
     /// Physical port state (PLS_*).
     port: u64,
-    /// 8051 RAM, by 8-byte-aligned address; absent qwords read 0.
+    /// Whether this 8051 runs firmware the host loads (every chip but the functional simulator, whose 8051
+    /// is always ready).
+    needs_firmware: bool,
+    /// The firmware the 8051 runs, once it passed the security engine and left reset.
+    firmware: Option<FirmwareVersion>,
+    /// 8051 data RAM, by 8-byte-aligned address; absent qwords read 0.
     ram: HashMap<u64, u64>,
+    /// 8051 code RAM, where the host loads the firmware.
+    code: Vec<u64>,
+    ram_setup: u64,
     ram_ctrl: u64,
     ram_wr_data: u64,
     lcb_run: u64,
@@ -130,7 +154,11 @@ impl Default for Dc {
             host_cmd_0: 0,
             host_cmd_1: 0,
             port: PLS_OFFLINE,
+            needs_firmware: false,
+            firmware: None,
             ram: HashMap::new(),
+            code: vec![0; CODE_RAM_QWORDS],
+            ram_setup: 0,
             ram_ctrl: 0,
             ram_wr_data: 0,
             lcb_run: 0,
@@ -154,6 +182,40 @@ pub fn config_addr(field: u64, lane: u64) -> u64 {
 }
 
 impl Dc {
+    /// The 8051 of a chip that loads firmware (`needs_firmware`), or the functional simulator's.
+    pub fn new(needs_firmware: bool) -> Self {
+        Dc { needs_firmware, ..Dc::default() }
+    }
+
+    /// Whether the 8051 takes host requests: DC_DC8051_STS_CUR_STATE.FIRMWARE reads 0xA0 (wait_fm_ready).
+    fn ready(&self) -> bool {
+        !self.needs_firmware || self.firmware.is_some()
+    }
+
+    /// The code RAM, which the security engine checks.
+    pub fn code(&self) -> &[u64] {
+        &self.code
+    }
+
+    /// The host released the 8051 from reset: it runs the loaded firmware if the security engine passed it
+    /// and it is an image of this project (`emu_abi::dc8051`); else it never reports ready.
+    pub fn release(&mut self, authorised: bool) {
+        if !self.needs_firmware || self.firmware.is_some() || !authorised {
+            return;
+        }
+        let code: Vec<u8> = self.code.iter().flat_map(|q| q.to_le_bytes()).collect();
+        let Some(v) = decode_payload(&code) else {
+            return;
+        };
+        self.firmware = Some(v);
+        let status =
+            (u64::from(v.major) << STS_FM_VERSION_MAJOR_SHIFT) | (u64::from(v.minor) << STS_FM_VERSION_MINOR_SHIFT);
+        self.set_ram_u32(config_addr(MISC_STATUS, GENERAL_CONFIG), status);
+        let patch_addr = config_addr(VERSION_PATCH, GENERAL_CONFIG);
+        let field = self.ram_u32(patch_addr) & !(0xFF << STS_FM_VERSION_PATCH_SHIFT);
+        self.set_ram_u32(patch_addr, field | (u64::from(v.patch) << STS_FM_VERSION_PATCH_SHIFT));
+    }
+
     pub fn read(&mut self, offset: u64, shape: &WfrShape) -> Option<u64> {
         Some(match offset {
             DC_DC8051_CFG_HOST_CMD_0 => self.host_cmd_0,
@@ -164,7 +226,8 @@ impl Dc {
                 if self.port == PLS_POLLING && std::mem::take(&mut self.poll_unseen) {
                     self.signal = Some(Phy::Polling);
                 }
-                (FIRMWARE_READY << STS_CUR_STATE_FIRMWARE_SHIFT) | self.port
+                let firmware = if self.ready() { FIRMWARE_READY } else { 0 };
+                (firmware << STS_CUR_STATE_FIRMWARE_SHIFT) | self.port
             }
             DC_DC8051_CFG_LOCAL_GUID => shape.guid,
             DC_DC8051_STS_REMOTE_GUID => self.remote.map_or(0, |n| n.guid),
@@ -179,7 +242,12 @@ impl Dc {
             DC_DC8051_CFG_RAM_ACCESS_CTRL => self.ram_ctrl,
             // Accesses complete at once.
             DC_DC8051_CFG_RAM_ACCESS_STATUS => RAM_ACCESS_STATUS_ACCESS_COMPLETED_SMASK,
-            DC_DC8051_CFG_RAM_ACCESS_RD_DATA => self.ram_qword(self.ram_ctrl),
+            DC_DC8051_CFG_RAM_ACCESS_SETUP => self.ram_setup,
+            DC_DC8051_CFG_RAM_ACCESS_RD_DATA => {
+                let v = if self.code_selected() { self.code[self.code_index()] } else { self.ram_qword(self.ram_ctrl) };
+                self.auto_increment();
+                v
+            }
             DC_DC8051_CFG_RAM_ACCESS_WR_DATA => self.ram_wr_data,
             DC_LCB_CFG_RUN => self.lcb_run,
             // The LCB transfers only while it runs; with no partner that is the loopback case.
@@ -191,18 +259,27 @@ impl Dc {
     pub fn write(&mut self, offset: u64, value: u64) -> bool {
         match offset {
             DC_DC8051_CFG_HOST_CMD_0 => self.host_command(value),
-            DC_DC8051_CFG_RAM_ACCESS_CTRL => {
-                self.ram_ctrl = value;
-                if value & RAM_ACCESS_CTRL_WRITE_ENA_SMASK != 0 {
-                    self.ram.insert(value & RAM_ACCESS_CTRL_ADDRESS_MASK & !7, self.ram_wr_data);
+            DC_DC8051_CFG_RAM_ACCESS_SETUP => self.ram_setup = value,
+            DC_DC8051_CFG_RAM_ACCESS_CTRL => self.ram_ctrl = value,
+            // write_8051: the set-up selects the RAM and auto-increment, CTRL the address and WRITE_ENA; each
+            // data write lands at the address.
+            DC_DC8051_CFG_RAM_ACCESS_WR_DATA => {
+                self.ram_wr_data = value;
+                if self.ram_ctrl & RAM_ACCESS_CTRL_WRITE_ENA_SMASK != 0 {
+                    if self.code_selected() {
+                        let i = self.code_index();
+                        self.code[i] = value;
+                    } else {
+                        self.ram.insert(self.ram_ctrl & RAM_ACCESS_CTRL_ADDRESS_MASK & !7, value);
+                    }
+                    self.auto_increment();
                 }
             }
-            DC_DC8051_CFG_RAM_ACCESS_WR_DATA => self.ram_wr_data = value,
             DC_DC8051_CFG_RST => {
                 if value & DC_DC8051_CFG_RST_M8051W_SMASK != 0 {
-                    self.reset_8051();
+                    self.reset_8051(value & DC_DC8051_CFG_RST_CRAM_SMASK == 0);
                 }
-                return false; // also kept as storage
+                return false; // also kept as storage; the caller releases the 8051 when the core reset clears
             }
             DC_LCB_CFG_RUN => self.lcb_run = value,
             DCC_CFG_PORT_CONFIG => self.port_config = value,
@@ -222,12 +299,40 @@ impl Dc {
         true
     }
 
-    /// The 8051 in reset forgets its state; the port is back offline, and a link it held drops.
-    pub fn reset_8051(&mut self) {
+    /// The 8051 in reset forgets its state and stops its firmware; the port is back offline, and a link it
+    /// held drops. The code RAM survives unless `keep_code` is false (its own reset bit, or the DC's reset):
+    /// dc_shutdown and dc_start hold and release the core alone and expect the firmware to start again.
+    pub fn reset_8051(&mut self, keep_code: bool) {
         let commands = std::mem::take(&mut self.commands);
         let (ups, downs) = (self.link_ups, self.link_downs);
         let signal = self.port_active().then_some(Phy::Down { reason: None });
-        *self = Dc { commands, link_ups: ups, link_downs: downs, signal, ..Dc::default() };
+        let code = if keep_code { std::mem::take(&mut self.code) } else { vec![0; CODE_RAM_QWORDS] };
+        *self = Dc {
+            commands,
+            link_ups: ups,
+            link_downs: downs,
+            signal,
+            needs_firmware: self.needs_firmware,
+            code,
+            ..Dc::default()
+        };
+    }
+
+    fn code_selected(&self) -> bool {
+        self.ram_setup & RAM_ACCESS_SETUP_RAM_SEL_SMASK != 0
+    }
+
+    fn code_index(&self) -> usize {
+        ((self.ram_ctrl & RAM_ACCESS_CTRL_ADDRESS_MASK) / 8) as usize
+    }
+
+    /// After a data access with AUTO_INCR_ADDR, the address moves to the next qword (wrapping in the RAM).
+    fn auto_increment(&mut self) {
+        if self.ram_setup & RAM_ACCESS_SETUP_AUTO_INCR_ADDR_SMASK == 0 {
+            return;
+        }
+        let addr = ((self.ram_ctrl & RAM_ACCESS_CTRL_ADDRESS_MASK & !7) + 8) & RAM_ACCESS_CTRL_ADDRESS_MASK;
+        self.ram_ctrl = (self.ram_ctrl & !RAM_ACCESS_CTRL_ADDRESS_MASK) | addr;
     }
 
     /// Whether the port is out of Offline and Disabled: polling, or up.
@@ -293,7 +398,9 @@ impl Dc {
                     }
                     None => LDR_LINK_TRANSFER_ACTIVE_LOW,
                 };
-                self.set_ram_u32(config_addr(LINK_DOWN_REASON, GENERAL_CONFIG), ldr);
+                let at = config_addr(LINK_DOWN_REASON, GENERAL_CONFIG);
+                let field = self.ram_u32(at) & !LINK_DOWN_REASON_MASK;
+                self.set_ram_u32(at, field | ldr);
                 self.info |= LINK_GOING_DOWN;
                 Some(LINK_GOING_DOWN)
             }
@@ -349,7 +456,8 @@ impl Dc {
             self.host_cmd_1 = 0;
             return;
         }
-        if !starts {
+        // A stopped 8051 (no firmware running) takes no request: the driver's wait times out.
+        if !starts || !self.ready() {
             return;
         }
         let kind = (value >> HOST_CMD_0_REQ_TYPE_SHIFT) & HOST_CMD_0_REQ_TYPE_MASK;
@@ -384,6 +492,7 @@ impl Dc {
         commands.sort_unstable();
         serde_json::json!({
             "port_state": format!("{:#x}", self.port),
+            "firmware": self.firmware.map(|v| format!("{}.{}.{}", v.major, v.minor, v.patch)),
             "logical_state": match self.logical_state() {
                 LSTATE_DOWN => "down",
                 LSTATE_INIT => "init",

@@ -12,6 +12,7 @@ mod cce;
 pub mod csr;
 mod dc;
 mod errs;
+mod misc;
 pub mod names;
 pub mod pio;
 pub mod sdma;
@@ -25,7 +26,7 @@ use crate::hfi1::cable::{LinkEvent, Phy};
 use csr::*;
 
 pub use shape::{
-    Raised, WfrShape, CCE_MSIX_PBA, CCE_NUM_MSIX_VECTORS, DC_DC8051_INT, IS_DC_START, IS_RCVAVAIL_START,
+    Icode, Raised, WfrShape, CCE_MSIX_PBA, CCE_NUM_MSIX_VECTORS, DC_DC8051_INT, IS_DC_START, IS_RCVAVAIL_START,
     IS_SDMAENG_ERR_START, IS_SENDCREDIT_START, NUM_INTERRUPT_SOURCES, PCIE_CFG_REG_PL_BASE, PCIE_CFG_REG_PL_LEN,
     TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES, TXE_PIO_SEND, TXE_PIO_SIZE, WFR_BAR0_SIZE,
 };
@@ -36,6 +37,7 @@ pub struct Wfr {
     cce: cce::Cce,
     asic: asic::Asic,
     dc: dc::Dc,
+    misc: misc::Misc,
     txe: txe::Txe,
     pio: pio::Pio,
     sdma: sdma::Sdma,
@@ -52,9 +54,10 @@ impl Wfr {
     pub fn new(shape: WfrShape) -> Self {
         Wfr {
             shape,
-            cce: cce::Cce::default(),
+            cce: cce::Cce::new(shape.icode),
             asic: asic::Asic::default(),
-            dc: dc::Dc::default(),
+            dc: dc::Dc::new(shape.icode.needs_firmware()),
+            misc: misc::Misc::default(),
             txe: txe::Txe::new(&shape),
             pio: pio::Pio::new(&shape),
             sdma: sdma::Sdma::new(&shape),
@@ -73,7 +76,7 @@ impl Wfr {
     /// link loss to tell the cable if the port was polling or up.
     #[must_use]
     pub fn reset(&mut self) -> Option<Phy> {
-        self.dc.reset_8051();
+        self.dc.reset_8051(false);
         let signal = self.dc.take_signal();
         *self = Wfr::new(self.shape);
         signal
@@ -198,6 +201,7 @@ impl Wfr {
             .read(offset)
             .or_else(|| self.asic.read(offset))
             .or_else(|| self.dc.read(offset, shape))
+            .or_else(|| self.misc.read(offset))
             .or_else(|| self.pio.read(offset))
             .or_else(|| self.sdma.read(offset))
             .or_else(|| self.txe.read(offset, shape))
@@ -226,6 +230,7 @@ impl Wfr {
         let handled = self.cce.write(offset, value)
             || self.asic.write(offset, value)
             || self.dc.write(offset, value)
+            || self.misc.write(offset, value, self.dc.code())
             || self.pio.write(offset, value)
             || match self.sdma.write(offset, value, &mut self.errs, &mut raised) {
                 Some(pending) => {
@@ -241,10 +246,18 @@ impl Wfr {
         if !handled {
             self.note_unnamed(offset);
             self.storage.write(offset, value);
-            // Holding the DC in reset resets the 8051 (init_chip keeps it there across the FLR).
+            // Holding the DC in reset resets the 8051 and its RAMs (init_chip keeps it there across the FLR).
             if offset == CCE_DC_CTRL && value & CCE_DC_CTRL_DC_RESET_SMASK != 0 {
-                self.dc.reset_8051();
+                self.dc.reset_8051(false);
             }
+            // Out of core reset, the 8051 starts the code the security engine passed (load_8051_firmware, dc_start).
+            if offset == DC_DC8051_CFG_RST && value & dc::DC_DC8051_CFG_RST_M8051W_SMASK == 0 {
+                self.dc.release(self.misc.authorised());
+            }
+        }
+        // A run reports its errors, and the engine keeps them high through a clear (firmware.c run_rsa).
+        if offset == MISC_CFG_RSA_CMD || offset == MISC_ERR_CLEAR {
+            self.errs.set(MISC_ERR_STATUS, self.misc.held_errors());
         }
         let mut vectors: Vec<u16> = raised.0.into_iter().filter_map(|s| self.cce.raise(s)).collect();
         vectors.extend(self.cce.take_deliverable());
@@ -272,6 +285,7 @@ impl Wfr {
             },
             "cce": self.cce.dump(),
             "dc8051": self.dc.dump(),
+            "security": self.misc.dump(),
             "sdma": self.sdma.dump(),
             "pio": self.pio.dump(),
             "unnamed_accesses": self.unnamed,

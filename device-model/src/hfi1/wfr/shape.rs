@@ -31,6 +31,34 @@ pub const IS_RCVAVAIL_START: u32 = 256;
 pub const IS_SENDCREDIT_START: u32 = 576;
 pub const NUM_INTERRUPT_SOURCES: u32 = 768;
 
+/// The implementation code the chip reports in CCE_REVISION2 (chip.h ICODE_*): what kind of chip the driver
+/// believes it drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Icode {
+    /// ICODE_FUNCTIONAL_SIMULATOR: the driver loads no firmware, and its 8051 skips LNI. The stock driver
+    /// cannot take an up link down on it (docs/hfi1-fabric.md, "A kernel deadlock the fabric reproduces").
+    #[default]
+    FunctionalSimulator,
+    /// ICODE_RTL_VCS_SIMULATION: timed like silicon, with 8051 firmware the driver loads and authenticates
+    /// (`hfi_dc8051.bin`), a full LNI, and the 8051 relaying LCB access; no SerDes, SBus or PCIe firmware.
+    RtlSimulation,
+}
+
+impl Icode {
+    /// The CCE_REVISION2 IMPL_CODE value (chip.h).
+    pub fn value(self) -> u64 {
+        match self {
+            Icode::FunctionalSimulator => 3,
+            Icode::RtlSimulation => 1,
+        }
+    }
+
+    /// Whether the chip's 8051 runs firmware the host loads.
+    pub fn needs_firmware(self) -> bool {
+        self != Icode::FunctionalSimulator
+    }
+}
+
 /// Chip size and identity registers: read-only, unchanged by a FLR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WfrShape {
@@ -44,6 +72,8 @@ pub struct WfrShape {
     pub sdma_mem_size: u64,
     /// DC_DC8051_CFG_LOCAL_GUID.
     pub guid: u64,
+    /// CCE_REVISION2's implementation code.
+    pub icode: Icode,
 }
 
 impl Default for WfrShape {
@@ -56,6 +86,7 @@ impl Default for WfrShape {
             pio_mem_size: 0x2_0000,
             sdma_mem_size: 0x10_0000,
             guid: 0x0011_7501_0100_0001,
+            icode: Icode::default(),
         }
     }
 }
