@@ -2,11 +2,12 @@
 # Builds the test guest: Debian's bookworm-backports kernel plus a busybox initramfs holding the vfio modules,
 # the stock hfi1 driver with its dependencies and the verbs/MAD modules (for modprobe), the fabric userland
 # (glibc, rdma-core with the hfi1 provider, opa-fm's sm, opa-basic-tools, perftest; Debian packages pinned in
-# ci/guest/packages.lock), ci/guest/init with its perftest step (ci/guest/perf.sh) and (optionally) a static
-# udriver and the hfi1-user test program.
+# ci/guest/packages.lock), ci/guest/init with its perftest step (ci/guest/perf.sh), (optionally) a static
+# udriver and the hfi1-user test program, and the emulated chip's 8051 firmware in /lib/firmware (--firmware,
+# by default what ci/build.sh writes to target/rdma-emu/hfi_dc8051.bin, when it is there).
 # Nothing is installed on the host: the packages are only unpacked.
 #
-#   ci/build-guest.sh [--udriver PATH] [--hfi1-user PATH] [--out DIR] [--refresh]
+#   ci/build-guest.sh [--udriver PATH] [--hfi1-user PATH] [--firmware FILE] [--out DIR] [--refresh]
 #   ci/build-guest.sh --refresh-pins
 #
 # Prints on stdout, one per line: KERNEL=<vmlinuz> INITRD=<initramfs.cpio.gz> KVER=<kernel release>.
@@ -21,6 +22,8 @@ usage() { sed -n '2,17s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
 
 UDRIVER=""
 HFI1_USER=""
+FIRMWARE="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/rdma-emu/hfi_dc8051.bin"
+FIRMWARE_SET=0
 OUT_DIR=""
 REFRESH=0
 REFRESH_PINS=0
@@ -28,6 +31,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --udriver) [ $# -ge 2 ] || usage; UDRIVER=$2; shift 2 ;;
         --hfi1-user) [ $# -ge 2 ] || usage; HFI1_USER=$2; shift 2 ;;
+        --firmware) [ $# -ge 2 ] || usage; FIRMWARE=$2; FIRMWARE_SET=1; shift 2 ;;
         --out) [ $# -ge 2 ] || usage; OUT_DIR=$2; shift 2 ;;
         --refresh) REFRESH=1; shift ;;
         --refresh-pins) REFRESH_PINS=1; shift ;;
@@ -62,6 +66,14 @@ if [ -n "$HFI1_USER" ]; then
     HFI1_USER=$(cd "$(dirname "$HFI1_USER")" && pwd)/$(basename "$HFI1_USER")
 fi
 [ -f "$INIT_SRC" ] && [ -f "$PERF_SRC" ] || die "missing $INIT_SRC or $PERF_SRC"
+if [ -f "$FIRMWARE" ]; then
+    FIRMWARE_SUM=$(sha256sum "$FIRMWARE" | cut -c1-64)
+elif [ "$FIRMWARE_SET" = 1 ]; then
+    die "--firmware $FIRMWARE is not a file"
+else
+    log "no $FIRMWARE: the guest has no 8051 firmware (a chip with --hfi1-wfr-icode rtl-simulation will not probe)"
+    FIRMWARE="" FIRMWARE_SUM=none
+fi
 
 # --- kernel -----------------------------------------------------------------------------------------------
 # $GUEST_DIR/kernel-<package version>/: vmlinuz, release, modules/ (decompressed .ko), load-order,
@@ -490,6 +502,7 @@ INPUTS=$({
     (cd "$REPO_ROOT/ci/guest" && find rootfs opafm-config.py elf-closure.sh -type f | LC_ALL=C sort | xargs sha256sum)
     echo "udriver $UDRIVER_SUM"
     echo "hfi1-user $HFI1_USER_SUM"
+    echo "firmware $FIRMWARE_SUM"
     echo "verbs-check $(sha256sum <"$VERBS_CHECK" | cut -c1-64)"
     (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh tid-rdma.sh)
     (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
@@ -536,6 +549,7 @@ else
     install -D -m 0644 "$PERF_SRC" "$STAGE/lib/rdma-emu/perf.sh"
     [ -n "$UDRIVER" ] && install -m 0755 "$UDRIVER" "$STAGE/bin/udriver"
     [ -n "$HFI1_USER" ] && install -m 0755 "$HFI1_USER" "$STAGE/bin/hfi1-user"
+    [ -n "$FIRMWARE" ] && install -D -m 0644 "$FIRMWARE" "$STAGE/lib/firmware/hfi_dc8051.bin"
     install -D -m 0755 "$VERBS_CHECK" "$STAGE/usr/bin/verbs-check"
     # Steps the init sources (functions only).
     install -D -m 0644 "$REPO_ROOT/ci/guest/fabric.sh" "$STAGE/lib/rdma-emu/fabric.sh"

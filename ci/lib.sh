@@ -15,7 +15,7 @@ build_bins() {
     local out
     out=$(bash "$REPO_ROOT/ci/build.sh") || die "ci/build.sh failed (exit $?): see the cargo output above"
     mapfile -t BINS <<<"$out"
-    [ ${#BINS[@]} -eq 4 ] || die "ci/build.sh printed ${#BINS[@]} paths, expected 4"
+    [ ${#BINS[@]} -eq 5 ] || die "ci/build.sh printed ${#BINS[@]} paths, expected 5"
 }
 
 SUDO=""

@@ -235,6 +235,13 @@ pub struct Args {
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub link_training_ms: Option<u64>,
 
+    /// The implementation code the --hfi1-wfr functions report [default: functional-simulator]:
+    /// functional-simulator (no firmware; the stock driver cannot take an up link down on it) or
+    /// rtl-simulation (the driver loads and authenticates 8051 firmware, hfi_dc8051.bin from
+    /// hfi1-dc8051-image, and runs the full link bring-up; docs/hfi1-fabric.md).
+    #[arg(long, value_name = "ICODE", value_parser = crate::hfi1::wfr::Icode::parse)]
+    pub hfi1_wfr_icode: Option<crate::hfi1::wfr::Icode>,
+
     /// Serve the irdma function on a vfio-user socket created at PATH (a stale socket is replaced).
     #[arg(long, value_name = "PATH")]
     pub irdma: Option<PathBuf>,

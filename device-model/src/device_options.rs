@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::cli::DeviceKind;
 use crate::engine::Engine;
 use crate::fault::FaultSpec;
-use crate::hfi1::{Hfi1, Hfi1Config};
+use crate::hfi1::wfr::Icode;
+use crate::hfi1::{Hfi1, Hfi1Config, Personality};
 use crate::irdma::{Irdma, IrdmaConfig};
 use crate::pci::{Function, PciIds};
 use crate::worker::WorkerMode;
@@ -29,6 +30,9 @@ pub struct DeviceOptions {
     /// Which function of its kind (a second chip-personality function is 1).
     #[serde(default)]
     pub instance: u8,
+    /// The chip personality's implementation code when not the default.
+    #[serde(default)]
+    pub icode: Option<Icode>,
 }
 
 impl DeviceOptions {
@@ -41,6 +45,7 @@ impl DeviceOptions {
             irdma_qhash_capacity: None,
             worker_spin_us: None,
             instance: 0,
+            icode: None,
         }
     }
 
@@ -80,6 +85,9 @@ impl DeviceOptions {
                 } else {
                     Hfi1Config::wfr_instance(self.instance)
                 };
+                if let (Personality::Wfr(shape), Some(icode)) = (&mut config.personality, self.icode) {
+                    shape.icode = icode;
+                }
                 // The size options shape the project's own function; the chip personality keeps the chip's.
                 if self.kind == DeviceKind::Hfi1 {
                     if let Some(n) = self.hfi1_contexts {

@@ -131,20 +131,29 @@ pub(super) fn parse(req: &Value) -> Result<Command> {
             Command::Wire { packet }
         }
         "link-event" => {
-            use crate::hfi1::cable::{LinkEvent, Neighbor};
+            use crate::hfi1::cable::{LinkEvent, Neighbor, VerifyCapFrame};
+            let u32_field = |name| field_or(req, name, u64::from(u32::MAX), 0).map(|v| v as u32);
             Command::LinkEvent(match req.get("event").and_then(Value::as_str) {
                 Some("up") => LinkEvent::Up(Neighbor {
                     guid: field(req, "neighbor_guid", u64::MAX)?,
                     node_type: field_or(req, "node_type", 3, 0)? as u8,
                     port: field_or(req, "port", 0xFF, 1)? as u8,
+                    verify_cap: VerifyCapFrame {
+                        phy: u32_field("vc_phy")?,
+                        fabric: u32_field("vc_fabric")?,
+                        link_mode: u32_field("vc_link_mode")?,
+                        device_id: u32_field("vc_device_id")?,
+                        tx_rate: field_or(req, "vc_tx_rate", 0xFF, 0)? as u8,
+                    },
                 }),
+                Some("idle") => LinkEvent::Idle(field(req, "message", u64::MAX)?),
                 Some("down") => LinkEvent::Down {
                     reason: match req.get("reason") {
                         None | Some(Value::Null) => None,
                         Some(_) => Some(field(req, "reason", 0xFF)? as u8),
                     },
                 },
-                _ => return Err(err("link-event needs \"event\": \"up\" or \"down\"")),
+                _ => return Err(err("link-event needs \"event\": \"up\", \"down\" or \"idle\"")),
             })
         }
         "capture" => {
@@ -209,10 +218,12 @@ mod tests {
         let up = json!({"cmd":"link-event","event":"up","neighbor_guid":17});
         assert_eq!(
             parse(&up).unwrap(),
-            Command::LinkEvent(LinkEvent::Up(Neighbor { guid: 17, node_type: 0, port: 1 }))
+            Command::LinkEvent(LinkEvent::Up(Neighbor { guid: 17, node_type: 0, port: 1, ..Neighbor::default() }))
         );
         let down = json!({"cmd":"link-event","event":"down","reason":null});
         assert_eq!(parse(&down).unwrap(), Command::LinkEvent(LinkEvent::Down { reason: None }));
+        let idle = json!({"cmd":"link-event","event":"idle","message":0x103});
+        assert_eq!(parse(&idle).unwrap(), Command::LinkEvent(LinkEvent::Idle(0x103)));
         for bad in [
             json!({"cmd":"wire"}),
             json!({"cmd":"wire","packet_hex":"f0"}),

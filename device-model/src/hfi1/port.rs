@@ -53,7 +53,8 @@ impl HfiPort {
 
 impl Port for HfiPort {
     fn identity(&self) -> Neighbor {
-        Neighbor { guid: self.guid, node_type: NODE_TYPE_HFI, port: HFI_PORT }
+        let verify_cap = self.shared.lock_wfr().map(|w| w.verify_cap_frame()).unwrap_or_default();
+        Neighbor { guid: self.guid, node_type: NODE_TYPE_HFI, port: HFI_PORT, verify_cap }
     }
 
     fn probe(&self) -> Arc<Probe> {
@@ -79,10 +80,18 @@ pub(super) fn apply_link(shared: &Shared, event: LinkEvent, record: bool) -> boo
         let applied = shared.lock_wfr().and_then(|mut w| w.link_event(event));
         if record {
             let request = || match event {
-                LinkEvent::Up(n) => serde_json::json!({"cmd": "link-event", "event": "up",
-                    "neighbor_guid": n.guid, "node_type": n.node_type, "port": n.port}),
+                LinkEvent::Up(n) => {
+                    let vc = n.verify_cap;
+                    serde_json::json!({"cmd": "link-event", "event": "up",
+                        "neighbor_guid": n.guid, "node_type": n.node_type, "port": n.port,
+                        "vc_phy": vc.phy, "vc_fabric": vc.fabric, "vc_link_mode": vc.link_mode,
+                        "vc_device_id": vc.device_id, "vc_tx_rate": vc.tx_rate})
+                }
                 LinkEvent::Down { reason } => {
                     serde_json::json!({"cmd": "link-event", "event": "down", "reason": reason})
+                }
+                LinkEvent::Idle(message) => {
+                    serde_json::json!({"cmd": "link-event", "event": "idle", "message": message})
                 }
             };
             shared.record_input(request, serde_json::json!({"applied": applied.is_some()}));
@@ -92,6 +101,7 @@ pub(super) fn apply_link(shared: &Shared, event: LinkEvent, record: bool) -> boo
     let (kind, neighbor) = match event {
         LinkEvent::Up(n) => ("link-up", n.guid),
         LinkEvent::Down { .. } => ("link-down", 0),
+        LinkEvent::Idle(_) => ("idle-message", 0),
     };
     shared.probe.trace.event(
         Block::Link,

@@ -57,8 +57,9 @@ impl End {
     }
 }
 
-/// What a port tells its neighbour at link-up: the DC8051 STS_REMOTE_* registers the other end shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a port tells its neighbour at link-up: the DC8051 STS_REMOTE_* registers the other end shows, and
+/// the VerifyCap frame its 8051 sends during LNI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Neighbor {
     /// The port GUID (DC_DC8051_CFG_LOCAL_GUID of the port).
     pub guid: u64,
@@ -66,6 +67,20 @@ pub struct Neighbor {
     pub node_type: u8,
     /// STS_REMOTE_PORT_NO.
     pub port: u8,
+    /// The port's VerifyCap frame.
+    pub verify_cap: VerifyCapFrame,
+}
+
+/// A port's VerifyCap frame: the 8051 config fields the host loaded for it (chip.h VERIFY_CAP_LOCAL_PHY,
+/// VERIFY_CAP_LOCAL_FABRIC, VERIFY_CAP_LOCAL_LINK_MODE, LOCAL_DEVICE_ID) and its transmit rate (the
+/// MAX_RATE of TX_SETTINGS), which the neighbour's 8051 shows in its VERIFY_CAP_REMOTE_* fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VerifyCapFrame {
+    pub phy: u32,
+    pub fabric: u32,
+    pub link_mode: u32,
+    pub device_id: u32,
+    pub tx_rate: u8,
 }
 
 /// What a port's physical layer asks of the link.
@@ -77,6 +92,9 @@ pub enum Phy {
     /// the port offline, which the neighbour reads as the planned-down code of its link-down message; `None`
     /// when the port just went away (reset, detach).
     Down { reason: Option<u8> },
+    /// The 8051 sends an idle message (HCMD_SEND_LCB_IDLE_MSG: type in 3:0, payload above): it reaches the
+    /// neighbour only while the link is up.
+    Idle(u64),
 }
 
 /// What the cable tells a port.
@@ -86,6 +104,8 @@ pub enum LinkEvent {
     Up(Neighbor),
     /// The neighbour left LinkUp, with its reason if it gave one.
     Down { reason: Option<u8> },
+    /// The neighbour's 8051 sent an idle message.
+    Idle(u64),
 }
 
 /// The HFI side of an end.
@@ -445,6 +465,14 @@ impl Link {
                     self.trace(end, "link-down", &[("from", Val::Str(end.name())), ("reason", why)]);
                     if let Some(peer) = self.port(end.peer()) {
                         peer.link(LinkEvent::Down { reason });
+                    }
+                }
+            }
+            Phy::Idle(message) => {
+                if self.up {
+                    self.trace(end, "idle-message", &[("from", Val::Str(end.name())), ("message", Val::Hex(message))]);
+                    if let Some(peer) = self.port(end.peer()) {
+                        peer.link(LinkEvent::Idle(message));
                     }
                 }
             }

@@ -27,7 +27,7 @@ enum Seen {
 impl FakePort {
     fn new(guid: u64) -> Arc<FakePort> {
         Arc::new(FakePort {
-            id: Neighbor { guid, node_type: 0, port: 1 },
+            id: Neighbor { guid, node_type: 0, port: 1, ..Neighbor::default() },
             probe: Probe::new("hfi1-wfr"),
             refuse: Mutex::new(false),
             seen: Mutex::new(Vec::new()),
@@ -118,7 +118,7 @@ fn the_link_trains_when_both_ends_poll_and_each_learns_the_other() {
     r.ea.phy(Phy::Polling);
     assert!(!r.ea.link_up());
     r.eb.phy(Phy::Polling);
-    let id = |guid| Seen::Link(LinkEvent::Up(Neighbor { guid, node_type: 0, port: 1 }));
+    let id = |guid| Seen::Link(LinkEvent::Up(Neighbor { guid, node_type: 0, port: 1, ..Neighbor::default() }));
     assert_eq!(r.a.wait(1), vec![id(0x22)]);
     assert_eq!(r.b.wait(1), vec![id(0x11)]);
     assert!(r.ea.link_up() && r.eb.link_up());
@@ -312,4 +312,19 @@ fn after_a_loss_the_link_trains_only_once_both_ends_poll_again() {
     assert!(!r.ea.link_up());
     r.eb.phy(Phy::Polling);
     assert!(matches!(r.b.wait(3)[2], Seen::Link(LinkEvent::Up(_))));
+}
+
+#[test]
+fn idle_messages_cross_only_while_the_link_is_up() {
+    let r = rig();
+    r.ea.phy(Phy::Idle(0x103));
+    settled(&r.ea);
+    up(&r);
+    r.ea.phy(Phy::Idle(0x203));
+    // B heard the link come up, then the message sent while it was up; the earlier one went nowhere.
+    let seen = r.b.wait(2);
+    assert_eq!(seen.len(), 2);
+    assert!(matches!(seen[0], Seen::Link(LinkEvent::Up(_))));
+    assert_eq!(seen[1], Seen::Link(LinkEvent::Idle(0x203)));
+    assert!(r.a.wait(1).iter().all(|s| !matches!(s, Seen::Link(LinkEvent::Idle(_)))), "no echo to the sender");
 }

@@ -18,7 +18,7 @@ use emu_abi::dc8051::{decode_payload, FirmwareVersion};
 
 use super::csr::*;
 use super::WfrShape;
-use crate::hfi1::cable::{LinkEvent, Neighbor, Phy};
+use crate::hfi1::cable::{LinkEvent, Neighbor, Phy, VerifyCapFrame};
 
 // DC_DC8051_CFG_HOST_CMD_0 / _1 fields.
 pub const HOST_CMD_0_REQ_NEW_SMASK: u64 = 0x1;
@@ -34,6 +34,23 @@ pub const HOST_CMD_1_RSP_DATA_MASK: u64 = 0xFFFF_FFFF_FFFF;
 pub const HCMD_LOAD_CONFIG_DATA: u64 = 0x01;
 pub const HCMD_READ_CONFIG_DATA: u64 = 0x02;
 pub const HCMD_CHANGE_PHY_STATE: u64 = 0x03;
+pub const HCMD_SEND_LCB_IDLE_MSG: u64 = 0x04;
+pub const HCMD_READ_LCB_IDLE_MSG: u64 = 0x06;
+pub const HCMD_READ_LCB_CSR: u64 = 0x07;
+pub const HCMD_WRITE_LCB_CSR: u64 = 0x08;
+/// LCB CSR relays: the register is an index from DC_LCB_CFG_RUN in the request's bits 7:0; a write's value
+/// has bits 39:0 in the request above that, bits 47:40 in DC_DC8051_CFG_EXT_DEV_0's RETURN_CODE field and
+/// 63:48 in its RSP_DATA field; a read's bits 63:48 come back in DC_DC8051_CFG_EXT_DEV_1 bits 31:16
+/// (chip.c do_8051_command, read_lcb_via_8051, write_lcb_via_8051).
+pub const LCB_REGNO_MASK: u64 = 0xFF;
+pub const LCB_WRITE_DATA_SHIFT: u32 = 8;
+pub const LCB_WRITE_DATA_MASK: u64 = 0xFF_FFFF_FFFF;
+pub const EXT_DEV_0_RETURN_CODE_SHIFT: u32 = 8;
+pub const EXT_DEV_0_RSP_DATA_SHIFT: u32 = 16;
+pub const EXT_DEV_1_REQ_DATA_SHIFT: u32 = 16;
+/// Idle messages (chip.h): the type in bits 3:0 of the request; SMA messages are type 3.
+pub const IDLE_MSG_TYPE_MASK: u64 = 0xF;
+pub const IDLE_SMA: u64 = 0x3;
 /// CHANGE_PHY_STATE's data: the state in bits 7:0, the down reason sent to the neighbour in bits 15:8
 /// (goto_offline: `(rem_reason << 8) | PLS_OFFLINE`).
 pub const PHY_STATE_MASK: u64 = 0xFF;
@@ -46,6 +63,9 @@ pub const LOAD_DATA_FIELD_ID_MASK: u64 = 0xF;
 pub const LOAD_DATA_LANE_ID_SHIFT: u32 = 32;
 pub const LOAD_DATA_LANE_ID_MASK: u64 = 0xF;
 pub const LOAD_DATA_DATA_MASK: u64 = 0xFFFF_FFFF;
+/// READ_CONFIG_DATA's data: the same places, 8-bit ids (chip.h READ_DATA_*).
+pub const READ_DATA_FIELD_ID_MASK: u64 = 0xFF;
+pub const READ_DATA_LANE_ID_MASK: u64 = 0xFF;
 /// Where read_8051_config finds a field: general fields first, then eight per lane (chip.h NUM_*_FIELDS).
 pub const NUM_GENERAL_FIELDS: u64 = 0x17;
 pub const NUM_LANE_FIELDS: u64 = 0x8;
@@ -70,6 +90,9 @@ pub const PLS_OFFLINE_MASK: u64 = 0xF0;
 pub const PLS_POLLING: u64 = 0x20;
 pub const PLS_DISABLED: u64 = 0x30;
 pub const PLS_LINKUP: u64 = 0x50;
+/// Where the 8051 waits while the host handles the neighbour's VerifyCap frame (chip.h
+/// PLS_CONFIGPHY_VERIFYCAP; set_link_state(HLS_VERIFY_CAP) logs it).
+pub const PLS_CONFIGPHY_VERIFYCAP: u64 = 0x46;
 /// DC_DC8051_CFG_RST: the core reset, and the code-RAM reset (chip_registers.h).
 pub const DC_DC8051_CFG_RST_M8051W_SMASK: u64 = 0x1;
 pub const DC_DC8051_CFG_RST_CRAM_SMASK: u64 = 0x2;
@@ -90,8 +113,33 @@ pub const DCC_CFG_PORT_CONFIG1_DLID_MASK_MASK: u64 = 0xFFFF;
 /// DC_DC8051_ERR_FLG.SET_BY_8051: the 8051 has news in DBG_ERR_INFO_SET_BY_8051.
 pub const DC_DC8051_ERR_FLG_SET_BY_8051_SMASK: u64 = 0x1;
 /// HOST_MSG flags (chip.h).
+pub const BC_SMA_MSG: u64 = 1 << 2;
+pub const VERIFY_CAP_FRAME: u64 = 1 << 6;
 pub const LINKUP_ACHIEVED: u64 = 1 << 7;
 pub const LINK_GOING_DOWN: u64 = 1 << 8;
+/// The VerifyCap fields (chip.h): what the host loads for its own frame, where the 8051 shows the
+/// neighbour's, and the transmit rate in TX_SETTINGS (MAX_RATE) and in the remote link width.
+pub const TX_SETTINGS: u64 = 0x06;
+pub const MAX_RATE_SHIFT: u32 = 24;
+pub const VERIFY_CAP_LOCAL_PHY: u64 = 0x07;
+pub const VERIFY_CAP_LOCAL_FABRIC: u64 = 0x08;
+pub const VERIFY_CAP_LOCAL_LINK_MODE: u64 = 0x09;
+pub const LOCAL_DEVICE_ID: u64 = 0x0a;
+pub const VERIFY_CAP_REMOTE_PHY: u64 = 0x0f;
+pub const VERIFY_CAP_REMOTE_FABRIC: u64 = 0x10;
+pub const VERIFY_CAP_REMOTE_LINK_WIDTH: u64 = 0x11;
+pub const REMOTE_DEVICE_ID: u64 = 0x15;
+pub const REMOTE_TX_RATE_SHIFT: u32 = 16;
+/// Link widths: bit n-1 enables nX (chip.c opa_to_vc_link_widths); after VerifyCap the 8051 puts the active
+/// transmitter and receiver counts in bits 15:12 and 11:8 of the local link mode (chip.c get_linkup_widths).
+pub const LINK_WIDTH_ENABLE_MASK: u64 = 0xF;
+pub const LINK_WIDTH_ACTIVE_TX_SHIFT: u32 = 12;
+pub const LINK_WIDTH_ACTIVE_RX_SHIFT: u32 = 8;
+pub const LINK_WIDTH_ACTIVE_MASK: u64 = 0xFF00;
+/// LOCAL_LNI_INFO: the lanes receiving after LNI, a bit each in 23:16 (chip.c read_local_lni).
+pub const LOCAL_LNI_INFO: u64 = 0x0c;
+pub const ENABLE_LANE_RX_SHIFT: u32 = 16;
+pub const ENABLE_LANE_RX_MASK: u64 = 0xFF;
 /// 8051 general config fields the driver reads after a link loss (chip.h): the reason the link went down
 /// (byte 0) and, in LINK_QUALITY_INFO bits 23:16, the neighbour's planned-down reason.
 pub const LINK_QUALITY_INFO: u64 = 0x14;
@@ -146,6 +194,22 @@ pub struct Dc {
     signal: Option<Phy>,
     link_ups: u64,
     link_downs: u64,
+    /// An LCB CSR access a host command asked for, which the chip carries out (the LCB is not the DC's).
+    lcb_request: Option<LcbAccess>,
+    /// DC_DC8051_CFG_EXT_DEV_0 (the high bits of an LCB write) and DC_DC8051_CFG_EXT_DEV_1 (of a read).
+    ext_dev_0: u64,
+    ext_dev_1: u64,
+    /// The last idle message of each type the neighbour sent.
+    idle: [u64; 16],
+    /// A host command posted a host message: the 8051 interrupt is due.
+    posted: bool,
+}
+
+/// An LCB CSR access relayed through the 8051.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LcbAccess {
+    Read(u64),
+    Write(u64, u64),
 }
 
 impl Default for Dc {
@@ -170,6 +234,11 @@ impl Default for Dc {
             signal: None,
             link_ups: 0,
             link_downs: 0,
+            lcb_request: None,
+            ext_dev_0: 0,
+            ext_dev_1: 0,
+            idle: [0; 16],
+            posted: false,
         }
     }
 }
@@ -249,6 +318,8 @@ impl Dc {
                 v
             }
             DC_DC8051_CFG_RAM_ACCESS_WR_DATA => self.ram_wr_data,
+            DC_DC8051_CFG_EXT_DEV_0 => self.ext_dev_0,
+            DC_DC8051_CFG_EXT_DEV_1 => self.ext_dev_1,
             DC_LCB_CFG_RUN => self.lcb_run,
             // The LCB transfers only while it runs; with no partner that is the loopback case.
             DC_LCB_STS_LINK_TRANSFER_ACTIVE => self.lcb_run & DC_LCB_CFG_RUN_EN_SMASK,
@@ -283,6 +354,8 @@ impl Dc {
             }
             DC_LCB_CFG_RUN => self.lcb_run = value,
             DCC_CFG_PORT_CONFIG => self.port_config = value,
+            DC_DC8051_CFG_EXT_DEV_0 => self.ext_dev_0 = value,
+            DC_DC8051_CFG_EXT_DEV_1 => {}
             DC_DC8051_CFG_HOST_CMD_1
             | DC_DC8051_STS_CUR_STATE
             | DC_DC8051_CFG_LOCAL_GUID
@@ -369,18 +442,21 @@ impl Dc {
                 if self.port != PLS_POLLING {
                     return None;
                 }
-                // The simulator's 8051 goes from Polling straight to LinkUp and logical INIT (chip.c
-                // set_link_state HLS_UP_INIT accepts the jump on ICODE_FUNCTIONAL_SIMULATOR).
-                self.port = PLS_LINKUP;
-                self.set_logical_state(LSTATE_INIT);
                 self.remote = Some(neighbor);
                 self.poll_unseen = false;
-                self.link_ups += 1;
-                self.info |= LINKUP_ACHIEVED;
-                Some(LINKUP_ACHIEVED)
+                if self.needs_firmware {
+                    // LNI: the frames are exchanged; the host handles the neighbour's (handle_verify_cap)
+                    // and answers CHANGE_PHY_STATE(LINKUP).
+                    self.port = PLS_CONFIGPHY_VERIFYCAP;
+                    self.take_verify_cap(&neighbor.verify_cap);
+                    return Some(self.post(VERIFY_CAP_FRAME));
+                }
+                // The simulator's 8051 goes from Polling straight to LinkUp and logical INIT (chip.c
+                // set_link_state HLS_UP_INIT accepts the jump on ICODE_FUNCTIONAL_SIMULATOR).
+                Some(self.achieve_link_up())
             }
             LinkEvent::Down { reason } => {
-                if self.port != PLS_LINKUP {
+                if self.port != PLS_LINKUP && self.port != PLS_CONFIGPHY_VERIFYCAP {
                     return None;
                 }
                 self.port = PLS_OFFLINE;
@@ -401,10 +477,86 @@ impl Dc {
                 let at = config_addr(LINK_DOWN_REASON, GENERAL_CONFIG);
                 let field = self.ram_u32(at) & !LINK_DOWN_REASON_MASK;
                 self.set_ram_u32(at, field | ldr);
-                self.info |= LINK_GOING_DOWN;
-                Some(LINK_GOING_DOWN)
+                Some(self.post(LINK_GOING_DOWN))
+            }
+            LinkEvent::Idle(message) => {
+                // Only an 8051 that runs firmware relays idle messages; the simulator's has none (the driver
+                // sets neighbor_normal itself there, chip.c set_link_state HLS_UP_ARMED).
+                if !self.needs_firmware || self.port != PLS_LINKUP {
+                    return None;
+                }
+                self.idle[(message & IDLE_MSG_TYPE_MASK) as usize] = message;
+                (message & IDLE_MSG_TYPE_MASK == IDLE_SMA).then(|| self.post(BC_SMA_MSG))
             }
         }
+    }
+
+    /// Posts host message `msg` in DBG_ERR_INFO_SET_BY_8051; the caller raises the 8051 interrupt.
+    fn post(&mut self, msg: u64) -> u64 {
+        self.info |= msg;
+        msg
+    }
+
+    /// LinkUp and logical INIT with the neighbour the link trained with.
+    fn achieve_link_up(&mut self) -> u64 {
+        self.port = PLS_LINKUP;
+        self.set_logical_state(LSTATE_INIT);
+        self.link_ups += 1;
+        self.post(LINKUP_ACHIEVED)
+    }
+
+    /// This port's VerifyCap frame, as the host loaded it.
+    pub fn verify_cap_frame(&self) -> VerifyCapFrame {
+        let field = |f| self.ram_u32(config_addr(f, GENERAL_CONFIG)) as u32;
+        VerifyCapFrame {
+            phy: field(VERIFY_CAP_LOCAL_PHY),
+            fabric: field(VERIFY_CAP_LOCAL_FABRIC),
+            link_mode: field(VERIFY_CAP_LOCAL_LINK_MODE),
+            device_id: field(LOCAL_DEVICE_ID),
+            tx_rate: (field(TX_SETTINGS) >> MAX_RATE_SHIFT) as u8,
+        }
+    }
+
+    /// The neighbour's frame into the VERIFY_CAP_REMOTE_* fields, and the widths both ends enable into the
+    /// active counts of the local link mode (the widest common one).
+    fn take_verify_cap(&mut self, peer: &VerifyCapFrame) {
+        let set = |dc: &mut Dc, f, v: u64| dc.set_ram_u32(config_addr(f, GENERAL_CONFIG), v);
+        set(self, VERIFY_CAP_REMOTE_PHY, u64::from(peer.phy));
+        set(self, VERIFY_CAP_REMOTE_FABRIC, u64::from(peer.fabric));
+        let widths = u64::from(peer.link_mode) & 0xFFFF;
+        set(self, VERIFY_CAP_REMOTE_LINK_WIDTH, (u64::from(peer.tx_rate) << REMOTE_TX_RATE_SHIFT) | widths);
+        set(self, REMOTE_DEVICE_ID, u64::from(peer.device_id));
+        let local = self.ram_u32(config_addr(VERIFY_CAP_LOCAL_LINK_MODE, GENERAL_CONFIG));
+        let common = local & u64::from(peer.link_mode) & LINK_WIDTH_ENABLE_MASK;
+        let lanes = 64 - u64::from(common.leading_zeros());
+        let active = (lanes << LINK_WIDTH_ACTIVE_TX_SHIFT) | (lanes << LINK_WIDTH_ACTIVE_RX_SHIFT);
+        set(self, VERIFY_CAP_LOCAL_LINK_MODE, (local & !LINK_WIDTH_ACTIVE_MASK) | active);
+        let lni =
+            self.ram_u32(config_addr(LOCAL_LNI_INFO, GENERAL_CONFIG)) & !(ENABLE_LANE_RX_MASK << ENABLE_LANE_RX_SHIFT);
+        set(self, LOCAL_LNI_INFO, lni | (((1 << lanes) - 1) << ENABLE_LANE_RX_SHIFT));
+    }
+
+    /// Whether a host command posted a host message since the last call (the 8051 interrupt is due).
+    pub fn take_posted(&mut self) -> bool {
+        std::mem::take(&mut self.posted)
+    }
+
+    /// The LCB access a host command asked for, to carry out and then [`Dc::complete_lcb`].
+    pub fn take_lcb_request(&mut self) -> Option<LcbAccess> {
+        self.lcb_request.take()
+    }
+
+    /// An LCB relay is done: a read's value goes back in HOST_CMD_1 and EXT_DEV_1.
+    pub fn complete_lcb(&mut self, read: Option<u64>) {
+        let value = read.unwrap_or(0);
+        self.ext_dev_1 = (value >> 48) << EXT_DEV_1_REQ_DATA_SHIFT;
+        self.complete(value);
+    }
+
+    fn complete(&mut self, response: u64) {
+        self.host_cmd_1 = ((response & HOST_CMD_1_RSP_DATA_MASK) << HOST_CMD_1_RSP_DATA_SHIFT)
+            | (HCMD_SUCCESS << HOST_CMD_1_RETURN_CODE_SHIFT)
+            | HOST_CMD_1_COMPLETED_SMASK;
     }
 
     /// CHANGE_PHY_STATE: the port moves where the host says; leaving Polling or LinkUp for Offline or
@@ -413,9 +565,16 @@ impl Dc {
         let state = data & PHY_STATE_MASK;
         let reason = ((data >> PHY_REASON_SHIFT) & PHY_REASON_MASK) as u8;
         let was_active = self.port_active();
+        let was = self.port;
         self.port = state;
         match state {
             PLS_POLLING => self.poll_unseen = true,
+            // The host took the neighbour's VerifyCap frame (handle_verify_cap, set_link_state
+            // HLS_GOING_UP): the link transfers, and the port is up.
+            PLS_LINKUP if was == PLS_CONFIGPHY_VERIFYCAP && self.remote.is_some() => {
+                self.achieve_link_up();
+                self.posted = true;
+            }
             s if s & PLS_OFFLINE_MASK == PLS_OFFLINE || s == PLS_DISABLED => {
                 self.poll_unseen = false;
                 self.remote = None;
@@ -471,20 +630,38 @@ impl Dc {
                 0
             }
             HCMD_READ_CONFIG_DATA => {
-                let field = (data >> LOAD_DATA_FIELD_ID_SHIFT) & LOAD_DATA_FIELD_ID_MASK;
-                let lane = (data >> LOAD_DATA_LANE_ID_SHIFT) & LOAD_DATA_LANE_ID_MASK;
+                let field = (data >> LOAD_DATA_FIELD_ID_SHIFT) & READ_DATA_FIELD_ID_MASK;
+                let lane = (data >> LOAD_DATA_LANE_ID_SHIFT) & READ_DATA_LANE_ID_MASK;
                 self.ram_u32(config_addr(field, lane))
             }
             HCMD_CHANGE_PHY_STATE => {
                 self.change_phy_state(data);
                 0
             }
-            // LCB access grants, idle messages, LCB CSR relays, the interface test: accepted, nothing to return.
+            HCMD_SEND_LCB_IDLE_MSG => {
+                if self.needs_firmware && self.port == PLS_LINKUP {
+                    self.signal = Some(Phy::Idle(data));
+                }
+                0
+            }
+            HCMD_READ_LCB_IDLE_MSG => self.idle[(data & IDLE_MSG_TYPE_MASK) as usize],
+            // The chip carries the access out and completes the command (take_lcb_request).
+            HCMD_READ_LCB_CSR => {
+                self.lcb_request = Some(LcbAccess::Read(DC_LCB_CFG_RUN + 8 * (data & LCB_REGNO_MASK)));
+                return;
+            }
+            HCMD_WRITE_LCB_CSR => {
+                let low = (data >> LCB_WRITE_DATA_SHIFT) & LCB_WRITE_DATA_MASK;
+                let mid = (self.ext_dev_0 >> EXT_DEV_0_RETURN_CODE_SHIFT) & 0xFF;
+                let high = (self.ext_dev_0 >> EXT_DEV_0_RSP_DATA_SHIFT) & 0xFFFF;
+                let value = low | (mid << 40) | (high << 48);
+                self.lcb_request = Some(LcbAccess::Write(DC_LCB_CFG_RUN + 8 * (data & LCB_REGNO_MASK), value));
+                return;
+            }
+            // LCB access grants and the interface test: accepted, nothing to return.
             _ => 0,
         };
-        self.host_cmd_1 = ((response & HOST_CMD_1_RSP_DATA_MASK) << HOST_CMD_1_RSP_DATA_SHIFT)
-            | (HCMD_SUCCESS << HOST_CMD_1_RETURN_CODE_SHIFT)
-            | HOST_CMD_1_COMPLETED_SMASK;
+        self.complete(response);
     }
 
     pub fn dump(&self) -> serde_json::Value {

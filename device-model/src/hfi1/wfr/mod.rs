@@ -96,12 +96,22 @@ impl Wfr {
     /// 8051's SET_BY_8051 interrupt, source IS_DC_START + 2, when DC_DC8051_ERR_EN lets it through).
     pub fn link_event(&mut self, event: LinkEvent) -> Option<Vec<u16>> {
         self.dc.link_event(event)?;
+        Some(self.interrupt_8051())
+    }
+
+    /// The 8051 posted a host message: SET_BY_8051, and its interrupt if enabled.
+    fn interrupt_8051(&mut self) -> Vec<u16> {
         self.errs.set(DC_DC8051_ERR_FLG, dc::DC_DC8051_ERR_FLG_SET_BY_8051_SMASK);
         let flg = self.errs.read(DC_DC8051_ERR_FLG).unwrap_or(0);
         if flg & self.stored(DC_DC8051_ERR_EN) == 0 {
-            return Some(Vec::new());
+            return Vec::new();
         }
-        Some(self.cce.raise(IS_DC_START + DC_DC8051_INT).into_iter().collect())
+        self.cce.raise(IS_DC_START + DC_DC8051_INT).into_iter().collect()
+    }
+
+    /// This port's VerifyCap frame, for the neighbour.
+    pub fn verify_cap_frame(&self) -> crate::hfi1::cable::VerifyCapFrame {
+        self.dc.verify_cap_frame()
     }
 
     /// Packets and credit returns the send contexts have for the worker.
@@ -226,6 +236,9 @@ impl Wfr {
         if offset == SEND_PIO_INIT_CTXT {
             self.pio.init(value);
         }
+        if offset == CCE_CTRL && value & cce::CCE_CTRL_SPC_UNFREEZE_SMASK != 0 {
+            self.sdma.unfreeze();
+        }
         let mut raised = Raised::default();
         let handled = self.cce.write(offset, value)
             || self.asic.write(offset, value)
@@ -261,6 +274,21 @@ impl Wfr {
         }
         let mut vectors: Vec<u16> = raised.0.into_iter().filter_map(|s| self.cce.raise(s)).collect();
         vectors.extend(self.cce.take_deliverable());
+        // A host command the 8051 relays to the LCB: the LCB is this chip's, reached as the host would.
+        match self.dc.take_lcb_request() {
+            Some(dc::LcbAccess::Read(at)) => {
+                let v = self.read(at);
+                self.dc.complete_lcb(Some(v));
+            }
+            Some(dc::LcbAccess::Write(at, v)) => {
+                vectors.extend(self.write(at, v));
+                self.dc.complete_lcb(None);
+            }
+            None => {}
+        }
+        if self.dc.take_posted() {
+            vectors.extend(self.interrupt_8051());
+        }
         vectors
     }
 

@@ -295,6 +295,18 @@ impl Sdma {
         self.engines.len()
     }
 
+    /// The SPC unfreeze: every engine comes out empty, head 0 and not halted. The driver restarts an engine
+    /// after a freeze with tail 0 and no clean-up (sdma.c, s82_freeze_sw_clean on e82_hw_unfreeze:
+    /// sdma_hw_start_up), so the freeze itself must have emptied it.
+    pub fn unfreeze(&mut self) {
+        for eng in &mut self.engines {
+            eng.head = 0;
+            eng.halted = false;
+            eng.since_progress = 0;
+            eng.epoch += 1;
+        }
+    }
+
     pub fn dump(&self) -> serde_json::Value {
         self.engines
             .iter()
@@ -377,6 +389,23 @@ mod tests {
         assert_eq!(s.advance(&walk, 5, true, true), None);
         assert_eq!(s.read(SEND_DMA_HEAD + STRIDE), Some(0));
         assert_eq!(s.read(SEND_DMA_STATUS + STRIDE), Some(SEND_DMA_STATUS_ENG_CLEANED_UP_SMASK));
+    }
+
+    #[test]
+    fn the_unfreeze_empties_every_engine_for_a_restart_at_tail_0() {
+        let (mut s, mut errs) = sdma();
+        running(&mut s, &mut errs);
+        w(&mut s, &mut errs, SEND_DMA_TAIL, 1, 5);
+        let walk = s.walk(1, &mut errs, &mut Raised::default()).unwrap();
+        s.advance(&walk, 2, false, false).unwrap();
+        let in_flight = s.walk(1, &mut errs, &mut Raised::default()).unwrap();
+        s.unfreeze();
+        // The walk begun before the freeze is void; sdma_hw_start_up then writes tail 0 (sdma.c, e82).
+        assert_eq!(s.advance(&in_flight, 3, true, true), None);
+        assert_eq!(s.read(SEND_DMA_HEAD + STRIDE), Some(0));
+        assert_eq!(w(&mut s, &mut errs, SEND_DMA_TAIL, 1, 0), (None, vec![]));
+        assert_eq!(w(&mut s, &mut errs, SEND_DMA_TAIL, 1, 1), (Some(1), vec![]));
+        assert_eq!(s.walk(1, &mut errs, &mut Raised::default()).unwrap().head, 0);
     }
 
     #[test]

@@ -33,7 +33,8 @@ pub const NUM_INTERRUPT_SOURCES: u32 = 768;
 
 /// The implementation code the chip reports in CCE_REVISION2 (chip.h ICODE_*): what kind of chip the driver
 /// believes it drives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Icode {
     /// ICODE_FUNCTIONAL_SIMULATOR: the driver loads no firmware, and its 8051 skips LNI. The stock driver
     /// cannot take an up link down on it (docs/hfi1-fabric.md, "A kernel deadlock the fabric reproduces").
@@ -45,6 +46,17 @@ pub enum Icode {
 }
 
 impl Icode {
+    /// The names the command line and recordings use.
+    pub const NAMES: [(&'static str, Icode); 2] =
+        [("functional-simulator", Icode::FunctionalSimulator), ("rtl-simulation", Icode::RtlSimulation)];
+
+    pub fn parse(name: &str) -> Result<Icode, String> {
+        Self::NAMES.iter().find(|(n, _)| *n == name).map(|&(_, i)| i).ok_or_else(|| {
+            let names: Vec<&str> = Self::NAMES.iter().map(|(n, _)| *n).collect();
+            format!("{name:?}: not an implementation code; one of {}", names.join(", "))
+        })
+    }
+
     /// The CCE_REVISION2 IMPL_CODE value (chip.h).
     pub fn value(self) -> u64 {
         match self {
