@@ -16,9 +16,11 @@
 #      opa-fm bring both ports to ACTIVE, opasmaquery reads NodeInfo across the cable, verbs traffic with its
 #      data checked, the kernel under cable faults; the wire is captured and tshark must find the sweep's OPA
 #      MADs in it.
-#   6. with --mode fabric-bounce (or all): a link bounce on the fabric. The stock driver deadlocks taking an up
-#      link offline on the functional simulator's icode (docs/hfi1-fabric.md): the run must fail within its
-#      deadline, naming the step, the last CSR accesses of both HFIs and the last packets on the cable.
+#   6. with --mode fabric-bounce (or all): a link bounce on the fabric with the chip reporting the functional
+#      simulator's icode, where the stock driver deadlocks taking an up link offline (docs/hfi1-fabric.md): the
+#      run must fail within its deadline, naming the step, the last CSR accesses of both HFIs and the last
+#      packets on the cable. (The fabric run itself uses the RTL-simulation icode, where the bounce, a lost
+#      neighbour and rmmod with the links up are fabric steps.)
 #   7. with --mode all: ci/guest/test-shell.sh (ci/run-qemu.sh --shell with the fabric, piped and at a terminal).
 #   8. with --mode tid-rdma (or both, all): the fabric with the kernel's own TID RDMA (ci/run-qemu.sh
 #      --tid-rdma): OPFN negotiates, READ and WRITE of 256 KiB and more go through the RcvArray and flow table
@@ -32,7 +34,7 @@
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 MODE=both
-case "${1:-}" in -h|--help) sed -n '2,29s/^# \{0,1\}//p' "$0" >&2; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,33s/^# \{0,1\}//p' "$0" >&2; exit 0 ;; esac
 if [ "${1:-}" = "--mode" ]; then MODE=$2; shift 2; fi
 if [ "$MODE" = lifecycle ]; then exec bash ci/lifecycle.sh; fi
 
@@ -156,16 +158,17 @@ run_tid_rdma() {
     fi
 }
 
-# The link bounce deadlocks the stock driver (docs/hfi1-fabric.md, "The stock driver's deadlock"): the run
-# must fail within its deadline, with the step, both HFIs' last CSR accesses and the cable's last packets.
+# On the functional simulator's icode the link bounce deadlocks the stock driver (docs/hfi1-fabric.md, "A kernel
+# deadlock the fabric reproduces"): the run must fail within its deadline, with the step, both HFIs' last CSR
+# accesses and the cable's last packets.
 BOUNCE_TIMEOUT=20
 run_fabric_bounce() {
     log "end-to-end scenario: a link bounce on the fabric (--kdriver-timeout $BOUNCE_TIMEOUT)"
     local t0=$EPOCHREALTIME out took
     out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --fabric --fabric-bounce --hfi1-id none \
-        --irdma-id none --kdriver-timeout "$BOUNCE_TIMEOUT" --timeout 400 --quiet \
+        --irdma-id none --icode functional-simulator --kdriver-timeout "$BOUNCE_TIMEOUT" --timeout 400 --quiet \
         --result "$OUT_DIR/result-fabric-bounce.json" "${EXTRA[@]}") && {
-        log "fabric-bounce: the bounce passed: the driver no longer deadlocks; make it a fabric step (docs/hfi1-fabric.md)"
+        log "fabric-bounce: the bounce passed on the functional simulator's icode: the driver no longer deadlocks there (docs/hfi1-fabric.md)"
         rc=1
         return
     }

@@ -398,6 +398,101 @@ step_fabric_bounce() {
     else record fabric-link-bounce false "$t" "${err# }" "$members"; fi
 }
 
+# The neighbour goes away with the link up: hfi1_1's function leaves the driver (its remove takes the port
+# offline, init.c shutdown_device), so hfi1_0 loses the link and runs its link-down and freeze handling
+# (handle_link_down, handle_linkup_change, sdma_freeze). The function comes back, both ports return to ACTIVE,
+# and every byte of a WRITE and READ crosses again: hfi1_0's engines came out of the freeze.
+step_fabric_peer_loss() {
+    begin fabric-peer-loss; host_deadline fabric-peer-loss "$KDRIVER_TIMEOUT"
+    err="" a_down=null
+    addr=$(basename "$(readlink -f "/sys/class/infiniband/$FABRIC_B/device")")
+    run_to "$KDRIVER_TIMEOUT" sh -c "echo $addr >/sys/bus/pci/drivers/hfi1/unbind"
+    rc=$?
+    if [ "$rc" != 0 ]; then
+        err="unbind $addr: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
+    else
+        # shellcheck disable=SC2016 # evaluated by wait_for
+        wait_for 30 '[ "$(state_num /sys/class/infiniband/$FABRIC_A/ports/1/phys_state)" = 2 ]' \
+            || err="$FABRIC_A not polling within 30 s of losing its neighbour;"
+        a_down=$(port_json $FABRIC_A)
+        run_to "$KDRIVER_TIMEOUT" sh -c "echo $addr >/sys/bus/pci/drivers/hfi1/bind"
+        rc=$?
+        [ "$rc" = 0 ] || err="$err bind $addr: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
+        # shellcheck disable=SC2016
+        wait_for 60 '[ -e /sys/class/infiniband/$FABRIC_B ] && both_in_state 4 5' \
+            || err="$err not both ports ACTIVE again within 60 s;"
+        if [ -z "$err" ]; then
+            run_to "$KDRIVER_TIMEOUT" verbs-check -a $FABRIC_A -b $FABRIC_B -s 1,65537,1048576 -t "$((KDRIVER_TIMEOUT - 10))"
+            rc=$?
+            [ "$rc" = 0 ] || err="verbs-check after the rebind: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
+        fi
+    fi
+    host_deadline_end fabric-peer-loss
+    members="\"address\":$(json_str "$addr"),\"a_after_loss\":$a_down,\"ports\":[$(port_json $FABRIC_A),$(port_json $FABRIC_B)]"
+    if [ -z "$err" ]; then record fabric-peer-loss true "$t" "" "$members"
+    else record fabric-peer-loss false "$t" "${err# }" "$members"; fi
+}
+
+# hfi1 sets up each port's trap timer (verbs.c:1554) and arms it with every trap it sends to the SM (mad.c:175),
+# but nothing deletes it: unloading the module while one is pending oopses when it fires (docs/hfi1-fabric.md).
+# The timer tracepoints of an ftrace instance, filtered to the timer's function, tell when none is pending.
+TRAPS=$TRACING/instances/rdma-emu-traps
+trap_timer_watch() {
+    addr=$(awk '$3 == "hfi1_handle_trap_timer" { print $1; exit }' /proc/kallsyms)
+    [ -n "$addr" ] && mkdir -p "$TRAPS" || return 1
+    for ev in timer_start timer_expire_entry; do
+        echo "function == 0x$addr" >"$TRAPS/events/timer/$ev/filter" || return 1
+        echo 1 >"$TRAPS/events/timer/$ev/enable" || return 1
+    done
+    echo 1 >"$TRAPS/tracing_on"
+}
+# True while a trap timer is armed and has not fired: the last event of some timer is a start.
+trap_timer_pending() {
+    awk '/timer_start:|timer_expire_entry:/ {
+            for (i = 1; i <= NF; i++) if ($i ~ /^timer=/) last[$i] = ($0 ~ /timer_start:/)
+         }
+         END { for (t in last) if (last[t]) exit 0; exit 1 }' "$TRAPS/trace"
+}
+
+# rmmod with both links up: each HFI's remove takes its up port offline through the 8051 (shutdown_device,
+# hfi1_quiet_serdes, goto_offline: the path that deadlocks on the functional simulator) and the module goes.
+# No trap timer may be pending then (above), and an ACTIVE port's unrepressed trap keeps its timer armed for
+# ever. The SM holds a verbs context (the module is in use while it runs), and stopping it makes its port send
+# a capability-change trap nobody will repress (mad.c hfi1_cap_mask_chg). So: with the SM running, let the
+# traps be repressed and their timers run out; stop the SM; bounce the link, which brings both ports back to
+# LinkUp and logical INIT with no SM to make them ACTIVE, where the timer drops the trap (send_trap, o14-3.2.1);
+# wait for no timer pending; rmmod.
+step_fabric_rmmod() {
+    begin fabric-rmmod; host_deadline fabric-rmmod "$KDRIVER_TIMEOUT"
+    err="" before="[$(port_json $FABRIC_A),$(port_json $FABRIC_B)]"
+    if [ "$TRAP_WATCH" != 1 ]; then
+        err="no trap-timer watch (ftrace timer events);"
+    else
+        # shellcheck disable=SC2016 # evaluated by wait_for
+        wait_for 60 '! trap_timer_pending' || err="a trap timer still pending after 60 s with the SM running;"
+    fi
+    sm_stop 30
+    if [ -z "$err" ]; then
+        run_to "$KDRIVER_TIMEOUT" opaportconfig -l "$(port_lid $FABRIC_B)" bounce
+        rc=$?
+        [ "$rc" = 0 ] || err="opaportconfig bounce: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
+        wait_for 60 'both_in_state 2 5' || err="$err not both ports LinkUp and INIT within 60 s of the bounce;"
+        # shellcheck disable=SC2016
+        wait_for 60 '! trap_timer_pending' || err="$err a trap timer still pending 60 s after the bounce;"
+    fi
+    up="[$(port_json $FABRIC_A),$(port_json $FABRIC_B)]"
+    if [ -z "$err" ]; then
+        run_to "$KDRIVER_TIMEOUT" rmmod hfi1
+        rc=$?
+        [ "$rc" = 0 ] || err="rmmod hfi1: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
+        [ ! -e /sys/module/hfi1 ] || err="$err hfi1 still loaded;"
+    fi
+    host_deadline_end fabric-rmmod
+    members="\"ports_active\":$before,\"ports_at_rmmod\":$up,\"sm_exit\":$(json_str "$SM_RC")"
+    if [ -z "$err" ]; then record fabric-rmmod true "$t" "" "$members"
+    else record fabric-rmmod false "$t" "${err# }" "$members"; fi
+}
+
 step_fabric_dmesg() {
     begin fabric-dmesg
     bad=$(dmesg | tail -n +"$((FABRIC_KLOG_MARK + 1))" | grep -E "$KLOG_BAD" | head -n 20)
@@ -474,6 +569,15 @@ run_fabric() { # id
         if [ "$P_fabric_perf" = 1 ]; then
             if command -v step_fabric_perf >/dev/null; then step_fabric_perf
             else begin fabric-perf; record fabric-perf false "$t" "the initramfs has no /lib/rdma-emu/perf.sh"; fi
+        fi
+        # The link going down once up: on the functional simulator's icode the stock driver deadlocks there
+        # (docs/hfi1-fabric.md), so these run on the RTL-simulation chip only.
+        if [ "$P_hfi1_icode" = rtl-simulation ]; then
+            TRAP_WATCH=0
+            trap_timer_watch && TRAP_WATCH=1
+            step_fabric_bounce
+            step_fabric_peer_loss
+            step_fabric_rmmod
         fi
     }
     step_fabric_dmesg
