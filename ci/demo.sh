@@ -115,6 +115,12 @@ for s in g.get("steps", []):
         d = f"{s.get('fault')} fired {s.get('fired')}x; the kernel: {json.dumps(s.get('rc_counters_moved') or s.get('sm_line', '').split('topology_main: ')[-1])}"
     elif "rate" in s:
         d = f"{s.get('command')} -c: every byte checked; {s.get('rate')}"
+    elif name == "fabric-link-bounce":
+        d = "opaportconfig bounce: the link trained again (VerifyCap) and both ports are ACTIVE"
+    elif name == "fabric-peer-loss":
+        d = f"{s.get('address')} unbound with the link up: hfi1_0 went down and came out of its freeze; rebound, ACTIVE, every byte again"
+    elif name == "fabric-rmmod":
+        d = "rmmod hfi1 with both links up: completed on both HFIs"
     else:
         d = ""
     print(f"  [{' ok ' if s['ok'] else 'FAIL'}] {name:<20} {d[:160]}")

@@ -296,8 +296,10 @@ fn hfi_config() -> Hfi1Config {
     }
 }
 
+/// The chip that loads 8051 firmware: its security engine, code RAM, LCB relays and idle messages are inputs too.
 fn wfr_config() -> Hfi1Config {
-    let shape = wfr::WfrShape { send_contexts: 8, sdma_engines: 2, ..Default::default() };
+    let shape =
+        wfr::WfrShape { send_contexts: 8, sdma_engines: 2, icode: wfr::Icode::RtlSimulation, ..Default::default() };
     Hfi1Config { personality: hfi1::Personality::Wfr(shape), ..hfi_config() }
 }
 
