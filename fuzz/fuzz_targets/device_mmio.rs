@@ -743,7 +743,8 @@ impl Rig {
         for (offset, want) in fixed {
             assert_eq!(self.wfr_read64(offset), want, "wfr: {offset:#x}");
         }
-        assert_eq!(self.wfr_read64(wcsr::CCE_REVISION2) >> 8 & 0xFF, 3, "wfr: implementation code");
+        // ICODE_RTL_VCS_SIMULATION (chip.h): the chip wfr_config asks for.
+        assert_eq!(self.wfr_read64(wcsr::CCE_REVISION2) >> 8 & 0xFF, 1, "wfr: implementation code");
         assert_eq!(self.wfr_read64(wcsr::SEND_PIO_INIT_CTXT) & 0xC, 0, "wfr: PIO init left in progress");
         assert_eq!(self.wfr_read64(wcsr::SEND_CTRL) & 0x4, 0, "wfr: CM_RESET not self-cleared");
         assert_ne!(self.wfr_read64(wcsr::DC_DC8051_CFG_RAM_ACCESS_STATUS) & 0x1_0000, 0, "wfr: 8051 RAM access");
