@@ -30,15 +30,16 @@
 # /dev/cpu_dma_latency is writable, as many boots again hold the host's idle exit latency at 0 us (PM QoS, for
 # the boot only), reported as guest-a-lat0. A boot that cannot be had is skipped, with the reason in the
 # results. One more boot with --reply-poll-us 0 (QEMU's vCPU waits for its I/O thread, as upstream) is reported
-# as guest-a-no-reply-poll, not judged. guest-verbs boots the fabric (ci/run-qemu.sh --fabric --fabric-perf):
-# perftest between the two emulated HFIs against SoftRoCE over a veth pair in the same guest, ratios from that
-# boot. guest-tid boots the fabric with the kernel's TID RDMA (ci/run-qemu.sh --tid-rdma --fabric-perf): perftest
-# READ and WRITE with TID RDMA, without it (OPFN cleared at run time) and on SoftRoCE, in that boot. The plot
-# shows every target as measured/target on a log scale; scale.svg the curves.
+# as guest-a-no-reply-poll, not judged. guest-verbs boots the fabric --verbs-boots times (ci/run-qemu.sh --fabric
+# --fabric-perf): perftest between the two emulated HFIs against SoftRoCE over a veth pair in the same guest,
+# ratios from each boot, judged by their median. guest-tid boots the fabric with the kernel's TID RDMA
+# (ci/run-qemu.sh --tid-rdma --fabric-perf): perftest READ and WRITE with TID RDMA, without it (OPFN cleared at
+# run time) and on SoftRoCE, in that boot. The plot shows every target as measured/target on a log scale;
+# scale.svg the curves.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
-usage() { sed -n '2,36s/^# \{0,1\}//p' "$0" >&2; exit "${1:-2}"; }
+usage() { sed -n '2,/^source/{/^#/s/^# \{0,1\}//p}' "$0" >&2; exit "${1:-2}"; }
 BUDGET="" CASES=() QEMU=1 GUEST=1 GUEST_BUDGET=1000 GUEST_BOOTS=3 VERBS_BOOTS=3 OUT=docs/bench
 while [ $# -gt 0 ]; do
     case "$1" in
