@@ -37,6 +37,12 @@
 #                         runs the full link bring-up; the fabric run also bounces a link, loses a neighbour and
 #                         unloads hfi1 with the links up) or functional-simulator (no firmware; the stock driver
 #                         deadlocks taking an up link down, docs/hfi1-fabric.md)
+#   --hfi1-dma MODE       the IOMMU domain the hfi1 functions get before hfi1 binds them: translated (default: the
+#                         kernel's DMA domain, so the vIOMMU checks every address the device uses) or identity
+#                         (guest-physical addresses, nothing mapped per packet: the hfi1 send path maps and
+#                         unmaps every packet's buffers, and under QEMU's caching-mode vIOMMU each of those is a
+#                         blocking DMA map or unmap to the device model; ci/bench.sh's guest-verbs case). The
+#                         guest's modprobe step fails if a function's domain is not the one asked for
 #   --fabric-bounce       with --fabric: after the bring-up only bounce hfi1_1's link (opaportconfig) and wait
 #                         for ACTIVE again (ci/e2e.sh runs it with --icode functional-simulator, where the stock
 #                         driver deadlocks, to check the stall report)
@@ -88,7 +94,7 @@ ACCEL=${RDMA_EMU_ACCEL:-auto}
 KERNEL="" INITRD="" SHARE=1 DEVICES=1 TIMEOUT=600 DEMO_TIMEOUT=120 UARGS="" APPEND_EXTRA=""
 HFI1_ID=1b36:1100 IRDMA_ID=1b36:1101 RESULT="" LOG_DIR="" KEEP_LOGS=0 TIMING=0 QUIET=0
 HFI1_WFR=0 KDRIVER_TIMEOUT=120 HFI1_USER="" HFI1_USER_HOST="" FABRIC=0 SHELL_MODE=0 TIMEOUT_SET=0
-CAPTURE="" FABRIC_BOUNCE=0 FABRIC_PERF=0 TID_RDMA=0 ICODE=rtl-simulation
+CAPTURE="" FABRIC_BOUNCE=0 FABRIC_PERF=0 TID_RDMA=0 ICODE=rtl-simulation HFI1_DMA=translated
 # Small enough for TCG: 2 kernel and 1 user receive contexts, one SDMA engine, no accelerated IP (docs/hfi1-kernel-driver.md).
 HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64"
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
@@ -120,6 +126,7 @@ while [ $# -gt 0 ]; do
         --capture) need $#; CAPTURE=$2; shift 2 ;;
         --fabric-bounce) FABRIC_BOUNCE=1; shift ;;
         --icode) need $#; ICODE=$2; shift 2 ;;
+        --hfi1-dma) need $#; HFI1_DMA=$2; shift 2 ;;
         --fabric-perf) FABRIC_PERF=1; shift ;;
         --tid-rdma) TID_RDMA=1; shift ;;
         --shell) SHELL_MODE=1; shift ;;
@@ -170,6 +177,7 @@ is_uint "$REPLY_POLL_US" && [ "$REPLY_POLL_US" -le 1000000 ] || die "--reply-pol
 [ -z "$CAPTURE" ] || [ "$FABRIC" = 1 ] || die "--capture needs --fabric"
 [ "$FABRIC_BOUNCE" = 0 ] || [ "$FABRIC" = 1 ] || die "--fabric-bounce needs --fabric"
 case "$ICODE" in rtl-simulation|functional-simulator) ;; *) die "--icode must be rtl-simulation or functional-simulator" ;; esac
+case "$HFI1_DMA" in translated|identity) ;; *) die "--hfi1-dma must be translated or identity" ;; esac
 [ "$FABRIC_PERF" = 0 ] || { [ "$FABRIC" = 1 ] && [ "$SHELL_MODE" = 0 ]; } || die "--fabric-perf needs --fabric (and no --shell)"
 [ "$FABRIC_PERF" = 0 ] || [ "$FABRIC_BOUNCE" = 0 ] || die "--fabric-perf and --fabric-bounce do not go together (the bounce run stops after the link)"
 [ "$TID_RDMA" = 0 ] || [ "$FABRIC_BOUNCE" = 0 ] || die "--tid-rdma and --fabric-bounce do not go together"
@@ -461,7 +469,7 @@ fi
 [ -n "$UARGS" ] && APPEND="$APPEND rdma_emu.args=\"$UARGS\""
 if [ "$HFI1_WFR" = 1 ] && [ "$DEVICES" = 1 ]; then
     APPEND="$APPEND rdma_emu.hfi1_wfr=8086:24f0 rdma_emu.hfi1_params=\"$HFI1_PARAMS\" rdma_emu.kdriver_timeout=$KDRIVER_TIMEOUT"
-    APPEND="$APPEND rdma_emu.hfi1_icode=$ICODE"
+    APPEND="$APPEND rdma_emu.hfi1_icode=$ICODE rdma_emu.hfi1_dma=$HFI1_DMA"
 fi
 [ "$BENCH" = 1 ] && APPEND="$APPEND rdma_emu.bench=1 rdma_emu.bench_budget_ms=$BENCH_BUDGET_MS rdma_emu.peer=$PEER_ID rdma_emu.polled=$POLLED_ID rdma_emu.edu=$EDU_ID"
 if [ "$FABRIC" = 1 ] && [ "$SHELL_MODE" = 0 ] && [ "$DEVICES" = 1 ]; then
@@ -725,12 +733,12 @@ trap - EXIT
 set +e
 python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
     "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" "$BENCH" "${REPLY_POLL:+$REPLY_POLL_US}" \
-    "$FABRIC" "$FABRIC_BOUNCE" "$CAPTURE" "$FABRIC_PERF" "$TID_RDMA" "$ICODE" <<'EOF'
+    "$FABRIC" "$FABRIC_BOUNCE" "$CAPTURE" "$FABRIC_PERF" "$TID_RDMA" "$ICODE" "$HFI1_DMA" <<'EOF'
 import json, os, sys
 
 (log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
  dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status, bench, reply_poll,
- fabric, fabric_bounce, capture, fabric_perf, tid_rdma, icode) = sys.argv[1:]
+ fabric, fabric_bounce, capture, fabric_perf, tid_rdma, icode, hfi1_dma) = sys.argv[1:]
 qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
 
 def read(name):
@@ -980,6 +988,7 @@ result = {
     "timing": timing,
     "guest": guest,
     "hfi1_wfr_icode": icode if hfi1_wfr == "1" else None,
+    "hfi1_wfr_dma": hfi1_dma if hfi1_wfr == "1" else None,
     "hfi1_wfr_step_accesses": step_accesses() if hfi1_wfr == "1" else None,
     "fabric": (guest or {}).get("fabric") if fabric == "1" else None,
     "kernel_functions": (guest or {}).get("kernel_functions") if fabric == "1" else None,

@@ -85,6 +85,8 @@ step_fabric_modprobe() {
     for m in $IB_USER_MODULES; do
         [ -d "/sys/module/$m" ] || run_to "$KDRIVER_TIMEOUT" modprobe "$m" || err="$err modprobe $m: $(out_tail);"
     done
+    dma_err=$(hfi1_dma_prepare)
+    [ -z "$dma_err" ] || err="$err hfi1_dma=$HFI1_DMA: $dma_err"
     now; FABRIC_T0=$NOW
     set -f
     # shellcheck disable=SC2086 # the parameters are meant to split
@@ -103,7 +105,7 @@ step_fabric_modprobe() {
     done
     probe_s=$(since_t0)
     host_deadline_end fabric-modprobe
-    members="\"probe_s\":$probe_s,\"functions\":[$bound],\"params\":$(json_str "$HFI1_PARAMS")"
+    members="\"probe_s\":$probe_s,\"functions\":[$bound],\"params\":$(json_str "$HFI1_PARAMS"),\"iommu_domains\":$(json_str "$(hfi1_dma_domains)")"
     if [ -z "$err" ]; then record fabric-modprobe true "$t" "" "$members"
     else record fabric-modprobe false "$t" "${err# }" "$members"; return 1; fi
 }

@@ -292,5 +292,37 @@ print(";".join("%s %s %s %s %s %s %s %s %s %s" % (r["tool"], r["bytes"], f(r, "t
 # 48 MiB of 64 through TIDs: 0.75; 64 of 64: 1.0; the plain run none.
 check perf_tid_json_rows "ib_write_bw 1048576 40.0 50.0 80.0 0.8 0.5 0.625 0.75 0.0;ib_read_bw 1048576 30.0 None 60.0 None 0.5 None 1.0 None" "$got"
 
+echo "hfi1_dma_prepare: identity domains for the unbound hfi1 functions' IOMMU groups, or translated ones checked"
+# A fake sysfs: the kernel's group types are DMA, DMA-FQ, identity (Documentation/ABI/testing/sysfs-kernel-iommu_groups).
+fake_fn() { # address vendor device type [driver]
+    mkdir -p "$TMP/pci/$1/iommu_group"
+    echo "$2" >"$TMP/pci/$1/vendor"; echo "$3" >"$TMP/pci/$1/device"; echo "$4" >"$TMP/pci/$1/iommu_group/type"
+    [ -z "${5:-}" ] || { mkdir -p "$TMP/drivers/$5"; ln -s "$TMP/drivers/$5" "$TMP/pci/$1/driver"; }
+}
+# bb with the fake tree; prints what hfi1_dma_prepare said, then the domains it leaves.
+dma() { # mode
+    bb "PCI_DEVICES='$TMP/pci'; HFI1_WFR_ID=8086:24f0; HFI1_DMA=$1; hfi1_dma_prepare; echo \"=\$(hfi1_dma_domains)\""
+}
+# mode | functions (address,vendor,device,type[,driver] separated by spaces) | what it says, then =domains
+while IFS='|' read -r mode fns expected; do
+    rm -rf "$TMP/pci" "$TMP/drivers"; mkdir -p "$TMP/pci"
+    for f in $fns; do IFS=, read -r -a a <<<"$f"; fake_fn "${a[@]}"; done
+    got=$(dma "$mode" | tr '\n' ' ')
+    check "hfi1_dma_prepare $mode: $fns" "$expected" "${got% }"
+done <<'CASES'
+translated|00:03.0,0x8086,0x24f0,DMA 00:04.0,0x8086,0x24f0,DMA|=00:03.0:DMA 00:04.0:DMA
+translated|00:03.0,0x8086,0x24f0,DMA-FQ 00:05.0,0x1b36,0x1100,identity|=00:03.0:DMA-FQ
+translated|00:03.0,0x8086,0x24f0,identity|00:03.0 has IOMMU domain type 'identity', not a translated DMA domain; =00:03.0:identity
+identity|00:03.0,0x8086,0x24f0,DMA 00:04.0,0x8086,0x24f0,DMA-FQ|=00:03.0:identity 00:04.0:identity
+identity|00:03.0,0x8086,0x24f0,identity 00:05.0,0x1b36,0x1100,DMA|=00:03.0:identity
+identity|00:03.0,0x8086,0x24f0,DMA,hfi1 00:04.0,0x8086,0x24f0,DMA|00:03.0 is bound to hfi1: its IOMMU domain cannot change; =00:03.0:DMA 00:04.0:identity
+passthrough|00:03.0,0x8086,0x24f0,DMA|rdma_emu.hfi1_dma must be translated or identity; =00:03.0:DMA
+CASES
+# A group the kernel will not change: the write fails (here: type is a directory), and the function is named.
+rm -rf "$TMP/pci"; mkdir -p "$TMP/pci/00:03.0/iommu_group/type"
+echo 0x8086 >"$TMP/pci/00:03.0/vendor"; echo 0x24f0 >"$TMP/pci/00:03.0/device"
+got=$(dma identity)
+check "hfi1_dma_prepare identity: a group the kernel refuses" "00:03.0: the kernel refused an identity domain" "${got%% for its*}"
+
 if [ "$FAILS" -ne 0 ]; then die "$FAILS init helper check(s) failed"; fi
 log "all init helper checks passed"

@@ -17,10 +17,10 @@ check() { # name: the condition is the rest of the arguments
 }
 has() { grep -qE -- "$2" "$1"; }
 
-log "piped: ibv_devinfo, opainfo, a command's status, then the end of input"
+log "piped, hfi1 in an identity IOMMU domain: ibv_devinfo, opainfo, the domain, a command's status, then the end of input"
 set +e
-printf 'ibv_devinfo -d hfi1_0\nopainfo\nls /dev/infiniband\nfalse; echo "status=$?"\n' |
-    bash "$REPO_ROOT/ci/run-qemu.sh" --shell --timeout 600 --logs "$TMP/piped" --keep-logs "$@" \
+printf 'ibv_devinfo -d hfi1_0\nopainfo\nls /dev/infiniband\necho "domain=$(cat /sys/class/infiniband/hfi1_0/device/iommu_group/type)"\nfalse; echo "status=$?"\n' |
+    bash "$REPO_ROOT/ci/run-qemu.sh" --shell --hfi1-dma identity --timeout 600 --logs "$TMP/piped" --keep-logs "$@" \
         >"$TMP/piped.out" 2>"$TMP/piped.err"
 rc=$?
 set -e
@@ -31,6 +31,8 @@ check "ibv_devinfo shows its port" has "$TMP/piped.out" 'state:[[:space:]]+PORT_
 check "opainfo lists hfi1_0:1 with its port GUID" has "$TMP/piped.out" '^hfi1_0:1 +PortGUID:0x[0-9a-f]{16}$'
 check "the device nodes of ib_uverbs and ib_umad" has "$TMP/piped.out" 'issm0.*umad0.*uverbs0'
 check "commands run in order, with their status" has "$TMP/piped.out" '^status=1$'
+# The kernel's name for an identity domain (Documentation/ABI/testing/sysfs-kernel-iommu_groups).
+check "--hfi1-dma identity: hfi1_0's IOMMU group has an identity domain" has "$TMP/piped.out" '^domain=identity$'
 check "the end of input ends the session" has "$TMP/piped.out" 'shell exited: powering off'
 check "the device model is stopped" has "$TMP/piped.err" 'guest powered off; device model running until stopped'
 # Without --hfi1-wfr the shell serves the fabric: two HFIs, and opa-fm's sm on hfi1_0.
