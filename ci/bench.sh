@@ -7,8 +7,9 @@
 #
 #   --budget-ms N        wall time per measured variant (testbed bench's default when not given)
 #   --case ID            run only this case (testbed bench's a, b, c, d, e, spin, scale, fabric, tid, or quiet, or
-#                        the boots h, guest-verbs and guest-tid; repeatable); implies --no-qemu for the other boots. The cases not run keep
-#                        their entries from the results already in --out, each with the date of its run
+#                        the boots h, guest-verbs (with guest-verbs-iommu) and guest-tid; repeatable); implies
+#                        --no-qemu for the other boots. The cases not run keep their entries from the results
+#                        already in --out, each with the date of its run
 #   --no-qemu            skip every guest boot: (f), (g), (h), the in-guest benchmark, guest-verbs and guest-tid
 #   --no-guest           skip only the in-guest benchmark boots, guest-verbs and guest-tid
 #   --guest-budget-ms N  wall time per measured variant inside the guest (default 1000)
@@ -31,11 +32,12 @@
 # the boot only), reported as guest-a-lat0. A boot that cannot be had is skipped, with the reason in the
 # results. One more boot with --reply-poll-us 0 (QEMU's vCPU waits for its I/O thread, as upstream) is reported
 # as guest-a-no-reply-poll, not judged. guest-verbs boots the fabric --verbs-boots times (ci/run-qemu.sh --fabric
-# --fabric-perf): perftest between the two emulated HFIs against SoftRoCE over a veth pair in the same guest,
-# ratios from each boot, judged by their median. guest-tid boots the fabric with the kernel's TID RDMA
-# (ci/run-qemu.sh --tid-rdma --fabric-perf): perftest READ and WRITE with TID RDMA, without it (OPFN cleared at
-# run time) and on SoftRoCE, in that boot. The plot shows every target as measured/target on a log scale;
-# scale.svg the curves.
+# --fabric-perf --hfi1-dma identity): perftest between the two emulated HFIs against SoftRoCE over a veth pair in
+# the same guest, ratios from each boot, judged by their median; one more boot with the hfi1 functions behind the
+# vIOMMU's translation (the run's default) is reported as guest-verbs-iommu, not judged. guest-tid boots the fabric
+# with the kernel's TID RDMA (ci/run-qemu.sh --tid-rdma --fabric-perf --hfi1-dma identity): perftest READ and WRITE
+# with TID RDMA, without it (OPFN cleared at run time) and on SoftRoCE, in that boot. The plot shows every target
+# as measured/target on a log scale; scale.svg the curves.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
@@ -63,7 +65,7 @@ command -v python3 >/dev/null || apt_install python3
 # guest-verbs and guest-tid are this script's own boots; the other cases are testbed bench's (and quiet's).
 TB_CASES=() VERBS=0 TIDPERF=0 FABRIC=0
 for c in "${CASES[@]}"; do
-    case $c in guest-verbs) VERBS=1 ;; guest-tid) TIDPERF=1 ;; h) FABRIC=1 ;; *) TB_CASES+=("$c") ;; esac
+    case $c in guest-verbs|guest-verbs-iommu) VERBS=1 ;; guest-tid) TIDPERF=1 ;; h) FABRIC=1 ;; *) TB_CASES+=("$c") ;; esac
 done
 [ ${#CASES[@]} -gt 0 ] || { [ "$QEMU" = 1 ] && [ "$GUEST" = 1 ] && VERBS=1 && TIDPERF=1; }
 [ ${#CASES[@]} -gt 0 ] || [ "$QEMU" = 0 ] || FABRIC=1
@@ -195,13 +197,17 @@ perf_boot() { # wanted(0|1) skip-file result-file run-qemu.sh options...
 # guest-verbs: the fabric run with the verbs benchmark after its steps (ci/guest/perf.sh): perftest between hfi1_0
 # and hfi1_1 across the device model's cable, then the same commands on SoftRoCE over a veth pair. Both transports
 # share the boot's one vCPU and the host's two CPUs, and where QEMU's and the device model's threads land is
-# fixed per boot, so each boot gives its own ratios and the targets judge their median.
+# fixed per boot, so each boot gives its own ratios and the targets judge their median. The hfi1 functions get an
+# identity IOMMU domain (--hfi1-dma identity): SoftRoCE maps nothing for DMA, while hfi1 maps and unmaps every
+# packet, which QEMU's vIOMMU makes a blocking round trip to the device model; guest-verbs-iommu is that cost.
 for k in $(seq "$VERBS_BOOTS"); do
-    perf_boot "$VERBS" "$WORK/verbs-skip" "$WORK/qemu-verbs-$k.json" --fabric --fabric-perf
+    perf_boot "$VERBS" "$WORK/verbs-skip" "$WORK/qemu-verbs-$k.json" --fabric --fabric-perf --hfi1-dma identity
     [ ! -e "$WORK/verbs-skip" ] || break # not requested, or no boot to be had: the same for every boot
 done
+[ -e "$WORK/verbs-skip" ] && cp "$WORK/verbs-skip" "$WORK/verbs-iommu-skip" \
+    || perf_boot "$VERBS" "$WORK/verbs-iommu-skip" "$WORK/qemu-verbs-iommu.json" --fabric --fabric-perf
 # guest-tid: the TID RDMA run with its benchmark after its steps (ci/guest/perf.sh step_tid_perf).
-perf_boot "$TIDPERF" "$WORK/tidperf-skip" "$WORK/qemu-tid.json" --tid-rdma --fabric-perf
+perf_boot "$TIDPERF" "$WORK/tidperf-skip" "$WORK/qemu-tid.json" --tid-rdma --fabric-perf --hfi1-dma identity
 
 mkdir -p "$OUT"
 python3 - "$WORK" "$OUT" "${#CASES[@]}" <<'EOF'
@@ -453,21 +459,43 @@ def verbs_case():
     per = [(k, verbs_boot_case(r)) for k, r in boots("qemu-verbs")]
     good = [(k, c) for k, c in per if not c.get("error")]
     case = over_boots(good) if good else per[0][1] if per else verbs_boot_case({})
+    if len(good) == 1:
+        case["notes"].append(f"one boot ({good[0][0]})")
     for k, c in per:
         if c.get("error") and c is not case:
             case["notes"].append(f"boot {k} left out: {c['error']}"[:600])
     return case
 
 
-def verbs_boot_case(r, skip=None):
+def verbs_iommu_case():
+    """The same benchmark in one boot with the hfi1 functions in the kernel's default, translated DMA domain:
+    what QEMU's vIOMMU costs hfi1's send path. Reported, not judged."""
+    skip = os.path.join(work, "verbs-iommu-skip")
+    path = os.path.join(work, "qemu-verbs-iommu.json")
+    r = json.load(open(path)) if os.path.exists(path) else {}
+    case = verbs_boot_case(r, skip if os.path.exists(skip) else None, "translated")
+    case["targets"] = []
+    case["notes"].append("one boot")
+    return case
+
+
+VERBS_TITLE = ("in the guest: perftest over the emulated HFIs (hfi1_0 -> hfi1_1 across the cable) against SoftRoCE "
+               "(rdma_rxe over a veth pair), TCG")
+
+
+def verbs_boot_case(r, skip=None, dma="identity"):
     """One boot of perftest over the emulated HFIs against SoftRoCE, both measured in that boot: bandwidth per
-    size and tool, latency, and the 1 MiB bandwidth target per tool."""
-    case = {"id": "guest-verbs",
-            "title": "in the guest: perftest over the emulated HFIs (hfi1_0 -> hfi1_1 across the cable) against "
-                     "SoftRoCE (rdma_rxe over a veth pair), TCG", "metrics": [], "targets": [], "notes": [],
-            "error": None}
+    size and tool, latency, and the 1 MiB bandwidth target per tool. DMA is the IOMMU domain the hfi1 functions
+    were to have (ci/run-qemu.sh --hfi1-dma): identity for guest-verbs, translated for guest-verbs-iommu."""
+    case = {"id": "guest-verbs" if dma == "identity" else "guest-verbs-iommu",
+            "title": VERBS_TITLE + (", hfi1 in an identity IOMMU domain" if dma == "identity" else
+                                    ", hfi1 behind the vIOMMU's translation (caching mode, strict)"),
+            "metrics": [], "targets": [], "notes": [], "error": None}
     if skip:
         case["error"] = "skipped: " + open(skip).read().strip()
+        return case
+    if r and r.get("hfi1_wfr_dma") != dma:
+        case["error"] = f"the boot ran the hfi1 functions with --hfi1-dma {r.get('hfi1_wfr_dma')}, not {dma}"
         return case
     perf = r.get("fabric_perf")
     step = next((s for s in ((r.get("guest") or {}).get("steps") or []) if s.get("name") == "fabric-perf"), None)
@@ -481,7 +509,9 @@ def verbs_boot_case(r, skip=None):
             if row.get(who):
                 case["metrics"].append({"name": f"{what}: {who}", "value": row[who]["mib_s"], "unit": "MiB/s"})
         if row.get("ratio") is not None:
-            case["metrics"].append({"name": f"{what}: hfi1 / rxe", "value": row["ratio"], "unit": "x"})
+            # The results table shows "x" figures of a case without targets: 1 MiB stands for the sizes.
+            case["metrics"].append({"name": f"{what}: hfi1 / rxe", "value": row["ratio"],
+                                    "unit": "x" if b == 1048576 else "ratio"})
         if row["bytes"] == 1048576:
             if row.get("ratio") is not None:
                 case["targets"].append(target(f"{row['tool']} 1 MiB: hfi1 / SoftRoCE bandwidth", row["ratio"],
@@ -514,14 +544,21 @@ def verbs_boot_case(r, skip=None):
         case["notes"].append("the fabric run's other problems (not the benchmark's): " + "; ".join(other)[:600])
     case["notes"].append(f"hfi1 MTU {perf['hfi1'].get('active_mtu')}, rxe MTU {perf['rxe'].get('active_mtu')} "
                          f"(veth at 9000); MiB/s as perftest's MB/sec; the device model run with --low-latency; "
-                         f"one boot, guest on TCG")
+                         f"the hfi1 functions' IOMMU domains: {modprobe_domains(r)}; guest on TCG")
     case["notes"].append("latency: perftest's two processes busy-poll on the guest's one vCPU, so each ping-pong "
                          "waits for the scheduler's tick (HZ 250, 4 ms): the typical latency counts ticks for both "
                          "transports, it is not the wire's")
     return case
 
 
+def modprobe_domains(r):
+    """The IOMMU domain of each hfi1 function as the guest read it after modprobe (step fabric-modprobe)."""
+    step = next((s for s in ((r.get("guest") or {}).get("steps") or []) if s.get("name") == "fabric-modprobe"), {})
+    return step.get("iommu_domains") or "not reported"
+
+
 report["cases"].append(verbs_case())
+report["cases"].append(verbs_iommu_case())
 
 
 def tid_case():
@@ -567,7 +604,8 @@ def tid_case():
         case["notes"].append("the TID RDMA run's other problems (not the benchmark's): " + "; ".join(other)[:600])
     case["notes"].append(f"perftest at send queue depth {perf.get('depth')} on all three (only work requests posted "
                          f"after a QP's OPFN go by TID RDMA); hfi1 cap_mask {perf.get('cap_mask')}, OPFN cleared "
-                         f"for the plain runs; the device model run with --low-latency; one boot, guest on TCG")
+                         f"for the plain runs; the device model run with --low-latency; the hfi1 functions' IOMMU "
+                         f"domains: {modprobe_domains(r)}; one boot, guest on TCG")
     return case
 
 
@@ -782,17 +820,21 @@ if nopoll:
             print(f"  {m['name']:<28} {m['value']:.2f}x", file=sys.stderr)
 for c in report["cases"]:
     if c["id"].startswith("guest") and c["id"] not in ("guest-a", "guest-a-lat0", "guest-a-no-reply-poll", "guest-verbs",
-                                                       "guest-tid"):
+                                                       "guest-verbs-iommu", "guest-tid"):
         if c.get("error"):
             print(f"  ({c['id']}) {c['error']}", file=sys.stderr)
         for m in c.get("metrics", []):
             print(f"  ({c['id']}) {m['name']:<44} {fmt(m['value'], m['unit'])}", file=sys.stderr)
 if ga and ga.get("error"):
     print(f"  (guest-a) {ga['error']}", file=sys.stderr)
-gv = next((c for c in report["cases"] if c["id"] == "guest-verbs"), None)
-if gv and gv.get("date", report["date"]) == report["date"]:
-    print("\n(guest-verbs) perftest in the guest, hfi1_0 -> hfi1_1 against SoftRoCE over veth (MiB/s; latency us):",
-          file=sys.stderr)
+
+
+def verbs_table(gv, gv_id, heading):
+    """A guest-verbs case measured in this run, as a table of hfi1 against SoftRoCE."""
+    if not gv or gv.get("date", report["date"]) != report["date"]:
+        return
+    print(f"\n({gv_id}) perftest in the guest, hfi1_0 -> hfi1_1 against SoftRoCE over veth, {heading} (MiB/s; "
+          "latency us):", file=sys.stderr)
     rows, device = {}, []
     for m in gv.get("metrics", []):
         if " on hfi1: " in m["name"] or m["name"].startswith("boot "):
@@ -811,7 +853,12 @@ if gv and gv.get("date", report["date"]) == report["date"]:
         print(f"  {t['what']:<44} {t['measured']:.3f}x (target >= {t['bound']:g}x): "
               f"{'met' if t['met'] else 'MISSED'}", file=sys.stderr)
     if gv.get("error"):
-        print(f"  (guest-verbs) {gv['error']}", file=sys.stderr)
+        print(f"  ({gv_id}) {gv['error']}", file=sys.stderr)
+
+
+for gv_id, heading in (("guest-verbs", "hfi1 in an identity IOMMU domain"),
+                       ("guest-verbs-iommu", "hfi1 behind the vIOMMU's translation, not judged")):
+    verbs_table(next((c for c in report["cases"] if c["id"] == gv_id), None), gv_id, heading)
 gt = next((c for c in report["cases"] if c["id"] == "guest-tid"), None)
 if gt and gt.get("date", report["date"]) == report["date"]:
     print("\n(guest-tid) perftest READ and WRITE in the guest: TID RDMA, plain RDMA, SoftRoCE (MiB/s):", file=sys.stderr)
