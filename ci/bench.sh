@@ -220,12 +220,15 @@ previous = json.load(open(previous_path)) if partial and os.path.exists(previous
 if os.path.exists(os.path.join(work, "udriver.json")):
     report = json.load(open(os.path.join(work, "udriver.json")))
 else:
-    # Only this script's own cases were asked for: the header of the results already there, today's date.
+    # Only this script's own cases were asked for: the header of the results already there, with today's date
+    # and this machine (as testbed bench names it: the first "model name" of /proc/cpuinfo).
     from datetime import datetime, timezone
     report = {k: v for k, v in (previous or {}).items() if k != "cases"}
+    models = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")]
     report.update(tool=report.get("tool", "testbed bench"), cases=[],
-                  date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    report.setdefault("machine", {"nproc": os.cpu_count(), "cpu_model": "?", "kernel": os.uname().release})
+                  date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  machine={"nproc": os.cpu_count(), "cpu_model": models[0] if models else "unknown",
+                           "kernel": os.uname().release})
 TARGET_ADDED_S = 2.0
 quiet_json = os.path.join(work, "quiet.json")
 if os.path.exists(quiet_json) and os.path.getsize(quiet_json) > 0:
@@ -694,7 +697,7 @@ if curves:
     colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
     g = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W2}" height="{H2}" font-family="sans-serif" font-size="11">',
          f'<rect width="{W2}" height="{H2}" fill="white"/>',
-         f'<text x="10" y="20" font-size="14" font-weight="bold">testbed bench scale, {escape(report["date"])}: '
+         f'<text x="10" y="20" font-size="14" font-weight="bold">testbed bench scale, {escape(scale.get("date", report["date"]))}: '
          f'how the cost grows with the work (log-log)</text>']
     for i, (unit, xname) in enumerate(units):
         ox, oy = M + (i % COLS) * (PW + M), 40 + M // 2 + (i // COLS) * (PH + 2 * M)
