@@ -28,7 +28,9 @@ check "run-qemu.sh --shell exits 0 when the guest powers off" [ "$rc" = 0 ]
 check "the banner lists hfi1_0" has "$TMP/piped.out" '^  hfi1_0: node GUID [0-9a-f:]{19}, port 1 '
 check "ibv_devinfo finds hfi1_0 through the hfi1 provider" has "$TMP/piped.out" $'^hca_id:\thfi1_0$'
 check "ibv_devinfo shows its port" has "$TMP/piped.out" 'state:[[:space:]]+PORT_(DOWN|INIT|ARMED|ACTIVE) \([1-4]\)$'
-check "opainfo lists hfi1_0:1 with its port GUID" has "$TMP/piped.out" '^hfi1_0:1 +PortGUID:0x[0-9a-f]{16}$'
+# opainfo names a port by its GUID until it is ACTIVE, then by its GID (subnet prefix and GUID).
+OI_PORT='(PortGUID:0x[0-9a-f]{16}|PortGID:0x[0-9a-f]{16}:[0-9a-f]{16})'
+check "opainfo lists hfi1_0:1 with its port GUID" has "$TMP/piped.out" "^hfi1_0:1 +$OI_PORT\$"
 check "the device nodes of ib_uverbs and ib_umad" has "$TMP/piped.out" 'issm0.*umad0.*uverbs0'
 check "commands run in order, with their status" has "$TMP/piped.out" '^status=1$'
 # The kernel's name for an identity domain (Documentation/ABI/testing/sysfs-kernel-iommu_groups).
@@ -39,7 +41,11 @@ check "the device model is stopped" has "$TMP/piped.err" 'guest powered off; dev
 if [[ " $* " != *" --hfi1-wfr "* ]]; then
     check "the fabric's two HFIs" has "$TMP/piped.out" '^  hfi1_1: node GUID [0-9a-f:]{19}, port 1 '
     check "opa-fm's sm runs on hfi1_0" has "$TMP/piped.out" '^opa-fm: sm running on hfi1_0 '
-    check "opainfo lists both ports" has "$TMP/piped.out" '^hfi1_1:1 +PortGUID:0x[0-9a-f]{16}$'
+    check "opainfo lists both ports" has "$TMP/piped.out" "^hfi1_1:1 +$OI_PORT\$"
+    # The prompt waits for the sm: both ports are ACTIVE (IB_PORT_ACTIVE 4, the kernel's "4: ACTIVE") by then.
+    check "both ports ACTIVE at the prompt" has "$TMP/piped.out" 'rdma-emu: \[[0-9.]+\] opa-fm: both ports ACTIVE$'
+    check "the banner shows hfi1_0 ACTIVE" has "$TMP/piped.out" '^  hfi1_0: node GUID [0-9a-f:]{19}, port 1 4: ACTIVE '
+    check "the banner shows hfi1_1 ACTIVE" has "$TMP/piped.out" '^  hfi1_1: node GUID [0-9a-f:]{19}, port 1 4: ACTIVE '
 fi
 
 log "terminal: a prompt, a command, Ctrl-C to a running command, Ctrl-D"
