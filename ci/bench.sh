@@ -501,7 +501,7 @@ def verbs_boot_case(r, skip=None, dma="identity"):
         case["error"] = f"the boot ran the hfi1 functions with --hfi1-dma {r.get('hfi1_wfr_dma')}, not {dma}"
         return case
     perf = r.get("fabric_perf")
-    step = next((s for s in ((r.get("guest") or {}).get("steps") or []) if s.get("name") == "fabric-perf"), None)
+    step = guest_step(r, "fabric-perf")
     if not perf or not step:
         case["error"] = "the guest reported no fabric-perf: " + ("; ".join(r.get("problems", [])) or "no result")
         return case
@@ -554,10 +554,14 @@ def verbs_boot_case(r, skip=None, dma="identity"):
     return case
 
 
+def guest_step(r, name):
+    """The guest's record of step NAME in a run-qemu.sh result, or None."""
+    return next((s for s in ((r.get("guest") or {}).get("steps") or []) if s.get("name") == name), None)
+
+
 def modprobe_domains(r):
     """The IOMMU domain of each hfi1 function as the guest read it after modprobe (step fabric-modprobe)."""
-    step = next((s for s in ((r.get("guest") or {}).get("steps") or []) if s.get("name") == "fabric-modprobe"), {})
-    return step.get("iommu_domains") or "not reported"
+    return (guest_step(r, "fabric-modprobe") or {}).get("iommu_domains") or "not reported"
 
 
 report["cases"].append(verbs_case())
@@ -578,7 +582,7 @@ def tid_case():
     path = os.path.join(work, "qemu-tid.json")
     r = json.load(open(path)) if os.path.exists(path) else {}
     perf = r.get("fabric_perf")
-    step = next((s for s in ((r.get("guest") or {}).get("steps") or []) if s.get("name") == "tid-perf"), None)
+    step = guest_step(r, "tid-perf")
     if not perf or not step or perf.get("kind") != "tid":
         case["error"] = "the guest reported no tid-perf: " + ("; ".join(r.get("problems", [])) or "no result")
         return case

@@ -216,8 +216,8 @@ step_tid_opfn() {
 # The QPs' ACK timeout is 4.096 us * 2^18, about 1 s, rather than perftest's 2^14 (67 ms): 40 QPs a side on the
 # guest's one TCG vCPU answer slower than that under load, and the retries that follow can run a QP out of
 # them (seen with a build running beside the guest: "exit status 1", RcTimeOut 697).
-# How many segments are in flight at once must not depend on how fast the host answers: in ci/bench.sh's
-# guest-tid boots (the device model with --low-latency) neither queue ran, in two runs of two builds. So every
+# How many segments are in flight at once must not depend on how fast the host answers: on a fast host, or with
+# the device model's --low-latency, too few were and neither queue ran. So every
 # packet to hfi1_1 (perftest's client, which posts the READs) arrives TID_EXHAUST_DELAY_MS late while perftest
 # runs (the cable's cable-delay fault, the same delay for each, so their order stays): a READ holds its flow and
 # RcvArray groups on hfi1_1 until its response is in, at least that long, while perftest posts the other QPs'.
