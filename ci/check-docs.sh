@@ -2,7 +2,8 @@
 # Keeps the README and docs/ runnable: every command line they show for one of our programs (device-model,
 # udriver, testbed, kernel-irdma, hfi1-user, hfi1-user-host) or scripts (ci/*.sh) uses only flags that the
 # program's or script's --help lists (the subcommand's, for a program with subcommands); docs/README.md indexes
-# every page of docs/; and every relative link, anchors included, leads somewhere. ci/test.sh runs it.
+# every page of docs/; every relative link, anchors included, leads somewhere; and no tracked file carries git
+# conflict markers. ci/test.sh runs it.
 #
 #   ci/check-docs.sh [--no-build] [FILE.md]...
 #
@@ -28,6 +29,12 @@ if [ ${#FILES[@]} -eq 0 ]; then
     for f in */README.md testing/*/README.md; do FILES+=("$f"); done
 fi
 command -v python3 >/dev/null || apt_install python3
+
+# A merge left half done: git's conflict markers in any tracked file (a line starting with seven of <, = or >
+# and, for the outer two, a space).
+markers=$(git grep -nE '^(<{7} |={7}$|>{7} )' -- . ':!*.rej' || true)
+[ -z "$markers" ] || die "git conflict markers in tracked files:
+$markers"
 
 TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
 if [ "$BUILD" = 1 ]; then
