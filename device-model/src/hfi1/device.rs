@@ -72,7 +72,8 @@ impl Hfi1 {
             sdma_kicked: Default::default(),
         });
         let worker_shared = Arc::clone(&shared);
-        let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker, move |job| {
+        let probe = Arc::clone(&shared.probe);
+        let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker, probe, move |job| {
             run_job(&worker_shared, job)
         })
         .map_err(|e| Hfi1Error::Worker(e.to_string()))?;
@@ -130,7 +131,9 @@ impl Hfi1 {
         }
         let (reply, result) = crossbeam_channel::bounded(1);
         if !self.worker.submit_timeout(self.shared.epoch(), Job::Inject { packet, payload, reply }, WORK_TIMEOUT) {
-            return Err(Hfi1Error::Worker("worker queue full".into()));
+            let why =
+                if self.worker.failed() { "the device is dead (a worker job panicked)" } else { "worker queue full" };
+            return Err(Hfi1Error::Worker(why.into()));
         }
         self.worker.run_queued();
         result.recv_timeout(WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("no result from the worker".into()))
