@@ -8,8 +8,8 @@
 
 use thiserror::Error;
 
+use super::ids::PciIds;
 use super::regs::*;
-use super::PciIds;
 use crate::engine::PcieLink;
 
 /// Where the capabilities live by default (docs/pci.md gives the offsets); a chip personality moves them.

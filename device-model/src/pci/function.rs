@@ -13,10 +13,12 @@ use vfio_user_proto::sync::Unpoison;
 
 use super::config::{BarLayout, CapLayout, ConfigLayout, ConfigSpace, MsixLayout};
 use super::dma::BusMasterDma;
+use super::error::PciError;
+use super::ids::PciIds;
+use super::msix::MSIX_BAR;
 use super::msix::{msix_bar_layout, Msix};
 use super::probed::{Observer, ProbedDma, ProbedInterrupt, RegisterNaming};
 use super::regs::*;
-use super::{PciError, PciIds, MSIX_BAR};
 use crate::engine::{BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape};
 use crate::fault::{FaultKind, FaultSpec, RegRef};
 use crate::probe::Probe;

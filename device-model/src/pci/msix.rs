@@ -17,7 +17,10 @@ use vfio_user_proto::sync::Unpoison;
 
 use super::config::MsixLayout;
 use super::regs::*;
-use super::MSIX_BAR;
+
+/// The BAR that holds the MSI-X table and PBA: a 32-bit memory BAR. Engines use BAR0 as a 64-bit BAR (slots
+/// 0-1) and may use 2-3; slot 4 is the first one nobody else needs, and 32-bit keeps it below 4 GiB.
+pub const MSIX_BAR: u32 = 4;
 
 /// Page alignment that keeps the table and the PBA on separate pages.
 const MSIX_PAGE: u64 = 4096;

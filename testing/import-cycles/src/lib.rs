@@ -1,9 +1,13 @@
 //! The module import graph of a crate, read from its sources with `syn`, and its cycles.
 //!
 //! An edge A -> B means module A names an item of module B: a `use`, or a `crate::`/`super::`/`self::` path
-//! (or a path through one of A's child modules) in its code. A `pub use` of a descendant's item is the
-//! parent's interface, not an import, so it is no edge; paths through any `pub use` resolve to the module
-//! that defines the item. `cargo modules dependencies --acyclic` makes the same check; this one runs as a plain test.
+//! (or a path through one of A's child modules) in its code. Paths through a `pub use` land in the module that
+//! defines the item. A module with no items but `mod` and `use` is only its children's interface: its
+//! `pub use` of a descendant's item is no edge. A module with code of its own is a layer, and its re-exports
+//! tie it to the modules it re-exports from: they are edges, so a child that imports its parent's own items
+//! while the parent re-exports that child's is a cycle (docs/architecture.md: a parent with code of its own
+//! keeps its children's shared types in a child). `cargo modules dependencies --acyclic` makes a looser check
+//! (it sees no tie in a re-export); this one runs as a plain test.
 
 #![forbid(unsafe_code)]
 
@@ -29,6 +33,10 @@ pub type ModPath = Vec<String>;
 #[derive(Debug, Default)]
 struct Module {
     children: BTreeSet<String>,
+    /// Items of its own besides `mod` and `use` (module docs).
+    has_code: bool,
+    /// The absolute paths of its `pub use`s of descendants' items.
+    interface: Vec<ModPath>,
     /// Re-exported name -> the path it names (absolute).
     reexports: BTreeMap<String, ModPath>,
     /// Absolute paths this module names.
@@ -105,12 +113,17 @@ impl Graph {
                         if let (true, Some(n)) = (public, &name) {
                             m.reexports.insert(n.clone(), abs.clone());
                         }
-                        if !(public && descendant && name.is_some()) {
+                        if public && descendant && name.is_some() {
+                            m.interface.push(abs);
+                        } else {
                             m.uses.push(abs);
                         }
                     }
                 }
                 other => {
+                    if !matches!(other, syn::Item::ExternCrate(_)) {
+                        self.modules.entry(path.clone()).or_default().has_code = true;
+                    }
                     let mut v = PathVisitor::default();
                     v.visit_item(other);
                     for segs in v.paths {
@@ -170,7 +183,8 @@ impl Graph {
         let mut out: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
         for (path, m) in &self.modules {
             let set = out.entry(path.clone()).or_default();
-            for u in &m.uses {
+            let interface = m.interface.iter().filter(|_| m.has_code);
+            for u in m.uses.iter().chain(interface) {
                 let target = self.resolve(u, 0);
                 if &target != path {
                     set.insert(target);

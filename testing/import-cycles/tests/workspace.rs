@@ -55,27 +55,65 @@ fn no_module_imports_one_that_imports_it_back() {
     assert!(problems.is_empty(), "module import cycles:\n{}", problems.join("\n"));
 }
 
-/// The checker itself, on a crate written for it: a cycle through a re-export is found, a parent that only
-/// re-exports its children is not one.
+/// The checker itself, on crates written for it: each a set of files and the cycles it must report.
 #[test]
-fn the_checker_finds_a_cycle_and_ignores_re_exports() {
-    let dir = std::env::temp_dir().join(format!("import-cycles-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("eng")).unwrap();
-    let files = [
-        ("lib.rs", "pub mod eng;\npub mod util;\n"),
-        ("util.rs", "pub fn help() {}\n"),
-        ("eng/mod.rs", "mod a;\nmod b;\npub use a::A;\npub use b::B;\npub struct Err;\n"),
-        ("eng/a.rs", "use super::Err;\npub struct A;\nfn f() { let _ = super::B; crate::util::help(); }\n"),
-        ("eng/b.rs", "pub struct B;\nfn g() -> super::A { super::A }\n"),
+fn the_checker_finds_cycles_through_imports_and_through_a_parent_with_code_that_re_exports() {
+    // A layer whose children share its code: eng/mod.rs re-exports its children and holds `Err`.
+    const LAYER: &str = "mod a;\nmod b;\npub use a::A;\npub use b::B;\npub struct Err;\n";
+    // The same parent as an interface only: the shared type lives in a child.
+    const INTERFACE: &str = "mod a;\nmod b;\nmod types;\npub use a::A;\npub use b::B;\npub use types::Err;\n";
+    let cases: &[(&str, &[(&str, &str)], &[&[&str]])] = &[
+        (
+            "two siblings naming each other, one through the parent's re-export",
+            &[
+                ("eng/mod.rs", INTERFACE),
+                ("eng/a.rs", "pub struct A;\nfn f() { let _ = super::B; crate::util::help(); }\n"),
+                ("eng/b.rs", "pub struct B;\nfn g() -> super::A { super::A }\n"),
+            ],
+            &[&["eng::a", "eng::b"]],
+        ),
+        (
+            "a child importing its parent's own type while the parent re-exports the child",
+            &[
+                ("eng/mod.rs", LAYER),
+                ("eng/a.rs", "use super::Err;\npub struct A;\n"),
+                ("eng/b.rs", "pub struct B;\n"),
+            ],
+            &[&["eng", "eng::a"]],
+        ),
+        (
+            "a module reaching a layer's own item while the layer's child imports that module (fault -> hfi1 -> cable -> fault)",
+            &[
+                ("eng/mod.rs", LAYER),
+                ("eng/a.rs", "pub struct A;\nfn f() { crate::util::help(); }\n"),
+                ("eng/b.rs", "pub struct B;\n"),
+                ("util.rs", "pub fn help() { let _ = crate::eng::Err; }\n"),
+            ],
+            &[&["eng", "eng::a", "util"]],
+        ),
+        (
+            "the shared type in a child: children import it through an interface-only parent",
+            &[
+                ("eng/mod.rs", INTERFACE),
+                ("eng/a.rs", "use super::Err;\npub struct A;\n"),
+                ("eng/b.rs", "pub struct B;\nfn g() -> super::Err { super::Err }\n"),
+            ],
+            &[],
+        ),
     ];
-    for (name, text) in files {
-        std::fs::write(dir.join(name), text).unwrap();
+    for (k, (what, files, want)) in cases.iter().enumerate() {
+        let dir = std::env::temp_dir().join(format!("import-cycles-test-{}-{k}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("eng")).unwrap();
+        std::fs::write(dir.join("lib.rs"), "pub mod eng;\npub mod util;\n").unwrap();
+        std::fs::write(dir.join("util.rs"), "pub fn help() {}\n").unwrap();
+        std::fs::write(dir.join("eng/types.rs"), "pub struct Err;\n").unwrap();
+        for (name, text) in *files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        let g = Graph::read(&dir.join("lib.rs")).unwrap();
+        let want: Vec<Vec<String>> = want.iter().map(|c| c.iter().map(|m| m.to_string()).collect()).collect();
+        assert_eq!(g.cycles(), want, "{what}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    let g = Graph::read(&dir.join("lib.rs")).unwrap();
-    assert_eq!(g.cycles(), vec![vec!["eng::a".to_string(), "eng::b".to_string()]]);
-    std::fs::write(dir.join("eng/b.rs"), "pub struct B;\nfn g() -> super::Err { super::Err }\n").unwrap();
-    let g = Graph::read(&dir.join("lib.rs")).unwrap();
-    assert!(g.cycles().is_empty(), "{:?}", g.cycles());
-    let _ = std::fs::remove_dir_all(&dir);
 }
