@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use super::counters::Counters;
 use super::flow::{FlowEntry, FlowTable, KERN_GENERATION_RESERVED};
 use super::rcvarray::RcvArray;
+use super::regs::RXE_NUM_TID_FLOWS;
 use super::regs::{
     apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL,
     RCV_CTXT_CTRL_ENABLE_SMASK, RCV_HDR_OVFL_CNT, RCV_HDR_TAIL, RCV_QP_MAP_TABLE_REGS, RCV_SHIFT, RCV_TID_CTRL,
@@ -17,7 +18,6 @@ use super::regs::{
     RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE, UCTXT_REGS,
 };
 use super::shm::SharedWords;
-use super::RXE_NUM_TID_FLOWS;
 use emu_abi::hfi1::{LB_BASE, LB_SIZE};
 
 /// A context's place in its header queue and eager buffers (rhq.rs moves it; the chip keeps one per context).

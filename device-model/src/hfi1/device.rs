@@ -16,7 +16,9 @@ use vfio_user_proto::sync::Unpoison;
 
 use super::cable::{Cable, End, Port, WirePacket};
 use super::chip::{Access, Chip};
+use super::config::{Hfi1Config, Personality, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
 use super::counters::Counters;
+use super::error::{Hfi1Error, Result};
 use super::loopback::{LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
 use super::observe::InjectOutcome;
 use super::port::{kick, HfiPort};
@@ -26,7 +28,6 @@ use super::shared::{LbRegs, Shared, WORK_TIMEOUT};
 use super::shm::SharedWords;
 use super::wfr::{self, Wfr};
 use super::worker::{run_job, Job};
-use super::{Hfi1Config, Hfi1Error, Personality, Result, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
 use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape, PcieLink};
 use crate::probe::Probe;
 use crate::trace::RegisterName;

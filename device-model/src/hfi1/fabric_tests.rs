@@ -11,11 +11,12 @@ use std::time::Duration;
 use vfio_user_proto::device::{irq, region, Device, DeviceContext, IrqTrigger};
 use vfio_user_proto::dma::{DmaAccess, HeapMemory};
 
+use super::config::Hfi1Config;
+use super::device::Hfi1;
 use super::regs::*;
 use super::wfr::csr::*;
 use super::wfr::pio::*;
 use super::wfr::TXE_PIO_SEND;
-use super::{Hfi1, Hfi1Config};
 use crate::pci::{Function, PciIds};
 
 #[derive(Default)]

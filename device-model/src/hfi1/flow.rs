@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+use super::regs::RXE_NUM_TID_FLOWS;
 use super::regs::{
     apply_write, RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK, RCV_TID_FLOW_TABLE_CTRL_HDR_SUPP_EN_SMASK,
     RCV_TID_FLOW_TABLE_CTRL_KEEP_AFTER_SEQ_ERR_SMASK, RCV_TID_FLOW_TABLE_CTRL_KEEP_ON_GEN_ERR_SMASK,
@@ -17,7 +18,6 @@ use super::regs::{
     RCV_TID_FLOW_TABLE_SEQ_SHIFT, RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK,
     RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK, TID_FLOW_REG,
 };
-use super::RXE_NUM_TID_FLOWS;
 
 /// A decoded flow-table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]

@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+use super::config::Personality;
 use super::loopback::{
     LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR, LB_DOORBELL,
     LB_LAST_RESULT, LB_SIZE,
@@ -16,7 +17,6 @@ use super::wfr::csr::{ASIC, DC_TOP_CSRS, MISC, SEND_DMA_STATUS};
 use super::wfr::{
     self, names as chip_names, SEND_DMA_STATUS_ENG_CLEANED_UP_SMASK, SEND_DMA_STATUS_ENG_HALTED_SMASK, TXE_PIO_SEND,
 };
-use super::Personality;
 use crate::trace::{flag_names, Block, RegisterName};
 use emu_abi::hfi1::LB_LAST_RESULT_CODE_MASK;
 
@@ -100,7 +100,7 @@ fn decode(offset: u64, v: u64) -> String {
     let in_family = |base: u64, stride: u64, count: u64| {
         offset.checked_sub(base).is_some_and(|r| r % stride == 0 && r / stride < count)
     };
-    let ctxts = super::RXE_NUM_CONTEXTS as u64;
+    let ctxts = super::regs::RXE_NUM_CONTEXTS as u64;
     if (RCV_ARRAY..RXE_UCTXT_BASE).contains(&offset) {
         match judge(v) {
             Judgement::Ignored => out.push("no WRITE_ENABLE".into()),
@@ -169,8 +169,9 @@ fn decode(offset: u64, v: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hfi1::config::HFI1_BAR0_SIZE;
+    use crate::hfi1::loopback::LB_DOORBELL;
     use crate::hfi1::regs::{kctxt_csr, RCV_ARRAY, RCV_ARRAY_CNT, RCV_CTXT_CTRL, RCV_TID_FLOW_TABLE};
-    use crate::hfi1::{HFI1_BAR0_SIZE, LB_DOORBELL};
 
     #[test]
     fn is_named_agrees_with_describe_on_both_personalities() {

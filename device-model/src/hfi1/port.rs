@@ -9,10 +9,10 @@ use std::sync::{Arc, Weak};
 use vfio_user_proto::sync::Unpoison;
 
 use super::cable::{LinkEvent, Neighbor, Port, WirePacket};
+use super::config::Personality;
 use super::ingress::INGRESS_QUEUE;
 use super::shared::Shared;
 use super::worker::Job;
-use super::Personality;
 use crate::probe::Probe;
 use crate::trace::{Block, Level, Val};
 use crate::worker::WorkQueue;

@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use vfio_user_proto::device::{irq, region, region_flags, Device, DeviceContext, IrqTrigger};
 use vfio_user_proto::dma::HeapMemory;
 
+use super::config::Hfi1Config;
+use super::device::Hfi1;
 use super::regs::*;
 use super::wfr::csr::*;
 use super::wfr::{TXE_PIO_SEND, WFR_BAR0_SIZE};
-use super::{Hfi1, Hfi1Config};
 use crate::pci::{Function, PciIds};
 
 #[derive(Default)]

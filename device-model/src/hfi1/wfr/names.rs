@@ -5,8 +5,8 @@
 
 use super::csr::{self, *};
 use super::{TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES, TXE_PIO_SEND, WFR_BAR0_SIZE};
+use crate::hfi1::regs::RXE_NUM_CONTEXTS;
 use crate::hfi1::regs::{self, *};
-use crate::hfi1::RXE_NUM_CONTEXTS;
 
 /// RXE registers outside the per-context blocks.
 const RXE_NAMES: &[(u64, &str)] = &[
@@ -129,7 +129,8 @@ fn classify(offset: u64) -> Option<Named> {
             return Some(Named::Indexed(n, what, index));
         }
         let flows = RCV_TID_FLOW_TABLE;
-        if first == RXE_UCTXT_BASE && (flows..flows + 8 * crate::hfi1::RXE_NUM_TID_FLOWS as u64).contains(&member) {
+        if first == RXE_UCTXT_BASE && (flows..flows + 8 * crate::hfi1::regs::RXE_NUM_TID_FLOWS as u64).contains(&member)
+        {
             return Some(Named::Flow(index, (member - flows) / 8));
         }
     }
@@ -173,7 +174,7 @@ pub fn offset_of(name: &str) -> Option<u64> {
     let off = match (base, idx.as_slice()) {
         (b, []) => by_name(b)?,
         ("RCV_ARRAY", [("", i)]) => RCV_ARRAY + RCV_ARRAY_ENTRY_SIZE * i,
-        ("RCV_TID_FLOW_TABLE", [("ctxt", c), ("", f)]) if *f < crate::hfi1::RXE_NUM_TID_FLOWS as u64 => {
+        ("RCV_TID_FLOW_TABLE", [("ctxt", c), ("", f)]) if *f < crate::hfi1::regs::RXE_NUM_TID_FLOWS as u64 => {
             RCV_TID_FLOW_TABLE + UCTXT_STRIDE * c + 8 * f
         }
         ("PIO_SEND", [("ctxt", c)]) => TXE_PIO_SEND + (c << 16),

@@ -66,7 +66,8 @@ mod tests {
     use super::super::csr::{CCE_SCRATCH, SEND_CTRL};
     use super::super::TXE_PIO_SEND;
     use super::*;
-    use crate::hfi1::{Hfi1, Hfi1Config};
+    use crate::hfi1::config::Hfi1Config;
+    use crate::hfi1::device::Hfi1;
     use crate::pci::{Function, PciIds};
 
     /// Named registers below the PIO send buffers: how many entries the storage can ever hold.
