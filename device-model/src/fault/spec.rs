@@ -300,7 +300,8 @@ const ERRNOS: &[(&str, i32)] = &[
 ];
 
 impl FaultSpec {
-    /// Parses `[DEVICE:]FAULT[,KEY=VALUE]...`.
+    /// Parses `[DEVICE:]FAULT[,KEY=VALUE]...`. DEVICE is a name the caller resolves to a device; whether the
+    /// fault applies to that device's kind is [`FaultSpec::check_device`]'s, called by whoever knows the kind.
     pub fn parse(text: &str) -> Result<FaultSpec, SpecError> {
         let mut parts = text.trim().split(',').map(str::trim);
         let head = parts.next().filter(|h| !h.is_empty()).ok_or(SpecError::Empty)?;
@@ -407,20 +408,15 @@ impl FaultSpec {
             FaultKind::RegStuck if p.mask == 0 => return Err(missing("mask")),
             _ => {}
         }
-        let spec = FaultSpec { device, kind, params: p, trigger };
-        if let Some(d) = &spec.device {
-            spec.check_device(d)?;
-        }
-        Ok(spec)
+        Ok(FaultSpec { device, kind, params: p, trigger })
     }
 
-    /// Refuses a fault armed on a device it cannot apply to: `device` is a device's name or its kind (a
-    /// second chip-personality function, "hfi1-wfr1", is of kind "hfi1-wfr").
-    pub fn check_device(&self, device: &str) -> Result<(), SpecError> {
-        let kind = if crate::hfi1::WFR_NAMES.contains(&device) { crate::hfi1::WFR_NAMES[0] } else { device };
+    /// Refuses a fault armed on a device it cannot apply to. `kind` is the device's kind as its engine states
+    /// it (`Engine::kind`): the caller knows its device; the fault layer reads no engine's names.
+    pub fn check_device(&self, kind: &str) -> Result<(), SpecError> {
         match self.kind.devices() {
             Some(only) if !only.contains(&kind) => {
-                Err(SpecError::Device { fault: self.kind.name(), device: device.to_string(), only: only.join(", ") })
+                Err(SpecError::Device { fault: self.kind.name(), device: kind.to_string(), only: only.join(", ") })
             }
             _ => Ok(()),
         }
