@@ -2,6 +2,7 @@
 //! a receive engine that places TID RDMA data packets, and a loopback send path. See docs/hfi1-device.md.
 
 pub mod cable;
+#[path = "rxe/chip.rs"]
 mod chip;
 mod config;
 mod control;
@@ -9,17 +10,23 @@ mod counters;
 mod device;
 mod egress;
 mod error;
+#[path = "rxe/flow.rs"]
 mod flow;
 mod ingress;
+#[path = "rxe/kdeth.rs"]
 mod kdeth;
 mod loopback;
 mod names;
 mod observe;
 mod port;
+#[path = "rxe/rcv.rs"]
 mod rcv;
+#[path = "rxe/rcvarray.rs"]
 mod rcvarray;
 pub mod regs;
+#[path = "rxe/rhq.rs"]
 mod rhq;
+#[path = "wfr/sdma/walk.rs"]
 mod sdma_walk;
 mod shared;
 mod shm;

@@ -15,6 +15,7 @@ mod errs;
 mod misc;
 pub mod names;
 pub mod pio;
+#[path = "sdma/state.rs"]
 pub mod sdma;
 mod shape;
 mod storage;

@@ -19,7 +19,7 @@ use super::wfr::sdma::{
 use crate::trace::{Block, Level, Val};
 
 #[cfg(test)]
-#[path = "sdma_walk_tests.rs"]
+#[path = "walk_tests.rs"]
 mod tests;
 
 /// Bytes of one descriptor.
