@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::error::{Hfi1Error, Result};
 use super::loopback::LB_MAX_PAYLOAD;
-use super::rcv::{Packet, GENERATION_MASK, HFI1_KDETH_BTH_SEQ_MASK, KDETH_OFFSET_MASK, PSN_MASK};
+use super::rxe::rcv::{Packet, GENERATION_MASK, HFI1_KDETH_BTH_SEQ_MASK, KDETH_OFFSET_MASK, PSN_MASK};
 
 fn err(msg: impl Into<String>) -> Hfi1Error {
     Hfi1Error::Control(msg.into())

@@ -15,15 +15,15 @@ use vfio_user_proto::dma::{DmaAccess, NoDma};
 use vfio_user_proto::sync::Unpoison;
 
 use super::cable::{Cable, End, Port, WirePacket};
-use super::chip::{Access, Chip};
 use super::config::{Hfi1Config, Personality, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
 use super::counters::Counters;
 use super::error::{Hfi1Error, Result};
 use super::loopback::{LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
 use super::observe::InjectOutcome;
 use super::port::{kick, HfiPort};
-use super::rcv::{Packet, RxResult};
 use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RXE, TXE};
+use super::rxe::chip::{Access, Chip};
+use super::rxe::rcv::{Packet, RxResult};
 use super::shared::{LbRegs, Shared, WORK_TIMEOUT};
 use super::shm::SharedWords;
 use super::wfr::{self, Wfr};

@@ -13,8 +13,8 @@ use vfio_user_proto::dma::{DmaAccess, DmaError, HeapMemory};
 
 use super::*;
 use crate::engine::{Engine, Interrupt};
-use crate::hfi1::rcv::{full_flow_psn, TIDCTRL_EVEN, TIDCTRL_ODD};
 use crate::hfi1::regs::*;
+use crate::hfi1::rxe::rcv::{full_flow_psn, TIDCTRL_EVEN, TIDCTRL_ODD};
 use crate::hfi1::{
     Descriptor, WorkerMode, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_DONE, LB_DESC_ERR,
     LB_DESC_HDR_LEN, LB_LAST_RESULT, LB_MAX_CHAIN, LB_MSIX_VECTOR,

@@ -17,12 +17,12 @@ use vfio_user_proto::dma::DmaAccess;
 use vfio_user_proto::sync::Unpoison;
 
 use super::cable::WirePacket;
-use super::chip::Chip;
 use super::counters::Counters;
-use super::kdeth::{self, Delivery, Kind};
-use super::rcv;
 use super::regs::*;
-use super::rhq::{Arrival, Refusal};
+use super::rxe::chip::Chip;
+use super::rxe::kdeth::{self, Delivery, Kind};
+use super::rxe::rcv;
+use super::rxe::rhq::{Arrival, Refusal};
 use super::shared::Shared;
 use super::wfr::{Wfr, IS_RCVAVAIL_START};
 use crate::hfi1::cable::wire::{

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use vfio_user_proto::dma::DmaAccess;
 
 use super::observe::{self, Fate, HeldInject, InjectOutcome};
-use super::rcv::{place, place_from, Packet, Placement, RxResult};
+use super::rxe::rcv::{place, place_from, Packet, Placement, RxResult};
 use super::shared::Shared;
 
 pub use emu_abi::hfi1::{

@@ -2,32 +2,19 @@
 //! a receive engine that places TID RDMA data packets, and a loopback send path. See docs/hfi1-device.md.
 
 pub mod cable;
-#[path = "rxe/chip.rs"]
-mod chip;
 mod config;
 mod control;
 mod counters;
 mod device;
 mod egress;
 mod error;
-#[path = "rxe/flow.rs"]
-mod flow;
 mod ingress;
-#[path = "rxe/kdeth.rs"]
-mod kdeth;
 mod loopback;
 mod names;
 mod observe;
 mod port;
-#[path = "rxe/rcv.rs"]
-mod rcv;
-#[path = "rxe/rcvarray.rs"]
-mod rcvarray;
 pub mod regs;
-#[path = "rxe/rhq.rs"]
-mod rhq;
-#[path = "wfr/sdma/walk.rs"]
-mod sdma_walk;
+mod rxe;
 mod shared;
 mod shm;
 pub mod wfr;
@@ -42,24 +29,24 @@ pub use control::{CAPTURE_DEFAULT_MIB, CAPTURE_MAX_MIB};
 pub use counters::Counters;
 pub use device::Hfi1;
 pub use error::{Hfi1Error, Result};
-pub use flow::{FlowCheck, FlowEntry};
 /// Packets the port holds for its worker; a burst longer than this from the cable loses the rest (counted).
 pub use ingress::INGRESS_QUEUE;
 pub use loopback::{
     Descriptor, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR,
     LB_DESC_HDR_LEN, LB_DOORBELL, LB_LAST_RESULT, LB_MAX_CHAIN, LB_MAX_PAYLOAD, LB_MSIX_VECTOR, LB_SIZE,
 };
-pub use rcv::{full_flow_psn, Packet, RxResult, TIDCTRL_EVEN, TIDCTRL_ODD, TIDCTRL_PAIR};
-pub use rcvarray::{BufSize, RcvEntry};
 pub use regs::{RXE_NUM_CONTEXTS, RXE_NUM_TID_FLOWS};
+pub use rxe::flow::{FlowCheck, FlowEntry};
+pub use rxe::rcv::{full_flow_psn, Packet, RxResult, TIDCTRL_EVEN, TIDCTRL_ODD, TIDCTRL_PAIR};
+pub use rxe::rcvarray::{BufSize, RcvEntry};
 /// What a driver reads in host memory: the RHF of each header-queue entry (common.h); RCV_HDR_CNT's unit.
-pub use rhq::{
+pub use rxe::rhq::{
     HDRQ_SIZE_SHIFT, RCV_BUF_BLOCK_SIZE, RHF_BYTES, RHF_EGR_INDEX_MASK, RHF_EGR_INDEX_SHIFT, RHF_EGR_OFFSET_MASK,
     RHF_EGR_OFFSET_SHIFT, RHF_ERROR_SMASK, RHF_HDRQ_OFFSET_MASK, RHF_HDRQ_OFFSET_SHIFT, RHF_MAX_SEQ, RHF_PKT_LEN_MASK,
     RHF_RCV_SEQ_MASK, RHF_RCV_SEQ_SHIFT, RHF_RCV_TYPE_IB, RHF_RCV_TYPE_MASK, RHF_RCV_TYPE_SHIFT, RHF_USE_EGR_BFR,
 };
 /// What a driver writes in host memory: SDMA descriptors (sdma.h).
-pub use sdma_walk::{
+pub use wfr::sdma::walk::{
     DESC_BYTES, SDMA_DESC0_BYTE_COUNT_SHIFT, SDMA_DESC0_FIRST_DESC_FLAG, SDMA_DESC0_LAST_DESC_FLAG,
     SDMA_DESC1_GENERATION_MASK, SDMA_DESC1_GENERATION_SHIFT, SDMA_DESC1_HEAD_TO_HOST_FLAG,
 };

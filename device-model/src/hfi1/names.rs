@@ -10,9 +10,9 @@ use super::loopback::{
     LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR, LB_DOORBELL,
     LB_LAST_RESULT, LB_SIZE,
 };
-use super::rcv::RxResult;
-use super::rcvarray::{judge, Judgement};
 use super::regs::*;
+use super::rxe::rcv::RxResult;
+use super::rxe::rcvarray::{judge, Judgement};
 use super::wfr::csr::{ASIC, DC_TOP_CSRS, MISC, SEND_DMA_STATUS};
 use super::wfr::{
     self, names as chip_names, SEND_DMA_STATUS_ENG_CLEANED_UP_SMASK, SEND_DMA_STATUS_ENG_HALTED_SMASK, TXE_PIO_SEND,

@@ -3,8 +3,8 @@
 
 #![forbid(unsafe_code)]
 
-use super::chip::Chip;
-use super::rcv::{Packet, RxResult};
+use super::rxe::chip::Chip;
+use super::rxe::rcv::{Packet, RxResult};
 use crate::fault::{FaultKind, Params};
 use crate::probe::Probe;
 use crate::trace::{Block, Level, Val};

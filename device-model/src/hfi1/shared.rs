@@ -15,9 +15,9 @@ use vfio_user_proto::dma::DmaAccess;
 use vfio_user_proto::sync::Unpoison;
 
 use super::cable::{CableEnd, WirePacket};
-use super::chip::Chip;
 use super::counters::Counters;
 use super::observe::HeldInject;
+use super::rxe::chip::Chip;
 use super::wfr::Wfr;
 use crate::engine::Interrupt;
 use crate::probe::Probe;

@@ -7,9 +7,10 @@
 use crossbeam_channel::Sender;
 
 use super::observe::InjectOutcome;
-use super::rcv::{Packet, RxResult};
+use super::rxe::rcv::{Packet, RxResult};
 use super::shared::Shared;
-use super::{egress, ingress, loopback, sdma_walk};
+use super::wfr::sdma::walk as sdma_walk;
+use super::{egress, ingress, loopback};
 use crate::worker::{JobTag, Stamped};
 use vfio_user_proto::sync::Unpoison;
 

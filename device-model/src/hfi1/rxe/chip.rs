@@ -7,17 +7,17 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::{json, Value};
 
-use super::counters::Counters;
 use super::flow::{FlowEntry, FlowTable, KERN_GENERATION_RESERVED};
 use super::rcvarray::RcvArray;
-use super::regs::RXE_NUM_TID_FLOWS;
-use super::regs::{
+use crate::hfi1::counters::Counters;
+use crate::hfi1::regs::RXE_NUM_TID_FLOWS;
+use crate::hfi1::regs::{
     apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL,
     RCV_CTXT_CTRL_ENABLE_SMASK, RCV_HDR_OVFL_CNT, RCV_HDR_TAIL, RCV_QP_MAP_TABLE_REGS, RCV_SHIFT, RCV_TID_CTRL,
     RCV_TID_CTRL_TID_BASE_INDEX_MASK, RCV_TID_CTRL_TID_BASE_INDEX_SHIFT, RCV_TID_CTRL_TID_PAIR_CNT_MASK,
     RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE, UCTXT_REGS,
 };
-use super::shm::SharedWords;
+use crate::hfi1::shm::SharedWords;
 use emu_abi::hfi1::{LB_BASE, LB_SIZE};
 
 /// A context's place in its header queue and eager buffers (rhq.rs moves it; the chip keeps one per context).
@@ -248,7 +248,7 @@ impl Chip {
         }
     }
 
-    fn write_reg(def: &super::regs::RegDef, slot: &mut u64, value: u64) -> Access {
+    fn write_reg(def: &crate::hfi1::regs::RegDef, slot: &mut u64, value: u64) -> Access {
         if def.is_read_only() {
             return Access::ReadOnly;
         }

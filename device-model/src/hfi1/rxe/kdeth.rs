@@ -15,20 +15,20 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::cable::wire::{WirePacket, BTH_BYTES, ICRC_BYTES, LRH_BYTES};
 use super::chip::Chip;
-use super::counters::Counters;
 use super::flow::{FlowCheck, FlowEntry};
 #[cfg(test)]
 use super::rcv::full_flow_psn;
 use super::rcv::{count_refusal, flow_refusal, Packet, Placement, RxResult};
-use super::regs::{
-    RCV_CTXT_CTRL_ENABLE_SMASK, RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK, RCV_HDR_SIZE, RCV_HDR_SIZE_HDR_SIZE_MASK,
-};
 use super::rhq::{
     Arrival, Plan, Refusal, RHF_RCV_TYPE_EAGER, RHF_RCV_TYPE_ERROR, RHF_RCV_TYPE_ERR_SHIFT, RHF_RCV_TYPE_EXPECTED,
     RHF_RTE_ERROR_KHDR_KVER_ERR, RHF_RTE_ERROR_KHDR_MIN_LEN_ERR, RHF_RTE_EXPECTED_FLOW_GEN_ERR,
     RHF_RTE_EXPECTED_FLOW_SEQ_ERR, RHF_TID_ERR,
+};
+use crate::hfi1::cable::wire::{WirePacket, BTH_BYTES, ICRC_BYTES, LRH_BYTES};
+use crate::hfi1::counters::Counters;
+use crate::hfi1::regs::{
+    RCV_CTXT_CTRL_ENABLE_SMASK, RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK, RCV_HDR_SIZE, RCV_HDR_SIZE_HDR_SIZE_MASK,
 };
 
 // KDETH word 0 fields beyond the ones placement reads (exp_rcv.h).

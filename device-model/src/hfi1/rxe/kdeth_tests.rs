@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::*;
 use crate::hfi1::cable::wire::WirePacket;
 use crate::hfi1::regs::*;
-use crate::hfi1::rhq::RHF_USE_EGR_BFR;
+use crate::hfi1::rxe::rhq::RHF_USE_EGR_BFR;
 use crate::hfi1::shm::SharedWords;
 
 const CTXT: usize = 2;
@@ -385,7 +385,7 @@ fn an_expected_packet_waiting_for_header_queue_room_changes_nothing_until_it_has
     }
     // The last packet of a segment needs an entry; a mismatched one too.
     for k in [data(0, 0, false), data(5, 0, false)] {
-        assert_eq!(judge_k(&mut c, &n, &k), Err(Refusal::Hold(crate::hfi1::rhq::Full::Rhq)));
+        assert_eq!(judge_k(&mut c, &n, &k), Err(Refusal::Hold(crate::hfi1::rxe::rhq::Full::Rhq)));
         assert_eq!(flow_raw(&c) & 0x7FFF_FFFF | (flow_raw(&c) & (3 << 37)), u64::from(full_flow_psn(GEN, 0)));
     }
     // A suppressed packet needs no entry and goes through.

@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering;
 use vfio_user_proto::dma::{DmaAccess, DmaError};
 
 use super::chip::Chip;
-use super::counters::Counters;
 use super::flow::FlowCheck;
-use super::regs::{RCV_CTXT_CTRL_ENABLE_SMASK, RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK};
+use crate::hfi1::counters::Counters;
+use crate::hfi1::regs::{RCV_CTXT_CTRL_ENABLE_SMASK, RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK};
 
 // KDETH word 0 fields (reference §1.10).
 pub const KDETH_OFFSET_SHIFT: u32 = 0;
@@ -467,7 +467,7 @@ mod tests {
         assert_eq!(r.bytes(ODD_BUF + 4095, 1), [9]);
     }
 
-    use crate::hfi1::flow::FlowEntry;
+    use crate::hfi1::rxe::flow::FlowEntry;
 
     #[test]
     fn generation_mismatch_sets_gen_status_and_places_nothing() {

@@ -11,14 +11,14 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::config::HFI1_BAR;
-use super::counters::Counters;
-use super::regs::{
+use crate::fault::FaultKind;
+use crate::hfi1::config::HFI1_BAR;
+use crate::hfi1::counters::Counters;
+use crate::hfi1::regs::{
     RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RCV_ARRAY_RT_ADDR_MASK, RCV_ARRAY_RT_ADDR_SHIFT, RCV_ARRAY_RT_BUF_SIZE_MASK,
     RCV_ARRAY_RT_BUF_SIZE_SHIFT, RCV_ARRAY_RT_WRITE_ENABLE_SMASK, RT_ADDR_SHIFT,
 };
-use super::shm::SharedWords;
-use crate::fault::FaultKind;
+use crate::hfi1::shm::SharedWords;
 use crate::probe::Probe;
 use crate::trace::{Block, Level, Val};
 

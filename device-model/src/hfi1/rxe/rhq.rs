@@ -17,8 +17,8 @@
 #![forbid(unsafe_code)]
 
 use super::chip::{Chip, RhqState};
-use super::counters::Counters;
-use super::regs::*;
+use crate::hfi1::counters::Counters;
+use crate::hfi1::regs::*;
 
 /// RHF fields (common.h).
 pub const RHF_PKT_LEN_MASK: u64 = 0xFFF;

@@ -66,7 +66,7 @@ fn the_first_packet_takes_entry_0_with_sequence_1_and_its_header_against_the_rhf
     assert!(p.interrupt);
     c.rhq_publish(CTXT, p.published);
     let tail = c.read(uctxt_csr(RCV_HDR_TAIL, CTXT as u64), &n);
-    assert_eq!(tail, crate::hfi1::chip::Access::Done(ENTSIZE));
+    assert_eq!(tail, crate::hfi1::rxe::chip::Access::Done(ENTSIZE));
 }
 
 #[test]
@@ -143,7 +143,7 @@ fn re_enabling_a_context_restarts_its_queue() {
     c.rhq_reserve(CTXT, &arrive(&[0; 24], &[0; 4]), &n).unwrap();
     let k = kctxt_csr(RCV_CTXT_CTRL, CTXT as u64);
     let ctrl = match c.read(k, &n) {
-        crate::hfi1::chip::Access::Done(v) => v,
+        crate::hfi1::rxe::chip::Access::Done(v) => v,
         a => panic!("{a:?}"),
     };
     c.write(k, ctrl & !RCV_CTXT_CTRL_ENABLE_SMASK, &n);

@@ -3,7 +3,7 @@
 //!
 //! Each block lives in its own module and claims the offsets whose behaviour it models; every other offset is
 //! storage with its reset value, so the register file as a whole is what a FLR restores. The RXE (receive
-//! contexts, flow tables, RcvArray) stays in `super::chip`; this module never sees those offsets it models.
+//! contexts, flow tables, RcvArray) stays in `hfi1::rxe`; this module never sees those offsets it models.
 
 #![forbid(unsafe_code)]
 
@@ -15,7 +15,6 @@ mod errs;
 mod misc;
 pub mod names;
 pub mod pio;
-#[path = "sdma/state.rs"]
 pub mod sdma;
 mod shape;
 mod storage;

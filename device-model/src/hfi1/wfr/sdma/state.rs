@@ -2,7 +2,7 @@
 //! writing SEND_DMA_TAIL; the engine gathers each packet (FIRST through LAST descriptor), sends it, moves
 //! SEND_DMA_HEAD past it, writes the head back to host memory where a descriptor asks, and interrupts
 //! (docs/hfi1-fabric.md, "SDMA"). This module keeps the engines' registers and state; the engine's worker
-//! walks the ring (`hfi1::sdma_walk`) and reports back through [`Sdma::advance`] and [`Sdma::fail`].
+//! walks the ring (`walk`, its sibling) and reports back through [`Sdma::advance`] and [`Sdma::fail`].
 //!
 //! The halt and clean-up handshake the driver's state machine runs at start-up and after every error
 //! (sdma.c): HALT stops the engine, which reports a halt error on its SDMAENG_ERR interrupt
@@ -11,9 +11,9 @@
 
 #![forbid(unsafe_code)]
 
-use super::csr::*;
-use super::errs::ErrGroups;
-use super::{Raised, WfrShape, IS_SDMAENG_ERR_START};
+use crate::hfi1::wfr::csr::*;
+use crate::hfi1::wfr::errs::ErrGroups;
+use crate::hfi1::wfr::shape::{Raised, WfrShape, IS_SDMAENG_ERR_START};
 
 pub const SEND_DMA_CTRL_SDMA_ENABLE_SMASK: u64 = 0x1;
 pub const SEND_DMA_CTRL_SDMA_HALT_SMASK: u64 = 0x2;

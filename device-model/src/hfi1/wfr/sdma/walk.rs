@@ -9,13 +9,13 @@
 
 use vfio_user_proto::dma::DmaAccess;
 
-use super::egress;
-use super::shared::Shared;
-use super::wfr::pio::{PBC_BYTES, PBC_LENGTH_DWS_MASK};
-use super::wfr::sdma::{
+use super::state::{
     Walk, SDMA_FIRST_DESC_ERR, SDMA_GEN_MISMATCH_ERR, SDMA_HEADER_SELECT_ERR, SDMA_LENGTH_MISMATCH_ERR,
     SDMA_MEM_READ_ERR, SDMA_PACKET_DESC_OVERFLOW_ERR, SDMA_TOO_LONG_ERR,
 };
+use crate::hfi1::egress;
+use crate::hfi1::shared::Shared;
+use crate::hfi1::wfr::pio::{PBC_BYTES, PBC_LENGTH_DWS_MASK};
 use crate::trace::{Block, Level, Val};
 
 #[cfg(test)]
@@ -165,7 +165,7 @@ fn apply_updates(header: &mut [u8], updates: &[u32]) -> Result<(), u64> {
 }
 
 /// Walks engine `engine` until it has nothing left (or halts). Work of an older epoch stops.
-pub(super) fn run(shared: &Shared, epoch: u64, engine: usize) {
+pub(in crate::hfi1) fn run(shared: &Shared, epoch: u64, engine: usize) {
     let dma = shared.dma();
     loop {
         let walk = {
