@@ -6,18 +6,23 @@ mod config;
 mod control;
 mod counters;
 mod device;
+#[path = "datapath/egress.rs"]
 mod egress;
 mod error;
+#[path = "datapath/ingress.rs"]
 mod ingress;
+#[path = "datapath/loopback.rs"]
 mod loopback;
 mod names;
 mod observe;
+#[path = "datapath/port.rs"]
 mod port;
 pub mod regs;
 mod rxe;
 mod shared;
 mod shm;
 pub mod wfr;
+#[path = "datapath/worker.rs"]
 mod worker;
 
 pub use crate::worker::WorkerMode;
