@@ -6,8 +6,8 @@
 
 use serde_json::Value;
 
+use super::datapath::loopback::LB_MAX_PAYLOAD;
 use super::error::{Hfi1Error, Result};
-use super::loopback::LB_MAX_PAYLOAD;
 use super::rxe::rcv::{Packet, GENERATION_MASK, HFI1_KDETH_BTH_SEQ_MASK, KDETH_OFFSET_MASK, PSN_MASK};
 
 fn err(msg: impl Into<String>) -> Hfi1Error {

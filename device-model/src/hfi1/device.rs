@@ -17,17 +17,17 @@ use vfio_user_proto::sync::Unpoison;
 use super::cable::{Cable, End, Port, WirePacket};
 use super::config::{Hfi1Config, Personality, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
 use super::counters::Counters;
+use super::datapath::loopback::{LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
+use super::datapath::port::{kick, HfiPort};
+use super::datapath::worker::{run_job, Job};
 use super::error::{Hfi1Error, Result};
-use super::loopback::{LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
 use super::observe::InjectOutcome;
-use super::port::{kick, HfiPort};
 use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RXE, TXE};
 use super::rxe::chip::{Access, Chip};
 use super::rxe::rcv::{Packet, RxResult};
 use super::shared::{LbRegs, Shared, WORK_TIMEOUT};
 use super::shm::SharedWords;
 use super::wfr::{self, Wfr};
-use super::worker::{run_job, Job};
 use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape, PcieLink};
 use crate::probe::Probe;
 use crate::trace::RegisterName;
@@ -147,7 +147,7 @@ impl Hfi1 {
         if !matches!(self.config.personality, Personality::Wfr(_)) {
             return Err(Hfi1Error::Config(format!("{} has no port", self.config.name())));
         }
-        Ok(super::port::arrive(&self.shared, &self.worker, packet, false))
+        Ok(super::datapath::port::arrive(&self.shared, &self.worker, packet, false))
     }
 
     /// The port as the control socket's `link` shows it: physical and logical state, neighbour, cable.
@@ -413,7 +413,7 @@ impl Engine for Hfi1 {
                 Ok(serde_json::json!({"queued": self.wire(packet).map_err(|e| e.to_string())?}))
             }
             Command::LinkEvent(event) => {
-                Ok(serde_json::json!({"applied": super::port::apply_link(&self.shared, event, false)}))
+                Ok(serde_json::json!({"applied": super::datapath::port::apply_link(&self.shared, event, false)}))
             }
             Command::Capture { file, max_bytes } => {
                 let end = self.shared.cable.get().ok_or_else(|| format!("{} has no cable", self.config.name()))?;

@@ -5,25 +5,16 @@ pub mod cable;
 mod config;
 mod control;
 mod counters;
+mod datapath;
 mod device;
-#[path = "datapath/egress.rs"]
-mod egress;
 mod error;
-#[path = "datapath/ingress.rs"]
-mod ingress;
-#[path = "datapath/loopback.rs"]
-mod loopback;
 mod names;
 mod observe;
-#[path = "datapath/port.rs"]
-mod port;
 pub mod regs;
 mod rxe;
 mod shared;
 mod shm;
 pub mod wfr;
-#[path = "datapath/worker.rs"]
-mod worker;
 
 pub use crate::worker::WorkerMode;
 pub use config::{
@@ -32,14 +23,14 @@ pub use config::{
 };
 pub use control::{CAPTURE_DEFAULT_MIB, CAPTURE_MAX_MIB};
 pub use counters::Counters;
-pub use device::Hfi1;
-pub use error::{Hfi1Error, Result};
 /// Packets the port holds for its worker; a burst longer than this from the cable loses the rest (counted).
-pub use ingress::INGRESS_QUEUE;
-pub use loopback::{
+pub use datapath::ingress::INGRESS_QUEUE;
+pub use datapath::loopback::{
     Descriptor, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR,
     LB_DESC_HDR_LEN, LB_DOORBELL, LB_LAST_RESULT, LB_MAX_CHAIN, LB_MAX_PAYLOAD, LB_MSIX_VECTOR, LB_SIZE,
 };
+pub use device::Hfi1;
+pub use error::{Hfi1Error, Result};
 pub use regs::{RXE_NUM_CONTEXTS, RXE_NUM_TID_FLOWS};
 pub use rxe::flow::{FlowCheck, FlowEntry};
 pub use rxe::rcv::{full_flow_psn, Packet, RxResult, TIDCTRL_EVEN, TIDCTRL_ODD, TIDCTRL_PAIR};

@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 use super::config::Personality;
-use super::loopback::{
+use super::datapath::loopback::{
     LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR, LB_DOORBELL,
     LB_LAST_RESULT, LB_SIZE,
 };
@@ -170,7 +170,7 @@ fn decode(offset: u64, v: u64) -> String {
 mod tests {
     use super::*;
     use crate::hfi1::config::HFI1_BAR0_SIZE;
-    use crate::hfi1::loopback::LB_DOORBELL;
+    use crate::hfi1::datapath::loopback::LB_DOORBELL;
     use crate::hfi1::regs::{kctxt_csr, RCV_ARRAY, RCV_ARRAY_CNT, RCV_CTXT_CTRL, RCV_TID_FLOW_TABLE};
 
     #[test]

@@ -10,14 +10,14 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::cable::WirePacket;
-use super::shared::Shared;
-use super::wfr::pio::{LaunchKind, PBC_DC_INFO, PBC_PACKET_BYPASS, PBC_TEST_EBP, PBC_VL_MASK, PBC_VL_SHIFT};
-use super::wfr::IS_SENDCREDIT_START;
+use crate::hfi1::cable::WirePacket;
+use crate::hfi1::shared::Shared;
+use crate::hfi1::wfr::pio::{LaunchKind, PBC_DC_INFO, PBC_PACKET_BYPASS, PBC_TEST_EBP, PBC_VL_MASK, PBC_VL_SHIFT};
+use crate::hfi1::wfr::IS_SENDCREDIT_START;
 use crate::trace::{Block, Level, Val};
 
 /// Sends every launch waiting, returning credits as each one is done. Work of an older epoch stops.
-pub(super) fn run(shared: &Shared, epoch: u64) {
+pub(in crate::hfi1) fn run(shared: &Shared, epoch: u64) {
     let dma = shared.dma();
     loop {
         let launches = match shared.lock_wfr() {
@@ -54,7 +54,7 @@ pub(super) fn run(shared: &Shared, epoch: u64) {
 
 /// Puts a packet a send context (`source` "pio", `unit` its hardware context, `pieces` its blocks) or an SDMA
 /// engine ("sdma", the engine, its descriptors) launched on the wire: PBC stripped, ICRC appended.
-pub(super) fn send(shared: &Shared, source: &'static str, unit: u32, pbc: u64, body: &[u8], pieces: u16) {
+pub(in crate::hfi1) fn send(shared: &Shared, source: &'static str, unit: u32, pbc: u64, body: &[u8], pieces: u16) {
     let c = &shared.counters;
     let probe = &shared.probe;
     let fate = if pbc & PBC_PACKET_BYPASS != 0 {

@@ -16,18 +16,18 @@ use std::sync::atomic::Ordering::Relaxed;
 use vfio_user_proto::dma::DmaAccess;
 use vfio_user_proto::sync::Unpoison;
 
-use super::cable::WirePacket;
-use super::counters::Counters;
-use super::regs::*;
-use super::rxe::chip::Chip;
-use super::rxe::kdeth::{self, Delivery, Kind};
-use super::rxe::rcv;
-use super::rxe::rhq::{Arrival, Refusal};
-use super::shared::Shared;
-use super::wfr::{Wfr, IS_RCVAVAIL_START};
 use crate::hfi1::cable::wire::{
     ICRC_BYTES, OPCODE_TID_RDMA_READ_RESP, OPCODE_TID_RDMA_WRITE_DATA, OPCODE_TID_RDMA_WRITE_DATA_LAST, SC_VL15,
 };
+use crate::hfi1::cable::WirePacket;
+use crate::hfi1::counters::Counters;
+use crate::hfi1::regs::*;
+use crate::hfi1::rxe::chip::Chip;
+use crate::hfi1::rxe::kdeth::{self, Delivery, Kind};
+use crate::hfi1::rxe::rcv;
+use crate::hfi1::rxe::rhq::{Arrival, Refusal};
+use crate::hfi1::shared::Shared;
+use crate::hfi1::wfr::{Wfr, IS_RCVAVAIL_START};
 use crate::trace::{Block, Level, Val};
 
 /// Packets the port queues for its worker at most (one more while the worker has the head out to judge it);
@@ -38,13 +38,18 @@ const RCV_VL15_CTXT_MASK: u64 = 0xFF;
 
 /// Where the port sends a packet: a receive context, as an IB packet or as KDETH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Route {
+pub(in crate::hfi1) enum Route {
     Ib(usize),
     Kdeth(usize),
 }
 
 /// The receive context `pkt` goes to, or why it goes nowhere.
-pub(super) fn route(chip: &Chip, wfr: &Wfr, pkt: &WirePacket, counters: &Counters) -> Result<Route, &'static str> {
+pub(in crate::hfi1) fn route(
+    chip: &Chip,
+    wfr: &Wfr,
+    pkt: &WirePacket,
+    counters: &Counters,
+) -> Result<Route, &'static str> {
     if chip.global(RCV_CTRL) & RCV_CTRL_RCV_PORT_ENABLE_SMASK == 0 {
         counters.wire_rx_port_disabled.fetch_add(1, Relaxed);
         return Err("port disabled");
@@ -87,7 +92,7 @@ enum Step {
 
 /// Drains the port's queue in order, until it is empty or a packet must wait for room. Work of an older
 /// epoch stops.
-pub(super) fn run(shared: &Shared, epoch: u64) {
+pub(in crate::hfi1) fn run(shared: &Shared, epoch: u64) {
     let dma = shared.dma();
     loop {
         if !shared.current(epoch) {

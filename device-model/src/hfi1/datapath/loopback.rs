@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering;
 
 use vfio_user_proto::dma::DmaAccess;
 
-use super::observe::{self, Fate, HeldInject, InjectOutcome};
-use super::rxe::rcv::{place, place_from, Packet, Placement, RxResult};
-use super::shared::Shared;
+use crate::hfi1::observe::{self, Fate, HeldInject, InjectOutcome};
+use crate::hfi1::rxe::rcv::{place, place_from, Packet, Placement, RxResult};
+use crate::hfi1::shared::Shared;
 
 pub use emu_abi::hfi1::{
     LbDescHeader, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR,
@@ -54,7 +54,7 @@ enum Delivery {
 
 /// Processes one doorbell: the chain at `desc`, submitted in reset epoch `epoch`. Returns false if reset or
 /// detach stopped it (nothing more is published then).
-pub(super) fn run_doorbell(shared: &Shared, dma: &dyn DmaAccess, desc: u64, epoch: u64) -> bool {
+pub(in crate::hfi1) fn run_doorbell(shared: &Shared, dma: &dyn DmaAccess, desc: u64, epoch: u64) -> bool {
     let mut next = desc;
     // A descriptor held back by `packet-reorder`, re-read and delivered after the one that follows it.
     let mut held: Option<u64> = None;
@@ -166,12 +166,18 @@ fn run_descriptor(
 }
 
 /// Receives one packet whose payload the caller holds (control `inject`).
-pub(super) fn receive(shared: &Shared, dma: &dyn DmaAccess, pkt: &Packet, payload: &[u8], epoch: u64) -> RxResult {
+pub(in crate::hfi1) fn receive(
+    shared: &Shared,
+    dma: &dyn DmaAccess,
+    pkt: &Packet,
+    payload: &[u8],
+    epoch: u64,
+) -> RxResult {
     judge(shared, pkt, payload.len() as u64, epoch, "inject", |p| place(dma, p, payload, &shared.counters))
 }
 
 /// A control-socket inject through the packet faults; `held` is the worker's slot for a reordered packet.
-pub(super) fn inject(
+pub(in crate::hfi1) fn inject(
     shared: &Shared,
     dma: &dyn DmaAccess,
     packet: Packet,

@@ -8,11 +8,11 @@ use std::sync::{Arc, Weak};
 
 use vfio_user_proto::sync::Unpoison;
 
-use super::cable::{LinkEvent, Neighbor, Port, WirePacket};
-use super::config::Personality;
 use super::ingress::INGRESS_QUEUE;
-use super::shared::Shared;
 use super::worker::Job;
+use crate::hfi1::cable::{LinkEvent, Neighbor, Port, WirePacket};
+use crate::hfi1::config::Personality;
+use crate::hfi1::shared::Shared;
 use crate::probe::Probe;
 use crate::trace::{Block, Level, Val};
 use crate::worker::WorkQueue;
@@ -23,7 +23,7 @@ pub const NODE_TYPE_HFI: u8 = 0;
 
 /// Queues `job` once while `pending` is set: a doorbell-style kick of the worker that never blocks. The
 /// worker clears `pending` before it drains, so work queued after that gets a kick of its own.
-pub(super) fn kick(worker: &WorkQueue<Job>, shared: &Shared, pending: &AtomicBool, job: Job) {
+pub(in crate::hfi1) fn kick(worker: &WorkQueue<Job>, shared: &Shared, pending: &AtomicBool, job: Job) {
     if pending.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -34,15 +34,15 @@ pub(super) fn kick(worker: &WorkQueue<Job>, shared: &Shared, pending: &AtomicBoo
     worker.run_queued();
 }
 
-pub(super) struct HfiPort {
-    pub(super) shared: Arc<Shared>,
+pub(in crate::hfi1) struct HfiPort {
+    pub(in crate::hfi1) shared: Arc<Shared>,
     /// The engine's worker; gone once the engine is.
-    pub(super) worker: Weak<WorkQueue<Job>>,
-    pub(super) guid: u64,
+    pub(in crate::hfi1) worker: Weak<WorkQueue<Job>>,
+    pub(in crate::hfi1) guid: u64,
 }
 
 impl HfiPort {
-    pub(super) fn new(shared: Arc<Shared>, worker: Weak<WorkQueue<Job>>, personality: Personality) -> Self {
+    pub(in crate::hfi1) fn new(shared: Arc<Shared>, worker: Weak<WorkQueue<Job>>, personality: Personality) -> Self {
         let guid = match personality {
             Personality::Wfr(shape) => shape.guid,
             Personality::Emu => 0,
@@ -74,7 +74,7 @@ impl Port for HfiPort {
 
 /// What the cable (or a control request standing in for it) tells the port. `record`: log it in the session
 /// being recorded as the control request a replay issues at the same point.
-pub(super) fn apply_link(shared: &Shared, event: LinkEvent, record: bool) -> bool {
+pub(in crate::hfi1) fn apply_link(shared: &Shared, event: LinkEvent, record: bool) -> bool {
     let applied = {
         let _chip = shared.lock_chip();
         let applied = shared.lock_wfr().and_then(|mut w| w.link_event(event));
@@ -120,7 +120,7 @@ pub(super) fn apply_link(shared: &Shared, event: LinkEvent, record: bool) -> boo
 
 /// A packet from the wire: queued for the worker (false: the queue was full, the packet is dropped and
 /// counted). `record` as for [`apply_link`].
-pub(super) fn arrive(shared: &Shared, worker: &WorkQueue<Job>, packet: WirePacket, record: bool) -> bool {
+pub(in crate::hfi1) fn arrive(shared: &Shared, worker: &WorkQueue<Job>, packet: WirePacket, record: bool) -> bool {
     shared.counters.wire_rx_packets.fetch_add(1, Ordering::Relaxed);
     let queued = {
         let mut q = shared.ingress.lock().unpoison();

@@ -6,15 +6,15 @@
 
 use crossbeam_channel::Sender;
 
-use super::observe::InjectOutcome;
-use super::rxe::rcv::{Packet, RxResult};
-use super::shared::Shared;
-use super::wfr::sdma::walk as sdma_walk;
 use super::{egress, ingress, loopback};
+use crate::hfi1::observe::InjectOutcome;
+use crate::hfi1::rxe::rcv::{Packet, RxResult};
+use crate::hfi1::shared::Shared;
+use crate::hfi1::wfr::sdma::walk as sdma_walk;
 use crate::worker::{JobTag, Stamped};
 use vfio_user_proto::sync::Unpoison;
 
-pub(super) enum Job {
+pub(in crate::hfi1) enum Job {
     Doorbell {
         desc: u64,
     },
@@ -45,7 +45,7 @@ impl JobTag for Job {
     }
 }
 
-pub(super) fn run_job(shared: &Shared, Stamped { epoch, job }: Stamped<Job>) {
+pub(in crate::hfi1) fn run_job(shared: &Shared, Stamped { epoch, job }: Stamped<Job>) {
     match job {
         Job::Doorbell { desc } => {
             if shared.current(epoch) {

@@ -13,7 +13,7 @@ use super::state::{
     Walk, SDMA_FIRST_DESC_ERR, SDMA_GEN_MISMATCH_ERR, SDMA_HEADER_SELECT_ERR, SDMA_LENGTH_MISMATCH_ERR,
     SDMA_MEM_READ_ERR, SDMA_PACKET_DESC_OVERFLOW_ERR, SDMA_TOO_LONG_ERR,
 };
-use crate::hfi1::egress;
+use crate::hfi1::datapath::egress;
 use crate::hfi1::shared::Shared;
 use crate::hfi1::wfr::pio::{PBC_BYTES, PBC_LENGTH_DWS_MASK};
 use crate::trace::{Block, Level, Val};
