@@ -235,10 +235,10 @@ pub struct Args {
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub link_training_ms: Option<u64>,
 
-    /// The implementation code the --hfi1-wfr functions report [default: functional-simulator]:
-    /// functional-simulator (no firmware; the stock driver cannot take an up link down on it) or
-    /// rtl-simulation (the driver loads and authenticates 8051 firmware, hfi_dc8051.bin from
-    /// hfi1-dc8051-image, and runs the full link bring-up; docs/hfi1-fabric.md).
+    /// The implementation code the --hfi1-wfr functions report [default: rtl-simulation]: rtl-simulation
+    /// (the driver loads and authenticates 8051 firmware, hfi_dc8051.bin from hfi1-dc8051-image, and runs
+    /// the full link bring-up) or functional-simulator (no firmware; the stock driver deadlocks taking an up
+    /// link down on it; docs/hfi1-fabric.md).
     #[arg(long, value_name = "ICODE", value_parser = crate::hfi1::wfr::Icode::parse)]
     pub hfi1_wfr_icode: Option<crate::hfi1::wfr::Icode>,
 
@@ -413,6 +413,12 @@ impl Args {
     /// (the engines' default, which does not spin).
     pub fn worker_spin_us(&self) -> Option<u64> {
         self.worker_spin_us.or(self.low_latency.then_some(LOW_LATENCY_WORKER_SPIN_US))
+    }
+
+    /// The implementation code of the chip-personality functions: `--hfi1-wfr-icode`, else the chip on which
+    /// the stock driver runs every link transition (docs/hfi1-fabric.md).
+    pub fn hfi1_wfr_icode(&self) -> crate::hfi1::wfr::Icode {
+        self.hfi1_wfr_icode.unwrap_or(crate::hfi1::wfr::Icode::RtlSimulation)
     }
 
     /// The devices to serve, after the checks clap cannot express.

@@ -190,6 +190,21 @@ fn options_reach_args_with_defaults() {
     assert_eq!((d.log_level, d.once, d.irdma_qhash_capacity, d.control), (LogLevel::Info, false, None, None));
 }
 
+/// The chip personality reports the chip the stock driver runs every link transition on (ICODE_RTL_VCS_SIMULATION,
+/// chip.h) unless told otherwise; the functional simulator, where it deadlocks, stays one flag away.
+#[test]
+fn the_chip_personality_is_the_rtl_simulation_unless_the_functional_simulator_is_asked_for() {
+    use crate::hfi1::wfr::Icode;
+    let table = [
+        (&["--hfi1-wfr", "/tmp/w"][..], Icode::RtlSimulation),
+        (&["--hfi1-wfr", "/tmp/w", "--hfi1-wfr-icode", "rtl-simulation"][..], Icode::RtlSimulation),
+        (&["--hfi1-wfr", "/tmp/w", "--hfi1-wfr-icode", "functional-simulator"][..], Icode::FunctionalSimulator),
+    ];
+    for (args, icode) in table {
+        assert_eq!(parse(args).unwrap().hfi1_wfr_icode(), icode, "{args:?}");
+    }
+}
+
 #[test]
 fn long_help_documents_every_option_and_examples() {
     Args::command().debug_assert();

@@ -30,7 +30,8 @@ pub struct DeviceOptions {
     /// Which function of its kind (a second chip-personality function is 1).
     #[serde(default)]
     pub instance: u8,
-    /// The chip personality's implementation code when not the default.
+    /// The chip personality's implementation code; `None` is `WfrShape`'s default (the command line always
+    /// states it).
     #[serde(default)]
     pub icode: Option<Icode>,
 }

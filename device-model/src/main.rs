@@ -49,7 +49,7 @@ fn options_for(args: &Args, s: &Served) -> DeviceOptions {
         irdma_qhash_capacity: args.irdma_qhash_capacity.filter(|_| s.kind == DeviceKind::Irdma),
         worker_spin_us: args.worker_spin_us(),
         instance: s.instance,
-        icode: args.hfi1_wfr_icode.filter(|_| s.kind == DeviceKind::Hfi1Wfr),
+        icode: (s.kind == DeviceKind::Hfi1Wfr).then(|| args.hfi1_wfr_icode()),
     }
 }
 

@@ -32,7 +32,8 @@ pub const IS_SENDCREDIT_START: u32 = 576;
 pub const NUM_INTERRUPT_SOURCES: u32 = 768;
 
 /// The implementation code the chip reports in CCE_REVISION2 (chip.h ICODE_*): what kind of chip the driver
-/// believes it drives.
+/// believes it drives. The in-process default is the functional simulator, whose link comes up with no
+/// firmware loaded; `device-model` serves the RTL simulation unless told otherwise (`Args::hfi1_wfr_icode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Icode {
