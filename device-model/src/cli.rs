@@ -196,11 +196,15 @@ pub enum CliError {
 #[command(
     name = "device-model",
     version,
-    about = "vfio-user server emulating the hfi1 TID receive side and the irdma control QP as PCI functions",
-    long_about = "vfio-user server emulating two Intel RDMA engines as PCI functions: the hfi1 (Omni-Path HFI) TID \
-receive structures and the irdma (E810) control QP. Each device is served on its own UNIX socket to one vfio-user \
-client at a time (QEMU's vfio-user-pci, or a direct client); when a client leaves, the device is reset and the \
-next client is served. An optional control socket (JSON lines) injects packets, dumps state and resets devices.",
+    about = "vfio-user server emulating Intel's hfi1 Omni-Path HFI (two on a cable make a fabric) and the irdma \
+control QP as PCI functions",
+    long_about = "vfio-user server emulating two Intel RDMA engines as PCI functions. hfi1 (Omni-Path HFI) comes in \
+two personalities: the project's own function (a receive engine with TID placement and a loopback send block, \
+for udriver) and the real chip for the guest's stock hfi1 driver (PIO and SDMA send, receive header queues, TID \
+placement; two of them on one cable make a fabric). Of irdma (E810), the control QP is emulated. Each device is \
+served on its own UNIX socket to one vfio-user client at a time (QEMU's vfio-user-pci, or a direct client); when \
+a client leaves, the device is reset and the next client is served. An optional control socket (JSON lines) \
+injects packets, dumps state and resets devices.",
     after_help = "See --help for examples, trace blocks and faults.",
     after_long_help = long_help(),
     args_conflicts_with_subcommands = true

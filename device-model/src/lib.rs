@@ -1,4 +1,5 @@
-//! Emulated hfi1 (TID receive side) and irdma (control QP) PCI functions served over vfio-user.
+//! Emulated hfi1 (Omni-Path HFI: the project's function and the real chip, two of them on a cable) and irdma
+//! (control QP) PCI functions served over vfio-user.
 
 pub mod cli;
 pub mod control;

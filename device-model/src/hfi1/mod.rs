@@ -1,5 +1,16 @@
-//! hfi1 (Omni-Path HFI, "WFR") receive side for TID RDMA: the RcvArray, the per-context TID flow table,
-//! a receive engine that places TID RDMA data packets, and a loopback send path. See docs/hfi1-device.md.
+//! hfi1, Intel's Omni-Path HFI ("WFR"), in two personalities ([`Personality`]). The project's own function
+//! (1b36:1100, for udriver) is the receive engine with TID placement plus a loopback send block
+//! (docs/hfi1-device.md). The real chip (8086:24f0) serves the stock Linux driver: PIO and SDMA send
+//! engines, receive header queues and eager buffers, TID placement, and a fake 8051. Two chips on one cable
+//! make a fabric (docs/hfi1-kernel-driver.md, docs/hfi1-fabric.md).
+//!
+//! This module is the interface: `mod` and `pub use` only. Its layers, top down (docs/architecture.md, "The
+//! hfi1 engine's layers"):
+//! - the function: `device`, `control`, `names`;
+//! - the worker's data path: `datapath`, and the SDMA walk in `wfr::sdma::walk`;
+//! - `shared` and `observe`;
+//! - the state blocks: `rxe`, `wfr`, `cable`;
+//! - what every layer reads: `config`, `error`, `regs`, `counters`, `shm`.
 
 pub mod cable;
 mod config;
