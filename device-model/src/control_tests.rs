@@ -389,3 +389,50 @@ fn accesses_are_kept_for_any_device_once_asked() {
     assert_eq!((r["result"]["reads"].as_u64(), r["result"]["unnamed"].as_u64()), (Some(2), Some(1)));
     assert_eq!(r["result"]["recent"][1]["csr"], Value::Null);
 }
+
+/// Connects to `path` from a thread running as `uid`/`gid` (credentials are per thread to the kernel; the raw
+/// setresuid of rustix changes only the calling thread's, and SO_PEERCRED takes the connecting thread's).
+fn connect_as(path: &Path, uid: u32, gid: u32) -> UnixStream {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || {
+        use rustix::process::{Gid, Uid};
+        let (gid, uid) = (Gid::from_raw(gid), Uid::from_raw(uid));
+        rustix::thread::set_thread_groups(&[]).expect("setgroups (the tests run as root)");
+        rustix::thread::set_thread_res_gid(gid, gid, gid).expect("setresgid");
+        rustix::thread::set_thread_res_uid(uid, uid, uid).expect("setresuid");
+        UnixStream::connect(&path).expect("connect as another user")
+    })
+    .join()
+    .expect("thread")
+}
+
+#[test]
+fn a_peer_of_another_user_is_closed_unanswered_and_counted_even_if_the_socket_mode_was_loosened() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: making a peer of another user needs root");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let (t, _) = targets();
+    let server = Server::start("peer", t);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::symlink_metadata(&server.path).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o600, "created owner-only");
+    // Loosened behind the device model's back: the kernel lets anyone connect now.
+    std::fs::set_permissions(&server.path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut stranger = connect_as(&server.path, NOBODY, NOBODY);
+    stranger.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Nothing sent (a request the server never reads would turn its close into ECONNRESET here): the end of
+    // stream comes at once, not after the idle timeout a served client gets.
+    let mut got = Vec::new();
+    assert_eq!(stranger.read_to_end(&mut got).map_err(|e| e.kind()), Ok(0), "closed without a reply: {got:?}");
+
+    let (mut s, mut r) = server.connect();
+    let sockets = roundtrip(&mut s, &mut r, r#"{"cmd":"sockets"}"#);
+    let control = &sockets["result"][0];
+    assert_eq!(control["name"], "control");
+    assert_eq!(control["mode"], "0600");
+    assert_eq!(control["refused_peers"], 1, "{sockets}");
+    drop((s, r));
+    server.stop();
+}

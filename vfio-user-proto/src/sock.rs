@@ -1,5 +1,6 @@
-//! Message framing over a UNIX stream socket, with SCM_RIGHTS fd passing (through rustix; the one `unsafe`
-//! block sets SO_PEEK_OFF, which rustix does not wrap).
+//! Message framing over a UNIX stream socket, with SCM_RIGHTS fd passing (through rustix; the two `unsafe`
+//! blocks set SO_PEEK_OFF, which rustix does not wrap, and read SO_PEERCRED, whose pid may be 0, which
+//! rustix's non-zero `Pid` cannot hold).
 //!
 //! Reading is [`crate::frame_reader`]'s (with `recv_message` for one-off reads), for every reader of the crate: the header's size is checked against
 //! the limit before the body is allocated, at most `max_fds` descriptors are accepted per message (the kernel
@@ -72,6 +73,31 @@ pub fn set_peek_offset(stream: &UnixStream, offset: i32) -> std::io::Result<()> 
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// The peer's credentials when it connected (SO_PEERCRED, unix(7)): `(pid, uid, gid)`. The pid is 0 when the
+/// peer's process is not visible in our pid namespace.
+pub fn peer_credentials(fd: impl AsFd) -> std::io::Result<(i32, u32, u32)> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes, the size of `cred`, which outlives the call, and reports
+    // the length written in `len`, which also outlives it; the descriptor is borrowed from a live file.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::from_mut(&mut cred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(std::io::Error::other(format!("SO_PEERCRED gave {len} bytes")));
+    }
+    Ok((cred.pid, cred.uid, cred.gid))
 }
 
 /// Waits until `fd` is readable (or a listener has a connection). `Ok(false)` on timeout.
