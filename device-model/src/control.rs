@@ -174,9 +174,16 @@ fn trace_command(probes: &[Arc<Probe>], request: &Value) -> Result<Value, String
             (p.device().to_string(), Value::Object(on))
         })
         .collect();
-    Ok(
-        json!({ "format": sink.format().name(), "destination": sink.destination(), "lines": sink.lines(), "devices": devices }),
-    )
+    let (bytes, over_cap) = sink.file_status();
+    Ok(json!({
+        "format": sink.format().name(),
+        "destination": sink.destination(),
+        "lines": sink.lines(),
+        "file_bytes": bytes,
+        "max_file_bytes": sink.max_file_bytes(),
+        "dropped_over_cap": over_cap,
+        "devices": devices,
+    }))
 }
 
 /// `{"cmd":"record"}`: where each device's sessions go and the session being recorded; `"dir":PATH` records

@@ -195,6 +195,7 @@ fn run(args: &Args) -> Result<(), String> {
     let uid = rustix::process::geteuid().as_raw();
     let sink = Sink::global();
     sink.set_format(args.trace_format);
+    sink.set_max_file_bytes(args.trace_max_mib.map_or(device_model::trace::DEFAULT_MAX_FILE_BYTES, |m| m << 20));
     if let Some(path) = &args.trace_file {
         sink.to_file(path).map_err(|e| format!("--trace-file {}: {e}", path.display()))?;
     }
