@@ -32,11 +32,6 @@ pub const LOW_LATENCY_BUSY_POLL_US: u64 = 50;
 pub const LOW_LATENCY_WORKER_SPIN_US: u64 = crate::worker::LOW_LATENCY_SPIN.as_micros() as u64;
 /// Largest `--record-max-mib`, `--record-max-total-mib` and `--trace-max-mib`: 1 TiB.
 pub const MAX_RECORD_MIB: u64 = 1 << 20;
-/// What a device's recordings take together at most unless `--record-max-total-mib` says otherwise: four
-/// sessions at their default limit.
-pub const RECORD_TOTAL_DEFAULT_MIB: u64 = 16 << 10;
-/// What a trace file takes at most unless `--trace-max-mib` says otherwise.
-pub const TRACE_DEFAULT_MIB: u64 = 1 << 10;
 
 const EXAMPLES: &str = "\
 Examples:

@@ -207,7 +207,16 @@ fn record_command(targets: &[Arc<dyn ControlTarget>], request: &Value) -> Result
             let current = r
                 .current()
                 .map(|s| json!({"file": s.path(), "records": s.records(), "bytes": s.bytes(), "failed": s.failed()}));
-            (name.clone(), json!({ "dir": r.dir(), "max_session_bytes": r.max_session_bytes(), "session": current }))
+            let status = json!({
+                "dir": r.dir(),
+                "max_session_bytes": r.max_session_bytes(),
+                "total_bytes": r.total_bytes(),
+                "max_total_bytes": r.max_total_bytes(),
+                "records_over_cap": r.records_over_cap(),
+                "sessions_over_cap": r.sessions_over_cap(),
+                "session": current,
+            });
+            (name.clone(), status)
         })
         .collect();
     Ok(Value::Object(status))

@@ -211,6 +211,9 @@ fn run(args: &Args) -> Result<(), String> {
         if let Some(mib) = args.record_max_mib {
             recorder.set_max_session_bytes(mib << 20);
         }
+        if let Some(mib) = args.record_max_total_mib {
+            recorder.set_max_total_bytes(mib << 20);
+        }
         if let Some(dir) = &args.record {
             recorder.set_dir(Some(dir)).map_err(|e| format!("--record {}: {e}", dir.display()))?;
         }
