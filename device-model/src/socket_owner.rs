@@ -7,10 +7,13 @@
 //! removal and the bind happen under an exclusive flock of the socket's directory, so two of them cannot
 //! both find a path stale and unlink each other's new socket.
 //!
-//! A socket appears at its path with its final mode (0600 unless asked otherwise), never wider: it is bound
-//! inside a fresh 0700 directory next to the path, where nobody else can reach it, given its mode there, and
-//! then renamed into place (without replacing anything). Setting the umask around `bind` would do it too, but
-//! the umask belongs to the whole process: every other thread's files would take it meanwhile.
+//! A socket appears at its path with its final mode (0600 unless asked otherwise), never wider. It is bound
+//! by a thread whose umask, unshared from the process's, leaves exactly that mode
+//! ([`vfio_user_proto::sock::bind_with_umask`]); setting the process's umask around `bind` would do it too,
+//! but every other thread's files would take it meanwhile. Where the unshare is refused (a seccomp filter),
+//! the socket is bound inside a fresh 0700 directory beside the path, where nobody else can reach it, given
+//! its mode there and renamed into place without replacing anything; it then keeps the staging name as its
+//! address (what `ss -x` and /proc/net/unix show).
 
 #![forbid(unsafe_code)]
 
@@ -204,15 +207,40 @@ pub fn bind_with_mode(path: &Path, mode: u32) -> Result<(UnixListener, SocketFil
         Found::Nothing => {}
     }
     let bind_err = |e: std::io::Error| OwnError::Bind { path: path.into(), source: e };
-    let staging = Staging::create(dir).map_err(bind_err)?;
-    let (listener, inode) = staging.bind(mode).map_err(bind_err)?;
+    let (listener, inode) = match vfio_user_proto::sock::bind_with_umask(path, mode).map_err(bind_err)? {
+        Some(listener) => {
+            let inode = match open(path, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(e) => {
+                    let _ = std::fs::remove_file(path);
+                    return Err(bind_err(e.into()));
+                }
+            };
+            (listener, inode)
+        }
+        None => bind_staged(dir, path, mode)?,
+    };
     let st = rustix::fs::fstat(&inode).map_err(|e| bind_err(e.into()))?;
-    match renameat_with(CWD, &staging.socket, CWD, path, RenameFlags::NOREPLACE) {
-        Ok(()) => {}
-        Err(rustix::io::Errno::EXIST) => return Err(OwnError::Appeared(path.into())),
-        Err(e) => return Err(bind_err(e.into())),
+    let got = st.st_mode & 0o7777;
+    if got != mode {
+        // A default ACL on the directory decided instead of the umask (acl(5)): the directory's owner chose
+        // who gets new files there; the mode asked for is set now.
+        tracing::info!("{}: created {got:04o} (the directory's default ACL), set to {mode:04o}", path.display());
+        rustix::fs::chmod(path, Mode::from_raw_mode(mode)).map_err(|e| bind_err(e.into()))?;
     }
     Ok((listener, SocketFile { path: path.into(), inode, mode, gid: st.st_gid }))
+}
+
+/// Binds in a staging directory in `dir` and renames the socket to `path` (which is in `dir`).
+fn bind_staged(dir: &Path, path: &Path, mode: u32) -> Result<(UnixListener, OwnedFd)> {
+    let bind_err = |e: std::io::Error| OwnError::Bind { path: path.into(), source: e };
+    let staging = Staging::create(dir).map_err(bind_err)?;
+    let (listener, inode) = staging.bind(mode).map_err(bind_err)?;
+    match renameat_with(CWD, &staging.socket, CWD, path, RenameFlags::NOREPLACE) {
+        Ok(()) => Ok((listener, inode)),
+        Err(rustix::io::Errno::EXIST) => Err(OwnError::Appeared(path.into())),
+        Err(e) => Err(bind_err(e.into())),
+    }
 }
 
 /// A mode a socket may be given: the owner keeps read and write, and there is nothing beyond 0777.
@@ -313,7 +341,7 @@ mod tests {
         // (mode asked for, None: `bind`'s default), the mode the socket file has
         for (asked, want) in [(None, 0o600), (Some(0o600), 0o600), (Some(0o660), 0o660), (Some(0o666), 0o666)] {
             let p = d.join("s.sock");
-            let (_l, file) = match asked {
+            let (l, file) = match asked {
                 None => bind(&p),
                 Some(m) => bind_with_mode(&p, m),
             }
@@ -322,10 +350,33 @@ mod tests {
             assert!(std::fs::symlink_metadata(&p).expect("stat").file_type().is_socket());
             assert_eq!(mode & 0o7777, want, "asked {asked:?}: {mode:o}");
             assert_eq!(file.mode(), want);
-            assert_eq!(entries(&d), ["s.sock"], "the staging directory is gone");
+            let bound = l.local_addr().expect("address");
+            assert_eq!(bound.as_pathname(), Some(p.as_path()), "bound under its own name (ss -x shows it)");
+            assert_eq!(entries(&d), ["s.sock"]);
             assert!(std::os::unix::net::UnixStream::connect(&p).is_ok(), "served at its path");
             file.remove();
         }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn where_the_umask_cannot_be_unshared_a_staged_socket_has_its_mode_and_its_staging_directory_goes() {
+        let d = dir("staged");
+        for mode in [0o600, 0o660, 0o666] {
+            let p = d.join("s.sock");
+            let (_l, inode) = bind_staged(&d, &p, mode).expect("bind");
+            assert_eq!(std::fs::symlink_metadata(&p).expect("stat").mode() & 0o7777, mode);
+            assert_eq!(entries(&d), ["s.sock"], "the staging directory is gone");
+            assert!(std::os::unix::net::UnixStream::connect(&p).is_ok(), "served at its path");
+            drop(inode);
+            std::fs::remove_file(&p).expect("unlink");
+        }
+        // Something at the path already: left alone, nothing else left behind.
+        let p = d.join("taken");
+        std::fs::write(&p, b"keep").expect("write");
+        assert!(matches!(bind_staged(&d, &p, 0o600), Err(OwnError::Appeared(_))));
+        assert_eq!(std::fs::read(&p).expect("kept"), b"keep");
+        assert_eq!(entries(&d), ["taken"]);
         let _ = std::fs::remove_dir_all(&d);
     }
 
@@ -347,10 +398,10 @@ mod tests {
         let name = "x".repeat(SUN_PATH_MAX - d.as_os_str().len() - 1);
         let p = d.join(name);
         assert_eq!(p.as_os_str().len(), SUN_PATH_MAX);
-        let (_l, file) = bind(&p).expect("bind");
+        let (_l, _inode) = bind_staged(&d, &p, 0o600).expect("bind");
         assert!(std::os::unix::net::UnixStream::connect(&p).is_ok());
         assert_eq!(std::fs::symlink_metadata(&p).expect("stat").mode() & 0o777, 0o600);
-        file.remove();
+        std::fs::remove_file(&p).expect("unlink");
         assert!(entries(&d).is_empty());
         let _ = std::fs::remove_dir_all(&d);
     }
