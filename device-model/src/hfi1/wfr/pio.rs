@@ -423,7 +423,8 @@ impl Pio {
     /// Launches waiting for the worker, and the packet bytes they hold: at most [`MAX_QUEUED_PER_CONTEXT`]
     /// launches and [`MAX_RING_BLOCKS`] blocks of bytes per context.
     pub fn queued(&self) -> (usize, usize) {
-        let bytes = self.launches.iter().map(|l| if let LaunchKind::Packet { body, .. } = &l.kind { body.len() } else { 0 });
+        let bytes =
+            self.launches.iter().map(|l| if let LaunchKind::Packet { body, .. } = &l.kind { body.len() } else { 0 });
         (self.launches.len(), bytes.sum())
     }
 
@@ -513,7 +514,8 @@ mod tests {
         }
         /// sc_enable: PIO init of the context, then enabled with `depth` credits.
         fn enable(&mut self, depth: u64) {
-            self.p.init(SEND_PIO_INIT_CTXT_PIO_SINGLE_CTXT_INIT_SMASK | (CTXT << SEND_PIO_INIT_CTXT_PIO_CTXT_NUM_SHIFT));
+            self.p
+                .init(SEND_PIO_INIT_CTXT_PIO_SINGLE_CTXT_INIT_SMASK | (CTXT << SEND_PIO_INIT_CTXT_PIO_CTXT_NUM_SHIFT));
             let ctrl = (depth << SEND_CTXT_CTRL_CTXT_DEPTH_SHIFT) | SEND_CTXT_CTRL_CTXT_ENABLE_SMASK;
             self.p.write(csr(SEND_CTXT_CTRL), ctrl);
         }
