@@ -273,7 +273,8 @@ finding() {
         cp "$a" "$dest"
         reg="fuzz/$dest"
         # What the input does, for whoever fixes it (libfuzzer-sys decodes it without running it).
-        RUST_LIBFUZZER_DEBUG_PATH="$OUT/artifacts/$t/$base.txt" "$BIN/$t" -runs=1 "$a" >/dev/null 2>&1 || true
+        mkdir -p "$OUT/decoded/$t"
+        RUST_LIBFUZZER_DEBUG_PATH="$OUT/decoded/$t/$base.txt" "$BIN/$t" -runs=1 "$a" >/dev/null 2>&1 || true
         log "fuzz: $t: $kind ($sig): regression input $reg ($(wc -c <"$a") bytes)"
     else
         repro=false
@@ -292,15 +293,21 @@ num() { [[ "$1" =~ ^[0-9]+$ ]] && echo "$1" || echo null; }
 campaign_target() {
     local t=$1 corpus="$CORPORA/$1" art="$OUT/artifacts/$1" round=0 rc secs=0 start end left
     local -a dict=() fork=() seeds=() logs=() seen=()
+    local -A handled=()
     local findings_json="$OUT/json/$t.findings"
     mkdir -p "$corpus" "$OUT/logs" "$OUT/rows" "$OUT/json"
-    rm -rf "$art" "$OUT/logs/$t".*
-    mkdir -p "$art"
+    rm -rf "$art" "$OUT/logs/$t".* "$OUT/decoded/$t" "$OUT/seeds/$t"
+    mkdir -p "$art" "$OUT/seeds/$t"
     : >"$findings_json"
     [ -f "dicts/$t.dict" ] && dict=(-dict="dicts/$t.dict")
     mapfile -t fork < <(fork_flags 1)
-    # New inputs go to the first directory (the cache); the repo's seeds and regression inputs are only read.
-    for d in "corpus/$t" "regressions/$t"; do [ -d "$d" ] && seeds+=("$d"); done
+    # New inputs go to the first directory (the cache); the repo's seeds and regression inputs are only read, the
+    # regression inputs as they were at the start (a finding written there now would fail the next round at once).
+    [ -d "corpus/$t" ] && seeds+=("corpus/$t")
+    if compgen -G "regressions/$t/*" >/dev/null; then
+        cp regressions/"$t"/* "$OUT/seeds/$t/"
+        seeds+=("$OUT/seeds/$t")
+    fi
     end=$((SECONDS + CAMPAIGN_MINUTES * 60))
     while left=$((end - SECONDS)); [ "$left" -ge 10 ]; do
         round=$((round + 1))
@@ -308,14 +315,20 @@ campaign_target() {
         logs+=("$logf")
         log "fuzz: $t: campaign round $round, ${left}s left (corpus $corpus)"
         start=$SECONDS rc=0
+        touch "$logf.start"
         "$BIN/$t" "$corpus" "${seeds[@]}" "${dict[@]}" "${fork[@]}" -max_total_time="$left" -print_final_stats=1 \
             -timeout="${TIMEOUT[$t]}" -rss_limit_mb=2048 -artifact_prefix="$art/" "${EXTRA[@]}" >"$logf" 2>&1 || rc=$?
         secs=$((secs + SECONDS - start))
         cp "$logf" "$OUT/logs/$t.round.log"
         local a s new=0 repeat=0 sig
         for a in "$art"/crash-* "$art"/timeout-* "$art"/oom-* "$art"/leak-*; do
-            [ -e "$a" ] && [ ! -e "$a.done" ] || continue
-            touch "$a.done"
+            [ -e "$a" ] || continue
+            # An input found again is written again under its name (libFuzzer names it by its hash).
+            if [ -n "${handled[$a]:-}" ]; then
+                [ "$a" -nt "$logf.start" ] && { new=$((new + 1)) repeat=1; }
+                continue
+            fi
+            handled[$a]=1
             new=$((new + 1))
             sig=$(finding "$t" "$a" "$findings_json")
             for s in "${seen[@]}"; do [ "$s" != "$sig" ] || repeat=1; done
