@@ -7,7 +7,9 @@
 //! contexts, CQP WQEs, shadow areas and loopback segments for irdma; for the chip personality also the PIO
 //! send buffers, send and receive contexts, SDMA engines and their descriptor rings, packets from the cable
 //! and its link news, and KDETH packets with hostile flows, generations, PSNs, TIDs and offsets. Oracles: no panic, no hang (every
-//! wait is bounded and a missed deadline is a crash), register invariants, and no device write outside
+//! wait is bounded and a missed deadline is a crash; an operation that never returns, such as an engine's walk
+//! that never ends, fails at libFuzzer's `-timeout`, which ci/fuzz.sh sets to 5 s, after the watchdog below
+//! has named the operation), register invariants, and no device write outside
 //! the buffers the driver allowed (RcvArray buffers for hfi1, and for the chip personality also the header
 //! queues, tail addresses and credit-return slots it programmed; CCQ rings named by a fetched CREATE_CQ for
 //! irdma; and for a KDETH packet only its own context's queues and the TIDs it names), checked at each write
@@ -252,8 +254,11 @@ enum WfrOp {
         head_addr: Addr,
         ctrl: u8,
     },
-    /// A packet's descriptors written into the engine's ring at `slot` (as sdma.c submit_tx does: FIRST and
-    /// LAST, the generation of the slot's lap, AHG modes), then SEND_DMA_TAIL moved past them.
+    /// A packet's descriptors written into the engine's ring `slot` descriptors past its tail (0: at the tail,
+    /// as sdma.c submit_tx writes), FIRST and LAST, AHG modes, and the generation of each slot's lap plus `gen`
+    /// (0: the right one, add_gen); then SEND_DMA_TAIL moved past them, or to `tail`. Counted from the tail, so
+    /// that a copied operation sends the next packet. `repeat % 64` more times the same, each at the new tail:
+    /// a run of packets walks the head round the ring.
     SdmaPacket {
         engine: bool,
         slot: u16,
@@ -261,6 +266,7 @@ enum WfrOp {
         gen: u8,
         pbc: Option<u16>,
         tail: Option<u16>,
+        repeat: u8,
     },
 }
 
@@ -274,6 +280,125 @@ enum Op {
     Reattach { irdma: bool },
     Control { irdma: bool, which: u8 },
     Wfr(WfrOp),
+}
+
+impl Op {
+    /// The operation's name, for the hang watchdog.
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Hfi1(o) => o.name(),
+            Op::Irdma(o) => o.name(),
+            Op::Poke { .. } => "poke",
+            Op::Wait => "wait",
+            Op::Reset { .. } => "reset",
+            Op::Reattach { .. } => "reattach",
+            Op::Control { .. } => "control",
+            Op::Wfr(o) => o.name(),
+        }
+    }
+}
+
+impl HfiOp {
+    fn name(&self) -> &'static str {
+        match self {
+            HfiOp::Write { .. } => "hfi1-write",
+            HfiOp::Read { .. } => "hfi1-read",
+            HfiOp::Program { .. } => "hfi1-program",
+            HfiOp::Context { .. } => "hfi1-context",
+            HfiOp::Flow { .. } => "hfi1-flow",
+            HfiOp::Descriptor { .. } => "hfi1-descriptor",
+            HfiOp::Doorbell { .. } => "hfi1-doorbell",
+            HfiOp::Inject { .. } => "hfi1-inject",
+        }
+    }
+}
+
+impl IrdmaOp {
+    fn name(&self) -> &'static str {
+        match self {
+            IrdmaOp::Write { .. } => "irdma-write",
+            IrdmaOp::Read { .. } => "irdma-read",
+            IrdmaOp::HostContext { .. } => "irdma-host-context",
+            IrdmaOp::Destroy => "irdma-destroy",
+            IrdmaOp::Wqe { .. } => "irdma-wqe",
+            IrdmaOp::Doorbell { .. } => "irdma-doorbell",
+            IrdmaOp::Shadow { .. } => "irdma-shadow",
+            IrdmaOp::Arm => "irdma-arm",
+            IrdmaOp::Segment { .. } => "irdma-segment",
+        }
+    }
+}
+
+impl WfrOp {
+    fn name(&self) -> &'static str {
+        match self {
+            WfrOp::Write { .. } => "wfr-write",
+            WfrOp::Read { .. } => "wfr-read",
+            WfrOp::Rxe(_) => "wfr-rxe",
+            WfrOp::Reset => "wfr-reset",
+            WfrOp::Control(_) => "wfr-control",
+            WfrOp::Pio { .. } => "wfr-pio",
+            WfrOp::PioPacket { .. } => "wfr-pio-packet",
+            WfrOp::SendContext { .. } => "wfr-send-context",
+            WfrOp::RecvContext { .. } => "wfr-recv-context",
+            WfrOp::Port { .. } => "wfr-port",
+            WfrOp::Wire { .. } => "wfr-wire",
+            WfrOp::Kdeth { .. } => "wfr-kdeth",
+            WfrOp::Link { .. } => "wfr-link",
+            WfrOp::SdmaEngine { .. } => "wfr-sdma-engine",
+            WfrOp::SdmaPacket { .. } => "wfr-sdma-packet",
+        }
+    }
+}
+
+/// The hang detector's witness. The engines' jobs run inline, so a job that never ends (an SDMA walk that finds
+/// nothing to do and walks again) keeps the fuzzing thread inside the operation that queued it; libFuzzer's
+/// `-timeout` then fails the input and writes it out as `timeout-<sha1>`. Before that, this watchdog prints
+/// which operation of the input has not returned (`fuzz-hang: op-<index>-<name>`, which ci/fuzz.sh names the
+/// regression input after). It only prints: whether it is a hang is libFuzzer's call, at its timeout.
+mod watchdog {
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    /// Far above any operation's run time (microseconds to milliseconds), below ci/fuzz.sh's 5 s timeout.
+    const NOTE_AFTER: Duration = Duration::from_secs(2);
+    const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+    /// What runs now: (input counter, operation index or none for the harness's own steps, name); no name
+    /// between inputs.
+    pub static NOW: Mutex<(u64, Option<usize>, &'static str)> = Mutex::new((0, None, ""));
+
+    pub fn enter(index: Option<usize>, name: &'static str) {
+        let mut now = NOW.lock().unwrap_or_else(|p| p.into_inner());
+        *now = (now.0, index, name);
+    }
+
+    /// Between inputs: nothing to watch until the next `enter`.
+    pub fn leave() {
+        let mut now = NOW.lock().unwrap_or_else(|p| p.into_inner());
+        *now = (now.0 + 1, None, "");
+    }
+
+    pub fn spawn() {
+        let watch = || {
+            let mut seen = (u64::MAX, None, "");
+            let mut since = Instant::now();
+            let mut told = false;
+            loop {
+                std::thread::sleep(LOOK_EVERY);
+                let now = *NOW.lock().unwrap_or_else(|p| p.into_inner());
+                if now != seen {
+                    (seen, since, told) = (now, Instant::now(), false);
+                } else if !told && !now.2.is_empty() && since.elapsed() >= NOTE_AFTER {
+                    let op = now.1.map_or(String::new(), |i| format!("op-{i}-"));
+                    eprintln!("fuzz-hang: {op}{} has not returned after {NOTE_AFTER:?}", now.2);
+                    told = true;
+                }
+            }
+        };
+        // Without the watchdog a hang is still a timeout, just not named.
+        let _ = std::thread::Builder::new().name("hang-watchdog".into()).spawn(watch);
+    }
 }
 
 #[derive(Default)]
@@ -340,12 +465,16 @@ struct Rig {
     /// in this input. One per engine and input: serialising a dump cost a third of the run time when inputs
     /// asked for several, and a second dump of the same input adds little the first did not reach.
     observed: [bool; 3],
+    /// Descriptors handed to each SDMA engine of the chip personality since its ring was programmed
+    /// (sdma.c's descq_tail): the laps, hence the generations, of the slots it writes next.
+    sdma_tail: [u64; 2],
 }
 
 impl Rig {
     fn new() -> Option<Rig> {
         let engines = ENGINES.get_or_init(|| {
             rdma_emu_fuzz::timing::precise_sleeps();
+            watchdog::spawn();
             let hfi = Hfi1::new(hfi_config()).ok()?;
             let wfr = Hfi1::new(wfr_config()).ok()?;
             let ird = Irdma::new(IrdmaConfig {
@@ -386,6 +515,7 @@ impl Rig {
             hfi_touched: false,
             wfr_touched: false,
             observed: [false; 3],
+            sdma_tail: [0; 2],
         })
     }
 
@@ -683,8 +813,9 @@ impl Rig {
                 self.wfr_write64(k(wcsr::SEND_DMA_HEAD_ADDR), head_addr.iova());
                 self.wfr_write64(k(wcsr::SEND_DMA_DESC_CNT), 8);
                 self.wfr_write64(k(wcsr::SEND_DMA_CTRL), u64::from(ctrl & 0xF));
+                self.sdma_tail[usize::from(engine)] = 0;
             }
-            WfrOp::SdmaPacket { engine, slot, descs, gen, pbc, tail } => {
+            WfrOp::SdmaPacket { engine, slot, descs, gen, pbc, tail, repeat } => {
                 let k = |reg| reg + 0x100 * u64::from(engine);
                 let base = self.wfr_read64(k(wcsr::SEND_DMA_BASE_ADDR));
                 let ring = ((self.wfr_read64(k(wcsr::SEND_DMA_LEN_GEN)) >> 6) & 0x3FF) * 64;
@@ -698,21 +829,33 @@ impl Rig {
                     let v = ((u64::from(flags) << 12) & 0xFFFF_F000) | ((total / 4) & 0xFFF);
                     self.wmem.host_write(d.0.iova(), &v.to_le_bytes());
                 }
-                for (i, (at, len, mode)) in descs.iter().take(n).enumerate() {
-                    let s = (u64::from(slot) + i as u64) % ring;
-                    let mut qw0 = (u64::from(len % 2048) << 48) | (at.iova() & ((1 << 48) - 1));
-                    if i == 0 {
-                        qw0 |= 1 << 63;
+                // The same packet again at each new tail: a run of packets in one operation, so that the head
+                // can go round the ring (64 descriptors and more) within an input.
+                for _ in 0..=repeat % 64 {
+                    // Where the harness's count says the tail is, in the lap it counted; a tail moved by a
+                    // register write of the input's own wins, in the same lap.
+                    let counted = self.sdma_tail[usize::from(engine)];
+                    let csr_tail = self.wfr_read64(k(wcsr::SEND_DMA_TAIL)) % ring;
+                    let start = counted - counted % ring + csr_tail + u64::from(slot) % ring;
+                    for (i, (at, len, mode)) in descs.iter().take(n).enumerate() {
+                        let at_desc = start + i as u64;
+                        let s = at_desc % ring;
+                        let mut qw0 = (u64::from(len % 2048) << 48) | (at.iova() & ((1 << 48) - 1));
+                        if i == 0 {
+                            qw0 |= 1 << 63;
+                        }
+                        if i == n - 1 {
+                            qw0 |= 1 << 62;
+                        }
+                        let generation = (at_desc / ring + u64::from(gen)) % 4;
+                        let qw1 = (generation << 2) | (u64::from(*mode) << 8) | 1;
+                        self.wmem.host_write(base.wrapping_add(16 * s), &qw0.to_le_bytes());
+                        self.wmem.host_write(base.wrapping_add(16 * s + 8), &qw1.to_le_bytes());
                     }
-                    if i == n - 1 {
-                        qw0 |= 1 << 62;
-                    }
-                    let qw1 = (u64::from(gen % 4) << 2) | (u64::from(*mode) << 8) | 1;
-                    self.wmem.host_write(base.wrapping_add(16 * s), &qw0.to_le_bytes());
-                    self.wmem.host_write(base.wrapping_add(16 * s + 8), &qw1.to_le_bytes());
+                    self.sdma_tail[usize::from(engine)] = start + n as u64;
+                    let t = tail.map_or((start + n as u64) % ring, u64::from);
+                    self.wfr_write64(k(wcsr::SEND_DMA_TAIL), t);
                 }
-                let t = tail.map_or((u64::from(slot) + n as u64) % ring, u64::from);
-                self.wfr_write64(k(wcsr::SEND_DMA_TAIL), t);
             }
             WfrOp::Reset => self.wfr.reset(),
             WfrOp::Control(which) => {
@@ -1017,8 +1160,10 @@ impl Rig {
 }
 
 fuzz_target!(|ops: Vec<Op>| {
+    watchdog::enter(None, "engine-reset");
     let Some(mut rig) = Rig::new() else { return };
-    for op in ops.into_iter().take(MAX_OPS) {
+    for (index, op) in ops.into_iter().take(MAX_OPS).enumerate() {
+        watchdog::enter(Some(index), op.name());
         match op {
             Op::Hfi1(o) => rig.hfi_op(o),
             Op::Irdma(o) => rig.irdma_op(o),
@@ -1063,6 +1208,8 @@ fuzz_target!(|ops: Vec<Op>| {
             }
         }
     }
+    watchdog::enter(None, "end-check");
     rig.end_check();
+    watchdog::leave();
     // No detach here: the next input's Rig::new resets the engines anyway.
 });
