@@ -202,3 +202,77 @@ pub fn device_state(ctl: &mut Control) -> Result<Value> {
     }
     Ok(Value::Object(state))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+
+    /// A device model's control socket that answers each request line from `reply`, until the client leaves.
+    fn fake_device_model(reply: fn(&Value) -> Value) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let mut out = conn.try_clone().unwrap();
+                for line in BufReader::new(conn).lines() {
+                    let Ok(line) = line else { break };
+                    let req: Value = serde_json::from_str(&line).unwrap();
+                    writeln!(out, "{}", reply(&req)).unwrap();
+                }
+            }
+        });
+        (dir, path)
+    }
+
+    /// Two chip HFIs: hfi1-wfr with one fault that fired 3 times, hfi1-wfr1 with one that fired twice; counters
+    /// and access totals per HFI; the cable's packet counts; fault specs with "bad" refused.
+    fn two_hfis(req: &Value) -> Value {
+        let dev = req["device"].as_str().unwrap_or("");
+        let first = dev == "hfi1-wfr";
+        match (req["cmd"].as_str().unwrap_or(""), req.get("add"), req.get("clear")) {
+            ("fault", Some(spec), _) if spec.as_str().unwrap_or("").contains("bad") => {
+                json!({"ok": false, "error": "fault spec: unknown kind bad"})
+            }
+            ("fault", Some(_), _) => json!({"ok": true, "result": {"id": 7}}),
+            ("fault", None, Some(_)) => json!({"ok": true, "result": {"cleared": 1}}),
+            ("fault", None, None) => json!({"ok": true, "result": {"faults": [{"fired": if first { 3 } else { 2 }}]}}),
+            ("accesses", ..) => json!({"ok": true, "result": {"reads": 10, "writes": if first { 4 } else { 1 }, "unnamed": 0}}),
+            ("link", ..) => json!({"ok": true, "result": {"cable": {"to_a": {"packets": 5}, "to_b": {"packets": 6}}}}),
+            ("counters", ..) => json!({"ok": true, "result": {"rx_packets": if first { 100 } else { 1 }, "tx_packets": 9}}),
+            _ => json!({"ok": false, "error": "unknown command"}),
+        }
+    }
+
+    #[test]
+    fn the_guests_fabric_requests_get_these_answer_lines() {
+        let (_dir, sock) = fake_device_model(two_hfis);
+        let chips = vec!["hfi1-wfr".to_string(), "hfi1-wfr1".to_string()];
+        let cases: &[(&[&str], &str)] = &[
+            (&["fault", "hfi1-wfr1", "cable-drop,nth=20"], "ok 7"),
+            (&["fault", "hfi1-wfr1", "bad"], "error control socket: fault spec: unknown kind bad"),
+            (&["fault", "irdma", "cable-drop"], "error fault takes an HFI (hfi1-wfr, hfi1-wfr1) and a spec"),
+            (&["fault", "hfi1-wfr"], "error fault takes an HFI (hfi1-wfr, hfi1-wfr1) and a spec"),
+            (&["fault-clear"], "ok 5"),
+            (&["accesses"], "ok 20 5 11"),
+            (&["counters", "tx_packets", "rx_packets"], "ok 18 101"),
+            (&["counters", "nope"], "error no counter nope"),
+            (&["counters", "Bad-Name"], "error counters takes counter names"),
+            (&["reboot"], "error unknown request reboot"),
+        ];
+        for (words, want) in cases {
+            let words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+            assert_eq!(host_answer(&sock, &chips, &words), *want, "{words:?}");
+        }
+    }
+
+    #[test]
+    fn a_device_model_that_is_not_there_gets_an_error_line_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let answer = host_answer(&dir.path().join("none.sock"), &[], &["accesses".to_string()]);
+        assert!(answer.starts_with("error the device model did not answer"), "{answer}");
+    }
+}
