@@ -170,6 +170,7 @@ is_uint "$BENCH_BUDGET_MS" && [ "$BENCH_BUDGET_MS" -ge 1 ] || die "--bench-budge
 is_uint "$REPLY_POLL_US" && [ "$REPLY_POLL_US" -le 1000000 ] || die "--reply-poll-us must be a number of microseconds <= 1000000"
 [ "$BENCH" = 0 ] || [ "$DEVICES" = 1 ] || die "--bench needs the devices"
 [ "$SHELL_MODE" = 0 ] || [ "$BENCH" = 0 ] || die "--shell and --bench do not go together"
+[ "$SHELL_MODE" = 0 ] || [ "$DEVICES" = 1 ] || die "--shell sets up the devices: not with --no-devices"
 [ "$SHELL_MODE" = 0 ] || [ -z "$HFI1_USER_HOST" ] || die "--shell runs no hfi1-user (no --hfi1-user-host)"
 [ "$FABRIC" = 0 ] || [ "$SHELL_MODE" = 1 ] || [ -z "$HFI1_USER_HOST" ] || die "--fabric runs no hfi1-user (no --hfi1-user-host)"
 [ -z "$CAPTURE" ] || [ "$FABRIC" = 1 ] || die "--capture needs --fabric"
@@ -414,14 +415,10 @@ MEM=512M
 APPEND="console=ttyS0 panic=-1 intel_iommu=on no_timer_check quiet rdma_emu.timeout=$DEMO_TIMEOUT"
 QEMU_TIMEOUT=$(deadline_left)
 APPEND="$APPEND rdma_emu.watchdog=$((QEMU_TIMEOUT > 40 ? QEMU_TIMEOUT - 20 : 20))"
-if [ "$DEVICES" = 1 ]; then
-    APPEND="$APPEND rdma_emu.hfi1=$HFI1_ID rdma_emu.irdma=$IRDMA_ID"
-else
-    APPEND="$APPEND rdma_emu.hfi1=none rdma_emu.irdma=none"
-fi
+[ "$DEVICES" = 0 ] || APPEND="$APPEND rdma_emu.hfi1=$HFI1_ID rdma_emu.irdma=$IRDMA_ID"
 [ -n "$UARGS" ] && APPEND="$APPEND rdma_emu.args=\"$UARGS\""
 if [ "$HFI1_WFR" = 1 ] && [ "$DEVICES" = 1 ]; then
-    APPEND="$APPEND rdma_emu.hfi1_wfr=8086:24f0 rdma_emu.hfi1_params=\"$HFI1_PARAMS\" rdma_emu.kdriver_timeout=$KDRIVER_TIMEOUT"
+    APPEND="$APPEND rdma_emu.hfi1_params=\"$HFI1_PARAMS\" rdma_emu.kdriver_timeout=$KDRIVER_TIMEOUT"
     APPEND="$APPEND rdma_emu.hfi1_icode=$ICODE rdma_emu.hfi1_dma=$HFI1_DMA"
 fi
 [ "$BENCH" = 1 ] && APPEND="$APPEND rdma_emu.bench_budget_ms=$BENCH_BUDGET_MS"
@@ -436,7 +433,8 @@ fi
 # The scenario's own parameters (after the computed ones: the last occurrence wins), then the caller's.
 ROW_OPTS=(--icode "$ICODE")
 [ "$FABRIC_PERF" = 1 ] && ROW_OPTS+=(--fabric-perf)
-APPEND="$APPEND $("$GUEST_RUN" scenario "$SCENARIO" "${ROW_OPTS[@]}" --kernel-params)"
+ROW_PARAMS=$("$GUEST_RUN" scenario "$SCENARIO" "${ROW_OPTS[@]}" --kernel-params) || fail "guest-run scenario $SCENARIO failed"
+[ -n "$ROW_PARAMS" ] && APPEND="$APPEND $ROW_PARAMS"
 [ -n "$APPEND_EXTRA" ] && APPEND="$APPEND $APPEND_EXTRA"
 
 QCMD=("$QEMU" -accel "$ACCEL")
