@@ -59,7 +59,7 @@
 #                         leaving the shell powers the guest off and stops the device model. Uses --fabric
 #                         unless --hfi1-wfr is given; no --timeout unless one is given. With a terminal on
 #                         stdin, QEMU owns it (Ctrl-A X quits QEMU, Ctrl-A C its monitor); piped stdin is sent
-#                         once the shell is ready. No result file
+#                         once the shell is ready. No result file; not with --no-devices
 #   --hfi1-params "P"     module parameters of each modprobe hfi1 (default: the small set in docs/hfi1-kernel-driver.md)
 #   --kdriver-timeout S   each kernel-driver step (default 120); a guest too stuck to time out itself is stopped
 #                         by the host, which reports the last CSR accesses

@@ -240,9 +240,13 @@ mod tests {
             ("fault", Some(_), _) => json!({"ok": true, "result": {"id": 7}}),
             ("fault", None, Some(_)) => json!({"ok": true, "result": {"cleared": 1}}),
             ("fault", None, None) => json!({"ok": true, "result": {"faults": [{"fired": if first { 3 } else { 2 }}]}}),
-            ("accesses", ..) => json!({"ok": true, "result": {"reads": 10, "writes": if first { 4 } else { 1 }, "unnamed": 0}}),
+            ("accesses", ..) => {
+                json!({"ok": true, "result": {"reads": 10, "writes": if first { 4 } else { 1 }, "unnamed": 0}})
+            }
             ("link", ..) => json!({"ok": true, "result": {"cable": {"to_a": {"packets": 5}, "to_b": {"packets": 6}}}}),
-            ("counters", ..) => json!({"ok": true, "result": {"rx_packets": if first { 100 } else { 1 }, "tx_packets": 9}}),
+            ("counters", ..) => {
+                json!({"ok": true, "result": {"rx_packets": if first { 100 } else { 1 }, "tx_packets": 9}})
+            }
             _ => json!({"ok": false, "error": "unknown command"}),
         }
     }
