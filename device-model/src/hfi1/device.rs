@@ -150,6 +150,12 @@ impl Hfi1 {
         Ok(super::datapath::port::arrive(&self.shared, &self.worker, packet, false))
     }
 
+    /// Packets waiting at the port for the worker, one held back for room included: what an observer that
+    /// follows each packet until it is written or dropped (the fuzz DMA oracle) still expects.
+    pub fn ingress_queued(&self) -> usize {
+        self.shared.ingress.lock().unpoison().len()
+    }
+
     /// The port as the control socket's `link` shows it: physical and logical state, neighbour, cable.
     pub fn link_status(&self) -> serde_json::Value {
         let dc = self.shared.lock_wfr().map(|w| w.dump()["dc8051"].clone());

@@ -384,7 +384,7 @@ impl CableEnd {
     /// Starts recording every packet to `path` (replacing a capture in progress), or stops with `None`.
     pub fn capture(&self, path: Option<PathBuf>, max_bytes: u64) -> Result<(), String> {
         let capture = match &path {
-            Some(p) => Some(Capture::create(p, max_bytes).map_err(|e| format!("capture {}: {e}", p.display()))?),
+            Some(p) => Some(Capture::open(p, max_bytes).map_err(|e| format!("capture {}: {e}", p.display()))?),
             None => None,
         };
         let (reply, done) = crossbeam_channel::bounded(1);
@@ -516,8 +516,15 @@ impl Link {
                     self.take_mail(from, Some(taken[from.index()]));
                 }
                 Some(Msg::Capture(c, reply)) => {
-                    self.set_capture(c);
-                    let _ = reply.send(Ok(()));
+                    // Emptied only now that the cable took it: a busy cable leaves the file as it was.
+                    let path = c.as_ref().map(|c| c.path().display().to_string()).unwrap_or_default();
+                    match c.map(Capture::start).transpose() {
+                        Ok(c) => {
+                            self.set_capture(c);
+                            let _ = reply.send(Ok(()));
+                        }
+                        Err(e) => drop(reply.send(Err(format!("capture {path}: {e}")))),
+                    }
                 }
                 None => {}
             }
