@@ -203,7 +203,7 @@ fn a_live_context_whose_ring_shrinks_places_every_later_entry_inside_the_ring_no
         }
         // The driver reads up to RCV_HDR_TAIL (in the new entry size): room for all but one entry.
         let tail = c.read(uctxt_csr(RCV_HDR_TAIL, CTXT as u64), &n);
-        let crate::hfi1::chip::Access::Done(tail) = tail else { panic!("{why}: {tail:?}") };
+        let crate::hfi1::rxe::chip::Access::Done(tail) = tail else { panic!("{why}: {tail:?}") };
         c.write(uctxt_csr(RCV_HDR_HEAD, CTXT as u64), tail, &n);
         let ring = (HDRQ, HDRQ + entries_now * dwords_now * 4);
         let plans: Vec<Plan> = (0..2 * entries_now).map_while(|_| packet(&mut c).ok()).collect();
