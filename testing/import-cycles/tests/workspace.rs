@@ -62,7 +62,9 @@ fn the_checker_finds_cycles_through_imports_and_through_a_parent_with_code_that_
     const LAYER: &str = "mod a;\nmod b;\npub use a::A;\npub use b::B;\npub struct Err;\n";
     // The same parent as an interface only: the shared type lives in a child.
     const INTERFACE: &str = "mod a;\nmod b;\nmod types;\npub use a::A;\npub use b::B;\npub use types::Err;\n";
-    let cases: &[(&str, &[(&str, &str)], &[&[&str]])] = &[
+    // (what the case shows, its files as (path, text), the cycles the checker must report)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a [&'a str]]);
+    let cases: &[Case] = &[
         (
             "two siblings naming each other, one through the parent's re-export",
             &[
