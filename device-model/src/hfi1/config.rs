@@ -33,7 +33,8 @@ pub enum Personality {
     #[default]
     Emu,
     /// The real chip (8086:24f0, "WFR"): its whole BAR0 map, for the stock Linux hfi1 driver
-    /// (docs/hfi1-kernel-driver.md). Packets arrive only from the control socket, as from the wire.
+    /// (docs/hfi1-kernel-driver.md). Packets arrive from the cable to another such function, or from the control
+    /// socket as from the wire (docs/hfi1-fabric.md).
     Wfr(wfr::WfrShape),
 }
 
