@@ -29,6 +29,10 @@ pub const SEND_DMA_LEN_GEN_GENERATION_SHIFT: u32 = 16;
 pub const SEND_DMA_LEN_GEN_GENERATION_CHECK: u64 = 4 << SEND_DMA_LEN_GEN_GENERATION_SHIFT;
 pub const SEND_DMA_TAIL_MASK: u64 = 0xFFFF;
 pub const SEND_DMA_DESC_CNT_CNT_MASK: u64 = 0xFFFF;
+/// The head write-back address: the kernel names no field (it writes the page-aligned `sdma_heads_phys` plus a
+/// cache line per engine, sdma.c sdma_init), so the model keeps what the chip's other DMA addresses hold: 48
+/// bits (SDMA_DESC0_PHY_ADDR_MASK, SEND_CTXT_CREDIT_RETURN_ADDR_ADDRESS_SMASK), here of an aligned qword.
+pub const SEND_DMA_HEAD_ADDR_ADDRESS_SMASK: u64 = 0xFFFF_FFFF_FFF8;
 /// SEND_DMA_ENG_ERR_STATUS bits this model reports (chip_registers.h); all halt the engine (sdma.c
 /// ALL_SDMA_ENG_HALT_ERRS).
 pub const SDMA_GEN_MISMATCH_ERR: u64 = 0x2;
@@ -191,7 +195,7 @@ impl Sdma {
                 }
             }
             SEND_DMA_TAIL => eng.tail = value & SEND_DMA_TAIL_MASK,
-            SEND_DMA_HEAD_ADDR => eng.head_addr = value,
+            SEND_DMA_HEAD_ADDR => eng.head_addr = value & SEND_DMA_HEAD_ADDR_ADDRESS_SMASK,
             SEND_DMA_DESC_CNT => eng.desc_cnt = value & SEND_DMA_DESC_CNT_CNT_MASK,
             SEND_DMA_STATUS | SEND_DMA_HEAD => {} // read-only
             _ => return None,
@@ -433,6 +437,27 @@ mod tests {
         // The driver's recovery (sdma.c: e60_hw_halted, then the clean-up) puts the head back to 0.
         w(&mut s, &mut errs, SEND_DMA_CTRL, 1, SEND_DMA_CTRL_SDMA_CLEANUP_SMASK);
         assert_eq!(s.read(SEND_DMA_HEAD + STRIDE), Some(0));
+    }
+
+    /// Found by the device_mmio campaign: a head address of all-ones made the write-back an 8-byte write at
+    /// 2^64 - 1, past the top of the address space. The address keeps 48 bits of an aligned qword.
+    #[test]
+    fn the_head_write_back_goes_to_a_48_bit_qword_address_whatever_the_driver_wrote() {
+        for (written, home) in [
+            (0x20_0000, 0x20_0000),
+            (u64::MAX, 0xFFFF_FFFF_FFF8),
+            (0xFFFF_0000_0000_1007, 0x1000),
+            (0x1234_5678_9ABC, 0x1234_5678_9AB8),
+        ] {
+            let (mut s, mut errs) = sdma();
+            running(&mut s, &mut errs);
+            w(&mut s, &mut errs, SEND_DMA_HEAD_ADDR, 1, written);
+            w(&mut s, &mut errs, SEND_DMA_TAIL, 1, 1);
+            let walk = s.walk(1, &mut errs, &mut Raised::default()).unwrap();
+            let p = s.advance(&walk, 1, true, false).unwrap();
+            assert_eq!(p.head_write, Some((home, 1)), "head address {written:#x}");
+            assert!(home.checked_add(8).is_some());
+        }
     }
 
     #[test]
