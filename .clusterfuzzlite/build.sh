@@ -51,9 +51,12 @@ for t in "${TARGETS[@]}"; do
         zip -jq "$OUT/${t}_seed_corpus.zip" regressions/"$t"/*
     fi
     [ -f "dicts/$t.dict" ] && cp "dicts/$t.dict" "$OUT/$t.dict"
+    # The hang detector, as ci/fuzz.sh's TIMEOUT: device_mmio's inputs run in milliseconds.
+    timeout=25
+    [ "$t" = device_mmio ] && timeout=5
     cat >"$OUT/$t.options" <<OPTS
 [libfuzzer]
-timeout = 25
+timeout = $timeout
 rss_limit_mb = 2560
 OPTS
     [ -f "dicts/$t.dict" ] && echo "dict = $t.dict" >>"$OUT/$t.options"

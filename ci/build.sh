@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the release binaries: device-model and hfi1-user-host for the host, static udriver and hfi1-user for
-# the guest, and the emulated chip's signed 8051 firmware file for the guest's /lib/firmware. Prints five
+# Builds the release binaries: device-model, hfi1-user-host and guest-run for the host, static udriver and
+# hfi1-user for the guest, and the emulated chip's signed 8051 firmware file for the guest's /lib/firmware
+# (guest-run is found next to device-model; lib.sh's build_bins sets GUEST_RUN). Prints five
 # lines on stdout: the device-model path, the static udriver path, the static hfi1-user path, the
 # hfi1-user-host path, the firmware file's path.
 source "$(dirname "$0")/lib.sh"
@@ -8,9 +9,8 @@ cd "$REPO_ROOT"
 bash ci/setup-rust.sh
 TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
 TRIPLE=x86_64-unknown-linux-gnu
-log "cargo build --release (device-model, hfi1-user-host, hfi1-dc8051-image)"
-cargo build --release -p device-model -p hfi1-kernel-check --bin device-model --bin hfi1-user-host \
-    --bin hfi1-dc8051-image >&2
+log "cargo build --release (device-model, hfi1-user-host, hfi1-dc8051-image, guest-run)"
+build_host_bins
 log "cargo build --release --target $TRIPLE (static udriver and hfi1-user for the guest)"
 # --target keeps RUSTFLAGS away from build scripts and proc macros, and the host build's cache intact.
 RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -p udriver -p hfi1-kernel-check --bin udriver \

@@ -46,7 +46,8 @@ log "building the guest"
 bash ci/build-guest.sh --udriver "$UD" --hfi1-user "$HU" >&2
 
 rc=0
-REC_ROOT=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/rdma-emu/recordings
+OUT_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/rdma-emu
+REC_ROOT=$OUT_DIR/recordings
 run_mode() { # name, recording subdirectory, run-qemu options...
     local name=$1 rec="$REC_ROOT/$2"; shift 2
     log "end-to-end run: $name (sessions recorded in $rec)"
@@ -54,12 +55,7 @@ run_mode() { # name, recording subdirectory, run-qemu options...
     if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --hfi1-user "$HU" --hfi1-user-host "$HUH" \
         --hfi1-wfr --timing --dm-arg --record --dm-arg "$rec" "$@" "${EXTRA[@]}"); then
         # A demo that passes but logs errors (e.g. a teardown the kernel refused) is a failure too.
-        if errors=$(python3 -c '
-import json, sys
-steps = json.load(open(sys.argv[1])).get("guest", {}).get("steps", [])
-bad = [s["name"] + ": " + line for s in steps for line in (s.get("stderr") or "").splitlines() if "ERROR" in line]
-print(chr(10).join(bad))
-sys.exit(1 if bad else 0)' "$out"); then
+        if errors=$("$GUEST_RUN" driver-errors --result "$out"); then
             log "$name: PASS ($out)"
         else
             log "$name: FAIL: the driver logged errors:"; echo "$errors" >&2
@@ -73,40 +69,32 @@ sys.exit(1 if bad else 0)' "$out"); then
     fi
 }
 
+# Seconds since $1 (an $EPOCHREALTIME), rounded.
+seconds_since() { echo $(( (${EPOCHREALTIME/./} - ${1/./} + 500000) / 1000000 )); }
+
+# A run that must fail, as its row of the scenario table says (testing/guest-run/src/scenario.rs): run with the
+# row's options, then its report checked against the row's outcome (the problems it must name, within how long).
+run_must_fail() { # scenario message-if-it-passes [more run-qemu.sh options]
+    local name=$1 passed=$2 t0=$EPOCHREALTIME out took opts
+    shift 2
+    mapfile -t opts < <("$GUEST_RUN" scenario "$name" --options)
+    log "end-to-end scenario: $name (ci/run-qemu.sh ${opts[*]})"
+    out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" "$@" "${opts[@]}" \
+        --result "$OUT_DIR/result-$name.json" "${EXTRA[@]}") && { log "$name: FAIL: $passed"; rc=1; return; }
+    took=$(seconds_since "$t0")
+    if "$GUEST_RUN" expect "$name" --result "$out" --took "$took"; then
+        log "$name: PASS: failed within its deadline (${took} s) and reported as its scenario requires"
+    else
+        log "$name: FAIL: the report is not what its scenario requires (result: $out)"
+        rc=1
+    fi
+}
+
 # The stock driver spins in softirq when ENG_CLEANED_UP never comes (sdma.c:506): the run must fail within its
 # deadline, the stalled (or failed) kernel-driver step named, and SEND_DMA_STATUS[engine 0] among the last CSR
 # accesses it reports.
-STALL_TIMEOUT=20
 run_stall() {
-    local fault='hfi1-wfr:reg-stuck,reg=SEND_DMA_STATUS[engine 0],mask=0x0200000000000000,value=0'
-    log "end-to-end scenario: a stuck ENG_CLEANED_UP ($fault), --kdriver-timeout $STALL_TIMEOUT"
-    local t0=$EPOCHREALTIME out
-    out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --hfi1-user "$HU" --hfi1-user-host "$HUH" --hfi1-wfr \
-        --hfi1-id none --irdma-id none --kdriver-timeout "$STALL_TIMEOUT" --timeout 300 --quiet \
-        --result "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/rdma-emu/result-stall.json" \
-        --dm-arg --fault --dm-arg "$fault" "${EXTRA[@]}") && { log "stall: FAIL: the run passed"; rc=1; return; }
-    local took
-    took=$(python3 -c "print(round($EPOCHREALTIME - $t0))")
-    if python3 - "$out" "$took" "$STALL_TIMEOUT" <<'PY' >&2; then
-import json, sys
-path, took, step_timeout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-r = json.load(open(path))
-problems = r.get("problems") or []
-text = "\n".join(problems)
-named = [p for p in problems if "kdriver-" in p and "last CSR accesses" in p]
-print(f"stall: {len(problems)} problems, run took {took} s:")
-for p in problems:
-    print("  " + (p if len(p) < 400 else p[:400] + " ..."))
-ok = (not r.get("ok")) and named and "SEND_DMA_STATUS[engine 0]" in text
-# The guest's step timeout plus the host's 30 s grace, plus boot: well inside the run's own 300 s.
-ok = ok and took < 240
-sys.exit(0 if ok else 1)
-PY
-        log "stall: PASS: failed within its deadline (${took} s), the stalled step and SEND_DMA_STATUS[engine 0] reported"
-    else
-        log "stall: FAIL: the failure did not name the stalled step and SEND_DMA_STATUS[engine 0] (result: $out)"
-        rc=1
-    fi
+    run_must_fail stall "the run passed" --hfi1-user "$HU" --hfi1-user-host "$HUH"
 }
 # Replays the sessions recorded in $2 on fresh device models, every reply compared.
 replay() { # name dir
@@ -119,12 +107,12 @@ replay() { # name dir
     fi
 }
 
-OUT_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/rdma-emu
 run_fabric() {
-    local cap="$OUT_DIR/fabric.pcap" out
+    local cap="$OUT_DIR/fabric.pcap" out opts
     log "end-to-end run: the fabric (the cable captured to $cap)"
     rm -f "$cap"
-    if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --fabric --capture "$cap" --timing \
+    mapfile -t opts < <("$GUEST_RUN" scenario fabric --options)
+    if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" "${opts[@]}" --capture "$cap" \
         --result "$OUT_DIR/result-fabric.json" "${EXTRA[@]}"); then
         log "fabric: PASS ($out)"
     else
@@ -147,10 +135,11 @@ run_fabric() {
 }
 
 run_tid_rdma() {
-    local out
+    local out opts
     log "end-to-end run: the kernel's own TID RDMA on the fabric"
-    if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --tid-rdma --hfi1-id none --irdma-id none \
-        --timing --result "$OUT_DIR/result-tid-rdma.json" "${EXTRA[@]}"); then
+    mapfile -t opts < <("$GUEST_RUN" scenario tid-rdma --options)
+    if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" "${opts[@]}" \
+        --result "$OUT_DIR/result-tid-rdma.json" "${EXTRA[@]}"); then
         log "tid-rdma: PASS ($out)"
     else
         log "tid-rdma: FAIL (result: $out)"
@@ -161,36 +150,8 @@ run_tid_rdma() {
 # On the functional simulator's icode the link bounce deadlocks the stock driver (docs/hfi1-fabric.md, "A kernel
 # deadlock the fabric reproduces"): the run must fail within its deadline, with the step, both HFIs' last CSR
 # accesses and the cable's last packets.
-BOUNCE_TIMEOUT=20
 run_fabric_bounce() {
-    log "end-to-end scenario: a link bounce on the fabric (--kdriver-timeout $BOUNCE_TIMEOUT)"
-    local t0=$EPOCHREALTIME out took
-    out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" --fabric --fabric-bounce --hfi1-id none \
-        --irdma-id none --icode functional-simulator --kdriver-timeout "$BOUNCE_TIMEOUT" --timeout 400 --quiet \
-        --result "$OUT_DIR/result-fabric-bounce.json" "${EXTRA[@]}") && {
-        log "fabric-bounce: the bounce passed on the functional simulator's icode: the driver no longer deadlocks there (docs/hfi1-fabric.md)"
-        rc=1
-        return
-    }
-    took=$(python3 -c "print(round($EPOCHREALTIME - $t0))")
-    if python3 - "$out" "$took" <<'PY' >&2; then
-import json, sys
-r = json.load(open(sys.argv[1]))
-took = int(sys.argv[2])
-problems = r.get("problems") or []
-print(f"fabric-bounce: {len(problems)} problems, run took {took} s:")
-for p in problems:
-    print("  " + (p if len(p) < 600 else p[:600] + " ..."))
-named = [p for p in problems if "guest step fabric-link-bounce overran its deadline" in p
-         and "last CSR accesses" in p and "hfi1-wfr1's last CSR accesses" in p and "last cable packets: to " in p]
-# Bring-up, the step's own timeout and the host's 30 s grace: well inside the run's 400 s.
-sys.exit(0 if named and took < 330 else 1)
-PY
-        log "fabric-bounce: PASS: the deadlock was stopped within its deadline (${took} s) and reported"
-    else
-        log "fabric-bounce: FAIL: the report does not name the step, the CSR accesses and the cable packets (result: $out)"
-        rc=1
-    fi
+    run_must_fail fabric-bounce "the bounce passed on the functional simulator's icode: the driver no longer deadlocks there (docs/hfi1-fabric.md)"
 }
 
 EXTRA=("$@")

@@ -9,13 +9,34 @@ mkdir -p "$CACHE_DIR"
 log() { printf '\033[1m[%s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '\033[31m[%s] error: %s\033[0m\n' "$(date +%H:%M:%S)" "$*" >&2; exit 1; }
 
-# Runs ci/build.sh and puts its four paths in the array BINS (device-model, static udriver, static hfi1-user,
-# hfi1-user-host). `mapfile < <(...)` would drop the build's exit status; this stops the script instead.
+# The host binaries of a run, in one cargo invocation: callers that build them agree on one feature set, so
+# none rebuilds what another built.
+build_host_bins() {
+    (cd "$REPO_ROOT" && cargo build --release -p device-model -p hfi1-kernel-check -p guest-run --bin device-model \
+        --bin hfi1-user-host --bin hfi1-dc8051-image --bin guest-run >&2)
+}
+
+# Sets and exports GUEST_RUN, the host side of a guest run (testing/guest-run: the scenario table, the verdict,
+# the control-socket requests), building it unless a caller already did.
+guest_run_bin() {
+    if [ -n "${GUEST_RUN:-}" ] && [ -x "$GUEST_RUN" ]; then return 0; fi
+    build_host_bins || die "cargo build --release -p guest-run failed"
+    GUEST_RUN=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/guest-run
+    [ -x "$GUEST_RUN" ] || die "no $GUEST_RUN after the build"
+    export GUEST_RUN
+}
+
+# Runs ci/build.sh and puts its five paths in the array BINS (device-model, static udriver, static hfi1-user,
+# hfi1-user-host, the 8051 firmware file); sets GUEST_RUN too. `mapfile < <(...)` would drop the build's exit
+# status; this stops the script instead.
 build_bins() {
     local out
     out=$(bash "$REPO_ROOT/ci/build.sh") || die "ci/build.sh failed (exit $?): see the cargo output above"
     mapfile -t BINS <<<"$out"
     [ ${#BINS[@]} -eq 5 ] || die "ci/build.sh printed ${#BINS[@]} paths, expected 5"
+    GUEST_RUN=$(dirname "${BINS[0]}")/guest-run
+    export GUEST_RUN
+    guest_run_bin
 }
 
 SUDO=""

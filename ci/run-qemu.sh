@@ -59,7 +59,7 @@
 #                         leaving the shell powers the guest off and stops the device model. Uses --fabric
 #                         unless --hfi1-wfr is given; no --timeout unless one is given. With a terminal on
 #                         stdin, QEMU owns it (Ctrl-A X quits QEMU, Ctrl-A C its monitor); piped stdin is sent
-#                         once the shell is ready. No result file
+#                         once the shell is ready. No result file; not with --no-devices
 #   --hfi1-params "P"     module parameters of each modprobe hfi1 (default: the small set in docs/hfi1-kernel-driver.md)
 #   --kdriver-timeout S   each kernel-driver step (default 120); a guest too stuck to time out itself is stopped
 #                         by the host, which reports the last CSR accesses
@@ -100,8 +100,6 @@ HFI1_PARAMS="num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c0900
 DM_ARGS=() QEMU_EXTRA=() SOCKETS_DIR="" HOTPLUG=0 ALLOW_REBOOT=0
 BENCH=0 TESTBED=${RDMA_EMU_TESTBED:-} BENCH_BUDGET_MS=1000
 REPLY_POLL_US=${RDMA_EMU_REPLY_POLL_US:-50} REPLY_POLL_SET=${RDMA_EMU_REPLY_POLL_US:+1}
-# The in-guest benchmark's extra functions: testbed serve-peers' device IDs (testing/testbed/src/peer.rs) and QEMU's edu.
-PEER_ID=1b36:1102 POLLED_ID=1b36:1103 EDU_ID=1234:11e8
 need() { [ "$1" -ge 2 ] || usage; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -172,6 +170,7 @@ is_uint "$BENCH_BUDGET_MS" && [ "$BENCH_BUDGET_MS" -ge 1 ] || die "--bench-budge
 is_uint "$REPLY_POLL_US" && [ "$REPLY_POLL_US" -le 1000000 ] || die "--reply-poll-us must be a number of microseconds <= 1000000"
 [ "$BENCH" = 0 ] || [ "$DEVICES" = 1 ] || die "--bench needs the devices"
 [ "$SHELL_MODE" = 0 ] || [ "$BENCH" = 0 ] || die "--shell and --bench do not go together"
+[ "$SHELL_MODE" = 0 ] || [ "$DEVICES" = 1 ] || die "--shell sets up the devices: not with --no-devices"
 [ "$SHELL_MODE" = 0 ] || [ -z "$HFI1_USER_HOST" ] || die "--shell runs no hfi1-user (no --hfi1-user-host)"
 [ "$FABRIC" = 0 ] || [ "$SHELL_MODE" = 1 ] || [ -z "$HFI1_USER_HOST" ] || die "--fabric runs no hfi1-user (no --hfi1-user-host)"
 [ -z "$CAPTURE" ] || [ "$FABRIC" = 1 ] || die "--capture needs --fabric"
@@ -200,7 +199,19 @@ if [ -n "$CAPTURE" ]; then
     DM_ARGS+=(--capture "$CAPTURE")
 fi
 [ "$BENCH" = 0 ] || [ -z "$SOCKETS_DIR" ] || die "--bench starts its own servers: not with --sockets"
-command -v python3 >/dev/null || apt_install python3
+# The run's row of the scenario table (testing/guest-run/src/scenario.rs): its kernel parameters and the steps
+# the verdict expects.
+if [ "$BENCH" = 1 ]; then SCENARIO=bench
+elif [ "$DEVICES" = 0 ]; then SCENARIO=no-devices
+elif [ "$SHELL_MODE" = 1 ]; then SCENARIO=shell
+elif [ "$FABRIC_BOUNCE" = 1 ]; then SCENARIO=fabric-bounce
+elif [ "$TID_RDMA" = 1 ]; then SCENARIO=tid-rdma
+elif [ "$FABRIC" = 1 ]; then SCENARIO=fabric
+elif [ "$HFI1_WFR" = 1 ]; then SCENARIO=kernel-driver
+elif [ -n "$SOCKETS_DIR" ]; then SCENARIO=lifecycle
+else SCENARIO=demo
+fi
+guest_run_bin
 
 if [ "$DEVICES" = 0 ]; then MODE=no-devices; elif [ "$SHARE" = 1 ]; then MODE=share; else MODE=no-share; fi
 if [ "$SHARE" = 1 ]; then MEMORY=memfd-shared; else MEMORY=ram-private; fi
@@ -213,14 +224,15 @@ RESULT=$(cd "$(dirname "$RESULT")" && pwd)/$(basename "$RESULT")
 rm -f "$RESULT"
 # A run that fails before the guest reports still leaves a result file, so nobody reads a stale one.
 fail() {
-    python3 -c 'import json, sys; json.dump({"ok": False, "problems": [sys.argv[2]], "mode": sys.argv[3], "guest": None},
-                open(sys.argv[1], "w"), indent=2)' "$RESULT" "$1" "$MODE" || true
+    "$GUEST_RUN" fail-result --result "$RESULT" --mode "$MODE" "$1" || true
     die "$1"
 }
 
-T_START=$EPOCHREALTIME
+usecs() { echo "${EPOCHREALTIME/./}"; } # microseconds since the epoch
+T_START=$(usecs)
 deadline_left() { # seconds left of --timeout
-    python3 -c "import sys; print(max(1, int($TIMEOUT - ($EPOCHREALTIME - $T_START))))"
+    local left=$(((TIMEOUT * 1000000 - ($(usecs) - T_START)) / 1000000))
+    echo $((left > 1 ? left : 1))
 }
 
 # --- QEMU, guest, accelerator -----------------------------------------------------------------------------
@@ -341,7 +353,7 @@ elif [ "$DEVICES" = 1 ]; then
     [ "$HFI1_ID" = 1b36:1100 ] || [ "$HFI1_ID" = none ] || DM_ARGS+=(--hfi1-ids "$HFI1_ID")
     [ "$IRDMA_ID" = 1b36:1101 ] || [ "$IRDMA_ID" = none ] || DM_ARGS+=(--irdma-ids "$IRDMA_ID")
     log "starting $DEVICE_MODEL"
-    T_DM=$EPOCHREALTIME
+    T_DM=$(usecs)
     "$DEVICE_MODEL" --hfi1 "$HFI1_SOCK" --irdma "$IRDMA_SOCK" --control "$CONTROL_SOCK" "${DM_ARGS[@]}" \
         </dev/null >"$LOG_DIR/device-model.log" 2>&1 &
     DM_PID=$!
@@ -360,7 +372,8 @@ elif [ "$DEVICES" = 1 ]; then
         tail -n 20 "$LOG_DIR/device-model.log" >&2 || true
         fail "the device model did not create its sockets within 20 s ($DM_STATUS); logs kept in $LOG_DIR"
     fi
-    DM_START_S=$(python3 -c "print(round($EPOCHREALTIME - $T_DM, 3))")
+    DM_START_S=$(( ($(usecs) - T_DM + 500) / 1000 ))
+    DM_START_S=$((DM_START_S / 1000)).$(printf '%03d' $((DM_START_S % 1000)))
     log "device model ready in ${DM_START_S}s (pid $DM_PID, control socket $CONTROL_SOCK)"
 fi
 PEER_SOCK="$LOG_DIR/peer.sock" POLLED_SOCK="$LOG_DIR/polled.sock"
@@ -378,80 +391,21 @@ if [ "$BENCH" = 1 ]; then
         sleep 0.1
     done
     [ -S "$PEER_SOCK" ] && [ -S "$POLLED_SOCK" ] || fail "testbed serve-peers did not listen within 10 s: $(tail -n 5 "$LOG_DIR/serve-peers.log")"
-    log "testbed serve-peers ready (pid $PEERS_PID): rust-vmm peer $PEER_ID, ours with the defaults $POLLED_ID"
+    log "testbed serve-peers ready (pid $PEERS_PID): rust-vmm's peer and ours with the defaults"
 fi
 
 # --- the control socket -------------------------------------------------------------------------------------
-# One control-socket request (JSON); prints the reply's result as JSON, or fails with the reply's error.
-dm_request() { # json
-    timeout 10 python3 - "$CONTROL_SOCK" "$1" <<'PY'
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(5)
-s.connect(sys.argv[1])
-f = s.makefile("rw")
-f.write(sys.argv[2] + "\n")
-f.flush()
-reply = json.loads(f.readline())
-if not reply.get("ok"):
-    sys.exit(f"control socket: {reply.get('error')}")
-print(json.dumps(reply.get("result")))
-PY
-}
-dm_query() { dm_request "{\"device\":\"$1\",\"cmd\":\"$2\"}"; } # device cmd
-# A top-level field of the JSON on stdin.
-json_field() { python3 -c 'import json, sys; v = json.load(sys.stdin).get(sys.argv[1]); print("" if v is None else v)' "$1"; }
-
+# One control-socket request; prints the reply's result as JSON, or fails with the reply's error.
+dm_query() { timeout 10 "$GUEST_RUN" request --socket "$CONTROL_SOCK" --device "$1" --cmd "$2"; } # device cmd
 # "reads writes unnamed" of the chip-personality HFIs together so far ("- - -" if the device model does not
 # answer).
-dm_access_totals() {
-    local w out r=0 wr=0 u=0
-    for w in $(wfr_names); do
-        out=$(dm_query "$w" accesses 2>/dev/null \
-            | python3 -c 'import json, sys; a = json.load(sys.stdin); print(a["reads"], a["writes"], a["unnamed"])' 2>/dev/null) \
-            || { echo "- - -"; return; }
-        set -- $out
-        r=$((r + $1)) wr=$((wr + $2)) u=$((u + $3))
-    done
-    echo "$r $wr $u"
-}
-
+# shellcheck disable=SC2046 # one name a word
+dm_access_totals() { timeout 10 "$GUEST_RUN" access-totals --socket "$CONTROL_SOCK" $(wfr_names); }
 # The guest's requests of the fabric run (ci/guest/fabric.sh, host_request): one line in, one answer line out.
 host_answer() { # verb args...
-    local verb=$1 w fired=0 out
-    shift
-    case "$verb" in
-        fault)
-            [ $# -eq 2 ] && [[ $1 =~ ^hfi1-wfr1?$ ]] || { echo "error fault takes an HFI (hfi1-wfr, hfi1-wfr1) and a spec"; return; }
-            out=$(dm_request "$(python3 -c 'import json, sys; print(json.dumps({"device": sys.argv[1], "cmd": "fault", "add": sys.argv[2]}))' "$1" "$2")" 2>&1) \
-                && echo "ok $(json_field id <<<"$out")" || echo "error ${out//$'\n'/ }" ;;
-        fault-clear)
-            for w in $(wfr_names); do
-                out=$(dm_query "$w" fault | python3 -c 'import json, sys; print(sum(f["fired"] for f in json.load(sys.stdin)["faults"]))') \
-                    || { echo "error cannot list $w's faults"; return; }
-                fired=$((fired + out))
-                dm_request "{\"device\":\"$w\",\"cmd\":\"fault\",\"clear\":true}" >/dev/null || { echo "error cannot clear $w's faults"; return; }
-            done
-            echo "ok $fired" ;;
-        accesses)
-            set -- $(dm_access_totals)
-            out=$(dm_query hfi1-wfr link | python3 -c 'import json, sys; c = json.load(sys.stdin)["cable"]; print(c["to_a"]["packets"] + c["to_b"]["packets"])') \
-                && [ "$1" != - ] && echo "ok $1 $2 $out" || echo "error the device model did not answer" ;;
-        counters)
-            # The named counters of the device model, each summed over both HFIs, in the order asked.
-            [ $# -ge 1 ] && [[ "$*" =~ ^[a-z0-9_\ ]+$ ]] || { echo "error counters takes counter names"; return; }
-            out=$(for w in $(wfr_names); do dm_query "$w" counters || exit 1; done | python3 -c '
-import json, sys
-sums = dict.fromkeys(sys.argv[1:], 0)
-for line in sys.stdin:
-    got = json.loads(line)
-    for k in sums:
-        if k not in got:
-            sys.exit(f"no counter {k}")
-        sums[k] += got[k]
-print(" ".join(str(v) for v in sums.values()))' "$@" 2>&1) && echo "ok $out" || echo "error ${out//$'\n'/ }" ;;
-        *) echo "error unknown request $verb" ;;
-    esac
+    local chips=() w
+    for w in $(wfr_names); do chips+=(--chip "$w"); done
+    timeout 20 "$GUEST_RUN" host-answer --socket "$CONTROL_SOCK" "${chips[@]}" -- "$@" || echo "error guest-run host-answer failed"
 }
 
 # --- QEMU -------------------------------------------------------------------------------------------------
@@ -461,28 +415,26 @@ MEM=512M
 APPEND="console=ttyS0 panic=-1 intel_iommu=on no_timer_check quiet rdma_emu.timeout=$DEMO_TIMEOUT"
 QEMU_TIMEOUT=$(deadline_left)
 APPEND="$APPEND rdma_emu.watchdog=$((QEMU_TIMEOUT > 40 ? QEMU_TIMEOUT - 20 : 20))"
-if [ "$DEVICES" = 1 ]; then
-    APPEND="$APPEND rdma_emu.hfi1=$HFI1_ID rdma_emu.irdma=$IRDMA_ID"
-else
-    APPEND="$APPEND rdma_emu.hfi1=none rdma_emu.irdma=none"
-fi
+[ "$DEVICES" = 0 ] || APPEND="$APPEND rdma_emu.hfi1=$HFI1_ID rdma_emu.irdma=$IRDMA_ID"
 [ -n "$UARGS" ] && APPEND="$APPEND rdma_emu.args=\"$UARGS\""
 if [ "$HFI1_WFR" = 1 ] && [ "$DEVICES" = 1 ]; then
-    APPEND="$APPEND rdma_emu.hfi1_wfr=8086:24f0 rdma_emu.hfi1_params=\"$HFI1_PARAMS\" rdma_emu.kdriver_timeout=$KDRIVER_TIMEOUT"
+    APPEND="$APPEND rdma_emu.hfi1_params=\"$HFI1_PARAMS\" rdma_emu.kdriver_timeout=$KDRIVER_TIMEOUT"
     APPEND="$APPEND rdma_emu.hfi1_icode=$ICODE rdma_emu.hfi1_dma=$HFI1_DMA"
 fi
-[ "$BENCH" = 1 ] && APPEND="$APPEND rdma_emu.bench=1 rdma_emu.bench_budget_ms=$BENCH_BUDGET_MS rdma_emu.peer=$PEER_ID rdma_emu.polled=$POLLED_ID rdma_emu.edu=$EDU_ID"
+[ "$BENCH" = 1 ] && APPEND="$APPEND rdma_emu.bench_budget_ms=$BENCH_BUDGET_MS"
 if [ "$FABRIC" = 1 ] && [ "$SHELL_MODE" = 0 ] && [ "$DEVICES" = 1 ]; then
     # The node GUIDs the device model gave its two HFIs: the guest checks that opasmaquery reads them back.
-    guids=$(for w in $(wfr_names); do dm_request "{\"device\":\"$w\",\"cmd\":\"link\"}" | json_field node_guid; done | paste -sd,)
+    guids=$(for w in $(wfr_names); do
+        timeout 10 "$GUEST_RUN" request --socket "$CONTROL_SOCK" --device "$w" --cmd link --field node_guid
+    done | paste -sd,)
     [[ $guids =~ ^0x[0-9a-f]{16},0x[0-9a-f]{16}$ ]] || fail "the device model did not tell its HFIs' node GUIDs (got '$guids')"
-    APPEND="$APPEND rdma_emu.fabric=1 rdma_emu.fabric_guids=$guids"
-    [ "$FABRIC_BOUNCE" = 1 ] && APPEND="$APPEND rdma_emu.fabric_bounce=1"
-    [ "$FABRIC_PERF" = 1 ] && APPEND="$APPEND rdma_emu.fabric_perf=1"
-    [ "$TID_RDMA" = 1 ] && APPEND="$APPEND rdma_emu.tid_rdma=1"
+    APPEND="$APPEND rdma_emu.fabric_guids=$guids"
 fi
-# The guest's watchdog covers the shell's setup only; the init stops it before the shell starts.
-[ "$SHELL_MODE" = 1 ] && APPEND="$APPEND rdma_emu.shell=1 rdma_emu.watchdog=900"
+# The scenario's own parameters (after the computed ones: the last occurrence wins), then the caller's.
+ROW_OPTS=(--icode "$ICODE")
+[ "$FABRIC_PERF" = 1 ] && ROW_OPTS+=(--fabric-perf)
+ROW_PARAMS=$("$GUEST_RUN" scenario "$SCENARIO" "${ROW_OPTS[@]}" --kernel-params) || fail "guest-run scenario $SCENARIO failed"
+[ -n "$ROW_PARAMS" ] && APPEND="$APPEND $ROW_PARAMS"
 [ -n "$APPEND_EXTRA" ] && APPEND="$APPEND $APPEND_EXTRA"
 
 QCMD=("$QEMU" -accel "$ACCEL")
@@ -702,28 +654,8 @@ fi
 [ "$QEMU_RC" = 124 ] && log "QEMU did not finish within ${QEMU_TIMEOUT}s"
 # The device model's final state, for the logs: best effort, 10 s at most.
 if [ -n "$DM_PID" ] && [ -S "$CONTROL_SOCK" ]; then
-    timeout 10 python3 - "$CONTROL_SOCK" "$LOG_DIR/device-state.json" <<'PY' 2>>"$LOG_DIR/device-state.err" || true
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(5)
-s.connect(sys.argv[1])
-f = s.makefile("rw")
-def ask(req):
-    f.write(json.dumps(req) + "\n")
-    f.flush()
-    line = f.readline()
-    return json.loads(line) if line else {"ok": False, "error": "no reply"}
-state = {"list": ask({"cmd": "list"})}
-for dev in state["list"].get("result") or []:
-    name = dev.get("name") if isinstance(dev, dict) else None
-    if isinstance(name, str):
-        state[name] = {cmd: ask({"device": name, "cmd": cmd}) for cmd in ("pci", "dump")}
-        if name.startswith("hfi1-wfr"):
-            state[name]["accesses"] = ask({"device": name, "cmd": "accesses"})
-            state[name]["link"] = ask({"device": name, "cmd": "link"})
-with open(sys.argv[2], "w") as out:
-    json.dump(state, out, indent=2)
-PY
+    timeout 10 "$GUEST_RUN" device-state --socket "$CONTROL_SOCK" --out "$LOG_DIR/device-state.json" \
+        2>>"$LOG_DIR/device-state.err" || true
 fi
 stop_device_model
 stop_peers
@@ -731,292 +663,15 @@ trap - EXIT
 
 # --- result -----------------------------------------------------------------------------------------------
 set +e
-python3 - "$LOG_DIR" "$RESULT" "$MODE" "$MEMORY" "$ACCEL" "$QEMU_RC" "$DM_STATUS" "$T_QEMU" "$T_QEMU_END" \
-    "${DM_START_S:-null}" "$TIMING" "$QEMU" "$KERNEL" "$INITRD" "$HFI1_WFR" "$HU_STATUS" "$BENCH" "${REPLY_POLL:+$REPLY_POLL_US}" \
-    "$FABRIC" "$FABRIC_BOUNCE" "$CAPTURE" "$FABRIC_PERF" "$TID_RDMA" "$ICODE" "$HFI1_DMA" <<'EOF'
-import json, os, sys
-
-(log_dir, result_path, mode, memory, accel, qemu_rc, dm_status, t_qemu, t_qemu_end,
- dm_start, timing_wanted, qemu, kernel, initrd, hfi1_wfr, hu_status, bench, reply_poll,
- fabric, fabric_bounce, capture, fabric_perf, tid_rdma, icode, hfi1_dma) = sys.argv[1:]
-qemu_rc, t_qemu, t_qemu_end = int(qemu_rc), float(t_qemu), float(t_qemu_end)
-
-def read(name):
-    try:
-        with open(os.path.join(log_dir, name), encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-problems = []
-lines = read("serial.log").splitlines()
-guest = None
-begins = [i for i, l in enumerate(lines) if l.strip() == "RDMA-EMU-RESULT-BEGIN"]
-if not begins:
-    problems.append("the guest printed no result block")
-else:
-    start = begins[-1] + 1
-    end = next((i for i in range(start, len(lines)) if lines[i].strip() == "RDMA-EMU-RESULT-END"), None)
-    if end is None:
-        problems.append("the guest's result block is not terminated")
-    else:
-        try:
-            guest = json.loads("".join(lines[start:end]))
-        except ValueError as e:
-            problems.append(f"the guest's result block is not JSON: {e}")
-
-def parse_output(text):
-    """udriver --json prints one JSON document, or JSON lines."""
-    text = text.strip()
-    if not text:
-        return None, "udriver printed nothing on stdout"
-    try:
-        return json.loads(text), None
-    except ValueError:
-        pass
-    try:
-        return [json.loads(l) for l in text.splitlines() if l.strip()], None
-    except ValueError as e:
-        return None, f"udriver's stdout is not JSON: {e}"
-
-steps = guest.get("steps", []) if isinstance(guest, dict) else []
-for s in steps:
-    if (s.get("name", "").startswith("demo-") or s.get("name") == "bench") and "stdout" in s:
-        out, err = parse_output(s.get("stdout", ""))
-        s["output"] = out
-        # udriver's report has its own verdict ({"demo", "ok", "steps": [{"name", "ok", ...}]}): honour it too.
-        if not err and isinstance(out, dict) and out.get("ok") is False:
-            failed = [st.get("name") for st in out.get("steps", []) if isinstance(st, dict) and not st.get("ok")]
-            err = "udriver reports failure" + (f" in {', '.join(map(str, failed))}" if failed else "")
-        if err and s.get("ok"):
-            s["ok"], s["error"] = False, err
-
-# The guest's TID RDMA steps (ci/guest/tid-rdma.sh) and what the run must show: each of the four kernel
-# functions ran, and the device model placed bytes of TID RDMA READ and WRITE through TIDs and flows the kernel
-# programmed (docs/kernel-tid-rdma.md).
-TID_STEPS = ["tid-setup", "tid-read-bw", "tid-write-bw", "tid-verbs-check", "tid-opfn", "tid-fault-read-drop",
-             "tid-fault-read-reorder", "tid-fault-write-corrupt", "tid-fault-write-resync", "tid-exhaust",
-             "tid-exhaust-check"]
-TID_KFUNCS = ["hfi1_setup_wqe", "hfi1_kern_exp_rcv_setup", "hfi1_kern_setup_hw_flow", "queue_qp_for_tid_wait"]
-
-def tid_rdma_problems(guest):
-    out = []
-    kf = guest.get("kernel_functions") or {}
-    for name in TID_KFUNCS:
-        if not isinstance(kf.get(name), int) or kf[name] <= 0:
-            out.append(f"kernel_functions.{name} is {kf.get(name)!r}, not a count of calls")
-    tid = guest.get("tid_rdma") or {}
-    for name in ["read_bytes", "write_bytes", "flows_programmed", "rcvarray_entries_programmed"]:
-        if not isinstance(tid.get(name), int) or tid[name] <= 0:
-            out.append(f"tid_rdma.{name} is {tid.get(name)!r}, not a positive count")
-    return out
-
-def sync_problem(out):
-    """The hfi1 demo's SYNC step (issue 15): a READ that crossed its flow's PSN space waited for the segment
-    in flight, parked the flow on the reserved generation, went on with the next one, and had both
-    old-generation packets refused with nothing placed."""
-    found = [st for st in (out.get("steps") or []) if isinstance(st, dict)
-             and str(st.get("name", "")).startswith("a request crossing the flow PSN space")]
-    if not found:
-        return "its report has no SYNC step"
-    st = found[0]
-    d = st.get("detail") if isinstance(st.get("detail"), dict) else {}
-    stale = d.get("old_generation_packets") or {}
-    dev = d.get("device_generation") or {}
-    old, new = (d.get("old") or {}).get("generation"), (d.get("new") or {}).get("generation")
-    checks = [st.get("ok") is True, d.get("waited_for_pending_segment") is True, old != new,
-              dev.get("before_sync") == old, dev.get("cleared") == "0xfffff", dev.get("after_sync") == new,
-              stale.get("refused") == 2, stale.get("bytes_placed") == 0, stale.get("result") == "GenMismatch"]
-    return None if all(checks) else "its SYNC step shows " + json.dumps(d)[:400]
-
-for s in steps:
-    if s.get("name") == "demo-hfi1" and s.get("ok") and isinstance(s.get("output"), dict):
-        why = sync_problem(s["output"])
-        if why:
-            s["ok"], s["error"] = False, f"udriver hfi1-demo: {why}"
-if guest is not None:
-    if guest.get("error"):
-        problems.append(f"guest: {guest['error']}")
-    if not steps:
-        problems.append("the guest ran no step")
-    names = {s.get("name") for s in steps}
-    expected = ["mount", "modules", "iommu"]
-    if bench == "1":
-        expected.append("bench")
-    elif mode != "no-devices":
-        for dev in ("hfi1", "irdma"):
-            if dev in guest.get("devices", {}):
-                expected.append(f"demo-{dev}")
-        if "irdma" in guest.get("devices", {}):
-            expected.append("demo-irdma-irq")
-        if fabric == "1" and fabric_bounce == "1":
-            expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm", "fabric-link-bounce", "fabric-dmesg"]
-        elif fabric == "1" and tid_rdma == "1":
-            expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm"] + TID_STEPS + ["fabric-dmesg"]
-            if fabric_perf == "1":
-                expected.append("tid-perf")
-            problems.extend(tid_rdma_problems(guest))
-        elif fabric == "1":
-            expected += ["find-fabric", "fabric-modprobe", "fabric-init", "fabric-sm", "fabric-smp", "verbs-rc-pio",
-                         "verbs-rc-sdma", "verbs-rc-sdma-odd", "verbs-ud", "verbs-send-bw", "verbs-write-bw",
-                         "verbs-read-bw", "verbs-check", "fault-rc-drop", "fault-rc-reorder", "fault-rc-corrupt",
-                         "fault-rc-delay", "fault-rc-seeded", "fault-sm-drop", "fabric-dmesg"]
-            if fabric_perf == "1":
-                expected.append("fabric-perf")
-            # A link that goes down once up: only where the stock driver does not deadlock (docs/hfi1-fabric.md).
-            if icode == "rtl-simulation":
-                expected += ["fabric-link-bounce", "fabric-peer-loss", "fabric-rmmod"]
-            # hfi1_setup_wqe runs on every work request posted on hfi1 (verbs.c hfi1_post_send path).
-            calls = (guest.get("kernel_functions") or {}).get("hfi1_setup_wqe")
-            if not isinstance(calls, int) or calls <= 0:
-                problems.append(f"kernel_functions.hfi1_setup_wqe is {calls!r}, not a count of calls")
-        elif hfi1_wfr == "1":
-            expected += ["find-hfi1-wfr", "kdriver-modprobe", "kdriver-sysfs", "fabric-userland", "kdriver-rmmod", "kdriver-reprobe",
-                         "kdriver-rmmod-again", "kdriver-params-beyond-chip", "kdriver-dmesg",
-                         "kdriver-params-invalid", "kdriver-final-probe", "kdriver-dmesg-final"]
-            if hu_status != "not started":
-                expected.append("kdriver-user")
-    for name in expected:
-        if name not in names:
-            problems.append(f"step {name} did not run")
-    for s in steps:
-        if not s.get("ok"):
-            problems.append(f"step {s.get('name')}: {s.get('error')}")
-def load_json(name):
-    try:
-        return json.loads(read(name))
-    except ValueError:
-        return None
-
-def last_accesses(acc, n=16):
-    """The device model's last CSR accesses of the chip personality, one line each."""
-    recent = (acc or {}).get("recent") or []
-    return [f"#{a.get('seq')} {a.get('op')} {a.get('csr') or a.get('offset')} = {a.get('value')}" for a in recent[-n:]]
-
-def step_accesses():
-    """Trapped CSR reads and writes of the chip personality during each kernel-driver step."""
-    marks, out = {}, {}
-    for line in read("step-accesses").splitlines():
-        parts = line.split()
-        if len(parts) != 5 or not all(p.isdigit() for p in parts[2:]):
-            continue
-        name, edge, counts = parts[0], parts[1], [int(p) for p in parts[2:]]
-        if edge == "start":
-            marks[name] = counts
-        elif name in marks:
-            r0, w0, u0 = marks.pop(name)
-            out[name] = {"reads": counts[0] - r0, "writes": counts[1] - w0, "unnamed": counts[2] - u0}
-    return out
-
-def last_packets(link, n=8):
-    """The last packets on the cable, as the device model's cable status lists them."""
-    return (((link or {}).get("cable") or {}).get("recent_packets") or [])[-n:]
-
-stalled = read("stalled").strip()
-if hfi1_wfr == "1":
-    # Every offset the stock driver touches must be a register of the chip: one that is not means the model
-    # (or the driver's reading of it) has a gap.
-    for name, a in step_accesses().items():
-        if a["unnamed"]:
-            problems.append(f"{name}: {a['unnamed']} accesses to offsets the chip's register list does not name")
-accesses = None
-if stalled:
-    accesses = load_json("stall-accesses.json")
-    report = f"guest step {stalled} overran its deadline (the host stopped QEMU); last CSR accesses: " \
-        + "; ".join(last_accesses(accesses))
-    if fabric == "1":
-        report += "; hfi1-wfr1's last CSR accesses: " + "; ".join(last_accesses(load_json("stall-accesses-1.json")))
-        report += "; last cable packets: " + "; ".join(last_packets(load_json("stall-link.json")))
-    problems.append(report)
-elif hfi1_wfr == "1":
-    state = load_json("device-state.json") or {}
-    accesses = ((state.get("hfi1-wfr") or {}).get("accesses") or {}).get("result")
-    if any(not s.get("ok") for s in steps if s.get("name", "").startswith(("kdriver-", "fabric-", "verbs-", "fault-"))):
-        problems.append("kernel-driver step failed; last CSR accesses: " + "; ".join(last_accesses(accesses)))
-hfi1_user_host = None
-if hu_status != "not started":
-    # The host side's own verdict: what it checked of the device model while the guest's kernel ran.
-    hfi1_user_host = load_json("hfi1-user-host.json")
-    if not hu_status.startswith("exited with status 0"):
-        tail = " | ".join(read("hfi1-user-host.log").splitlines()[-3:])
-        problems.append(f"hfi1-user-host {hu_status}: {tail}")
-if qemu_rc == 124:
-    problems.append("QEMU timed out")
-elif qemu_rc != 0:
-    errs = [l for l in read("qemu.stderr").splitlines() if l.strip() and "warning:" not in l]
-    problems.append(f"QEMU exited with status {qemu_rc}" + (f": {' | '.join(errs[-3:])}" if errs else ""))
-if mode != "no-devices" and not dm_status.startswith("external"):
-    if not dm_status.startswith("running until stopped"):
-        problems.append(f"device model {dm_status}")
-    if "panicked at" in read("device-model.log"):
-        problems.append("the device model panicked (see device-model.log)")
-
-# Host-side timestamps of the console markers, to split the wall time into phases.
-marks = {}
-for l in read("host-times").splitlines():
-    k, _, v = l.partition(" ")
-    marks.setdefault(k, float(v))
-timing = {"total_s": round(t_qemu_end - t_qemu, 3)}
-if dm_start != "null":
-    timing["device_model_start_s"] = float(dm_start)
-if guest is not None and "init" in marks:
-    init_up = float(guest.get("init_start", 0))
-    timing["qemu_start_s"] = round(marks["init"] - t_qemu - init_up, 3)
-    timing["kernel_boot_s"] = round(init_up, 3)
-    timing["init_s"] = round(float(guest.get("end", init_up)) - init_up, 3)
-    demos = {s["name"][5:]: round(float(s["end"]) - float(s["start"]), 3)
-             for s in steps if s.get("name", "").startswith("demo-") and "start" in s and "end" in s}
-    timing["demo_s"] = demos
-    kdrv = {s["name"]: s["probe_s"] for s in steps if "probe_s" in s}
-    if kdrv:
-        timing["hfi1_probe_s"] = kdrv
-    if "result_end" in marks:
-        timing["poweroff_s"] = round(t_qemu_end - marks["result_end"], 3)
-
-result = {
-    "ok": not problems,
-    "problems": problems,
-    "mode": mode,
-    "memory": memory,
-    "accel": accel,
-    "qemu": qemu,
-    "qemu_reply_poll_us": int(reply_poll) if reply_poll else 0,
-    "kernel": kernel,
-    "initrd": initrd,
-    "qemu_exit_status": qemu_rc,
-    "device_model": dm_status if mode != "no-devices" else None,
-    "timing": timing,
-    "guest": guest,
-    "hfi1_wfr_icode": icode if hfi1_wfr == "1" else None,
-    "hfi1_wfr_dma": hfi1_dma if hfi1_wfr == "1" else None,
-    "hfi1_wfr_step_accesses": step_accesses() if hfi1_wfr == "1" else None,
-    "fabric": (guest or {}).get("fabric") if fabric == "1" else None,
-    "kernel_functions": (guest or {}).get("kernel_functions") if fabric == "1" else None,
-    "fabric_perf": (guest or {}).get("fabric_perf") if fabric_perf == "1" else None,
-    "tid_rdma": (guest or {}).get("tid_rdma") if tid_rdma == "1" else None,
-    "capture": capture or None,
-    "hfi1_user_host": hfi1_user_host,
-    "bench": next((s.get("output") for s in steps if s.get("name") == "bench"), None),
-}
-tmp = result_path + ".tmp"
-with open(tmp, "w") as f:
-    json.dump(result, f, indent=2)
-    f.write("\n")
-os.replace(tmp, result_path)
-with open(os.path.join(log_dir, "result.json"), "w") as f:
-    json.dump(result, f, indent=2)
-
-for s in steps:
-    mark = "ok " if s.get("ok") else "ERR"
-    dur = float(s.get("end", 0)) - float(s.get("start", 0))
-    msg = "" if s.get("ok") else f"  {s.get('error')}"
-    print(f"  {mark} {s.get('name', '?'):<12} {dur:6.2f}s{msg}", file=sys.stderr)
-for p in problems:
-    print(f"  problem: {p}", file=sys.stderr)
-if timing_wanted == "1":
-    print("timing (s): " + ", ".join(f"{k.removesuffix('_s')}={v}" for k, v in timing.items()), file=sys.stderr)
-sys.exit(0 if not problems else 1)
-EOF
+VERDICT=(--scenario "$SCENARIO" "${ROW_OPTS[@]}" --log-dir "$LOG_DIR" --result "$RESULT" --mode "$MODE"
+    --memory "$MEMORY" --accel "$ACCEL" --qemu "$QEMU" --kernel "$KERNEL" --initrd "$INITRD"
+    --qemu-exit-status "$QEMU_RC" --device-model "$DM_STATUS" --t-qemu "$T_QEMU" --t-qemu-end "$T_QEMU_END"
+    --hfi1-dma "$HFI1_DMA" --hfi1-user-host "$HU_STATUS")
+[ -n "${DM_START_S:-}" ] && VERDICT+=(--device-model-start-s "$DM_START_S")
+[ ${#REPLY_POLL[@]} -gt 0 ] && VERDICT+=(--reply-poll-us "$REPLY_POLL_US")
+[ -n "$CAPTURE" ] && VERDICT+=(--capture "$CAPTURE")
+[ "$TIMING" = 1 ] && VERDICT+=(--timing)
+"$GUEST_RUN" verdict "${VERDICT[@]}"
 RC=$?
 set -e
 if [ "$RC" = 0 ]; then

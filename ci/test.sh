@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test: formatting, clippy, unit and integration tests, the docs' command lines, the QEMU end-to-end run
-# and a fuzz smoke.
+# Runs every test: formatting, clippy, unit and integration tests, the docs' command lines, the QEMU end-to-end run,
+# the fuzz targets' regression inputs and a fuzz smoke.
 # Usage: ci/test.sh [--no-e2e] [--no-fuzz]
+#   --no-fuzz  no fuzz smoke (FUZZ_SMOKE_SECONDS=0 likewise); the regression inputs (fuzz/regressions/) still run
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
@@ -10,7 +11,7 @@ for a in "$@"; do
     case $a in
         --no-e2e) E2E=0 ;;
         --no-fuzz) FUZZ=0 ;;
-        -h|--help) sed -n '2,4s/^# \{0,1\}//p' "$0" >&2; exit 0 ;;
+        -h|--help) sed -n '2,5s/^# \{0,1\}//p' "$0" >&2; exit 0 ;;
         *) die "unknown option $a" ;;
     esac
 done
@@ -63,9 +64,15 @@ if [ "$E2E" = 1 ]; then
     bash ci/e2e.sh --mode all
 fi
 
-if [ "$FUZZ" = 1 ] && [ -d fuzz ]; then
-    log "fuzz smoke"
-    bash ci/fuzz.sh --seconds "${FUZZ_SMOKE_SECONDS:-30}"
+# Every input that once failed a fuzz target is a test: replayed by both paths (ci/fuzz.sh replays before it fuzzes).
+if [ -d fuzz ]; then
+    if [ "$FUZZ" = 1 ] && [ "${FUZZ_SMOKE_SECONDS:-30}" != 0 ]; then
+        log "fuzz: regression inputs and smoke"
+        bash ci/fuzz.sh --seconds "${FUZZ_SMOKE_SECONDS:-30}"
+    else
+        log "fuzz: regression inputs (no smoke)"
+        bash ci/fuzz.sh --build-only
+    fi
 fi
 log "all tests passed"
 # One plain closing line over every cargo test binary of the main run.

@@ -30,7 +30,7 @@ pub const LOW_LATENCY_BUSY_POLL_US: u64 = 50;
 /// `--worker-spin-us` under `--low-latency`: back-to-back small doorbells 1.7-1.8x faster on an idle host
 /// (testbed bench's `spin` case).
 pub const LOW_LATENCY_WORKER_SPIN_US: u64 = crate::worker::LOW_LATENCY_SPIN.as_micros() as u64;
-/// Largest `--record-max-mib`: 1 TiB.
+/// Largest `--record-max-mib`, `--record-max-total-mib` and `--trace-max-mib`: 1 TiB.
 pub const MAX_RECORD_MIB: u64 = 1 << 20;
 
 const EXAMPLES: &str = "\
@@ -47,6 +47,11 @@ Examples:
     tshark -r /tmp/opa.pcap
   and attach QEMU to one of them:
     qemu-system-x86_64 ... -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"/tmp/hfi1.sock\",\"type\":\"unix\"}}'
+
+  QEMU running as another user (the vfio-user sockets are 0600, this user's only, by default): let the
+  socket's group in, and make it a group QEMU's user is in:
+    device-model --hfi1-wfr /tmp/wfr.sock --socket-mode 0660 &
+    chgrp kvm /tmp/wfr.sock
 
   Backend program convention, one device per process:
     device-model --socket-path /tmp/irdma.sock --device irdma
@@ -190,6 +195,8 @@ pub enum CliError {
     OptionForAbsentDevice { option: &'static str, device: &'static str },
     #[error("--fault {spec}: {why}")]
     Fault { spec: String, why: String },
+    #[error("\"{0}\" is not a socket mode: give octal permission bits 0600..=0777 (e.g. 0660), the owner keeping read and write")]
+    SocketMode(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Parser)]
@@ -259,9 +266,18 @@ pub struct Args {
     #[arg(long, value_enum, value_name = "DEVICE")]
     pub device: Option<DeviceKind>,
 
-    /// Also serve the control socket (JSON lines: list, dump, inject, reset) at PATH, mode 0600.
+    /// Also serve the control socket (JSON lines: list, dump, inject, reset) at PATH, mode 0600, for this
+    /// user and root only (--socket-mode does not widen it).
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+
+    /// Permission bits of the vfio-user sockets created, in octal, 0600..=0777 [default: 0600]. A socket has
+    /// them from the moment it appears, whatever the umask. A connecting process of another user is refused
+    /// (closed and counted, {"cmd":"sockets"}) unless they let it in: group write (0660) admits members of
+    /// the socket's group, write for others (0666) anyone; this user and root are always admitted. For QEMU
+    /// running as another user. Also applies to an inherited --fd socket (its group: this process's).
+    #[arg(long, value_name = "MODE", value_parser = parse_socket_mode)]
+    pub socket_mode: Option<u32>,
 
     /// PCI vendor:device IDs of the hfi1 function, in hex [default: 1b36:1100].
     #[arg(long, value_name = "VENDOR:DEVICE", value_parser = parse_ids)]
@@ -320,9 +336,15 @@ pub struct Args {
     #[arg(long, value_name = "FILTER", value_parser = parse_filter)]
     pub trace: Option<Filter>,
 
-    /// Trace lines go to this file (appended) instead of stderr.
+    /// Trace lines go to this file (appended) instead of stderr. It must be a regular file (or not exist:
+    /// created 0600); a symbolic link or a FIFO is refused.
     #[arg(long, value_name = "PATH")]
     pub trace_file: Option<PathBuf>,
+
+    /// Most MiB a trace file takes, 1..=1048576 [default: 1024]; later lines are left out and counted
+    /// ({"cmd":"trace"}'s "dropped_over_cap"), with one warning.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=MAX_RECORD_MIB))]
+    pub trace_max_mib: Option<u64>,
 
     /// Trace lines as text or as JSON lines.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Format::Text)]
@@ -340,6 +362,12 @@ pub struct Args {
     /// there with a warning, and what came before stays readable.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=MAX_RECORD_MIB))]
     pub record_max_mib: Option<u64>,
+
+    /// Most MiB all the session files of one device take together, 1..=1048576 [default: 16384]; a session
+    /// that reaches it stops there and later sessions record nothing, counted ({"cmd":"record"}), with one
+    /// warning.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=MAX_RECORD_MIB))]
+    pub record_max_total_mib: Option<u64>,
 }
 
 /// The tools beside the server.
@@ -525,6 +553,16 @@ fn parse_filter(s: &str) -> Result<Filter, String> {
 
 fn parse_fault(s: &str) -> Result<FaultSpec, String> {
     FaultSpec::parse(s).map_err(|e| e.to_string())
+}
+
+/// Socket permission bits in octal (`0660`, `660`, `0o660`), as [`crate::socket_owner::check_mode`] allows.
+pub fn parse_socket_mode(s: &str) -> Result<u32, CliError> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    (!digits.is_empty() && digits.len() <= 4 && digits.bytes().all(|b| (b'0'..=b'7').contains(&b)))
+        .then(|| u32::from_str_radix(digits, 8).ok())
+        .flatten()
+        .filter(|m| crate::socket_owner::check_mode(*m).is_ok())
+        .ok_or_else(|| CliError::SocketMode(s.to_string()))
 }
 
 /// RcvArray size: a whole number of shared-mapping pages, at most `MAX_RCV_ARRAY_ENTRIES`.

@@ -43,6 +43,21 @@ fn parse_ids_reads_hex_vendor_and_device() {
 }
 
 #[test]
+fn a_socket_mode_is_octal_keeps_the_owners_read_and_write_and_has_no_special_bits() {
+    for (s, m) in [("0600", 0o600), ("600", 0o600), ("0660", 0o660), ("0o666", 0o666), ("0777", 0o777), ("640", 0o640)]
+    {
+        assert_eq!(parse_socket_mode(s), Ok(m), "{s}");
+    }
+    for s in
+        ["", "0o", "0400", "0200", "0060", "660x", "0680", "1660", "4600", "01777", "06600", "-600", "+600", "0x1b0"]
+    {
+        assert_eq!(parse_socket_mode(s), Err(CliError::SocketMode(s.into())), "{s}");
+    }
+    assert_eq!(parse(&["--hfi1", "/a", "--socket-mode", "0660"]).unwrap().socket_mode, Some(0o660));
+    assert!(parse(&["--hfi1", "/a", "--socket-mode", "0644x"]).is_err());
+}
+
+#[test]
 fn parse_fd_and_rcvarray_entries_check_their_ranges() {
     assert_eq!(parse_fd("3"), Ok(3));
     assert_eq!(parse_fd("0"), Ok(0));

@@ -1,17 +1,19 @@
 //! The control socket: JSON lines over a UNIX socket, one request per line, one reply per line.
 //!
-//! Requests: `{"cmd":"list"}`; `{"cmd":"help"}`; `{"cmd":"trace",...}` and `{"cmd":"record",...}` for every
-//! device at once; `{"cmd":"reset","device":NAME}` (the engine's reset); `{"device":NAME,"cmd":...}` for
+//! Requests: `{"cmd":"list"}`; `{"cmd":"help"}`; `{"cmd":"sockets"}` (each listening socket's mode and the
+//! peers it refused); `{"cmd":"trace",...}` and `{"cmd":"record",...}` for every device at once; `{"cmd":"reset","device":NAME}` (the engine's reset); `{"device":NAME,"cmd":...}` for
 //! anything else, handed whole to that device (for a `Function`, `{"cmd":"pci"}` dumps PCI state,
 //! `{"cmd":"dma_maps"}` lists the client's DMA mappings, `accesses`, `fault` and `trace` are the function's
 //! (docs/observe.md), and every other command goes to its engine's `control()`).
 //! Replies: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`. A line longer than `MAX_LINE`, bad
 //! JSON or an unknown device gets an error reply and the connection goes on.
+//!
+//! The socket is created 0600 and admits its owner and root only ([`PeerPolicy`]): it can reset devices and
+//! inject traffic, and QEMU never needs it, so `--socket-mode` does not widen it.
 
 #![forbid(unsafe_code)]
 
 use std::io::{self, ErrorKind, Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -21,6 +23,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use vfio_user_proto::server::PeerPolicy;
 use vfio_user_proto::stop::Stop;
 
 use crate::engine::Engine;
@@ -171,9 +174,16 @@ fn trace_command(probes: &[Arc<Probe>], request: &Value) -> Result<Value, String
             (p.device().to_string(), Value::Object(on))
         })
         .collect();
-    Ok(
-        json!({ "format": sink.format().name(), "destination": sink.destination(), "lines": sink.lines(), "devices": devices }),
-    )
+    let (bytes, over_cap) = sink.file_status();
+    Ok(json!({
+        "format": sink.format().name(),
+        "destination": sink.destination(),
+        "lines": sink.lines(),
+        "file_bytes": bytes,
+        "max_file_bytes": sink.max_file_bytes(),
+        "dropped_over_cap": over_cap,
+        "devices": devices,
+    }))
 }
 
 /// `{"cmd":"record"}`: where each device's sessions go and the session being recorded; `"dir":PATH` records
@@ -197,10 +207,43 @@ fn record_command(targets: &[Arc<dyn ControlTarget>], request: &Value) -> Result
             let current = r
                 .current()
                 .map(|s| json!({"file": s.path(), "records": s.records(), "bytes": s.bytes(), "failed": s.failed()}));
-            (name.clone(), json!({ "dir": r.dir(), "max_session_bytes": r.max_session_bytes(), "session": current }))
+            let status = json!({
+                "dir": r.dir(),
+                "max_session_bytes": r.max_session_bytes(),
+                "total_bytes": r.total_bytes(),
+                "max_total_bytes": r.max_total_bytes(),
+                "records_over_cap": r.records_over_cap(),
+                "sessions_over_cap": r.sessions_over_cap(),
+                "session": current,
+            });
+            (name.clone(), status)
         })
         .collect();
     Ok(Value::Object(status))
+}
+
+/// A listening socket of the process, as `{"cmd":"sockets"}` reports it.
+#[derive(Debug, Clone)]
+pub struct SocketReport {
+    /// The device it serves, or "control".
+    pub name: String,
+    /// Its path, or how it was inherited (`fd 3`).
+    pub path: String,
+    /// The file's permission bits, when this process created it.
+    pub mode: Option<u32>,
+    /// Whom it admits; counts the peers it refused.
+    pub peers: PeerPolicy,
+}
+
+impl SocketReport {
+    fn json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "path": self.path,
+            "mode": self.mode.map(|m| format!("{m:04o}")),
+            "refused_peers": self.peers.refused(),
+        })
+    }
 }
 
 /// `{"cmd":"help"}`: every command, and the trace and fault languages.
@@ -209,6 +252,7 @@ pub fn help() -> Value {
         "commands": {
             "list": "{\"cmd\":\"list\"}: the devices",
             "help": "{\"cmd\":\"help\"}: this",
+            "sockets": "{\"cmd\":\"sockets\"}: each listening socket, its mode and the peers of other users it refused",
             "trace": "{\"cmd\":\"trace\",\"filter\":\"hfi1::flow=debug,irdma=info\",\"format\":\"text|json\",\"file\":PATH|\"stderr\"}: the named trace of every device (with \"device\": that device only)",
             "record": "{\"cmd\":\"record\",\"dir\":PATH} records sessions that begin from now on; {\"cmd\":\"record\",\"stop\":true}; {\"cmd\":\"record\"}: status. Replay with `device-model replay FILE`, fuzz seeds with `device-model seeds FILE --out DIR`",
             "reset": "{\"cmd\":\"reset\",\"device\":D}: the engine's reset",
@@ -247,6 +291,11 @@ fn err(message: impl Into<String>) -> Value {
 
 /// The reply to one request line.
 pub fn handle_request(targets: &[Arc<dyn ControlTarget>], line: &[u8]) -> Value {
+    handle(targets, &[], line)
+}
+
+/// [`handle_request`] on a control socket that reports `sockets`.
+fn handle(targets: &[Arc<dyn ControlTarget>], sockets: &[SocketReport], line: &[u8]) -> Value {
     let request: Value = match serde_json::from_slice(line) {
         Ok(v) => v,
         Err(e) => return err(format!("bad JSON: {e}")),
@@ -269,6 +318,7 @@ pub fn handle_request(targets: &[Arc<dyn ControlTarget>], line: &[u8]) -> Value 
     match (cmd, target) {
         ("list", None) => ok(Value::Array(targets.iter().map(|t| t.describe()).collect())),
         ("help", None) => ok(help()),
+        ("sockets", None) => ok(Value::Array(sockets.iter().map(SocketReport::json).collect())),
         ("trace", None) => {
             let probes: Vec<Arc<Probe>> = targets.iter().filter_map(|t| t.probe()).collect();
             guarded(|| trace_command(&probes, &request))
@@ -301,35 +351,65 @@ fn guarded(f: impl FnOnce() -> Result<Value, String>) -> Value {
 /// an error ([`crate::socket_owner`]). Its threads block on their sockets with no timeout but a client's idle
 /// one; `shutdown` shuts those sockets down.
 pub fn serve_control(path: &Path, targets: Vec<Arc<dyn ControlTarget>>, shutdown: Stop) -> io::Result<JoinHandle<()>> {
+    serve_control_with(path, targets, shutdown, Vec::new())
+}
+
+/// [`serve_control`], reporting the process's other listening `sockets` (and this one) on `{"cmd":"sockets"}`.
+pub fn serve_control_with(
+    path: &Path,
+    targets: Vec<Arc<dyn ControlTarget>>,
+    shutdown: Stop,
+    mut sockets: Vec<SocketReport>,
+) -> io::Result<JoinHandle<()>> {
+    // The socket can reset devices and inject traffic: owner only, from the moment it exists.
     let (listener, file) = crate::socket_owner::bind(path)?;
+    let peers = PeerPolicy::new(file.mode(), rustix::process::geteuid().as_raw(), file.gid())
+        .with_label(&format!("control socket {}", path.display()));
+    sockets.push(SocketReport {
+        name: "control".into(),
+        path: path.display().to_string(),
+        mode: Some(file.mode()),
+        peers: peers.clone(),
+    });
     let started = (|| {
-        // The socket can reset devices and inject traffic: owner only.
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         listener.set_nonblocking(false)?;
         shutdown.watch(&listener)
     })();
     let watch = started?; // on error `file` drops, which removes the socket
+    let serving = Serving { targets: Arc::from(targets), sockets: Arc::from(sockets), peers };
     std::thread::Builder::new().name("control-accept".into()).spawn(move || {
-        accept_loop(listener, file, Arc::from(targets), &shutdown);
+        accept_loop(listener, file, serving, &shutdown);
         drop(watch);
     })
 }
 
-fn accept_loop(listener: UnixListener, file: SocketFile, targets: Arc<[Arc<dyn ControlTarget>]>, shutdown: &Stop) {
+/// What the control socket's threads share.
+#[derive(Clone)]
+struct Serving {
+    targets: Arc<[Arc<dyn ControlTarget>]>,
+    sockets: Arc<[SocketReport]>,
+    peers: PeerPolicy,
+}
+
+fn accept_loop(listener: UnixListener, file: SocketFile, serving: Serving, shutdown: &Stop) {
     let active = Arc::new(AtomicUsize::new(0));
     let mut clients: Vec<JoinHandle<()>> = Vec::new();
     while !shutdown.is_stopped() {
         match listener.accept() {
             Ok((stream, _)) => {
+                // A peer the socket does not admit is closed unanswered (logged and counted by the policy).
+                if serving.peers.admit(&stream).is_err() {
+                    continue;
+                }
                 clients.retain(|h| !h.is_finished());
                 if active.load(Ordering::Acquire) >= MAX_CLIENTS {
                     reject(stream);
                     continue;
                 }
                 active.fetch_add(1, Ordering::AcqRel);
-                let (targets, shutdown, active2) = (targets.clone(), shutdown.clone(), active.clone());
+                let (serving, shutdown, active2) = (serving.clone(), shutdown.clone(), active.clone());
                 let spawned = std::thread::Builder::new().name("control-client".into()).spawn(move || {
-                    if let Err(e) = serve_client(stream, &targets, &shutdown) {
+                    if let Err(e) = serve_client(stream, &serving, &shutdown) {
                         tracing::debug!("control client ended: {e}");
                     }
                     active2.fetch_sub(1, Ordering::AcqRel);
@@ -370,7 +450,8 @@ fn reply(stream: &mut UnixStream, value: &Value) -> io::Result<()> {
     stream.write_all(line.as_bytes())
 }
 
-fn serve_client(mut stream: UnixStream, targets: &[Arc<dyn ControlTarget>], shutdown: &Stop) -> io::Result<()> {
+fn serve_client(mut stream: UnixStream, serving: &Serving, shutdown: &Stop) -> io::Result<()> {
+    let (targets, sockets) = (&serving.targets[..], &serving.sockets[..]);
     stream.set_nonblocking(false)?;
     // The read blocks until the client writes, leaves or idles out; a stop shuts the socket down.
     stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
@@ -387,7 +468,7 @@ fn serve_client(mut stream: UnixStream, targets: &[Arc<dyn ControlTarget>], shut
         let n = match stream.read(&mut chunk) {
             Ok(0) => {
                 if !discarding && !shutdown.is_stopped() && !line.iter().all(u8::is_ascii_whitespace) {
-                    reply(&mut stream, &handle_request(targets, &line))?;
+                    reply(&mut stream, &handle(targets, sockets, &line))?;
                 }
                 return Ok(());
             }
@@ -415,7 +496,7 @@ fn serve_client(mut stream: UnixStream, targets: &[Arc<dyn ControlTarget>], shut
             }
             if complete {
                 if !discarding && !line.iter().all(u8::is_ascii_whitespace) {
-                    reply(&mut stream, &handle_request(targets, &line))?;
+                    reply(&mut stream, &handle(targets, sockets, &line))?;
                 }
                 line.clear();
                 discarding = false;

@@ -312,6 +312,28 @@ fn trace_sets_one_filter_for_every_device_or_for_one() {
 }
 
 #[test]
+fn trace_reports_a_full_trace_files_size_bound_and_the_lines_it_left_out() {
+    let (t, hfi1) = real_targets();
+    let sink = Sink::memory();
+    sink.set_max_file_bytes(200);
+    hfi1.probe().trace.set_sink(sink.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.txt");
+    let r = ask(&t, &format!(r#"{{"device":"hfi1","cmd":"trace","filter":"hfi1=debug","file":{file:?}}}"#));
+    assert_eq!(r["ok"], true, "{r}");
+    hfi1.region_write(region::CONFIG, 4, &PCI_COMMAND_MEMORY.to_le_bytes()).unwrap();
+    let mut b = [0u8; 8];
+    (0..20).for_each(|_| hfi1.region_read(region::BAR0, 0x1000018, &mut b).unwrap());
+    let r = &ask(&t, r#"{"device":"hfi1","cmd":"trace"}"#)["result"];
+    let len = std::fs::metadata(&file).unwrap().len();
+    assert_eq!((r["file_bytes"].as_u64(), r["max_file_bytes"].as_u64()), (Some(len), Some(200)), "{r}");
+    assert!(len <= 200);
+    let kept = std::fs::read_to_string(&file).unwrap().lines().count() as u64;
+    assert_eq!(r["dropped_over_cap"].as_u64(), Some(r["lines"].as_u64().unwrap() - kept), "{r}");
+    assert!(kept > 0 && r["dropped_over_cap"].as_u64() > Some(0), "{r}");
+}
+
+#[test]
 fn fault_arms_lists_and_removes_faults_and_refuses_what_does_not_fit() {
     let (t, _) = real_targets();
     let r = ask(&t, r#"{"device":"irdma","cmd":"fault","add":"cqe-delay,ms=5,nth=3"}"#);
@@ -364,6 +386,11 @@ fn record_reports_each_devices_recorder_and_points_them_at_a_directory() {
     let r = ask(&t, &format!(r#"{{"cmd":"record","dir":{:?}}}"#, dir.display().to_string()));
     assert_eq!(r["result"]["hfi1"]["dir"], json!(dir));
     assert_eq!(rec.dir(), Some(dir.clone()));
+    // What bounds the recordings, and what they left out (nothing yet).
+    rec.set_max_total_bytes(1 << 20);
+    let status = &ask(&t, r#"{"cmd":"record"}"#)["result"]["hfi1"];
+    let caps = ["max_total_bytes", "total_bytes", "records_over_cap", "sessions_over_cap"].map(|k| status[k].clone());
+    assert_eq!(caps, [json!(1 << 20), json!(0), json!(0), json!(0)], "{status}");
     assert_eq!(ask(&t, r#"{"cmd":"record","stop":true}"#)["result"]["hfi1"]["dir"], Value::Null);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -388,4 +415,51 @@ fn accesses_are_kept_for_any_device_once_asked() {
     let r = ask(&t, r#"{"device":"hfi1","cmd":"accesses"}"#);
     assert_eq!((r["result"]["reads"].as_u64(), r["result"]["unnamed"].as_u64()), (Some(2), Some(1)));
     assert_eq!(r["result"]["recent"][1]["csr"], Value::Null);
+}
+
+/// Connects to `path` from a thread running as `uid`/`gid` (credentials are per thread to the kernel; the raw
+/// setresuid of rustix changes only the calling thread's, and SO_PEERCRED takes the connecting thread's).
+fn connect_as(path: &Path, uid: u32, gid: u32) -> UnixStream {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || {
+        use rustix::process::{Gid, Uid};
+        let (gid, uid) = (Gid::from_raw(gid), Uid::from_raw(uid));
+        rustix::thread::set_thread_groups(&[]).expect("setgroups (the tests run as root)");
+        rustix::thread::set_thread_res_gid(gid, gid, gid).expect("setresgid");
+        rustix::thread::set_thread_res_uid(uid, uid, uid).expect("setresuid");
+        UnixStream::connect(&path).expect("connect as another user")
+    })
+    .join()
+    .expect("thread")
+}
+
+#[test]
+fn a_peer_of_another_user_is_closed_unanswered_and_counted_even_if_the_socket_mode_was_loosened() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: making a peer of another user needs root");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let (t, _) = targets();
+    let server = Server::start("peer", t);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::symlink_metadata(&server.path).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o600, "created owner-only");
+    // Loosened behind the device model's back: the kernel lets anyone connect now.
+    std::fs::set_permissions(&server.path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut stranger = connect_as(&server.path, NOBODY, NOBODY);
+    stranger.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Nothing sent (a request the server never reads would turn its close into ECONNRESET here): the end of
+    // stream comes at once, not after the idle timeout a served client gets.
+    let mut got = Vec::new();
+    assert_eq!(stranger.read_to_end(&mut got).map_err(|e| e.kind()), Ok(0), "closed without a reply: {got:?}");
+
+    let (mut s, mut r) = server.connect();
+    let sockets = roundtrip(&mut s, &mut r, r#"{"cmd":"sockets"}"#);
+    let control = &sockets["result"][0];
+    assert_eq!(control["name"], "control");
+    assert_eq!(control["mode"], "0600");
+    assert_eq!(control["refused_peers"], 1, "{sockets}");
+    drop((s, r));
+    server.stop();
 }

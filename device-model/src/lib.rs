@@ -8,6 +8,7 @@ pub mod engine;
 pub mod fault;
 pub mod hfi1;
 pub mod irdma;
+pub mod output_file;
 pub mod pci;
 pub mod probe;
 pub mod replay;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use device_model::cli::{Args, DeviceKind, Listen, Served, Tool};
-use device_model::control::{serve_control, ControlTarget};
+use device_model::control::{serve_control_with, ControlTarget, SocketReport};
 use device_model::device_options::DeviceOptions;
 use device_model::hfi1::{cable, CAPTURE_DEFAULT_MIB, WFR_NAMES};
 use device_model::pci::Function;
@@ -18,6 +18,7 @@ use device_model::shutdown::{accept_one, Termination, Waker};
 use device_model::socket_owner::{self, SocketFile};
 use device_model::trace::{Filter, Sink};
 use vfio_user_proto::record::Recorder;
+use vfio_user_proto::server::PeerPolicy;
 use vfio_user_proto::stop::Stop;
 use vfio_user_proto::{Server, ServerConfig};
 
@@ -189,8 +190,12 @@ fn run(args: &Args) -> Result<(), String> {
     let mut functions = Vec::new();
     let mut listeners = Vec::new();
     let mut socket_files: Vec<SocketFile> = Vec::new();
+    let mut sockets: Vec<SocketReport> = Vec::new();
+    let socket_mode = args.socket_mode.unwrap_or(socket_owner::DEFAULT_MODE);
+    let uid = rustix::process::geteuid().as_raw();
     let sink = Sink::global();
     sink.set_format(args.trace_format);
+    sink.set_max_file_bytes(args.trace_max_mib.map_or(device_model::trace::DEFAULT_MAX_FILE_BYTES, |m| m << 20));
     if let Some(path) = &args.trace_file {
         sink.to_file(path).map_err(|e| format!("--trace-file {}: {e}", path.display()))?;
     }
@@ -206,6 +211,9 @@ fn run(args: &Args) -> Result<(), String> {
         if let Some(mib) = args.record_max_mib {
             recorder.set_max_session_bytes(mib << 20);
         }
+        if let Some(mib) = args.record_max_total_mib {
+            recorder.set_max_total_bytes(mib << 20);
+        }
         if let Some(dir) = &args.record {
             recorder.set_dir(Some(dir)).map_err(|e| format!("--record {}: {e}", dir.display()))?;
         }
@@ -213,18 +221,39 @@ fn run(args: &Args) -> Result<(), String> {
             return Err(format!("{}: the device already has a recorder", s.name()));
         }
         recorders.push(recorder);
-        let listener = match &s.listen {
+        let (listener, report) = match &s.listen {
             Listen::Path(p) => {
                 // Dropped on every way out of `run`, which removes the file.
-                let (l, file) = socket_owner::bind(p).map_err(|e| e.to_string())?;
+                let (l, file) = socket_owner::bind_with_mode(p, socket_mode).map_err(|e| e.to_string())?;
+                let mut peers = PeerPolicy::new(socket_mode, uid, file.gid());
+                if let Ok(h) = file.handle() {
+                    peers = peers.with_group_of(h);
+                }
+                let report = SocketReport {
+                    name: s.name().into(),
+                    path: p.display().to_string(),
+                    mode: Some(socket_mode),
+                    peers: peers.with_label(&format!("{} socket {}", s.name(), p.display())),
+                };
                 socket_files.push(file);
-                l
+                (l, report)
             }
-            Listen::Fd(fd) => adopt(*fd)?,
+            Listen::Fd(fd) => {
+                let peers = PeerPolicy::new(socket_mode, uid, rustix::process::getegid().as_raw());
+                let label = format!("{} socket (fd {fd})", s.name());
+                let report = SocketReport {
+                    name: s.name().into(),
+                    path: format!("fd {fd}"),
+                    mode: None,
+                    peers: peers.with_label(&label),
+                };
+                (adopt(*fd)?, report)
+            }
         };
         tracing::info!("{} ({:04x}:{:04x}) listening on {:?}", s.name(), s.ids.vendor_id, s.ids.device_id, s.listen);
         functions.push(function);
         listeners.push(listener);
+        sockets.push(report);
     }
 
     if let Some(path) = &args.capture {
@@ -240,7 +269,7 @@ fn run(args: &Args) -> Result<(), String> {
         Some(path) => {
             let targets: Vec<Arc<dyn ControlTarget>> =
                 functions.iter().map(|f| f.clone() as Arc<dyn ControlTarget>).collect();
-            let handle = serve_control(path, targets, shutdown.clone())
+            let handle = serve_control_with(path, targets, shutdown.clone(), sockets.clone())
                 .map_err(|e| format!("control socket {}: {e}", path.display()))?;
             tracing::info!("control socket on {}", path.display());
             Some(handle)
@@ -260,10 +289,12 @@ fn run(args: &Args) -> Result<(), String> {
     let mut threads = Vec::new();
     let mut stops = Vec::new();
     let finished = Arc::new(AtomicUsize::new(0));
-    for (((function, listener), s), recorder) in functions.into_iter().zip(listeners).zip(&served).zip(recorders) {
+    let all = functions.into_iter().zip(listeners).zip(&served).zip(recorders).zip(sockets);
+    for ((((function, listener), s), recorder), socket) in all {
         let once = args.once;
         let name = s.name();
-        let server = Server::new(function, ServerConfig { recorder: Some(recorder), ..config.clone() });
+        let server =
+            Server::new(function, ServerConfig { recorder: Some(recorder), peers: socket.peers, ..config.clone() });
         stops.push(server.shutdown_handle());
         let stop = shutdown.clone();
         let finished = Finished(finished.clone(), termination.waker().map_err(|e| format!("{name}: {e}"))?);

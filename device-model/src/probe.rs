@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -62,6 +62,9 @@ pub struct Probe {
     steps_changed: Condvar,
     /// Set while a replay or a step gate is attached: the hooks' first check.
     gated: AtomicBool,
+    /// Jobs of the device's worker whose handler panicked; from the first on the device is dead
+    /// (`crate::worker`, docs/decisions.md).
+    worker_panics: AtomicU64,
 }
 
 impl Probe {
@@ -74,7 +77,25 @@ impl Probe {
             steps: Mutex::new(None),
             steps_changed: Condvar::new(),
             gated: AtomicBool::new(false),
+            worker_panics: AtomicU64::new(0),
         })
+    }
+
+    /// A job of the device's worker panicked: the device is dead from now on, until the process restarts.
+    /// Its PCI function then answers as a removed one (all-ones, writes dropped, no DMA, no interrupts).
+    pub fn worker_panicked(&self) {
+        self.worker_panics.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Jobs of the device's worker that panicked.
+    pub fn worker_panics(&self) -> u64 {
+        self.worker_panics.load(Ordering::Acquire)
+    }
+
+    /// Whether the device is dead (a worker job panicked).
+    #[inline]
+    pub fn dead(&self) -> bool {
+        self.worker_panics() != 0
     }
 
     pub fn device(&self) -> &'static str {

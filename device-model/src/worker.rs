@@ -9,6 +9,12 @@
 //!   publishes under the engine's lock, and it never holds that lock across a DMA access
 //!   (docs/architecture.md, "the deadlock rule").
 //! - Dropping the queue stops the thread: queued jobs are dropped unrun, and the thread is joined.
+//! - A handler that panics is caught (in both modes): the job is logged by its [`JobTag`], the device is dead
+//!   from then on (`Probe::worker_panicked`: its PCI function answers as a removed one, all-ones), and the
+//!   queue refuses later jobs and drops what it holds, each counted done, so nobody waits for them (an inject's
+//!   reply channel closes with its job). Other devices keep their own queues and serve on. Under the fuzz
+//!   harness libfuzzer-sys's panic hook aborts the process before anything unwinds, so a handler's panic is
+//!   still the crash libFuzzer reports.
 //!
 //! [`WorkerMode::Inline`] runs the same jobs with no thread: the engine drains its queue on the thread of the
 //! access that queued them, once that access has let go of the engine's locks ([`WorkQueue::run_queued`]).
@@ -18,6 +24,7 @@
 
 #![forbid(unsafe_code)]
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -25,6 +32,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use vfio_user_proto::sync::Unpoison;
+
+use crate::probe::Probe;
 
 /// How long `wait_idle` yields before it sleeps between checks: most jobs finish within microseconds.
 const IDLE_YIELD: Duration = Duration::from_micros(200);
@@ -61,6 +70,12 @@ type Handler<J> = Box<dyn FnMut(Stamped<J>) + Send>;
 /// Inline mode's half of the queue: its receiving end, and the handler locked by whichever thread drains.
 type InlineRunner<J> = (Receiver<Stamped<J>>, Mutex<Handler<J>>);
 
+/// What a worker logs of a job whose handler panicked: its kind and one number (an engine, an address, a
+/// length). Taken before the job runs, as the handler consumes the job; cheap, as every job pays it.
+pub trait JobTag {
+    fn tag(&self) -> (&'static str, u64);
+}
+
 /// A job and the reset epoch it was submitted in.
 #[derive(Debug)]
 pub struct Stamped<J> {
@@ -76,6 +91,14 @@ struct Progress {
     /// The epoch of the job running now, if any.
     running: Mutex<Option<u64>>,
     changed: Condvar,
+    /// Set once a handler panicked: the queue refuses jobs and drops those it holds.
+    failed: AtomicBool,
+}
+
+/// Who a queue's jobs work for, for the log of a panic and the dead device.
+struct Owner {
+    name: String,
+    probe: Arc<Probe>,
 }
 
 impl Progress {
@@ -84,9 +107,30 @@ impl Progress {
         self.changed.notify_all();
     }
 
-    fn run<J>(&self, job: Stamped<J>, handler: &mut dyn FnMut(Stamped<J>)) {
+    fn run<J: JobTag>(&self, owner: &Owner, job: Stamped<J>, handler: &mut dyn FnMut(Stamped<J>)) {
+        if self.failed.load(Ordering::Acquire) {
+            drop(job);
+            self.completed.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
+        let (kind, arg) = job.job.tag();
         self.set_running(Some(job.epoch));
-        handler(job);
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| handler(job))) {
+            self.failed.store(true, Ordering::Release);
+            owner.probe.worker_panicked();
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(
+                worker = owner.name,
+                device = owner.probe.device(),
+                job = kind,
+                arg,
+                "a job's handler panicked ({what}): the device is dead until the process restarts"
+            );
+        }
         self.set_running(None);
         self.completed.fetch_add(1, Ordering::AcqRel);
     }
@@ -98,36 +142,44 @@ pub struct WorkQueue<J> {
     thread: Option<JoinHandle<()>>,
     inline: Option<InlineRunner<J>>,
     progress: Arc<Progress>,
+    owner: Arc<Owner>,
 }
 
-impl<J: Send + 'static> WorkQueue<J> {
-    /// A queue of `depth` jobs, each handed to `handler`: on the thread `name` or, inline, by
-    /// [`run_queued`](Self::run_queued).
+impl<J: JobTag + Send + 'static> WorkQueue<J> {
+    /// A queue of `depth` jobs of the device `probe` observes, each handed to `handler`: on the thread `name`
+    /// or, inline, by [`run_queued`](Self::run_queued).
     pub fn spawn(
         name: &str,
         depth: usize,
         mode: WorkerMode,
+        probe: Arc<Probe>,
         mut handler: impl FnMut(Stamped<J>) + Send + 'static,
     ) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::bounded::<Stamped<J>>(depth.max(1));
         let progress = Arc::new(Progress::default());
+        let owner = Arc::new(Owner { name: name.into(), probe });
         let spin = match mode {
             WorkerMode::Thread { spin } => spin,
             WorkerMode::Inline => {
                 let inline = Some((rx, Mutex::new(Box::new(handler) as Handler<J>)));
-                return Ok(Self { tx: Some(tx), thread: None, inline, progress });
+                return Ok(Self { tx: Some(tx), thread: None, inline, progress, owner });
             }
         };
-        let p = Arc::clone(&progress);
+        let (p, o) = (Arc::clone(&progress), Arc::clone(&owner));
         let thread = std::thread::Builder::new().name(name.into()).spawn(move || {
             while let Some(job) = next(&rx, spin) {
                 if p.stop.load(Ordering::Acquire) {
                     break;
                 }
-                p.run(job, &mut handler);
+                p.run(&o, job, &mut handler);
             }
         })?;
-        Ok(Self { tx: Some(tx), thread: Some(thread), inline: None, progress })
+        Ok(Self { tx: Some(tx), thread: Some(thread), inline: None, progress, owner })
+    }
+
+    /// Whether a job's handler panicked: the queue refuses jobs from then on.
+    pub fn failed(&self) -> bool {
+        self.progress.failed.load(Ordering::Acquire)
     }
 
     /// Inline mode: runs every queued job on this thread, in order; a no-op for a threaded queue. The caller
@@ -145,7 +197,7 @@ impl<J: Send + 'static> WorkQueue<J> {
                 if self.progress.stop.load(Ordering::Acquire) {
                     return;
                 }
-                self.progress.run(job, &mut *h);
+                self.progress.run(&self.owner, job, &mut *h);
             }
         }
     }
@@ -162,6 +214,9 @@ impl<J: Send + 'static> WorkQueue<J> {
 
     fn submit_with(&self, send: impl FnOnce(&Sender<Stamped<J>>, Stamped<J>) -> bool, epoch: u64, job: J) -> bool {
         let Some(tx) = &self.tx else { return false };
+        if self.failed() {
+            return false;
+        }
         self.progress.submitted.fetch_add(1, Ordering::AcqRel);
         if send(tx, Stamped { epoch, job }) {
             return true;
@@ -242,14 +297,29 @@ mod tests {
     /// A guard against hanging, not a measure: each wait below ends on its event within milliseconds.
     const HANG_GUARD: Duration = Duration::from_secs(30);
 
+    impl JobTag for u32 {
+        fn tag(&self) -> (&'static str, u64) {
+            ("test", u64::from(*self))
+        }
+    }
+
+    fn probe() -> Arc<Probe> {
+        Probe::new("test")
+    }
+
     #[test]
     fn jobs_run_in_order_with_their_epochs_and_the_queue_reports_idle() {
         let (seen_tx, seen) = mpsc::channel();
-        let q =
-            WorkQueue::spawn("t", 8, WorkerMode::Thread { spin: Duration::from_micros(10) }, move |s: Stamped<u32>| {
+        let q = WorkQueue::spawn(
+            "t",
+            8,
+            WorkerMode::Thread { spin: Duration::from_micros(10) },
+            probe(),
+            move |s: Stamped<u32>| {
                 let _ = seen_tx.send((s.epoch, s.job));
-            })
-            .unwrap();
+            },
+        )
+        .unwrap();
         for (epoch, job) in [(0, 1), (0, 2), (1, 3)] {
             assert!(q.try_submit(epoch, job));
         }
@@ -261,7 +331,7 @@ mod tests {
     fn inline_jobs_run_at_run_queued_on_the_callers_thread_in_order() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = Arc::clone(&seen);
-        let q = WorkQueue::spawn("t", 8, WorkerMode::Inline, move |j: Stamped<u32>| {
+        let q = WorkQueue::spawn("t", 8, WorkerMode::Inline, probe(), move |j: Stamped<u32>| {
             s.lock().unpoison().push((j.epoch, j.job, std::thread::current().id()));
         })
         .unwrap();
@@ -280,7 +350,7 @@ mod tests {
 
     #[test]
     fn inline_a_full_queue_refuses_like_a_threaded_one() {
-        let q = WorkQueue::spawn("t", 1, WorkerMode::Inline, |_: Stamped<u32>| {}).unwrap();
+        let q = WorkQueue::spawn("t", 1, WorkerMode::Inline, probe(), |_: Stamped<u32>| {}).unwrap();
         assert!(q.try_submit(0, 1));
         assert!(!q.try_submit(0, 2));
         q.run_queued();
@@ -295,7 +365,7 @@ mod tests {
         let ran = Arc::new(Mutex::new(Vec::new()));
         let r = Arc::clone(&ran);
         let q = Arc::new(
-            WorkQueue::spawn("t", 8, WorkerMode::Inline, move |j: Stamped<u32>| {
+            WorkQueue::spawn("t", 8, WorkerMode::Inline, probe(), move |j: Stamped<u32>| {
                 r.lock().unpoison().push((j.job, std::thread::current().id()));
                 if j.job == 1 {
                     let _ = started_tx.send(());
@@ -329,12 +399,13 @@ mod tests {
         let release = Mutex::new(release);
         let ran = Arc::new(Mutex::new(Vec::new()));
         let r = Arc::clone(&ran);
-        let q = WorkQueue::spawn("t", 1, WorkerMode::Thread { spin: Duration::ZERO }, move |j: Stamped<u32>| {
-            r.lock().unpoison().push(j.job);
-            let _ = started_tx.send(());
-            let _ = release.lock().unpoison().recv_timeout(HANG_GUARD);
-        })
-        .unwrap();
+        let q =
+            WorkQueue::spawn("t", 1, WorkerMode::Thread { spin: Duration::ZERO }, probe(), move |j: Stamped<u32>| {
+                r.lock().unpoison().push(j.job);
+                let _ = started_tx.send(());
+                let _ = release.lock().unpoison().recv_timeout(HANG_GUARD);
+            })
+            .unwrap();
         assert!(q.try_submit(7, 1));
         started.recv_timeout(HANG_GUARD).unwrap();
         // Job 1 runs (epoch 7) until released: one more fits the queue of one, the next is refused. Had the
@@ -354,5 +425,56 @@ mod tests {
         let _ = release_tx.send(());
         dropper.join().unwrap();
         assert_eq!(*ran.lock().unpoison(), vec![1], "the queued job was dropped, not run");
+    }
+
+    /// A job that panics when it is 13; the others report (job, epoch) on `seen`, and an inject-like job 14
+    /// holds a reply channel the caller waits on.
+    enum Test {
+        Plain(u32),
+        Reply(crossbeam_channel::Sender<u32>),
+    }
+
+    impl JobTag for Test {
+        fn tag(&self) -> (&'static str, u64) {
+            match self {
+                Test::Plain(n) => ("plain", u64::from(*n)),
+                Test::Reply(_) => ("reply", 0),
+            }
+        }
+    }
+
+    #[test]
+    fn a_panicking_handler_kills_its_device_refuses_later_jobs_and_leaves_the_others_serving() {
+        for mode in [WorkerMode::Thread { spin: Duration::ZERO }, WorkerMode::Inline] {
+            let (seen_tx, seen) = crossbeam_channel::unbounded();
+            let handler = move |s: Stamped<Test>| match s.job {
+                Test::Plain(13) => panic!("job 13"),
+                Test::Plain(n) => {
+                    let _ = seen_tx.send(n);
+                }
+                Test::Reply(reply) => {
+                    let _ = reply.send(0);
+                }
+            };
+            let (dead, alive) = (probe(), probe());
+            let q = WorkQueue::spawn("dies", 8, mode, Arc::clone(&dead), handler.clone()).unwrap();
+            let other = WorkQueue::spawn("lives", 8, mode, Arc::clone(&alive), handler).unwrap();
+            // The panicking job, then one queued behind it with a reply the caller waits for.
+            let (reply, answer) = crossbeam_channel::bounded(1);
+            assert!(q.try_submit(0, Test::Plain(1)) && q.try_submit(0, Test::Plain(13)));
+            assert!(q.try_submit(0, Test::Reply(reply)), "{mode:?}");
+            assert!(q.wait_idle(HANG_GUARD), "{mode:?}: wait_idle returns");
+            assert_eq!(seen.try_iter().collect::<Vec<_>>(), vec![1], "{mode:?}");
+            // The waiting caller is told at once: the job behind the panic was dropped with its reply channel.
+            assert_eq!(answer.recv_timeout(HANG_GUARD), Err(crossbeam_channel::RecvTimeoutError::Disconnected));
+            assert!(q.failed() && dead.dead() && dead.worker_panics() == 1, "{mode:?}: the device is dead");
+            assert!(!q.try_submit(0, Test::Plain(2)), "{mode:?}: later jobs are refused");
+            assert!(!q.submit_timeout(0, Test::Plain(3), HANG_GUARD), "{mode:?}: without waiting");
+            assert!(q.idle() && q.wait_idle(HANG_GUARD) && q.wait_not_running(u64::MAX, HANG_GUARD));
+            // Another device's queue serves on.
+            assert!(other.try_submit(0, Test::Plain(4)) && other.wait_idle(HANG_GUARD));
+            assert_eq!(seen.try_iter().collect::<Vec<_>>(), vec![4], "{mode:?}");
+            assert!(!other.failed() && !alive.dead());
+        }
     }
 }

@@ -7,11 +7,13 @@
 //! contexts, CQP WQEs, shadow areas and loopback segments for irdma; for the chip personality also the PIO
 //! send buffers, send and receive contexts, SDMA engines and their descriptor rings, packets from the cable
 //! and its link news, and KDETH packets with hostile flows, generations, PSNs, TIDs and offsets. Oracles: no panic, no hang (every
-//! wait is bounded and a missed deadline is a crash), register invariants, and no device write outside
-//! the buffers the driver allowed (RcvArray buffers for hfi1, and for the chip personality also the header
-//! queues, tail addresses and credit-return slots it programmed; CCQ rings named by a fetched CREATE_CQ for
-//! irdma; and for a KDETH packet only its own context's queues and the TIDs it names), checked at each write
-//! and again by comparing memory with the harness's copy at the end.
+//! wait is bounded and a missed deadline is a crash; an operation that never returns, such as an engine's walk
+//! that never ends, fails at libFuzzer's `-timeout`, which ci/fuzz.sh sets to 5 s, after the watchdog below
+//! has named the operation), register invariants, and no device write outside what the programming allows at
+//! the moment of the write (`hfi1_oracle`: for a packet from the cable only the queues, eager buffers and
+//! named TIDs of the context its header routes it to; SDMA head and credit-return slots; programmed TIDs for
+//! loopback; CCQ rings named by a fetched CREATE_CQ for irdma), checked at each write and again by comparing
+//! memory with the harness's copy at the end.
 #![no_main]
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +29,7 @@ use device_model::hfi1::{self, regs as hregs, Hfi1, Hfi1Config, Packet, WorkerMo
 use device_model::irdma::{self, regs as iregs, Irdma, IrdmaConfig};
 use emu_abi::hfi1::LbDescHeader;
 use rdma_emu_fuzz::dma_oracle::GuardedMemory;
+use rdma_emu_fuzz::hfi1_oracle::{Hfi1Oracle, Pending, Shape};
 use rdma_emu_fuzz::mmio_input::{build_wqe, irdma_read_hook, Addr, Width, WqeCmd, IDLE_DEADLINE, MAX_OPS, WIN};
 
 #[derive(Arbitrary, Debug)]
@@ -252,8 +255,11 @@ enum WfrOp {
         head_addr: Addr,
         ctrl: u8,
     },
-    /// A packet's descriptors written into the engine's ring at `slot` (as sdma.c submit_tx does: FIRST and
-    /// LAST, the generation of the slot's lap, AHG modes), then SEND_DMA_TAIL moved past them.
+    /// A packet's descriptors written into the engine's ring `slot` descriptors past its tail (0: at the tail,
+    /// as sdma.c submit_tx writes), FIRST and LAST, AHG modes, and the generation of each slot's lap plus `gen`
+    /// (0: the right one, add_gen); then SEND_DMA_TAIL moved past them, or to `tail`. Counted from the tail, so
+    /// that a copied operation sends the next packet. `repeat % 64` more times the same, each at the new tail:
+    /// a run of packets walks the head round the ring.
     SdmaPacket {
         engine: bool,
         slot: u16,
@@ -261,6 +267,7 @@ enum WfrOp {
         gen: u8,
         pbc: Option<u16>,
         tail: Option<u16>,
+        repeat: u8,
     },
 }
 
@@ -274,6 +281,125 @@ enum Op {
     Reattach { irdma: bool },
     Control { irdma: bool, which: u8 },
     Wfr(WfrOp),
+}
+
+impl Op {
+    /// The operation's name, for the hang watchdog.
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Hfi1(o) => o.name(),
+            Op::Irdma(o) => o.name(),
+            Op::Poke { .. } => "poke",
+            Op::Wait => "wait",
+            Op::Reset { .. } => "reset",
+            Op::Reattach { .. } => "reattach",
+            Op::Control { .. } => "control",
+            Op::Wfr(o) => o.name(),
+        }
+    }
+}
+
+impl HfiOp {
+    fn name(&self) -> &'static str {
+        match self {
+            HfiOp::Write { .. } => "hfi1-write",
+            HfiOp::Read { .. } => "hfi1-read",
+            HfiOp::Program { .. } => "hfi1-program",
+            HfiOp::Context { .. } => "hfi1-context",
+            HfiOp::Flow { .. } => "hfi1-flow",
+            HfiOp::Descriptor { .. } => "hfi1-descriptor",
+            HfiOp::Doorbell { .. } => "hfi1-doorbell",
+            HfiOp::Inject { .. } => "hfi1-inject",
+        }
+    }
+}
+
+impl IrdmaOp {
+    fn name(&self) -> &'static str {
+        match self {
+            IrdmaOp::Write { .. } => "irdma-write",
+            IrdmaOp::Read { .. } => "irdma-read",
+            IrdmaOp::HostContext { .. } => "irdma-host-context",
+            IrdmaOp::Destroy => "irdma-destroy",
+            IrdmaOp::Wqe { .. } => "irdma-wqe",
+            IrdmaOp::Doorbell { .. } => "irdma-doorbell",
+            IrdmaOp::Shadow { .. } => "irdma-shadow",
+            IrdmaOp::Arm => "irdma-arm",
+            IrdmaOp::Segment { .. } => "irdma-segment",
+        }
+    }
+}
+
+impl WfrOp {
+    fn name(&self) -> &'static str {
+        match self {
+            WfrOp::Write { .. } => "wfr-write",
+            WfrOp::Read { .. } => "wfr-read",
+            WfrOp::Rxe(_) => "wfr-rxe",
+            WfrOp::Reset => "wfr-reset",
+            WfrOp::Control(_) => "wfr-control",
+            WfrOp::Pio { .. } => "wfr-pio",
+            WfrOp::PioPacket { .. } => "wfr-pio-packet",
+            WfrOp::SendContext { .. } => "wfr-send-context",
+            WfrOp::RecvContext { .. } => "wfr-recv-context",
+            WfrOp::Port { .. } => "wfr-port",
+            WfrOp::Wire { .. } => "wfr-wire",
+            WfrOp::Kdeth { .. } => "wfr-kdeth",
+            WfrOp::Link { .. } => "wfr-link",
+            WfrOp::SdmaEngine { .. } => "wfr-sdma-engine",
+            WfrOp::SdmaPacket { .. } => "wfr-sdma-packet",
+        }
+    }
+}
+
+/// The hang detector's witness. The engines' jobs run inline, so a job that never ends (an SDMA walk that finds
+/// nothing to do and walks again) keeps the fuzzing thread inside the operation that queued it; libFuzzer's
+/// `-timeout` then fails the input and writes it out as `timeout-<sha1>`. Before that, this watchdog prints
+/// which operation of the input has not returned (`fuzz-hang: op-<index>-<name>`, which ci/fuzz.sh names the
+/// regression input after). It only prints: whether it is a hang is libFuzzer's call, at its timeout.
+mod watchdog {
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    /// Far above any operation's run time (microseconds to milliseconds), below ci/fuzz.sh's 5 s timeout.
+    const NOTE_AFTER: Duration = Duration::from_secs(2);
+    const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+    /// What runs now: (input counter, operation index or none for the harness's own steps, name); no name
+    /// between inputs.
+    pub static NOW: Mutex<(u64, Option<usize>, &'static str)> = Mutex::new((0, None, ""));
+
+    pub fn enter(index: Option<usize>, name: &'static str) {
+        let mut now = NOW.lock().unwrap_or_else(|p| p.into_inner());
+        *now = (now.0, index, name);
+    }
+
+    /// Between inputs: nothing to watch until the next `enter`.
+    pub fn leave() {
+        let mut now = NOW.lock().unwrap_or_else(|p| p.into_inner());
+        *now = (now.0 + 1, None, "");
+    }
+
+    pub fn spawn() {
+        let watch = || {
+            let mut seen = (u64::MAX, None, "");
+            let mut since = Instant::now();
+            let mut told = false;
+            loop {
+                std::thread::sleep(LOOK_EVERY);
+                let now = *NOW.lock().unwrap_or_else(|p| p.into_inner());
+                if now != seen {
+                    (seen, since, told) = (now, Instant::now(), false);
+                } else if !told && !now.2.is_empty() && since.elapsed() >= NOTE_AFTER {
+                    let op = now.1.map_or(String::new(), |i| format!("op-{i}-"));
+                    eprintln!("fuzz-hang: {op}{} has not returned after {NOTE_AFTER:?}", now.2);
+                    told = true;
+                }
+            }
+        };
+        // Without the watchdog a hang is still a timeout, just not named.
+        let _ = std::thread::Builder::new().name("hang-watchdog".into()).spawn(watch);
+    }
 }
 
 #[derive(Default)]
@@ -314,6 +440,8 @@ struct Engines {
     hmem: Arc<GuardedMemory>,
     wmem: Arc<GuardedMemory>,
     imem: Arc<GuardedMemory>,
+    hor: Arc<Hfi1Oracle>,
+    wor: Arc<Hfi1Oracle>,
 }
 
 static ENGINES: std::sync::OnceLock<Option<Engines>> = std::sync::OnceLock::new();
@@ -321,9 +449,12 @@ static ENGINES: std::sync::OnceLock<Option<Engines>> = std::sync::OnceLock::new(
 struct Rig {
     hfi: &'static Hfi1,
     hmem: Arc<GuardedMemory>,
-    /// The chip personality, with its own memory: its placements are checked like the project function's.
+    /// What the project function may write: the RcvArray it was given, the packet injected.
+    hor: Arc<Hfi1Oracle>,
+    /// The chip personality, with its own memory and oracle.
     wfr: &'static Hfi1,
     wmem: Arc<GuardedMemory>,
+    wor: Arc<Hfi1Oracle>,
     ird: &'static Irdma,
     imem: Arc<GuardedMemory>,
     irq: Arc<Irqs>,
@@ -340,12 +471,16 @@ struct Rig {
     /// in this input. One per engine and input: serialising a dump cost a third of the run time when inputs
     /// asked for several, and a second dump of the same input adds little the first did not reach.
     observed: [bool; 3],
+    /// Descriptors handed to each SDMA engine of the chip personality since its ring was programmed
+    /// (sdma.c's descq_tail): the laps, hence the generations, of the slots it writes next.
+    sdma_tail: [u64; 2],
 }
 
 impl Rig {
     fn new() -> Option<Rig> {
         let engines = ENGINES.get_or_init(|| {
             rdma_emu_fuzz::timing::precise_sleeps();
+            watchdog::spawn();
             let hfi = Hfi1::new(hfi_config()).ok()?;
             let wfr = Hfi1::new(wfr_config()).ok()?;
             let ird = Irdma::new(IrdmaConfig {
@@ -356,19 +491,29 @@ impl Rig {
                 max_ccq_size: 4096,
                 worker: WorkerMode::Inline,
             });
-            let hmem = Arc::new(GuardedMemory::new(&WIN, None));
-            let wmem = Arc::new(GuardedMemory::new(&WIN, None));
+            let shape = |wfr| Shape {
+                wfr,
+                rcv_contexts: hfi_config().rcv_contexts as u64,
+                send_contexts: if wfr { 8 } else { 0 },
+                sdma_engines: if wfr { 2 } else { 0 },
+            };
+            let (hor, wor) = (Arc::new(Hfi1Oracle::new(shape(false))), Arc::new(Hfi1Oracle::new(shape(true))));
+            let hmem = Arc::new(GuardedMemory::with_policy(&WIN, hor.clone()));
+            let wmem = Arc::new(GuardedMemory::with_policy(&WIN, wor.clone()));
             let imem = Arc::new(GuardedMemory::new(&WIN, Some(irdma_read_hook())));
-            Some(Engines { hfi, wfr, ird, hmem, wmem, imem })
+            Some(Engines { hfi, wfr, ird, hmem, wmem, imem, hor, wor })
         });
-        let Engines { hfi, wfr, ird, hmem, wmem, imem } = engines.as_ref()?;
+        let Engines { hfi, wfr, ird, hmem, wmem, imem, hor, wor } = engines.as_ref()?;
+        // The oracles read the registers of the functions at each write (the engines live for the process).
+        hor.connect(move |off| read64(hfi, off));
+        wor.connect(move |off| read64(wfr, off));
         hfi.detach();
         wfr.detach();
         ird.detach();
         for m in [hmem, wmem, imem] {
             m.reset();
         }
-        let (hmem, wmem, imem) = (hmem.clone(), wmem.clone(), imem.clone());
+        let (hmem, wmem, imem, hor, wor) = (hmem.clone(), wmem.clone(), imem.clone(), hor.clone(), wor.clone());
         let irq = Arc::new(Irqs::default());
         hfi.attach(hmem.clone(), irq.clone());
         wfr.attach(wmem.clone(), irq.clone());
@@ -376,8 +521,10 @@ impl Rig {
         Some(Rig {
             hfi,
             hmem,
+            hor,
             wfr,
             wmem,
+            wor,
             ird,
             imem,
             irq,
@@ -386,6 +533,7 @@ impl Rig {
             hfi_touched: false,
             wfr_touched: false,
             observed: [false; 3],
+            sdma_tail: [0; 2],
         })
     }
 
@@ -421,8 +569,8 @@ impl Rig {
         (offset % size).min(size - width as u64)
     }
 
-    /// Records the buffer a 64-bit RcvArray store enables, as the oracle's allowed set.
-    fn note_hfi_write(mem: &GuardedMemory, offset: u64, data: &[u8]) {
+    /// Records what a 64-bit RcvArray store programs, for the oracle.
+    fn note_hfi_write(oracle: &Hfi1Oracle, offset: u64, data: &[u8]) {
         let Ok(b) = <[u8; 8]>::try_from(data) else { return };
         let value = u64::from_le_bytes(b);
         let count = hfi_config().rcv_array_count as u64;
@@ -437,89 +585,34 @@ impl Rig {
         let index = (offset - hregs::RCV_ARRAY) / 8;
         if (1..=0xA).contains(&code) {
             let addr = (value & hregs::RCV_ARRAY_RT_ADDR_MASK) << hregs::RT_ADDR_SHIFT;
-            mem.allow(addr, 4096u64 << (code - 1));
-            mem.program(index, Some((addr, 4096u64 << (code - 1))));
+            oracle.program(index, Some((addr, 4096u64 << (code - 1))));
         } else {
-            mem.program(index, None);
+            oracle.program(index, None);
         }
     }
 
     fn hfi_write(&self, offset: u64, data: &[u8]) {
         let offset = Self::in_bar(offset, data.len(), hfi1::HFI1_BAR0_SIZE);
-        Self::note_hfi_write(&self.hmem, offset, data);
+        Self::note_hfi_write(&self.hor, offset, data);
         self.hfi.mmio_write(hfi1::HFI1_BAR, offset, data);
     }
 
     fn wfr_write(&self, offset: u64, data: &[u8]) {
         let offset = Self::in_bar(offset, data.len(), wfr::WFR_BAR0_SIZE);
-        Self::note_hfi_write(&self.wmem, offset, data);
+        Self::note_hfi_write(&self.wor, offset, data);
         self.wfr.mmio_write(hfi1::HFI1_BAR, offset, data);
-        self.note_wfr_write(offset);
     }
 
-    /// The oracle's allowed set for the chip personality, from what the driver programmed (read back after
-    /// the write): each receive context's header queue and tail address, each send context's credit-return
-    /// slot (`addr + 8 * (context & 7)`), each SDMA engine's head address. Eager buffers are RcvArray entries
-    /// (`note_hfi_write`).
-    fn note_wfr_write(&self, offset: u64) {
-        let ctxts = wfr_config().rcv_contexts as u64;
-        if (hregs::RXE_KCTXT_BASE..hregs::RXE_KCTXT_BASE + ctxts * hregs::KCTXT_STRIDE).contains(&offset) {
-            let c = (offset - hregs::RXE_KCTXT_BASE) / hregs::KCTXT_STRIDE;
-            let k = |reg| self.wfr_read64(hregs::kctxt_csr(reg, c));
-            // RCV_HDR_CNT counts 32 entries; RCV_HDR_ENT_SIZE codes 1, 2, 4 are 2, 16, 32 dwords.
-            let entries = (k(hregs::RCV_HDR_CNT) & 0x1FF) << 5;
-            let dwords = match k(hregs::RCV_HDR_ENT_SIZE) & 7 {
-                1 => 2,
-                2 => 16,
-                4 => 32,
-                _ => 0,
-            };
-            if entries * dwords > 0 {
-                self.wmem.allow(k(hregs::RCV_HDR_ADDR), entries * dwords * 4);
-            }
-            self.wmem.allow(k(hregs::RCV_HDR_TAIL_ADDR), 8);
+    /// A packet to the chip personality's port through the control socket's `wire`, announced to the oracle:
+    /// its writes may go where its header routes it.
+    fn wire(&self, bytes: Vec<u8>, sc4: bool, ebp: bool) {
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        self.wor.arrive(Pending::Wire { bytes, sc4 });
+        let reply =
+            self.wfr.control(&serde_json::json!({"cmd": "wire", "packet_hex": hex, "sc4": sc4, "test_ebp": ebp}));
+        if reply.ok().and_then(|r| r["queued"].as_bool()) != Some(true) {
+            self.wor.withdraw();
         }
-        // An SDMA engine writes its head back where SEND_DMA_HEAD_ADDR says.
-        let head = wcsr::SEND_DMA_HEAD_ADDR;
-        if (head..head + 2 * 0x100).contains(&offset) && (offset - head).is_multiple_of(0x100) {
-            self.wmem.allow(self.wfr_read64(offset), 8);
-        }
-        let send = wcsr::SEND_CTXT_CREDIT_RETURN_ADDR;
-        let shape_ctxts = 8;
-        if (send..send + shape_ctxts * 0x100).contains(&offset) && (offset - send).is_multiple_of(0x100) {
-            let c = (offset - send) / 0x100;
-            let addr = self.wfr_read64(offset) & wfr::pio::SEND_CTXT_CREDIT_RETURN_ADDR_ADDRESS_SMASK;
-            self.wmem.allow(addr + 8 * (c % 8), 8);
-        }
-    }
-
-    /// What a KDETH packet for context `c` naming TID pair `tid` with `tidctrl` may write: the context's
-    /// header queue and tail, the eager buffers of its RCV_EGR_CTRL range and the TID entries of its
-    /// RCV_TID_CTRL range the packet names, as the harness programmed them.
-    fn kdeth_scope(&self, c: u64, tid: u64, tidctrl: u32) -> Vec<(u64, u64)> {
-        let mut scope = Vec::new();
-        if c >= wfr_config().rcv_contexts as u64 {
-            return scope;
-        }
-        let k = |reg| self.wfr_read64(hregs::kctxt_csr(reg, c));
-        let entries = (k(hregs::RCV_HDR_CNT) & 0x1FF) << 5;
-        let dwords = [0, 2, 16, 0, 32, 0, 0, 0][(k(hregs::RCV_HDR_ENT_SIZE) & 7) as usize];
-        scope.push((k(hregs::RCV_HDR_ADDR), entries * dwords * 4));
-        scope.push((k(hregs::RCV_HDR_TAIL_ADDR), 8));
-        let range = |v: u64| ((v & 0x1FFF) << 3, ((v >> 32) & 0x1FF) << 3);
-        let (egr_base, egr_cnt) = range(k(hregs::RCV_EGR_CTRL));
-        scope.extend((egr_base..egr_base + egr_cnt).filter_map(|i| self.wmem.programmed(i)));
-        let (tid_base, tid_cnt) = range(k(hregs::RCV_TID_CTRL));
-        let named: &[u64] = match tidctrl {
-            1 => &[0],
-            2 => &[1],
-            3 => &[0, 1],
-            _ => &[],
-        };
-        for rel in named.iter().map(|half| 2 * tid + half).filter(|rel| *rel < tid_cnt) {
-            scope.extend(self.wmem.programmed(tid_base + rel));
-        }
-        scope
     }
 
     fn wfr_write64(&self, offset: u64, value: u64) {
@@ -564,9 +657,11 @@ impl Rig {
                 // The project function's operations, aimed at the chip personality's RXE.
                 std::mem::swap(&mut self.hfi, &mut self.wfr);
                 std::mem::swap(&mut self.hmem, &mut self.wmem);
+                std::mem::swap(&mut self.hor, &mut self.wor);
                 self.hfi_op(op);
                 std::mem::swap(&mut self.hfi, &mut self.wfr);
                 std::mem::swap(&mut self.hmem, &mut self.wmem);
+                std::mem::swap(&mut self.hor, &mut self.wor);
             }
             WfrOp::Pio { ctxt, block, qw, sop, value } => {
                 let at = (u64::from(ctxt % 8) << wfr::pio::PIO_ADDR_CONTEXT_SHIFT)
@@ -622,10 +717,7 @@ impl Rig {
                     bytes.splice(0..bytes.len().min(8), l);
                 }
                 bytes.resize(bytes.len().max(24).div_ceil(4) * 4, 0);
-                let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-                let _ = self
-                    .wfr
-                    .control(&serde_json::json!({"cmd": "wire", "packet_hex": hex, "sc4": sc4, "test_ebp": ebp}));
+                self.wire(bytes, sc4, ebp);
             }
             WfrOp::Kdeth { ctxt, flow, psn, opcode, tid, tidctrl, offset, om, sh, kver, len, pad, hdr_size } => {
                 let c = u64::from(ctxt) % (wfr_config().rcv_contexts as u64 + 1);
@@ -658,12 +750,7 @@ impl Rig {
                 b[20..24].copy_from_slice(&kdeth0.to_le_bytes());
                 b.extend((0..len + usize::from(pad)).map(|i| i as u8));
                 b.resize(b.len().div_ceil(4) * 4 + 4, 0);
-                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-                // The oracle: this packet may write its context's header queue, tail and eager buffers, and
-                // the TIDs it names within the context's range, nothing else.
-                self.wmem.set_scope(Some(self.kdeth_scope(c, u64::from(tid & 0x3FF), tidctrl)));
-                let _ = self.wfr.control(&serde_json::json!({"cmd": "wire", "packet_hex": hex}));
-                self.wmem.set_scope(None);
+                self.wire(b, false, false);
             }
             WfrOp::Link { up } => {
                 let req = if up {
@@ -683,8 +770,9 @@ impl Rig {
                 self.wfr_write64(k(wcsr::SEND_DMA_HEAD_ADDR), head_addr.iova());
                 self.wfr_write64(k(wcsr::SEND_DMA_DESC_CNT), 8);
                 self.wfr_write64(k(wcsr::SEND_DMA_CTRL), u64::from(ctrl & 0xF));
+                self.sdma_tail[usize::from(engine)] = 0;
             }
-            WfrOp::SdmaPacket { engine, slot, descs, gen, pbc, tail } => {
+            WfrOp::SdmaPacket { engine, slot, descs, gen, pbc, tail, repeat } => {
                 let k = |reg| reg + 0x100 * u64::from(engine);
                 let base = self.wfr_read64(k(wcsr::SEND_DMA_BASE_ADDR));
                 let ring = ((self.wfr_read64(k(wcsr::SEND_DMA_LEN_GEN)) >> 6) & 0x3FF) * 64;
@@ -698,26 +786,44 @@ impl Rig {
                     let v = ((u64::from(flags) << 12) & 0xFFFF_F000) | ((total / 4) & 0xFFF);
                     self.wmem.host_write(d.0.iova(), &v.to_le_bytes());
                 }
-                for (i, (at, len, mode)) in descs.iter().take(n).enumerate() {
-                    let s = (u64::from(slot) + i as u64) % ring;
-                    let mut qw0 = (u64::from(len % 2048) << 48) | (at.iova() & ((1 << 48) - 1));
-                    if i == 0 {
-                        qw0 |= 1 << 63;
+                // The same packet again at each new tail: a run of packets in one operation, so that the head
+                // can go round the ring (64 descriptors and more) within an input.
+                for _ in 0..=repeat % 64 {
+                    // Where the harness's count says the tail is, in the lap it counted; a tail moved by a
+                    // register write of the input's own wins, in the same lap.
+                    let counted = self.sdma_tail[usize::from(engine)];
+                    let csr_tail = self.wfr_read64(k(wcsr::SEND_DMA_TAIL)) % ring;
+                    let start = counted - counted % ring + csr_tail + u64::from(slot) % ring;
+                    for (i, (at, len, mode)) in descs.iter().take(n).enumerate() {
+                        let at_desc = start + i as u64;
+                        let s = at_desc % ring;
+                        let mut qw0 = (u64::from(len % 2048) << 48) | (at.iova() & ((1 << 48) - 1));
+                        if i == 0 {
+                            qw0 |= 1 << 63;
+                        }
+                        if i == n - 1 {
+                            qw0 |= 1 << 62;
+                        }
+                        let generation = (at_desc / ring + u64::from(gen)) % 4;
+                        let qw1 = (generation << 2) | (u64::from(*mode) << 8) | 1;
+                        self.wmem.host_write(base.wrapping_add(16 * s), &qw0.to_le_bytes());
+                        self.wmem.host_write(base.wrapping_add(16 * s + 8), &qw1.to_le_bytes());
                     }
-                    if i == n - 1 {
-                        qw0 |= 1 << 62;
-                    }
-                    let qw1 = (u64::from(gen % 4) << 2) | (u64::from(*mode) << 8) | 1;
-                    self.wmem.host_write(base.wrapping_add(16 * s), &qw0.to_le_bytes());
-                    self.wmem.host_write(base.wrapping_add(16 * s + 8), &qw1.to_le_bytes());
+                    self.sdma_tail[usize::from(engine)] = start + n as u64;
+                    let t = tail.map_or((start + n as u64) % ring, u64::from);
+                    self.wfr_write64(k(wcsr::SEND_DMA_TAIL), t);
                 }
-                let t = tail.map_or((u64::from(slot) + n as u64) % ring, u64::from);
-                self.wfr_write64(k(wcsr::SEND_DMA_TAIL), t);
             }
-            WfrOp::Reset => self.wfr.reset(),
+            WfrOp::Reset => {
+                self.wfr.reset();
+                self.wor.forget();
+            }
             WfrOp::Control(which) => {
                 let req = match which % 4 {
-                    3 => serde_json::json!({"cmd": "reset"}),
+                    3 => {
+                        self.wor.forget();
+                        serde_json::json!({"cmd": "reset"})
+                    }
                     _ if std::mem::replace(&mut self.observed[1], true) => return,
                     0 => serde_json::json!({"cmd": "dump"}),
                     1 => serde_json::json!({"cmd": "counters"}),
@@ -814,8 +920,13 @@ impl Rig {
             }
             HfiOp::Inject { packet, payload } => {
                 let p = Packet { kdeth0: packet.kdeth0, dest_qp: packet.dest_qp, psn: packet.psn };
+                let (ctxt, tid, tidctrl) =
+                    (u64::from(p.dest_qp & 0xFF), u64::from((p.kdeth0 >> 16) & 0x3FF), p.kdeth0 >> 26 & 3);
+                self.hor.arrive(Pending::Tid { ctxt, tid, tidctrl });
                 // An error here is the engine declining (stopped worker, full queue): fine, just not a panic.
                 let _ = self.hfi.inject(p, payload);
+                // Judged and placed before inject returns.
+                self.hor.withdraw();
             }
         }
     }
@@ -1017,8 +1128,10 @@ impl Rig {
 }
 
 fuzz_target!(|ops: Vec<Op>| {
+    watchdog::enter(None, "engine-reset");
     let Some(mut rig) = Rig::new() else { return };
-    for op in ops.into_iter().take(MAX_OPS) {
+    for (index, op) in ops.into_iter().take(MAX_OPS).enumerate() {
+        watchdog::enter(Some(index), op.name());
         match op {
             Op::Hfi1(o) => rig.hfi_op(o),
             Op::Irdma(o) => rig.irdma_op(o),
@@ -1033,6 +1146,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 } else {
                     rig.hfi_touched = true;
                     rig.hfi.reset();
+                    rig.hor.forget();
                 }
             }
             Op::Reattach { irdma } => {
@@ -1042,14 +1156,24 @@ fuzz_target!(|ops: Vec<Op>| {
                     rig.ird.attach(rig.imem.clone(), rig.irq.clone());
                 } else {
                     rig.hfi.detach();
+                    rig.hor.forget();
                     rig.hfi.attach(rig.hmem.clone(), rig.irq.clone());
                 }
             }
-            Op::Wfr(o) => rig.wfr_op(o),
+            Op::Wfr(o) => {
+                rig.wfr_op(o);
+                // What the port did not keep is done: written or dropped.
+                rig.wor.settle(rig.wfr.ingress_queued());
+            }
             Op::Control { irdma, which } => {
                 rig.hfi_touched |= !irdma;
                 let req = match which % 3 {
-                    2 => serde_json::json!({"cmd": "reset"}),
+                    2 => {
+                        if !irdma {
+                            rig.hor.forget();
+                        }
+                        serde_json::json!({"cmd": "reset"})
+                    }
                     _ if std::mem::replace(&mut rig.observed[if irdma { 2 } else { 0 }], true) => continue,
                     0 if irdma => {
                         rig.irdma_dump_check();
@@ -1063,6 +1187,15 @@ fuzz_target!(|ops: Vec<Op>| {
             }
         }
     }
+    watchdog::enter(None, "end-check");
     rig.end_check();
+    watchdog::leave();
     // No detach here: the next input's Rig::new resets the engines anyway.
 });
+
+/// A 64-bit register of `hfi` (what the oracles read at each write).
+fn read64(hfi: &Hfi1, offset: u64) -> u64 {
+    let mut b = [0u8; 8];
+    hfi.mmio_read(hfi1::HFI1_BAR, offset, &mut b);
+    u64::from_le_bytes(b)
+}

@@ -1,12 +1,12 @@
 //! The "device never writes where it may not" oracle.
 //!
 //! [`GuardedMemory`] is a [`HeapMemory`] that the harness fills (as the driver would) and the device reaches
-//! through [`DmaAccess`]. Every device write is checked at the moment it happens against the ranges the
-//! harness declared writable (RcvArray buffers, CCQ rings); [`GuardedMemory::check_snapshot`] also compares
+//! through [`DmaAccess`]. Every device write is checked at the moment it happens: against the ranges the
+//! harness declared writable (CCQ rings a fetched command names), or by a [`WritePolicy`] that decides from
+//! the programming as it is at that moment (`hfi1_oracle`). [`GuardedMemory::check_snapshot`] also compares
 //! the memory with the harness's own copy afterwards, so a write that bypassed the check would still show.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use vfio_user_proto::dma::{DmaAccess, DmaError, HeapMemory};
 use vfio_user_proto::sync::Unpoison;
@@ -23,6 +23,14 @@ pub struct Violation {
 /// names a CCQ ring). Returns ranges `(iova, len)` to allow.
 pub type ReadHook = Box<dyn Fn(u64, &[u8]) -> Vec<(u64, u64)> + Send + Sync>;
 
+/// Decides, when the device writes, whether it may write there now.
+pub trait WritePolicy: Send + Sync {
+    /// `Err(why)` when the device may not write `[iova, iova + len)` now.
+    fn check(&self, iova: u64, len: u64) -> Result<(), &'static str>;
+    /// Back to nothing programmed (the harness starts a new input).
+    fn reset(&self);
+}
+
 struct State {
     /// Ranges the device may write: `(start, end)` exclusive.
     allowed: Vec<(u64, u64)>,
@@ -32,11 +40,6 @@ struct State {
     device_writes: u64,
     /// Ranges anyone wrote since the last reset `(start, end)`: what [`GuardedMemory::reset`] zeroes.
     dirty: Vec<(u64, u64)>,
-    /// The buffer each key (an RcvArray index) names now, `(start, end)`: the harness's last programming.
-    programmed: BTreeMap<u64, (u64, u64)>,
-    /// While set, a device write must also lie inside one of these `(start, end)` ranges: what one packet
-    /// may reach (its context's queues and the TIDs it names).
-    scope: Option<Vec<(u64, u64)>>,
 }
 
 impl State {
@@ -57,9 +60,16 @@ pub struct GuardedMemory {
     mem: HeapMemory,
     state: Mutex<State>,
     on_read: Option<ReadHook>,
+    /// Where the device may write besides the declared ranges.
+    policy: Option<Arc<dyn WritePolicy>>,
 }
 
 impl GuardedMemory {
+    /// Memory whose device writes `policy` judges (there are no declared ranges until `allow`).
+    pub fn with_policy(ranges: &[(u64, usize)], policy: Arc<dyn WritePolicy>) -> Self {
+        GuardedMemory { policy: Some(policy), ..Self::new(ranges, None) }
+    }
+
     /// `ranges`: `(iova, len)` of each mapping, zero-filled.
     pub fn new(ranges: &[(u64, usize)], on_read: Option<ReadHook>) -> Self {
         let mem = HeapMemory::new();
@@ -75,10 +85,8 @@ impl GuardedMemory {
             violations: Vec::new(),
             device_writes: 0,
             dirty: Vec::new(),
-            programmed: BTreeMap::new(),
-            scope: None,
         });
-        GuardedMemory { mem, state, on_read }
+        GuardedMemory { mem, state, on_read, policy: None }
     }
 
     /// Back to the state `new` left: every byte written since zeroed again (memory and the harness's copy),
@@ -104,10 +112,12 @@ impl GuardedMemory {
             }
         }
         st.allowed.clear();
-        st.programmed.clear();
-        st.scope = None;
         st.violations.clear();
         st.device_writes = 0;
+        drop(st);
+        if let Some(p) = &self.policy {
+            p.reset();
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -148,28 +158,6 @@ impl GuardedMemory {
         self.lock().allowed.push((iova, end));
     }
 
-    /// Records what buffer `key` names now (`None`: nothing). The key space is the harness's (RcvArray
-    /// indices), so the map stays bounded.
-    pub fn program(&self, key: u64, buf: Option<(u64, u64)>) {
-        let mut st = self.lock();
-        match buf.and_then(|(iova, len)| Some((iova, iova.checked_add(len)?))) {
-            Some(range) => st.programmed.insert(key, range),
-            None => st.programmed.remove(&key),
-        };
-    }
-
-    /// The buffer `key` names now, as `(iova, len)`.
-    pub fn programmed(&self, key: u64) -> Option<(u64, u64)> {
-        self.lock().programmed.get(&key).map(|&(s, e)| (s, e - s))
-    }
-
-    /// Narrows what the device may write to `ranges` (`(iova, len)`) on top of the allowed buffers, until
-    /// called again with `None`.
-    pub fn set_scope(&self, ranges: Option<Vec<(u64, u64)>>) {
-        self.lock().scope =
-            ranges.map(|r| r.into_iter().filter_map(|(iova, len)| Some((iova, iova.checked_add(len)?))).collect());
-    }
-
     pub fn violations(&self) -> Vec<Violation> {
         self.lock().violations.clone()
     }
@@ -178,8 +166,8 @@ impl GuardedMemory {
         self.lock().device_writes
     }
 
-    /// Compares memory with the harness's copy: every byte that changed must be inside an allowed range.
-    /// Returns the first byte that changed outside them.
+    /// Compares memory with the harness's copy, which every checked write and every host write keeps in step:
+    /// returns the first byte that differs, a change no checked write made.
     pub fn check_snapshot(&self) -> Option<u64> {
         let st = self.lock();
         for (base, model) in &st.model {
@@ -189,8 +177,8 @@ impl GuardedMemory {
                 if now == model.as_slice() {
                     return None;
                 }
-                let diffs = now.iter().zip(model.iter()).enumerate().filter(|(_, (a, b))| a != b);
-                diffs.map(|(i, _)| base + i as u64).find(|at| !st.allowed.iter().any(|(s, e)| at >= s && at < e))
+                let mut diffs = now.iter().zip(model.iter()).enumerate().filter(|(_, (a, b))| a != b);
+                diffs.next().map(|(i, _)| base + i as u64)
             });
             match changed {
                 None => return Some(*base),
@@ -215,18 +203,21 @@ impl DmaAccess for GuardedMemory {
 
     fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
         let len = buf.len() as u64;
-        {
-            let mut st = self.lock();
+        let declared = {
+            let st = self.lock();
             let end = iova.saturating_add(len);
-            if !st.allowed.iter().any(|(s, e)| iova >= *s && end <= *e) {
-                st.violations.push(Violation { iova, len, why: "device write outside every allowed buffer" });
-                // Refuse it, so the snapshot shows only what was allowed and the violation is reported once.
-                return Err(DmaError::Permission { iova, dir: "write" });
-            }
-            if st.scope.as_ref().is_some_and(|sc| !sc.iter().any(|(s, e)| iova >= *s && end <= *e)) {
-                st.violations.push(Violation { iova, len, why: "device write outside what the packet may reach" });
-                return Err(DmaError::Permission { iova, dir: "write" });
-            }
+            st.allowed.iter().any(|(s, e)| iova >= *s && end <= *e)
+        };
+        // The policy reads the device's registers: it runs without this memory's lock.
+        let verdict = match (&self.policy, declared) {
+            (_, true) => Ok(()),
+            (Some(p), false) => p.check(iova, len),
+            (None, false) => Err("device write outside every allowed buffer"),
+        };
+        if let Err(why) = verdict {
+            self.lock().violations.push(Violation { iova, len, why });
+            // Refuse it, so the snapshot shows only what was allowed and the violation is reported once.
+            return Err(DmaError::Permission { iova, dir: "write" });
         }
         self.mem.write(iova, buf)?;
         let mut st = self.lock();
@@ -309,21 +300,6 @@ mod tests {
         assert_eq!(m.check_snapshot(), None);
         // The allowance is gone with the reset.
         assert!(m.write(0x4010, &[3; 8]).is_err());
-    }
-
-    #[test]
-    fn a_scoped_write_must_lie_in_the_scope_as_well_as_in_an_allowed_buffer() {
-        let m = GuardedMemory::new(&[(0x1000, 0x1000)], None);
-        m.allow(0x1000, 0x1000);
-        m.program(7, Some((0x1400, 0x100)));
-        m.set_scope(Some(vec![m.programmed(7).unwrap()]));
-        assert_eq!(m.write(0x1400, &[1; 0x100]), Ok(()));
-        assert!(m.write(0x1200, &[1; 8]).is_err(), "allowed, but not for this packet");
-        assert_eq!(m.violations().len(), 1);
-        m.set_scope(None);
-        assert_eq!(m.write(0x1200, &[1; 8]), Ok(()));
-        m.program(7, None);
-        assert_eq!(m.programmed(7), None);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 pub mod dma_oracle;
 pub mod fds;
 pub mod heap;
+pub mod hfi1_oracle;
 pub mod hostile;
 pub mod mmio_input;
 pub mod reused_thread;

@@ -1,5 +1,6 @@
-//! Message framing over a UNIX stream socket, with SCM_RIGHTS fd passing (through rustix; the one `unsafe`
-//! block sets SO_PEEK_OFF, which rustix does not wrap).
+//! Message framing over a UNIX stream socket, with SCM_RIGHTS fd passing (through rustix; the three `unsafe`
+//! blocks set SO_PEEK_OFF, which rustix does not wrap, read SO_PEERCRED, whose pid may be 0, which rustix's
+//! non-zero `Pid` cannot hold, and unshare a binding thread's umask, which rustix has only as unsafe).
 //!
 //! Reading is [`crate::frame_reader`]'s (with `recv_message` for one-off reads), for every reader of the crate: the header's size is checked against
 //! the limit before the body is allocated, at most `max_fds` descriptors are accepted per message (the kernel
@@ -72,6 +73,55 @@ pub fn set_peek_offset(stream: &UnixStream, offset: i32) -> std::io::Result<()> 
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// The peer's credentials when it connected (SO_PEERCRED, unix(7)): `(pid, uid, gid)`. The pid is 0 when the
+/// peer's process is not visible in our pid namespace.
+pub fn peer_credentials(fd: impl AsFd) -> std::io::Result<(i32, u32, u32)> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes, the size of `cred`, which outlives the call, and reports
+    // the length written in `len`, which also outlives it; the descriptor is borrowed from a live file.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::from_mut(&mut cred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(std::io::Error::other(format!("SO_PEERCRED gave {len} bytes")));
+    }
+    Ok((cred.pid, cred.uid, cred.gid))
+}
+
+/// Binds a listening socket at `path` whose file has exactly the permission bits `mode` from the moment it
+/// exists: bound from a thread of its own whose umask, unshared from the process's (`unshare(CLONE_FS)`),
+/// leaves `mode` of a socket's 0777 (unix(7)). No other thread's files see that umask. `Ok(None)`, with
+/// nothing created, when the unshare is not allowed (a seccomp filter may refuse it). A default ACL on the
+/// directory replaces the umask (acl(5)): the caller checks the mode it got.
+pub fn bind_with_umask(path: &std::path::Path, mode: u32) -> std::io::Result<Option<std::os::unix::net::UnixListener>> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("socket-bind".into())
+            .spawn_scoped(scope, || {
+                // SAFETY: CLONE_FS gives this thread its own copy of the root, working directory and umask;
+                // no descriptor table is unshared, so every descriptor stays valid in every thread.
+                if unsafe { libc::unshare(libc::CLONE_FS) } != 0 {
+                    tracing::debug!("unshare(CLONE_FS): {}", std::io::Error::last_os_error());
+                    return Ok(None);
+                }
+                rustix::process::umask(rustix::fs::Mode::from_raw_mode(!mode & 0o777));
+                std::os::unix::net::UnixListener::bind(path).map(Some)
+            })?
+            .join()
+            .map_err(|_| std::io::Error::other("the binding thread panicked"))?
+    })
 }
 
 /// Waits until `fd` is readable (or a listener has a connection). `Ok(false)` on timeout.
@@ -171,4 +221,33 @@ fn send_small(stream: &UnixStream, hb: &[u8; HEADER_SIZE], parts: &[&[u8]], tota
 /// Convenience for borrowing a slice of owned descriptors.
 pub fn borrow_all(fds: &[OwnedFd]) -> Vec<BorrowedFd<'_>> {
     fds.iter().map(|f| f.as_fd()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn process_umask() -> String {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        status.lines().find(|l| l.starts_with("Umask:")).unwrap_or_default().to_string()
+    }
+
+    #[test]
+    fn a_socket_bound_with_a_umask_of_its_own_has_exactly_its_mode_and_the_process_umask_is_untouched() {
+        let dir = std::env::temp_dir().join(format!("sock-umask-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let before = process_umask();
+        for (i, mode) in [0o600, 0o640, 0o660, 0o666, 0o777].into_iter().enumerate() {
+            let path = dir.join(format!("s{i}"));
+            let Some(_listener) = bind_with_umask(&path, mode).unwrap() else {
+                eprintln!("skipped: unshare(CLONE_FS) is not allowed here");
+                return;
+            };
+            assert_eq!(std::fs::symlink_metadata(&path).unwrap().permissions().mode() & 0o7777, mode);
+        }
+        assert_eq!(process_umask(), before);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -12,9 +12,10 @@ use super::flow::{FlowEntry, FlowTable, KERN_GENERATION_RESERVED};
 use super::rcvarray::RcvArray;
 use super::regs::{
     apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL,
-    RCV_CTXT_CTRL_ENABLE_SMASK, RCV_HDR_OVFL_CNT, RCV_HDR_TAIL, RCV_QP_MAP_TABLE_REGS, RCV_SHIFT, RCV_TID_CTRL,
-    RCV_TID_CTRL_TID_BASE_INDEX_MASK, RCV_TID_CTRL_TID_BASE_INDEX_SHIFT, RCV_TID_CTRL_TID_PAIR_CNT_MASK,
-    RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE, UCTXT_REGS,
+    RCV_CTXT_CTRL_ENABLE_SMASK, RCV_EGR_CTRL, RCV_HDR_CNT, RCV_HDR_ENT_SIZE, RCV_HDR_OVFL_CNT, RCV_HDR_TAIL,
+    RCV_QP_MAP_TABLE_REGS, RCV_SHIFT, RCV_TID_CTRL, RCV_TID_CTRL_TID_BASE_INDEX_MASK,
+    RCV_TID_CTRL_TID_BASE_INDEX_SHIFT, RCV_TID_CTRL_TID_PAIR_CNT_MASK, RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE,
+    UCTXT_REGS,
 };
 use super::shm::SharedWords;
 use super::RXE_NUM_TID_FLOWS;
@@ -209,8 +210,13 @@ impl Chip {
                     // Enabling a context restarts its header queue: entry 0, sequence 1, eager buffer 0
                     // (hfi1_rcvctrl zeroes the queue and resets its own count to match).
                     let enabled = |v: u64| v & RCV_CTXT_CTRL_ENABLE_SMASK != 0;
-                    if KCTXT_REGS[reg].offset == RCV_CTXT_CTRL && !enabled(was) && enabled(r[reg]) {
+                    let offset = KCTXT_REGS[reg].offset;
+                    if offset == RCV_CTXT_CTRL && !enabled(was) && enabled(r[reg]) {
                         self.rhq[ctxt] = RhqState::default();
+                    }
+                    // The queue's or the eager buffers' size changed: their position must lie in the new rings.
+                    if matches!(offset, RCV_HDR_CNT | RCV_HDR_ENT_SIZE | RCV_EGR_CTRL) && was != r[reg] {
+                        self.refit_rhq(ctxt);
                     }
                     access
                 }

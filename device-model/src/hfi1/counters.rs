@@ -114,6 +114,9 @@ counters! {
     wire_rx_dma_errors,
     /// Packets for a context whose header queue size or entry size is not valid.
     rx_rhq_unconfigured,
+    /// Packets whose header queue entry, tail or eager slot would lie beyond 2^64 (RCV_HDR_ADDR,
+    /// RCV_HDR_TAIL_ADDR near the top of the address space): dropped.
+    rx_rhq_bad_address,
     /// Packets whose headers do not fit a header queue entry.
     rx_header_too_long,
     /// Packets dropped for a full header queue (no DONT_DROP_RHQ_FULL).
@@ -155,7 +158,7 @@ mod tests {
         let c = Counters::default();
         c.rx_gen_mismatch.fetch_add(2, Ordering::Relaxed);
         let snap = c.snapshot();
-        assert_eq!(snap.len(), 56);
+        assert_eq!(snap.len(), 57);
         assert!(snap.contains(&("rx_gen_mismatch", 2)));
         c.reset();
         assert!(c.snapshot().iter().all(|(_, v)| *v == 0));

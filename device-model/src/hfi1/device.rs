@@ -72,7 +72,8 @@ impl Hfi1 {
             sdma_kicked: Default::default(),
         });
         let worker_shared = Arc::clone(&shared);
-        let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker, move |job| {
+        let probe = Arc::clone(&shared.probe);
+        let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker, probe, move |job| {
             run_job(&worker_shared, job)
         })
         .map_err(|e| Hfi1Error::Worker(e.to_string()))?;
@@ -130,7 +131,9 @@ impl Hfi1 {
         }
         let (reply, result) = crossbeam_channel::bounded(1);
         if !self.worker.submit_timeout(self.shared.epoch(), Job::Inject { packet, payload, reply }, WORK_TIMEOUT) {
-            return Err(Hfi1Error::Worker("worker queue full".into()));
+            let why =
+                if self.worker.failed() { "the device is dead (a worker job panicked)" } else { "worker queue full" };
+            return Err(Hfi1Error::Worker(why.into()));
         }
         self.worker.run_queued();
         result.recv_timeout(WORK_TIMEOUT).map_err(|_| Hfi1Error::Worker("no result from the worker".into()))
@@ -144,6 +147,12 @@ impl Hfi1 {
             return Err(Hfi1Error::Config(format!("{} has no port", self.config.name())));
         }
         Ok(super::port::arrive(&self.shared, &self.worker, packet, false))
+    }
+
+    /// Packets waiting at the port for the worker, one held back for room included: what an observer that
+    /// follows each packet until it is written or dropped (the fuzz DMA oracle) still expects.
+    pub fn ingress_queued(&self) -> usize {
+        self.shared.ingress.lock().unpoison().len()
     }
 
     /// The port as the control socket's `link` shows it: physical and logical state, neighbour, cable.

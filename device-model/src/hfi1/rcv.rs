@@ -203,8 +203,11 @@ impl Chip {
         let offset = pkt.offset_bytes();
         let end = offset.saturating_add(len);
         let first = entry.buf_size.bytes();
+        // The entry's address and size are 36 + 12 and at most 21 bits wide, so the sums below stay under
+        // 2^64; checked all the same, an address beyond it is a buffer the packet cannot reach.
+        let at = |iova: u64, off: u64| iova.checked_add(off).ok_or(RxResult::BufferOverrun);
         if end <= first {
-            return Ok(Placement::at(entry.iova() + offset));
+            return Ok(Placement::at(at(entry.iova(), offset)?));
         }
         if tidctrl != TIDCTRL_PAIR {
             return Err(RxResult::BufferOverrun);
@@ -217,9 +220,9 @@ impl Chip {
             return Err(RxResult::BufferOverrun);
         }
         Ok(if offset >= first {
-            Placement::at(odd.iova() + (offset - first))
+            Placement::at(at(odd.iova(), offset - first)?)
         } else {
-            Placement { iova: entry.iova() + offset, spill: Some((first - offset, odd.iova())) }
+            Placement { iova: at(entry.iova(), offset)?, spill: Some((first - offset, odd.iova())) }
         })
     }
 }

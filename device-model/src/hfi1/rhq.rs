@@ -73,6 +73,17 @@ pub fn entry_dwords(code: u64) -> Option<u32> {
     }
 }
 
+/// Bytes of the tail DMA.
+const TAIL_BYTES: u64 = 8;
+
+/// Where entry `tail` of a queue at `addr` with entries of `entsize` dwords starts; `None` when the entry
+/// does not lie wholly below 2^64 (RCV_HDR_ADDR takes any 64-bit value).
+fn entry_at(addr: u64, tail: u32, entsize: u32) -> Option<u64> {
+    let bytes = u64::from(entsize) * 4;
+    let entry = addr.checked_add(u64::from(tail).checked_mul(bytes)?)?;
+    entry.checked_add(bytes - 1).map(|_| entry)
+}
+
 /// A packet for a receive context: its header bytes and what follows them.
 #[derive(Debug)]
 pub struct Arrival<'a> {
@@ -165,9 +176,19 @@ impl Chip {
         }
         let head = self.uctxt_reg(ctxt, RCV_HDR_HEAD) & RCV_HDR_HEAD_HEAD_MASK;
         let mut st = self.rhq(ctxt);
+        // A size write re-derives the tail (refit_rhq), so it lies in the ring; the modulo keeps any other
+        // path inside it too.
+        st.tail %= cnt;
         if (st.tail + 1) % cnt == (head / u64::from(entsize)) as u32 % cnt {
             return self.full(ctxt, Full::Rhq, ctrl & RCV_CTXT_CTRL_DONT_DROP_RHQ_FULL_SMASK != 0, counters);
         }
+        let tail_upd = ctrl & RCV_CTXT_CTRL_TAIL_UPD_SMASK != 0;
+        let tail_addr = k(self, RCV_HDR_TAIL_ADDR);
+        let entry = entry_at(k(self, RCV_HDR_ADDR), st.tail, entsize);
+        let (Some(entry), true) = (entry, !tail_upd || tail_addr.checked_add(TAIL_BYTES - 1).is_some()) else {
+            counters.rx_rhq_bad_address.fetch_add(1, Relaxed);
+            return Err(Refusal::Drop("header queue or tail address beyond 64 bits"));
+        };
         let mut tid_err = false;
         let eager = if a.has_payload {
             match self.eager_room(ctxt, ctrl, &mut st, a.rest.len() as u64, counters) {
@@ -191,7 +212,7 @@ impl Chip {
         } else {
             None
         };
-        let entry = k(self, RCV_HDR_ADDR) + u64::from(st.tail) * u64::from(entsize) * 4;
+        // entry_at checked that the whole entry lies below 2^64.
         let rhf_at = entry + u64::from(entsize - rhf_dwords) * 4;
         let pkt_dwords = ((a.header.len() + a.rest.len()) / 4) as u64;
         let mut rhf = (pkt_dwords & RHF_PKT_LEN_MASK)
@@ -222,12 +243,38 @@ impl Chip {
             header_at: rhf_at - a.header.len() as u64,
             rhf_at,
             rhf,
-            tail: (ctrl & RCV_CTXT_CTRL_TAIL_UPD_SMASK != 0).then(|| (k(self, RCV_HDR_TAIL_ADDR), published)),
+            tail: tail_upd.then_some((tail_addr, published)),
             published,
             interrupt: ctrl & RCV_CTXT_CTRL_INTR_AVAIL_SMASK != 0,
         };
         self.set_rhq(ctxt, st);
         Ok(plan)
+    }
+
+    /// Re-derives the context's place in its header queue and eager buffers from the size registers
+    /// (RCV_HDR_CNT, RCV_HDR_ENT_SIZE, RCV_EGR_CTRL) after one of them changed. The kernel writes them only
+    /// while the context is disabled (set_hdrq_regs from hfi1_create_rcvhdrq, RCV_EGR_CTRL in hfi1_rcvctrl
+    /// before ENABLE), and enabling restarts the queue anyway; a change under a live context is the guest's
+    /// error, and the model's answer (docs/decisions.md) is that the tail and the eager index wrap into the
+    /// rings now programmed, so no later write lands outside them.
+    pub(super) fn refit_rhq(&mut self, ctxt: usize) {
+        let Some(hdr_cnt) = self.kctxt(ctxt, RCV_HDR_CNT) else { return };
+        let cnt = ((hdr_cnt & RCV_HDR_CNT_CNT_MASK) << HDRQ_SIZE_SHIFT) as u32;
+        let entsize = entry_dwords(self.kctxt(ctxt, RCV_HDR_ENT_SIZE).unwrap_or(0));
+        let egr = self.kctxt(ctxt, RCV_EGR_CTRL).unwrap_or(0);
+        let egr_cnt = (((egr >> RCV_EGR_CTRL_EGR_CNT_SHIFT) & RCV_EGR_CTRL_EGR_CNT_MASK) << RCV_SHIFT) as u32;
+        let mut st = self.rhq(ctxt);
+        st.tail = match entsize {
+            Some(_) if cnt > 0 => st.tail % cnt,
+            _ => 0,
+        };
+        st.set_published(u64::from(st.tail) * u64::from(entsize.unwrap_or(0)));
+        let index = st.egr_index.checked_rem(egr_cnt).unwrap_or(0);
+        if index != st.egr_index {
+            // Packing continues only in the buffer it started in.
+            (st.egr_index, st.egr_offset) = (index, 0);
+        }
+        self.set_rhq(ctxt, st);
     }
 
     fn full(&mut self, ctxt: usize, full: Full, keep: bool, counters: &Counters) -> Result<Plan, Refusal> {
@@ -276,7 +323,7 @@ impl Chip {
             } else {
                 MIN_EAGER_BUFFER << (code - 1)
             };
-            (off + blocks) * RCV_BUF_BLOCK_SIZE <= size
+            off.checked_add(blocks).and_then(|b| b.checked_mul(RCV_BUF_BLOCK_SIZE)).is_some_and(|end| end <= size)
         };
         let (mut index, mut offset) = (st.egr_index % cnt, st.egr_offset);
         if (one_per_buffer && offset > 0) || !fits(self, index, offset) {
@@ -295,9 +342,14 @@ impl Chip {
             counters.rx_eager_invalid.fetch_add(1, Relaxed);
             return Err(Refusal::Drop("eager RcvArray entry not valid"));
         };
+        // `fits` bounded offset + blocks by the buffer's size: the sums below cannot overflow.
+        let Some(at) = offset.checked_mul(RCV_BUF_BLOCK_SIZE).and_then(|o| buf.iova().checked_add(o)) else {
+            counters.rx_rhq_bad_address.fetch_add(1, Relaxed);
+            return Err(Refusal::Drop("eager address beyond 64 bits"));
+        };
         st.egr_index = index;
         st.egr_offset = offset + blocks;
-        Ok(EagerSlot { at: buf.iova() + offset * RCV_BUF_BLOCK_SIZE, index, offset })
+        Ok(EagerSlot { at, index, offset })
     }
 }
 

@@ -167,3 +167,214 @@ fn contexts_that_cannot_take_a_packet_drop_it_by_cause() {
         (1, 1, 1)
     );
 }
+
+/// A change of a live context's ring: why, the (register, value) writes, and the ring they program (entries,
+/// dwords per entry).
+type Shrink = (&'static str, &'static [(u64, u64)], u64, u64);
+
+/// The bytes each of `plans` writes to its header queue entry, `(first, last)`.
+fn entries(plans: &[Plan]) -> Vec<(u64, u64)> {
+    plans.iter().map(|p| (p.header_at, p.rhf_at + (RHF_BYTES as u64 - 1))).collect()
+}
+
+#[test]
+fn a_live_context_whose_ring_shrinks_places_every_later_entry_inside_the_ring_now_programmed() {
+    // (what changes after 40 packets, RCV_HDR_CNT and RCV_HDR_ENT_SIZE written then; the ring as they program it:
+    // entries, dwords). The kernel programs neither on a live context (set_hdrq_regs runs before hfi1_rcvctrl
+    // enables it): the tail wraps into the new ring (docs/decisions.md).
+    let table: [Shrink; 5] = [
+        ("RCV_HDR_CNT 64 -> 32", &[(RCV_HDR_CNT, 1)], 32, 32),
+        ("RCV_HDR_ENT_SIZE 32 -> 16 dwords", &[(RCV_HDR_ENT_SIZE, 2)], 64, 16),
+        ("both shrink", &[(RCV_HDR_CNT, 1), (RCV_HDR_ENT_SIZE, 2)], 32, 16),
+        ("RCV_HDR_CNT 0, then 32", &[(RCV_HDR_CNT, 0), (RCV_HDR_CNT, 1)], 32, 32),
+        ("RCV_HDR_CNT 64 -> 32 -> 64", &[(RCV_HDR_CNT, 1), (RCV_HDR_CNT, 2)], 64, 32),
+    ];
+    for (why, writes, entries_now, dwords_now) in table {
+        let (mut c, n) = chip(RCV_CTXT_CTRL_TAIL_UPD_SMASK);
+        let packet = |c: &mut Chip| c.rhq_reserve(CTXT, &arrive(&[0; 24], &[0; 4]), &n);
+        for _ in 0..40 {
+            let p = packet(&mut c).unwrap();
+            c.rhq_publish(CTXT, p.published);
+            // update_usrhead: the driver keeps up, so the queue never fills.
+            c.write(uctxt_csr(RCV_HDR_HEAD, CTXT as u64), p.published, &n);
+        }
+        for &(reg, v) in writes {
+            c.write(kctxt_csr(reg, CTXT as u64), v, &n);
+        }
+        // The driver reads up to RCV_HDR_TAIL (in the new entry size): room for all but one entry.
+        let tail = c.read(uctxt_csr(RCV_HDR_TAIL, CTXT as u64), &n);
+        let crate::hfi1::chip::Access::Done(tail) = tail else { panic!("{why}: {tail:?}") };
+        c.write(uctxt_csr(RCV_HDR_HEAD, CTXT as u64), tail, &n);
+        let ring = (HDRQ, HDRQ + entries_now * dwords_now * 4);
+        let plans: Vec<Plan> = (0..2 * entries_now).map_while(|_| packet(&mut c).ok()).collect();
+        assert_eq!(plans.len() as u64, entries_now - 1, "{why}: the ring holds one entry fewer than its size");
+        for (start, end) in entries(&plans) {
+            assert!(start >= ring.0 && end < ring.1, "{why}: entry {start:#x}..={end:#x} outside {ring:x?}");
+        }
+        for p in &plans {
+            let (at, tail) = p.tail.unwrap();
+            assert_eq!(at, TAIL, "{why}");
+            assert!(tail < entries_now * dwords_now && tail % dwords_now == 0, "{why}: tail {tail} outside the ring");
+        }
+    }
+}
+
+#[test]
+fn a_header_queue_or_tail_at_the_top_of_the_address_space_drops_the_packet_instead_of_wrapping() {
+    use std::sync::atomic::Ordering::Relaxed;
+    // (RCV_HDR_ADDR, RCV_HDR_TAIL_ADDR, entries placed before an entry would cross 2^64)
+    let table = [
+        (u64::MAX - 0xFF, TAIL, 2),
+        (u64::MAX - 0x7F, TAIL, 1),
+        (u64::MAX - 0x7E, TAIL, 0),
+        (u64::MAX, TAIL, 0),
+        (HDRQ, u64::MAX - 7, 63),
+        (HDRQ, u64::MAX - 3, 0),
+    ];
+    for (hdrq, tail, placed) in table {
+        let (mut c, n) = chip(RCV_CTXT_CTRL_TAIL_UPD_SMASK);
+        c.write(kctxt_csr(RCV_HDR_ADDR, CTXT as u64), hdrq, &n);
+        c.write(kctxt_csr(RCV_HDR_TAIL_ADDR, CTXT as u64), tail, &n);
+        let results: Vec<_> = (0..ENTRIES).map(|_| c.rhq_reserve(CTXT, &arrive(&[0; 24], &[0; 4]), &n)).collect();
+        let plans: Vec<Plan> = results.iter().filter_map(|r| r.clone().ok()).collect();
+        assert_eq!(plans.len(), placed, "{hdrq:#x} {tail:#x}");
+        for (start, end) in entries(&plans) {
+            assert!(start >= hdrq && end > start, "{hdrq:#x}: entry {start:#x}..={end:#x} wrapped");
+        }
+        let beyond =
+            results.iter().filter(|r| **r == Err(Refusal::Drop("header queue or tail address beyond 64 bits")));
+        assert_eq!(beyond.count() as u64, n.rx_rhq_bad_address.load(Relaxed), "{hdrq:#x} {tail:#x}");
+        assert!(placed == 63 || n.rx_rhq_bad_address.load(Relaxed) > 0, "{hdrq:#x} {tail:#x}");
+    }
+}
+
+/// The chip personality's receive path end to end, its DMA recorded: what the port writes for packets from
+/// the cable.
+mod through_the_port {
+    use std::sync::{Arc, Mutex};
+
+    use vfio_user_proto::dma::{DmaAccess, DmaError, HeapMemory};
+
+    use super::{Shrink, ENTRIES, ENTSIZE, HDRQ, TAIL};
+    use crate::engine::{Engine, NoInterrupt};
+    use crate::hfi1::cable::wire::WirePacket;
+    use crate::hfi1::regs::*;
+    use crate::hfi1::{Hfi1, Hfi1Config, WorkerMode, HFI1_BAR};
+
+    /// Memory that records the address and length of every device write, before it is tried.
+    #[derive(Default)]
+    struct Recorder {
+        mem: HeapMemory,
+        writes: Mutex<Vec<(u64, u64)>>,
+    }
+
+    impl DmaAccess for Recorder {
+        fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+            self.mem.read(iova, buf)
+        }
+        fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+            self.writes.lock().unwrap().push((iova, buf.len() as u64));
+            self.mem.write(iova, buf)
+        }
+    }
+
+    struct Port {
+        hfi: Hfi1,
+        mem: Arc<Recorder>,
+    }
+
+    impl Port {
+        /// Context 0 (where packets go while the QP map is off) enabled as hfi1_rcvctrl enables it, with
+        /// TAIL_UPD: 64 entries of 32 dwords at `hdrq`; the port enabled (RcvPortEnable).
+        fn new(hdrq: u64) -> Port {
+            let hfi = Hfi1::new(Hfi1Config { worker: WorkerMode::Inline, ..Hfi1Config::wfr() }).unwrap();
+            let mem = Arc::new(Recorder::default());
+            assert!(mem.mem.map(HDRQ, 0x10000) && mem.mem.map(TAIL, 0x1000));
+            hfi.attach(mem.clone(), Arc::new(NoInterrupt));
+            let p = Port { hfi, mem };
+            p.k(RCV_HDR_ADDR, hdrq);
+            p.k(RCV_HDR_CNT, ENTRIES >> 5);
+            p.k(RCV_HDR_ENT_SIZE, 4);
+            p.k(RCV_HDR_TAIL_ADDR, TAIL);
+            p.k(RCV_CTXT_CTRL, RCV_CTXT_CTRL_ENABLE_SMASK | RCV_CTXT_CTRL_TAIL_UPD_SMASK);
+            p.w(RCV_CTRL, RCV_CTRL_RCV_PORT_ENABLE_SMASK);
+            p
+        }
+        fn w(&self, offset: u64, v: u64) {
+            self.hfi.mmio_write(HFI1_BAR, offset, &v.to_le_bytes());
+        }
+        fn r(&self, offset: u64) -> u64 {
+            let mut b = [0; 8];
+            self.hfi.mmio_read(HFI1_BAR, offset, &mut b);
+            u64::from_le_bytes(b)
+        }
+        fn k(&self, reg: u64, v: u64) {
+            self.w(kctxt_csr(reg, 0), v);
+        }
+        /// An RC SEND_ONLY without payload to the permissive DLID: LRH and BTH make the header, no eager buffer.
+        fn send(&self) {
+            let mut b = vec![0u8; 20];
+            b[1] = 0x2; // LNH: BTH follows the LRH
+            b[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
+            b[4..6].copy_from_slice(&6u16.to_be_bytes());
+            b[8] = 0x04;
+            assert!(self.hfi.wire(WirePacket::seal(b, false, false).unwrap()).unwrap());
+        }
+        fn take_writes(&self) -> Vec<(u64, u64)> {
+            std::mem::take(&mut *self.mem.writes.lock().unwrap())
+        }
+    }
+
+    #[test]
+    fn a_context_whose_ring_shrinks_while_live_never_writes_outside_the_ring_now_programmed() {
+        // (what the guest writes after 40 packets; the ring then: entries, dwords per entry)
+        let table: [Shrink; 4] = [
+            ("RCV_HDR_CNT 64 -> 32", &[(RCV_HDR_CNT, 1)], 32, ENTSIZE),
+            ("RCV_HDR_ENT_SIZE 32 -> 16 dwords", &[(RCV_HDR_ENT_SIZE, 2)], 64, 16),
+            ("both shrink", &[(RCV_HDR_CNT, 1), (RCV_HDR_ENT_SIZE, 2)], 32, 16),
+            ("RCV_HDR_CNT 0, then 32", &[(RCV_HDR_CNT, 0), (RCV_HDR_CNT, 1)], 32, ENTSIZE),
+        ];
+        for (why, writes, entries, dwords) in table {
+            let p = Port::new(HDRQ);
+            for _ in 0..40 {
+                p.send();
+                // update_usrhead: the driver keeps up with the tail it reads.
+                p.w(uctxt_csr(RCV_HDR_HEAD, 0), p.r(uctxt_csr(RCV_HDR_TAIL, 0)));
+            }
+            assert_eq!(p.take_writes().len(), 40 * 3, "{why}: header, RHF and tail of each packet");
+            for &(reg, v) in writes {
+                p.k(reg, v);
+            }
+            p.w(uctxt_csr(RCV_HDR_HEAD, 0), p.r(uctxt_csr(RCV_HDR_TAIL, 0)));
+            for _ in 0..2 * entries {
+                p.send();
+            }
+            let ring = HDRQ..HDRQ + entries * dwords * 4;
+            let written = p.take_writes();
+            // All but one entry of the ring fill before the tail meets the head; the rest are dropped.
+            assert_eq!(written.len() as u64, (entries - 1) * 3, "{why}");
+            for (at, len) in written {
+                let inside = (ring.contains(&at) && at + len <= ring.end) || (at, len) == (TAIL, 8);
+                assert!(inside, "{why}: a write of {len} bytes at {at:#x}, the ring is {ring:x?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_header_queue_at_the_top_of_the_address_space_never_wraps_into_low_memory() {
+        // (RCV_HDR_ADDR, entries that lie below 2^64)
+        for (hdrq, fit) in [(u64::MAX - 0xFF, 2u64), (u64::MAX - 0x7F, 1), (u64::MAX - 3, 0), (u64::MAX, 0)] {
+            let p = Port::new(hdrq);
+            for _ in 0..4 {
+                p.send();
+            }
+            let written = p.take_writes();
+            // The header of each entry that fits; nothing is mapped there, so that write fails and the
+            // packet's later writes are skipped (counted as DMA errors).
+            assert_eq!(written.len() as u64, fit, "{hdrq:#x}");
+            assert!(written.iter().all(|&(at, len)| at >= hdrq && at.checked_add(len - 1).is_some()), "{hdrq:#x}");
+            let dropped = p.hfi.counters().into_iter().find(|(n, _)| *n == "rx_rhq_bad_address").map(|(_, v)| v);
+            assert_eq!(dropped, Some(4 - fit), "{hdrq:#x}");
+        }
+    }
+}

@@ -184,10 +184,25 @@ pub(super) fn run(shared: &Shared, epoch: u64, engine: usize) {
     }
 }
 
-/// One fetch of descriptors and the packets complete in it. False when nothing more can be done now.
+/// The descriptors a walk hands over: from its head up to its tail, wrapping at the ring end. `None` when
+/// either index lies outside the ring (`Sdma::walk` halts such an engine before it makes a walk).
+fn ring_span(walk: &Walk) -> Option<u64> {
+    if walk.head >= walk.count || walk.tail >= walk.count {
+        return None;
+    }
+    Some(match walk.tail.checked_sub(walk.head) {
+        Some(n) => n,
+        None => walk.count - walk.head + walk.tail,
+    })
+}
+
+/// One fetch of descriptors and the packets complete in it. False when nothing more can be done now; true
+/// only after at least one packet went, so `run` never loops without progress whatever the walk says.
 fn walk_once(shared: &Shared, dma: &dyn DmaAccess, walk: Walk, epoch: u64) -> bool {
-    let avail = (walk.tail + walk.count - walk.head) % walk.count;
-    let n = avail.min(FETCH);
+    let n = match ring_span(&walk) {
+        Some(n) if n > 0 => n.min(FETCH),
+        _ => return false,
+    };
     let Some(descs) = fetch(dma, &walk, n) else {
         fail(shared, &walk, SDMA_MEM_READ_ERR, epoch);
         return false;
@@ -195,6 +210,7 @@ fn walk_once(shared: &Shared, dma: &dyn DmaAccess, walk: Walk, epoch: u64) -> bo
     let mut i = 0usize;
     let mut sent = false;
     while i < descs.len() {
+        // ring_span checked the head against the ring (below 2^16 descriptors) and i < FETCH: no overflow.
         let start = walk.head + i as u64;
         let len = match packet_len(&descs[i..]) {
             Ok(Some(len)) => len,
@@ -255,12 +271,14 @@ fn walk_once(shared: &Shared, dma: &dyn DmaAccess, walk: Walk, epoch: u64) -> bo
     true
 }
 
-/// The `n` descriptors from the walk's head, wrapping at the ring end.
+/// The `n` descriptors from the walk's head, wrapping at the ring end; `None` (a read error) where the ring's
+/// address does not fit the address space.
 fn fetch(dma: &dyn DmaAccess, walk: &Walk, n: u64) -> Option<Vec<Desc>> {
-    let first = n.min(walk.count - walk.head);
+    let first = n.min(walk.count.checked_sub(walk.head)?);
     let mut bytes = vec![0u8; (n as usize) * DESC_BYTES];
     let (a, b) = bytes.split_at_mut(first as usize * DESC_BYTES);
-    dma.read(walk.base + walk.head * DESC_BYTES as u64, a).ok()?;
+    let at = walk.head.checked_mul(DESC_BYTES as u64).and_then(|off| walk.base.checked_add(off))?;
+    dma.read(at, a).ok()?;
     if !b.is_empty() {
         dma.read(walk.base, b).ok()?;
     }

@@ -89,3 +89,23 @@ fn the_psn_update_of_build_ahg_lands_in_bth2() {
     assert_eq!(&header[24..28], &[0x00, 0x12, 0x34, 0x56]);
     assert_eq!(apply_updates(&mut header, &[ahg(1, 9, 0, 16)]), Err(SDMA_HEADER_SELECT_ERR), "beyond the header");
 }
+
+#[test]
+fn a_walk_spans_head_to_tail_and_none_when_an_index_lies_outside_the_ring() {
+    let walk = |count, head, tail| Walk { engine: 0, epoch: 0, base: 0, count, head, tail, gen: 0, gen_check: false };
+    // (ring, head, tail, descriptors handed over)
+    let cases: [(u64, u64, u64, Option<u64>); 8] = [
+        (128, 0, 3, Some(3)),
+        (128, 120, 8, Some(16)),
+        (128, 5, 5, Some(0)),
+        // The ring shrank under the head (issue 38): nothing between them, and no underflow.
+        (64, 64, 0, None),
+        (64, 100, 0, None),
+        (64, 0, 64, None),
+        (0, 0, 0, None),
+        (u64::MAX, u64::MAX - 1, 0, Some(1)),
+    ];
+    for (count, head, tail, want) in cases {
+        assert_eq!(ring_span(&walk(count, head, tail)), want, "ring {count}, head {head}, tail {tail}");
+    }
+}

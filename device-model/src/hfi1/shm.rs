@@ -5,12 +5,14 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
 /// `words` 64-bit words at byte `file_offset` of a memfd, mapped shared.
 ///
 /// The file is `file_offset + 8 * words` bytes long and sparse below `file_offset`, so the client can map it at
-/// BAR offsets (file offset = BAR offset) without the device paying for the unused part.
+/// BAR offsets (file offset = BAR offset) without the device paying for the unused part. It is sealed at that
+/// size (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`), so the mapping stays backed whatever the client does.
 pub struct SharedWords {
     ptr: *mut AtomicU64,
     words: usize,
@@ -31,15 +33,14 @@ impl SharedWords {
         if !file_offset.is_multiple_of(4096) {
             return Err(std::io::ErrorKind::InvalidInput.into());
         }
-        let memfd = memfd::MemfdOptions::default()
-            .close_on_exec(true)
-            .create(name)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        let file = memfd.into_file();
-        file.set_len(file_offset + len as u64)?;
-        let fd: OwnedFd = file.into();
-        // SAFETY: a fresh shared mapping chosen by the kernel (null hint), of a range the file covers (set_len
-        // above); no existing memory is replaced. The result is checked before use.
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, file_offset + len as u64)?;
+        // The client gets this file read-write: sealed, it can neither shrink it under the mapping below (the
+        // next access would SIGBUS the whole process) nor grow it, nor unseal it.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+        // SAFETY: a fresh shared mapping chosen by the kernel (null hint), of a range the file covers (ftruncate
+        // above) and always will (sealed against shrinking); no existing memory is replaced. The result is
+        // checked before use.
         let ptr = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
@@ -64,7 +65,8 @@ impl SharedWords {
 
     fn words(&self) -> &[AtomicU64] {
         // SAFETY: `ptr` is the mapping of exactly `words` 64-bit words made in `new`, page-aligned (so every word
-        // is 8-byte aligned), and it lives as long as `self`. AtomicU64 has the layout of u64, and all accesses
+        // is 8-byte aligned), and it lives as long as `self`; the file behind it is sealed against shrinking, so
+        // every word stays backed (no SIGBUS). AtomicU64 has the layout of u64, and all accesses
         // from this process are atomic.
         unsafe { std::slice::from_raw_parts(self.ptr, self.words) }
     }
@@ -139,6 +141,28 @@ mod tests {
         }
         w.clear();
         assert!((0..512).all(|i| w.load(i) == Some(0)));
+    }
+
+    #[test]
+    fn a_client_can_neither_shrink_nor_grow_nor_reseal_the_file_and_the_words_stay_usable() {
+        use rustix::io::Errno;
+        let w = SharedWords::new("t", 0x1200000, 512).unwrap();
+        let fd = w.fd();
+        let size = 0x1200000 + 512 * 8;
+        // What a client holding the fd (read-write, as the server hands it out) may try; memfd_create(2):
+        // a sealed change fails with EPERM.
+        let attempts: [(&str, Result<(), Errno>); 4] = [
+            ("shrink to 0", rustix::fs::ftruncate(&*fd, 0)),
+            ("shrink by a page", rustix::fs::ftruncate(&*fd, size - 4096)),
+            ("grow", rustix::fs::ftruncate(&*fd, size + 4096)),
+            ("add a write seal", rustix::fs::fcntl_add_seals(&*fd, SealFlags::FUTURE_WRITE)),
+        ];
+        for (what, result) in attempts {
+            assert_eq!(result, Err(Errno::PERM), "{what}");
+        }
+        assert_eq!(rustix::fs::fstat(&*fd).unwrap().st_size as u64, size);
+        assert!(w.store(511, 0x8000002000012345));
+        assert_eq!(w.take(511), Some(0x8000002000012345));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::observe::InjectOutcome;
 use super::rcv::{Packet, RxResult};
 use super::shared::Shared;
 use super::{egress, ingress, loopback, sdma_walk};
-use crate::worker::Stamped;
+use crate::worker::{JobTag, Stamped};
 use vfio_user_proto::sync::Unpoison;
 
 pub(super) enum Job {
@@ -30,6 +30,18 @@ pub(super) enum Job {
     },
     /// Packets arrived from the cable, or a context the head of the queue waits for has room again.
     Ingress,
+}
+
+impl JobTag for Job {
+    fn tag(&self) -> (&'static str, u64) {
+        match self {
+            Job::Doorbell { desc } => ("doorbell", *desc),
+            Job::Inject { payload, .. } => ("inject", payload.len() as u64),
+            Job::Egress => ("egress", 0),
+            Job::Sdma { engine } => ("sdma", *engine as u64),
+            Job::Ingress => ("ingress", 0),
+        }
+    }
 }
 
 pub(super) fn run_job(shared: &Shared, Stamped { epoch, job }: Stamped<Job>) {

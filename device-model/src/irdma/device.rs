@@ -23,11 +23,24 @@ use super::{CreateError, IrdmaConfig};
 use crate::engine::{BarSpec, Engine, Interrupt, NoInterrupt};
 use crate::probe::Probe;
 use crate::trace::{Block, Level, RegisterName, Val};
-use crate::worker::WorkQueue;
+use crate::worker::{JobTag, WorkQueue};
 
 /// Queue depth between the register path and the worker. Doorbells coalesce (the worker always reads the
 /// latest CQPDB value), so a full queue loses nothing but redundant wake-ups.
 const WORK_QUEUE_DEPTH: usize = 64;
+impl JobTag for Work {
+    fn tag(&self) -> (&'static str, u64) {
+        match *self {
+            Work::CqpCreate { ctx_pa } => ("cqp-create", ctx_pa),
+            Work::CqpDestroy => ("cqp-destroy", 0),
+            Work::Doorbell => ("doorbell", 0),
+            Work::Arm => ("arm", 0),
+            Work::Loopback { desc_pa } => ("loopback", desc_pa),
+            Work::Reset => ("reset", 0),
+        }
+    }
+}
+
 /// The irdma PCI function's engine.
 pub struct Irdma {
     shared: Arc<Shared>,
@@ -65,7 +78,8 @@ impl Irdma {
         });
         let mut worker = Worker::new(shared.clone());
         let mode = shared.config.worker;
-        let worker = match WorkQueue::spawn("irdma-cqp", WORK_QUEUE_DEPTH, mode, move |msg| worker.handle(msg)) {
+        let probe = shared.probe.clone();
+        let worker = match WorkQueue::spawn("irdma-cqp", WORK_QUEUE_DEPTH, mode, probe, move |msg| worker.handle(msg)) {
             Ok(q) => Some(q),
             Err(e) => {
                 tracing::error!("irdma: cannot start the worker thread: {e}");

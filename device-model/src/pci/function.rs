@@ -488,6 +488,7 @@ impl Function {
             "msix": self.msix.as_ref().map(|m| m.snapshot()),
             "mmio_refused": self.mmio_refused.load(Ordering::Relaxed),
             "dma_refused": self.dma_refused.load(Ordering::Relaxed),
+            "worker_panics": self.obs.probe.worker_panics(),
         })
     }
 }

@@ -482,3 +482,43 @@ fn dma_maps_lists_the_attached_clients_mappings_and_nothing_after_detach() {
     f.detach();
     assert_eq!(f.dma_maps(), serde_json::json!({"maps": []}));
 }
+
+/// Issue 38: a device whose worker job panicked is dead as a surprise-removed function is: config and BAR
+/// reads all-ones (what pci_device_is_present and the drivers' register checks take for a gone device), writes
+/// dropped, its DMA refused and its interrupts suppressed, across a new client too. The other function serves.
+#[test]
+fn a_dead_device_answers_as_a_removed_function_and_the_other_serves() {
+    let (dead, e, irq, mem) = attached();
+    let (alive, other, other_irq, _) = attached();
+    for f in [&dead, &alive] {
+        cfg_w16(f, 0x04, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+        cfg_w16(f, MSIX_CTRL, PCI_MSIX_FLAGS_ENABLE);
+        f.region_write(0, 0x100, &7u32.to_le_bytes()).unwrap();
+    }
+    e.irq().raise(1);
+    assert_eq!(irq.take(), vec![(irq::MSIX, 1)], "delivered while alive");
+    dead.probe().worker_panicked();
+    assert_eq!(cfg_r32(&dead, 0x00), 0xffff_ffff, "vendor and device ID");
+    let mut b = [0u8; 4];
+    dead.region_read(0, 0x100, &mut b).unwrap();
+    assert_eq!(b, [0xff; 4]);
+    dead.region_write(0, 0x100, &9u32.to_le_bytes()).unwrap();
+    assert_eq!(e.mem.lock().unwrap()[0x100], 7, "the write reached nothing");
+    assert!(e.dma().write_u32(0x10_0000, 5).is_err());
+    assert_eq!(mem.read_u32(0x10_0000), Ok(0));
+    e.irq().raise(1);
+    assert_eq!(irq.take(), vec![], "suppressed");
+    assert_eq!(dead.pci_state()["worker_panics"], 1);
+    // A new client finds it dead still.
+    dead.detach();
+    dead.attach(DeviceContext { dma: Arc::new(HeapMemory::new()), irq: Arc::new(RecordingIrq::default()) });
+    assert_eq!(cfg_r32(&dead, 0x00), 0xffff_ffff);
+    // The other function is untouched.
+    assert_eq!(cfg_r32(&alive, 0x00), 0x1100_1b36);
+    alive.region_read(0, 0x100, &mut b).unwrap();
+    assert_eq!(u32::from_le_bytes(b), 7);
+    assert_eq!(other.mem.lock().unwrap()[0x100], 7);
+    other.irq().raise(1);
+    assert_eq!(other_irq.take(), vec![(irq::MSIX, 1)]);
+    assert_eq!(alive.pci_state()["worker_panics"], 0);
+}

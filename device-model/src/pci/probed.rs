@@ -55,9 +55,10 @@ impl Observer {
         self.removed.store(false, Ordering::Release);
     }
 
-    /// Whether the device is gone (a `removed` fault fired at this access or before).
+    /// Whether the device is gone: a `removed` fault fired at this access or before, or the engine died (a
+    /// worker job panicked, `Probe::dead`).
     pub fn removed(&self) -> bool {
-        if self.removed.load(Ordering::Acquire) {
+        if self.gone() {
             return true;
         }
         if self.probe.fault(FaultKind::Removed, |_| true).is_some() {
@@ -65,6 +66,11 @@ impl Observer {
             return true;
         }
         false
+    }
+
+    /// Whether the device is gone already, without counting an access toward a `removed` fault.
+    fn gone(&self) -> bool {
+        self.removed.load(Ordering::Acquire) || self.probe.dead()
     }
 
     /// After a BAR read: stuck bits, then the trace and the access log see the value the client gets.
@@ -171,7 +177,7 @@ impl ProbedDma {
     }
 
     fn refused(&self, kind: FaultKind, iova: u64, len: u64) -> Result<(), DmaError> {
-        if self.obs.removed.load(Ordering::Acquire) || self.obs.probe.fault(kind, |_| true).is_some() {
+        if self.obs.gone() || self.obs.probe.fault(kind, |_| true).is_some() {
             return Err(DmaError::Unmapped { iova, len });
         }
         Ok(())
@@ -211,7 +217,7 @@ impl DmaAccess for ProbedDma {
         r
     }
     fn check_read(&self, iova: u64, len: u64) -> Result<(), DmaError> {
-        if self.obs.removed.load(Ordering::Acquire) {
+        if self.obs.gone() {
             return Err(DmaError::Unmapped { iova, len });
         }
         self.inner.check_read(iova, len)
@@ -241,7 +247,7 @@ impl ProbedInterrupt {
 
 impl Interrupt for ProbedInterrupt {
     fn raise(&self, vector: u16) {
-        let suppressed = self.obs.removed.load(Ordering::Acquire)
+        let suppressed = self.obs.gone()
             || self.obs.probe.fault(FaultKind::MsixDrop, |p| p.vector.is_none_or(|v| v == vector)).is_some();
         let t = &self.obs.probe.trace;
         if t.on(Block::Irq, Level::Info) {

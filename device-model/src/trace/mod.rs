@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock};
 
 pub use filter::{Filter, FilterError};
 pub use kinds::{flag_names, Block, Event, Level, RegisterName, Val};
-pub use sink::{Format, Sink};
+pub use sink::{Format, Sink, DEFAULT_MAX_FILE_BYTES};
 
 /// One device's trace switches and where its events go.
 pub struct Tracer {

@@ -1,4 +1,5 @@
-//! Where trace lines go: stderr, a file, or memory (tests); as text or JSON lines.
+//! Where trace lines go: stderr, a file, or memory (tests); as text or JSON lines. A file takes at most
+//! [`Sink::max_file_bytes`]: lines beyond are left out and counted, with one warning.
 
 #![forbid(unsafe_code)]
 
@@ -11,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::kinds::{Block, Event};
+use crate::output_file::{self, Existing};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -38,10 +40,22 @@ impl Format {
 
 /// Most lines a memory sink keeps: the newest, the older ones dropped (and counted).
 pub const MEMORY_LINES: usize = 65_536;
+/// Most bytes a trace file takes unless told otherwise (`--trace-max-mib`).
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 1 << 30;
+
+/// A trace file and what it holds.
+struct TraceFile {
+    file: File,
+    path: PathBuf,
+    /// Its size: what it held when opened (it is appended to) and what was written since.
+    bytes: u64,
+    /// Lines left out since it filled up.
+    over_cap: u64,
+}
 
 enum Output {
     Stderr,
-    File(File, PathBuf),
+    File(TraceFile),
     /// The newest lines, and how many older ones were dropped.
     Memory(VecDeque<String>, u64),
 }
@@ -53,11 +67,18 @@ pub struct Sink {
     out: Mutex<Output>,
     start: Instant,
     seq: AtomicU64,
+    max_file_bytes: AtomicU64,
 }
 
 impl Sink {
     fn new(out: Output) -> Self {
-        Sink { format: AtomicU8::new(0), out: Mutex::new(out), start: Instant::now(), seq: AtomicU64::new(0) }
+        Sink {
+            format: AtomicU8::new(0),
+            out: Mutex::new(out),
+            start: Instant::now(),
+            seq: AtomicU64::new(0),
+            max_file_bytes: AtomicU64::new(DEFAULT_MAX_FILE_BYTES),
+        }
     }
 
     /// The process's sink: stderr in text until told otherwise.
@@ -82,11 +103,30 @@ impl Sink {
         self.format.store(u8::from(f == Format::Json), Ordering::Relaxed);
     }
 
-    /// Appends to `path` (created if missing) from now on.
+    /// Appends to `path` from now on: a regular file, created (0600) if missing; a symbolic link, a FIFO or
+    /// anything else is refused at once ([`crate::output_file`]).
     pub fn to_file(&self, path: &Path) -> std::io::Result<()> {
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-        *self.lock() = Output::File(f, path.to_path_buf());
+        let file = output_file::open(path, Existing::Append)?;
+        let bytes = file.metadata()?.len();
+        *self.lock() = Output::File(TraceFile { file, path: path.to_path_buf(), bytes, over_cap: 0 });
         Ok(())
+    }
+
+    /// Bounds every trace file (the current one too) at `bytes`.
+    pub fn set_max_file_bytes(&self, bytes: u64) {
+        self.max_file_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn max_file_bytes(&self) -> u64 {
+        self.max_file_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The trace file's size and the lines left out since it reached its bound (0 and 0 without a file).
+    pub fn file_status(&self) -> (u64, u64) {
+        match &*self.lock() {
+            Output::File(f) => (f.bytes, f.over_cap),
+            _ => (0, 0),
+        }
     }
     pub fn to_stderr(&self) {
         *self.lock() = Output::Stderr;
@@ -96,7 +136,7 @@ impl Sink {
     pub fn destination(&self) -> String {
         match &*self.lock() {
             Output::Stderr => "stderr".into(),
-            Output::File(_, p) => p.display().to_string(),
+            Output::File(f) => f.path.display().to_string(),
             Output::Memory(..) => "memory".into(),
         }
     }
@@ -162,8 +202,21 @@ impl Sink {
             Output::Stderr => {
                 let _ = std::io::stderr().write_all(line.as_bytes());
             }
-            Output::File(f, _) => {
-                let _ = f.write_all(line.as_bytes());
+            Output::File(f) => {
+                let len = line.len() as u64;
+                let max = self.max_file_bytes();
+                if f.bytes.saturating_add(len) > max {
+                    f.over_cap += 1;
+                    if f.over_cap == 1 {
+                        tracing::warn!(
+                            "trace file {} reached its limit of {max} bytes; later lines are left out (counted in \
+                             {{\"cmd\":\"trace\"}})",
+                            f.path.display()
+                        );
+                    }
+                } else if f.file.write_all(line.as_bytes()).is_ok() {
+                    f.bytes += len;
+                }
             }
             Output::Memory(v, dropped) => {
                 line.pop();

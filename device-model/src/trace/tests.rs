@@ -120,3 +120,47 @@ fn a_memory_sink_keeps_its_newest_lines_up_to_its_bound_and_counts_the_rest() {
     assert_eq!(lines.len(), super::sink::MEMORY_LINES);
     assert!(lines[0].ends_with(&format!(" head={extra}")), "the oldest kept: {}", lines[0]);
 }
+
+#[test]
+fn a_trace_file_stops_growing_at_its_bound_and_counts_the_lines_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.txt");
+    // What an earlier run appended counts toward the bound.
+    std::fs::write(&path, "x".repeat(99) + "\n").unwrap();
+    let t = Tracer::new("irdma");
+    let sink = Sink::memory();
+    t.set_sink(sink.clone());
+    t.set_filter(&Filter::parse("irdma::cqp=info").unwrap());
+    sink.set_max_file_bytes(1000);
+    sink.to_file(&path).unwrap();
+    for head in 0..1000u64 {
+        t.event(Block::Cqp, Level::Info, "doorbell", &[("head", Val::Dec(head))]);
+    }
+    let len = std::fs::metadata(&path).unwrap().len();
+    let (bytes, over_cap) = sink.file_status();
+    assert_eq!(bytes, len);
+    assert!(len <= 1000 && len > 900, "filled up to its bound: {len}");
+    let written = std::fs::read_to_string(&path).unwrap().lines().count() as u64 - 1;
+    assert_eq!(over_cap, 1000 - written, "every line left out is counted");
+    assert_eq!(sink.lines(), 1000);
+}
+
+#[test]
+fn a_trace_file_is_refused_if_it_is_a_fifo_or_a_symlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(dir.path().join("elsewhere"), &link).unwrap();
+    let sink = Sink::memory();
+    for path in [fifo, link] {
+        // Asked from a thread: opening a FIFO without a reader for writing blocks unless told not to.
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (s, p) = (sink.clone(), path.clone());
+        std::thread::spawn(move || tx.send(s.to_file(&p).is_err()));
+        let refused = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("answered instead of blocking");
+        assert!(refused, "{}", path.display());
+    }
+    assert_eq!(sink.destination(), "memory");
+    assert!(!dir.path().join("elsewhere").exists());
+}

@@ -39,7 +39,7 @@ use thiserror::Error;
 use crate::wire::{Header, HEADER_SIZE};
 
 pub use dma::RecordingDma;
-pub use writer::{Recorder, Session, DEFAULT_MAX_SESSION_BYTES};
+pub use writer::{Recorder, Session, DEFAULT_MAX_SESSION_BYTES, DEFAULT_MAX_TOTAL_BYTES};
 
 /// The first bytes of every recording.
 pub const MAGIC: &[u8; 8] = b"VFUREC01";

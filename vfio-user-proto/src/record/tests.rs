@@ -197,11 +197,47 @@ fn a_session_stops_at_its_byte_limit_and_what_fit_stays_readable() {
     let (_, records, truncated) = RecordingReader::new(std::io::BufReader::new(f)).unwrap().records().unwrap();
     let want: Vec<Record> = [0x1000, 0x2000].map(|iova| Record::DmaRead { iova, data: vec![1; 8] }).into();
     assert_eq!((records, truncated), (want, false));
+    assert_eq!(rec.records_over_cap(), 2, "the two records left out are counted");
     // The limit is each session's: the next one starts from nothing.
     let s2 = rec.begin().unwrap().unwrap();
     s2.dma_read(0x4000, &[1; 8]);
     assert!(!s2.failed());
     rec.end();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_devices_recordings_stop_at_their_total_and_later_sessions_make_no_file_but_are_counted() {
+    // Each session file: MAGIC (8), the header's length (4) and "{}" with the format and session fields, then
+    // 21-byte DMA read records (5 + 8 of iova + 8 of data).
+    let dir = temp_dir("total");
+    let rec = Recorder::new(&dir, "hfi1", serde_json::json!({})).unwrap();
+    assert_eq!(rec.max_total_bytes(), DEFAULT_MAX_TOTAL_BYTES);
+    let file = |n: u32| dir.join(format!("hfi1-{n}.vfurec"));
+    let size = |n: u32| std::fs::metadata(file(n)).unwrap().len();
+    // Measure one session's header, then allow two such sessions of three records and two more records.
+    rec.begin().unwrap().unwrap();
+    rec.end();
+    let head = size(1);
+    rec.set_dir(Some(&dir)).unwrap();
+    assert_eq!(rec.total_bytes(), 0, "a new directory counts from nothing");
+    rec.set_max_total_bytes(2 * head + 5 * 21);
+    let mut records = Vec::new();
+    for _ in 0..4 {
+        match rec.begin().unwrap() {
+            Some(s) => {
+                (0..3).for_each(|i| s.dma_read(0x1000 * i, &[1; 8]));
+                records.push(s.records());
+            }
+            None => records.push(0),
+        }
+        rec.end();
+    }
+    assert_eq!(records, [3, 2, 0, 0], "the second session stops at the total, the later ones record nothing");
+    assert_eq!((size(2), size(3)), (head + 3 * 21, head + 2 * 21), "what fit stays");
+    assert!(!file(4).exists() && !file(5).exists(), "no file once the total is reached");
+    assert_eq!(rec.total_bytes(), 2 * head + 5 * 21);
+    assert_eq!((rec.records_over_cap(), rec.sessions_over_cap()), (1, 2));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

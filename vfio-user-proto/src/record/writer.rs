@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,11 +25,38 @@ pub struct Recorder {
     recording: AtomicBool,
     /// Most record bytes a session file takes (the header not counted); see [`Recorder::set_max_session_bytes`].
     max_session_bytes: AtomicU64,
+    /// What all session files since the directory was set take together at most (headers counted).
+    max_total_bytes: AtomicU64,
+    /// What they take so far, and what was left out of them; shared with the sessions.
+    totals: Arc<Totals>,
+}
+
+/// A recorder's account of its session files.
+#[derive(Debug, Default)]
+struct Totals {
+    /// Bytes of every session file since the directory was set.
+    bytes: AtomicU64,
+    /// Records left out because their session had reached its limit or the recorder its total.
+    records_over_cap: AtomicU64,
+    /// Sessions that recorded nothing (no file) because the total was reached.
+    sessions_over_cap: AtomicU64,
+    /// The total was reached (and warned about) since the directory was set.
+    full: AtomicBool,
+}
+
+impl Totals {
+    /// Marks the total reached; true the first time (the one warning).
+    fn fill(&self) -> bool {
+        !self.full.swap(true, Ordering::Relaxed)
+    }
 }
 
 /// A session's records stop at 4 GiB unless the recorder is told otherwise: a client left running for days
 /// must not fill the disk the recordings go to.
 pub const DEFAULT_MAX_SESSION_BYTES: u64 = 4 << 30;
+/// What all of a device's session files take together unless the recorder is told otherwise: a client that
+/// reconnects for ever must not fill the disk either.
+pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 16 << 30;
 
 impl std::fmt::Debug for Recorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -58,14 +86,18 @@ impl Recorder {
             current: Mutex::new(None),
             recording: AtomicBool::new(false),
             max_session_bytes: AtomicU64::new(DEFAULT_MAX_SESSION_BYTES),
+            max_total_bytes: AtomicU64::new(DEFAULT_MAX_TOTAL_BYTES),
+            totals: Arc::new(Totals::default()),
         })
     }
 
     /// Records the sessions that begin from now on into `dir` (created if missing); `None` stops recording
-    /// (the current session, if any, is finished).
+    /// (the current session, if any, is finished). The total of the session files counts from here.
     pub fn set_dir(&self, dir: Option<&Path>) -> io::Result<()> {
         if let Some(d) = dir {
             std::fs::create_dir_all(d)?;
+            self.totals.bytes.store(0, Ordering::Relaxed);
+            self.totals.full.store(false, Ordering::Relaxed);
         } else {
             self.end();
         }
@@ -87,6 +119,31 @@ impl Recorder {
         self.max_session_bytes.load(Ordering::Relaxed)
     }
 
+    /// Bounds what all session files since the directory was set take together (headers counted): the
+    /// session that reaches it stops there, and later sessions record nothing, each counted.
+    pub fn set_max_total_bytes(&self, bytes: u64) {
+        self.max_total_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn max_total_bytes(&self) -> u64 {
+        self.max_total_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of every session file since the directory was set.
+    pub fn total_bytes(&self) -> u64 {
+        self.totals.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Records left out because a session reached its limit or the recorder its total.
+    pub fn records_over_cap(&self) -> u64 {
+        self.totals.records_over_cap.load(Ordering::Relaxed)
+    }
+
+    /// Sessions that recorded nothing because the total was reached.
+    pub fn sessions_over_cap(&self) -> u64 {
+        self.totals.sessions_over_cap.load(Ordering::Relaxed)
+    }
+
     /// Replaces one field of the header of sessions begun from now on.
     pub fn set_header_field(&self, key: &str, value: serde_json::Value) {
         if let Some(obj) = lock(&self.header).as_object_mut() {
@@ -99,6 +156,11 @@ impl Recorder {
     pub fn begin(&self) -> io::Result<Option<Arc<Session>>> {
         self.end();
         let Some(dir) = self.dir() else { return Ok(None) };
+        let limits = Limits {
+            session: self.max_session_bytes(),
+            total: self.max_total_bytes(),
+            totals: Arc::clone(&self.totals),
+        };
         // Numbers a file already has (an earlier run into the same directory) are skipped, never overwritten.
         for _ in 0..MAX_SKIPPED_FILES {
             let n = self.sessions.fetch_add(1, Ordering::AcqRel) + 1;
@@ -108,8 +170,9 @@ impl Recorder {
                 obj.insert("format".into(), 1.into());
                 obj.insert("session".into(), n.into());
             }
-            match Session::create(path, &header, self.max_session_bytes()) {
-                Ok(s) => {
+            match Session::create(path, &header, limits.clone()) {
+                Ok(None) => return Ok(None),
+                Ok(Some(s)) => {
                     let session = Arc::new(s);
                     let mut current = lock(&self.current);
                     *current = Some(session.clone());
@@ -153,6 +216,14 @@ impl Recorder {
 /// How many taken session numbers `begin` skips before it gives up.
 const MAX_SKIPPED_FILES: u32 = 100_000;
 
+/// What a session may write: its own limit and its recorder's total.
+#[derive(Debug, Clone)]
+struct Limits {
+    session: u64,
+    total: u64,
+    totals: Arc<Totals>,
+}
+
 /// One session file. Every method is safe from any thread; the first write error is logged and ends the
 /// recording of this session (the device keeps running).
 pub struct Session {
@@ -160,13 +231,16 @@ pub struct Session {
     out: Mutex<Option<BufWriter<File>>>,
     records: AtomicU64,
     bytes: AtomicU64,
-    max_bytes: u64,
+    limits: Limits,
     failed: AtomicBool,
+    /// Stopped by a limit: later records are counted as left out.
+    capped: AtomicBool,
     next_control: AtomicU64,
 }
 
 impl Session {
-    fn create(path: PathBuf, header: &serde_json::Value, max_bytes: u64) -> io::Result<Session> {
+    /// The session file at `path` with `header`; `None` (no file) when the recorder's total has no room for it.
+    fn create(path: PathBuf, header: &serde_json::Value, limits: Limits) -> io::Result<Option<Session>> {
         let text = header.to_string();
         // A reader refuses a longer header, and with it the whole file: refuse it here, before the file exists.
         if text.len() > super::MAX_HEADER {
@@ -175,20 +249,38 @@ impl Session {
                 format!("a session header of {} bytes is over {}; nothing is recorded", text.len(), super::MAX_HEADER),
             ));
         }
-        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+        let head = (MAGIC.len() + 4 + text.len()) as u64;
+        let totals = &limits.totals;
+        if totals.bytes.load(Ordering::Relaxed).saturating_add(head) > limits.total {
+            totals.sessions_over_cap.fetch_add(1, Ordering::Relaxed);
+            if totals.fill() {
+                tracing::warn!(
+                    "recording {}: the recordings reached their total limit of {} bytes; later sessions are not \
+                     recorded (counted in {{\"cmd\":\"record\"}})",
+                    path.display(),
+                    limits.total
+                );
+            }
+            return Ok(None);
+        }
+        // A new file only (never through a link or into a FIFO), readable by this user only: it holds guest
+        // memory.
+        let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
         let mut w = BufWriter::with_capacity(1 << 16, file);
         w.write_all(MAGIC)?;
         w.write_all(&(text.len() as u32).to_le_bytes())?;
         w.write_all(text.as_bytes())?;
-        Ok(Session {
+        totals.bytes.fetch_add(head, Ordering::Relaxed);
+        Ok(Some(Session {
             path,
             out: Mutex::new(Some(w)),
             records: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
-            max_bytes,
+            limits,
             failed: AtomicBool::new(false),
+            capped: AtomicBool::new(false),
             next_control: AtomicU64::new(1),
-        })
+        }))
     }
 
     pub fn path(&self) -> &Path {
@@ -207,7 +299,12 @@ impl Session {
     fn put(&self, tag: u8, parts: &[&[u8]]) {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let mut out = lock(&self.out);
-        let Some(w) = out.as_mut() else { return };
+        let Some(w) = out.as_mut() else {
+            if self.capped.load(Ordering::Relaxed) {
+                self.limits.totals.records_over_cap.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        };
         // A reader refuses a longer record and everything after it: end the recording here instead, so what
         // was recorded stays readable and the gap is said.
         let Some(len32) = u32::try_from(len).ok().filter(|_| len <= super::MAX_RECORD) else {
@@ -220,16 +317,31 @@ impl Session {
             *out = None;
             return;
         };
-        // `bytes` changes only under `out`'s lock, which is held here.
-        let after = self.bytes() + 5 + len as u64;
-        if after > self.max_bytes {
-            tracing::warn!(
-                "recording {}: the session reached its limit of {} bytes of records; recording of this session \
-                 stops",
-                self.path.display(),
-                self.max_bytes
-            );
+        let size = 5 + len as u64;
+        // `bytes` changes only under `out`'s lock, which is held here; `totals.bytes` only in the recorder's
+        // one current session (and its creation).
+        let totals = &self.limits.totals;
+        let over_session = self.bytes() + size > self.limits.session;
+        let over_total = totals.bytes.load(Ordering::Relaxed) + size > self.limits.total;
+        if over_session || over_total {
+            if over_session {
+                tracing::warn!(
+                    "recording {}: the session reached its limit of {} bytes of records; recording of this session \
+                     stops",
+                    self.path.display(),
+                    self.limits.session
+                );
+            } else if totals.fill() {
+                tracing::warn!(
+                    "recording {}: the recordings reached their total limit of {} bytes; recording stops here and \
+                     later sessions are not recorded (counted in {{\"cmd\":\"record\"}})",
+                    self.path.display(),
+                    self.limits.total
+                );
+            }
             self.failed.store(true, Ordering::Relaxed);
+            self.capped.store(true, Ordering::Relaxed);
+            totals.records_over_cap.fetch_add(1, Ordering::Relaxed);
             *out = None;
             return;
         }
@@ -241,7 +353,8 @@ impl Session {
         match result {
             Ok(()) => {
                 self.records.fetch_add(1, Ordering::Relaxed);
-                self.bytes.fetch_add(5 + len as u64, Ordering::Relaxed);
+                self.bytes.fetch_add(size, Ordering::Relaxed);
+                totals.bytes.fetch_add(size, Ordering::Relaxed);
             }
             Err(e) => {
                 tracing::warn!("recording {}: {e}; recording of this session stops", self.path.display());

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::PeerPolicy;
 use crate::dma_space::MmapLimits;
 use crate::record::Recorder;
 
@@ -40,6 +41,9 @@ pub struct ServerConfig {
     /// Read each message with exact reads (`FrameReader::exact`) instead of peeking: the simple path the peek
     /// mode is measured against (testbed bench case (a)). Off by default.
     pub exact_reads: bool,
+    /// Who may connect: a peer it refuses is closed before any message is read (`server::peer`). Default:
+    /// this process's user and root.
+    pub peers: PeerPolicy,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +59,7 @@ impl Default for ServerConfig {
             busy_poll: Duration::ZERO,
             write_multiple: false,
             exact_reads: false,
+            peers: PeerPolicy::default(),
         }
     }
 }

@@ -11,6 +11,7 @@
 mod config;
 mod conn;
 mod outbound;
+mod peer;
 mod poll;
 
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -32,6 +33,7 @@ use crate::wire::{Header, HEADER_SIZE};
 pub use config::ServerConfig;
 use conn::Conn;
 use outbound::Outbound;
+pub use peer::{Peer, PeerError, PeerPolicy, MODE_GROUP_WRITE, MODE_OTHER_WRITE};
 use poll::BusyPoll;
 
 #[derive(Debug, Error)]
@@ -45,6 +47,9 @@ pub enum ServerError {
     /// A device method panicked; the connection was closed and the device detached.
     #[error("device panicked while serving a request")]
     DevicePanic,
+    /// The peer is not allowed on this socket; it was closed unserved (and counted in [`PeerPolicy`]).
+    #[error(transparent)]
+    Peer(#[from] PeerError),
 }
 
 /// Makes [`Server::serve`] (and a running connection) return promptly: it shuts down the listening
@@ -104,6 +109,8 @@ impl Server {
                     }
                     match self.serve_connection(stream) {
                         Ok(()) => tracing::info!("client disconnected"),
+                        // Logged (rate-limited) by the policy.
+                        Err(ServerError::Peer(_)) => {}
                         Err(e) => tracing::warn!("client dropped: {e}"),
                     }
                 }
@@ -120,8 +127,10 @@ impl Server {
         Ok(())
     }
 
-    /// Serves one connected client until it disconnects, then detaches (and so resets) the device.
+    /// Serves one connected client until it disconnects, then detaches (and so resets) the device. A peer the
+    /// configured [`PeerPolicy`] refuses is closed at once, unserved.
     pub fn serve_connection(&self, stream: UnixStream) -> Result<(), ServerError> {
+        self.config.peers.admit(&stream)?;
         let _busy = match self.busy.try_lock() {
             Ok(g) => g,
             // A previous connection's device panic poisoned the lock; the device was detached since.

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::wire::WirePacket;
+use crate::output_file::{self, Existing, OutputError};
 
 /// pcap file header fields (pcap-savefile(5)): microsecond magic, version 2.4.
 const PCAP_MAGIC_US: u32 = 0xA1B2_C3D4;
@@ -37,7 +38,8 @@ pub enum Direction {
     BToA = 1,
 }
 
-/// An open capture file, bounded in size.
+/// A capture file, bounded in size: opened by whoever asks for the capture ([`Capture::open`]), started (the
+/// file truncated, the pcap header written) by the cable thread once it took it ([`Capture::start`]).
 pub struct Capture {
     path: PathBuf,
     out: BufWriter<File>,
@@ -48,9 +50,17 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// Creates (or truncates) `path` and writes the pcap header. `max_bytes` bounds the file.
-    pub fn create(path: &Path, max_bytes: u64) -> std::io::Result<Capture> {
-        let mut out = BufWriter::new(File::create(path)?);
+    /// Opens `path` for a capture of at most `max_bytes`, creating it (0600) if missing, without changing what
+    /// it holds: a symbolic link, a FIFO or anything else but a regular file is refused at once, never waited
+    /// on ([`crate::output_file`]).
+    pub fn open(path: &Path, max_bytes: u64) -> Result<Capture, OutputError> {
+        let file = output_file::open(path, Existing::Keep)?;
+        Ok(Capture { path: path.to_path_buf(), out: BufWriter::new(file), written: 0, max_bytes, skipped: 0 })
+    }
+
+    /// Empties the file and writes the pcap header: only once the capture is certain to run.
+    pub fn start(mut self) -> std::io::Result<Capture> {
+        self.out.get_ref().set_len(0)?;
         let mut h = Vec::with_capacity(PCAP_FILE_HEADER);
         h.extend_from_slice(&PCAP_MAGIC_US.to_le_bytes());
         h.extend_from_slice(&PCAP_VERSION_MAJOR.to_le_bytes());
@@ -59,8 +69,9 @@ impl Capture {
         h.extend_from_slice(&0u32.to_le_bytes()); // sigfigs
         h.extend_from_slice(&PCAP_SNAPLEN.to_le_bytes());
         h.extend_from_slice(&LINKTYPE_ERF.to_le_bytes());
-        out.write_all(&h)?;
-        Ok(Capture { path: path.to_path_buf(), out, written: h.len() as u64, max_bytes, skipped: 0 })
+        self.out.write_all(&h)?;
+        self.written = h.len() as u64;
+        Ok(self)
     }
 
     pub fn path(&self) -> &Path {
@@ -114,7 +125,10 @@ pub fn erf_record(at: SystemTime, dir: Direction, packet: &WirePacket) -> Vec<u8
 
 #[cfg(test)]
 mod tests {
+    use super::super::{Cable, End, LinkEvent, Neighbor, Phy, Port, QUEUE};
     use super::*;
+    use crate::probe::Probe;
+    use std::sync::{Arc, Condvar, Mutex, Weak};
     use std::time::Duration;
 
     fn packet() -> WirePacket {
@@ -139,11 +153,114 @@ mod tests {
         assert_eq!(&r[16..18], &[0xF0, 0x2]);
     }
 
+    /// A port whose first received packet holds the cable thread until the gate opens (dropping the gate
+    /// opens it, so a failing test does not leave the cable thread stuck).
+    struct GatePort {
+        probe: Arc<Probe>,
+        /// (packets received, the gate open)
+        state: Mutex<(usize, bool)>,
+        changed: Condvar,
+    }
+
+    impl Port for GatePort {
+        fn identity(&self) -> Neighbor {
+            Neighbor::default()
+        }
+        fn probe(&self) -> Arc<Probe> {
+            Arc::clone(&self.probe)
+        }
+        fn link(&self, _: LinkEvent) -> bool {
+            true
+        }
+        fn receive(&self, _: WirePacket) {
+            let mut s = self.state.lock().unwrap();
+            s.0 += 1;
+            self.changed.notify_all();
+            while !s.1 {
+                s = self.changed.wait(s).unwrap();
+            }
+        }
+    }
+
+    impl GatePort {
+        /// Waits until `n` packets arrived.
+        fn wait_received(&self, n: usize) -> bool {
+            let s = self.state.lock().unwrap();
+            let (s, _) = self.changed.wait_timeout_while(s, Duration::from_secs(10), |s| s.0 < n).unwrap();
+            s.0 >= n
+        }
+        fn open(&self) {
+            self.state.lock().unwrap().1 = true;
+            self.changed.notify_all();
+        }
+    }
+
+    struct Opener(Arc<GatePort>);
+    impl Drop for Opener {
+        fn drop(&mut self) {
+            self.0.open();
+        }
+    }
+
+    #[test]
+    fn a_capture_the_busy_cable_refuses_leaves_the_file_as_it_was_and_one_it_takes_empties_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keep.pcap");
+        std::fs::write(&path, b"precious").unwrap();
+        let cable = Cable::new(Duration::ZERO).unwrap();
+        let port = |probe| Arc::new(GatePort { probe, state: Mutex::new((0, false)), changed: Condvar::new() });
+        let (a, b) = (port(Probe::new("hfi1-wfr")), port(Probe::new("hfi1-wfr1")));
+        let weak = |p: &Arc<GatePort>| Arc::downgrade(&(Arc::clone(p) as Arc<dyn Port>));
+        let (ea, eb) = (cable.end(End::A, weak(&a)), cable.end(End::B, weak(&b)));
+        let _opener = Opener(Arc::clone(&b));
+        ea.phy(Phy::Polling);
+        eb.phy(Phy::Polling);
+        // The cable thread delivers to B and is held there; what is sent meanwhile fills its queue.
+        ea.transmit(packet());
+        assert!(b.wait_received(1), "the cable delivered the first packet");
+        (0..QUEUE).for_each(|_| ea.transmit(packet()));
+
+        assert_eq!(ea.capture(Some(path.clone()), 1 << 20), Err("the cable is busy".to_string()));
+        assert_eq!(std::fs::read(&path).unwrap(), b"precious", "untouched by a capture that did not start");
+
+        b.open();
+        assert!(b.wait_received(1 + QUEUE), "the cable's queue drained");
+        ea.capture(Some(path.clone()), 1 << 20).expect("the cable takes the capture");
+        ea.capture(None, 0).expect("stopped (and flushed)");
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), PCAP_FILE_HEADER, "emptied, then only the pcap header");
+        assert_eq!(u32::from_le_bytes(bytes[0..4].try_into().unwrap()), PCAP_MAGIC_US);
+        drop((ea, eb));
+    }
+
+    #[test]
+    fn a_capture_into_a_fifo_or_through_a_symlink_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR).unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"precious").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let cable = Cable::new(Duration::ZERO).unwrap();
+        let ea = Arc::new(cable.end(End::A, Weak::<GatePort>::new()));
+        let _eb = cable.end(End::B, Weak::<GatePort>::new());
+        for path in [fifo, link] {
+            // Asked from a thread: the old open of a FIFO without a reader blocked for ever.
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let (end, p) = (Arc::clone(&ea), path.clone());
+            std::thread::spawn(move || tx.send(end.capture(Some(p), 1 << 20)));
+            let r = rx.recv_timeout(Duration::from_secs(10)).expect("the capture answers instead of blocking");
+            assert!(r.is_err(), "{}: {r:?}", path.display());
+        }
+        assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+    }
+
     #[test]
     fn a_capture_file_starts_with_an_erf_pcap_header_and_stops_at_its_bound() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.pcap");
-        let mut c = Capture::create(&path, 24 + 2 * (16 + 16 + 288)).unwrap();
+        let mut c = Capture::open(&path, 24 + 2 * (16 + 16 + 288)).unwrap().start().unwrap();
         assert!(c.write(Direction::AToB, &packet()));
         assert!(c.write(Direction::BToA, &packet()));
         assert!(!c.write(Direction::AToB, &packet()));

@@ -7,6 +7,16 @@
 //! worker, so the cable never waits on an HFI. That seam is where a remote end would sit: a `Port` that
 //! forwards to another device-model process over a socket, and a reader there that feeds this thread.
 //! The thread blocks on its queue when idle and exits when both ends are gone.
+//!
+//! Packets share one bounded queue, and a full one drops them (counted). A port's physical news ([`Phy`])
+//! has a path of its own that never waits and loses no state: each end's mailbox. Each piece of news is
+//! stamped with the packets its end had queued, and the thread applies it once it has taken those packets
+//! (so a packet sent before the link came up still finds it down), before the next one. A state is
+//! idempotent, so a run of them with no packet between comes to its net effect (Polling after Polling is one
+//! Polling; a Down ends the run before it, keeping the newest reason; a Polling after a Down stays: the link
+//! bounced). The mailbox therefore holds at most two states per packet in the queue, plus idle messages:
+//! these are not states and keep their order, at most [`MAX_IDLE_PENDING`] per end (more are dropped and
+//! counted).
 
 #![forbid(unsafe_code)]
 
@@ -20,7 +30,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Select, Sender};
 use vfio_user_proto::sync::Unpoison;
 
 use crate::fault::{FaultKind, Params};
@@ -123,10 +133,66 @@ pub trait Port: Send + Sync {
 
 /// Messages to the cable thread.
 enum Msg {
-    Attach(End, Weak<dyn Port>),
-    Phy(End, Phy),
     Packet(End, WirePacket),
     Capture(Option<Capture>, Sender<Result<(), String>>),
+}
+
+/// Idle messages one end may have waiting for the cable thread at most. The driver sends one per port state
+/// change it announces (mad.c: SMA_IDLE_ARM, SMA_IDLE_ACTIVE), and each waits for its 8051 command to
+/// complete.
+pub const MAX_IDLE_PENDING: usize = 64;
+
+/// One end's physical news the cable thread has not applied yet, each stamped with the packets the end had
+/// queued when it said it, coalesced (module docs).
+#[derive(Debug, Default)]
+struct PhyMail {
+    pending: VecDeque<(u64, Phy)>,
+    idles: usize,
+}
+
+impl PhyMail {
+    /// False when `phy` is an idle message past the bound (dropped).
+    fn push(&mut self, stamp: u64, phy: Phy) -> bool {
+        let state_of_this_run = |p: &(u64, Phy)| p.0 == stamp && matches!(p.1, Phy::Polling | Phy::Down { .. });
+        match phy {
+            Phy::Idle(_) => {
+                if self.idles >= MAX_IDLE_PENDING {
+                    return false;
+                }
+                self.idles += 1;
+            }
+            Phy::Polling => {
+                if self.pending.back() == Some(&(stamp, Phy::Polling)) {
+                    return true;
+                }
+            }
+            Phy::Down { .. } => {
+                while self.pending.back().is_some_and(state_of_this_run) {
+                    self.pending.pop_back();
+                }
+            }
+        }
+        self.pending.push_back((stamp, phy));
+        true
+    }
+
+    /// The news said before the end's packet number `taken` (counted from 0) was queued, in order; all of it
+    /// with `None`.
+    fn take(&mut self, taken: Option<u64>) -> Vec<Phy> {
+        let ready = self.pending.iter().take_while(|(stamp, _)| taken.is_none_or(|t| *stamp <= t)).count();
+        let news: Vec<Phy> = self.pending.drain(..ready).map(|(_, phy)| phy).collect();
+        self.idles -= news.iter().filter(|p| matches!(p, Phy::Idle(_))).count();
+        news
+    }
+}
+
+/// What the ends hand the cable thread outside its queue: the ports, each end's physical news, and how many
+/// packets each end has queued (the news's stamps).
+#[derive(Default)]
+struct Mailboxes {
+    ports: Mutex<[Option<Weak<dyn Port>>; 2]>,
+    phy: [Mutex<PhyMail>; 2],
+    queued: [AtomicU64; 2],
 }
 
 /// Packets one direction holds back (delay and reorder faults) at most; more are dropped and counted.
@@ -159,6 +225,8 @@ pub struct DirCounters {
     pub dropped_held_overflow: AtomicU64,
     /// The sender's queue to the cable was full.
     pub dropped_queue_full: AtomicU64,
+    /// Idle messages past [`MAX_IDLE_PENDING`] waiting from the sender.
+    pub dropped_idle_overflow: AtomicU64,
     pub delayed: AtomicU64,
     pub corrupted: AtomicU64,
     pub reordered: AtomicU64,
@@ -171,7 +239,8 @@ impl DirCounters {
             "packets": l(&self.packets), "bytes": l(&self.bytes),
             "dropped_link_down": l(&self.dropped_link_down), "dropped_fault": l(&self.dropped_fault),
             "dropped_held_overflow": l(&self.dropped_held_overflow),
-            "dropped_queue_full": l(&self.dropped_queue_full), "delayed": l(&self.delayed),
+            "dropped_queue_full": l(&self.dropped_queue_full),
+            "dropped_idle_overflow": l(&self.dropped_idle_overflow), "delayed": l(&self.delayed),
             "corrupted": l(&self.corrupted), "reordered": l(&self.reordered),
         })
     }
@@ -225,6 +294,9 @@ impl std::fmt::Display for Seen {
 
 struct Inner {
     tx: Sender<Msg>,
+    /// A wake-up of the cable thread for its mailboxes: one pending is enough.
+    wake: Sender<()>,
+    mail: Arc<Mailboxes>,
     status: Arc<Status>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -252,20 +324,21 @@ impl Cable {
     /// A cable whose link trains for `training` (at most [`TRAINING_MAX`]) once both ends poll.
     pub fn new(training: Duration) -> std::io::Result<Cable> {
         let (tx, rx) = crossbeam_channel::bounded(QUEUE);
+        let (wake, woken) = crossbeam_channel::bounded(1);
         let status = Arc::new(Status::default());
-        let thread_status = Arc::clone(&status);
+        let mail = Arc::new(Mailboxes::default());
+        let (thread_status, thread_mail) = (Arc::clone(&status), Arc::clone(&mail));
         let training = training.min(TRAINING_MAX);
         let thread = std::thread::Builder::new()
             .name("hfi1-cable".into())
-            .spawn(move || Link::new(thread_status, training).run(rx))?;
-        Ok(Cable { inner: Arc::new(Inner { tx, status, thread: Mutex::new(Some(thread)) }) })
+            .spawn(move || Link::new(thread_status, thread_mail, training).run(rx, woken))?;
+        Ok(Cable { inner: Arc::new(Inner { tx, wake, mail, status, thread: Mutex::new(Some(thread)) }) })
     }
 
     /// The handle for `end`; `port` receives what the cable sends that end.
     pub fn end(&self, end: End, port: Weak<dyn Port>) -> CableEnd {
-        let e = CableEnd { end, inner: Arc::clone(&self.inner) };
-        e.send(Msg::Attach(end, port));
-        e
+        self.inner.mail.ports.lock().unpoison()[end.index()] = Some(port);
+        CableEnd { end, inner: Arc::clone(&self.inner) }
     }
 }
 
@@ -284,23 +357,34 @@ impl CableEnd {
         self.inner.tx.try_send(msg).is_ok()
     }
 
-    /// The port's physical layer changed.
+    /// The port's physical layer changed. Never waits: the news goes to this end's mailbox (module docs),
+    /// whatever the packet queue holds.
     pub fn phy(&self, phy: Phy) {
-        // Link state changes are rare and must not be lost: wait for room (the thread never blocks).
-        let _ = self.inner.tx.send_timeout(Msg::Phy(self.end, phy), Duration::from_secs(1));
+        let mail = &self.inner.mail;
+        let stamp = mail.queued[self.end.index()].load(Ordering::Acquire);
+        if !mail.phy[self.end.index()].lock().unpoison().push(stamp, phy) {
+            self.inner.status.dirs[self.end.peer().index()].dropped_idle_overflow.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // Full: a wake-up is pending already, and the thread empties the mailbox when it takes it.
+        let _ = self.inner.wake.try_send(());
     }
 
     /// A packet leaves this end.
     pub fn transmit(&self, packet: WirePacket) {
         if !self.send(Msg::Packet(self.end, packet)) {
             self.inner.status.dirs[self.end.peer().index()].dropped_queue_full.fetch_add(1, Ordering::Relaxed);
+            return;
         }
+        // Counted once queued: news stamped before this count is applied before this packet, and never
+        // waits for a packet that did not make it into the queue.
+        self.inner.mail.queued[self.end.index()].fetch_add(1, Ordering::AcqRel);
     }
 
     /// Starts recording every packet to `path` (replacing a capture in progress), or stops with `None`.
     pub fn capture(&self, path: Option<PathBuf>, max_bytes: u64) -> Result<(), String> {
         let capture = match &path {
-            Some(p) => Some(Capture::create(p, max_bytes).map_err(|e| format!("capture {}: {e}", p.display()))?),
+            Some(p) => Some(Capture::open(p, max_bytes).map_err(|e| format!("capture {}: {e}", p.display()))?),
             None => None,
         };
         let (reply, done) = crossbeam_channel::bounded(1);
@@ -352,7 +436,7 @@ struct Held {
 /// The cable thread's state.
 struct Link {
     status: Arc<Status>,
-    ports: [Option<Weak<dyn Port>>; 2],
+    mail: Arc<Mailboxes>,
     polling: [bool; 2],
     up: bool,
     training: Duration,
@@ -364,10 +448,10 @@ struct Link {
 }
 
 impl Link {
-    fn new(status: Arc<Status>, training: Duration) -> Self {
+    fn new(status: Arc<Status>, mail: Arc<Mailboxes>, training: Duration) -> Self {
         Link {
             status,
-            ports: [None, None],
+            mail,
             polling: [false; 2],
             up: false,
             training,
@@ -379,34 +463,68 @@ impl Link {
     }
 
     fn port(&self, end: End) -> Option<Arc<dyn Port>> {
-        self.ports[end.index()].as_ref()?.upgrade()
+        let weak = self.mail.ports.lock().unpoison()[end.index()].clone();
+        weak?.upgrade()
     }
 
-    fn run(mut self, rx: Receiver<Msg>) {
+    /// The next message, `None` on a wake-up or when `due` passed; `Err` once the ends are gone.
+    fn next(&mut self, rx: &Receiver<Msg>, woken: &Receiver<()>, due: Option<Instant>) -> Result<Option<Msg>, ()> {
+        if due.is_none() {
+            if let Some(c) = &mut self.capture {
+                c.flush();
+            }
+        }
+        let mut sel = Select::new();
+        let msgs = sel.recv(rx);
+        let wakes = sel.recv(woken);
+        let op = match due {
+            Some(due) => match sel.select_deadline(due) {
+                Ok(op) => op,
+                Err(_) => return Ok(None),
+            },
+            None => sel.select(),
+        };
+        match op.index() {
+            i if i == msgs => op.recv(rx).map(Some).map_err(|_| ()),
+            i if i == wakes => op.recv(woken).map(|()| None).map_err(|_| ()),
+            _ => Ok(None),
+        }
+    }
+
+    /// Applies the news of `end` said before its packet number `taken` was queued (`None`: all of it).
+    fn take_mail(&mut self, end: End, taken: Option<u64>) {
+        let news = self.mail.phy[end.index()].lock().unpoison().take(taken);
+        for phy in news {
+            self.phy(end, phy);
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Msg>, woken: Receiver<()>) {
+        // Packets taken from each end.
+        let mut taken = [0u64; 2];
         loop {
-            let msg = match self.held.iter().map(|h| h.due).chain(self.train_due).min() {
-                Some(due) => match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
-                    Ok(m) => Some(m),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => break,
-                },
-                None => {
-                    if let Some(c) = &mut self.capture {
-                        c.flush();
-                    }
-                    match rx.recv() {
-                        Ok(m) => Some(m),
-                        Err(_) => break,
-                    }
-                }
-            };
+            let due = self.held.iter().map(|h| h.due).chain(self.train_due).min();
+            let Ok(msg) = self.next(&rx, &woken, due) else { break };
+            for end in [End::A, End::B] {
+                self.take_mail(end, Some(taken[end.index()]));
+            }
             match msg {
-                Some(Msg::Attach(end, port)) => self.ports[end.index()] = Some(port),
-                Some(Msg::Phy(end, phy)) => self.phy(end, phy),
-                Some(Msg::Packet(from, packet)) => self.packet(from.peer(), packet),
+                Some(Msg::Packet(from, packet)) => {
+                    taken[from.index()] += 1;
+                    self.packet(from.peer(), packet);
+                    // News said after this packet was queued, before the next one.
+                    self.take_mail(from, Some(taken[from.index()]));
+                }
                 Some(Msg::Capture(c, reply)) => {
-                    self.set_capture(c);
-                    let _ = reply.send(Ok(()));
+                    // Emptied only now that the cable took it: a busy cable leaves the file as it was.
+                    let path = c.as_ref().map(|c| c.path().display().to_string()).unwrap_or_default();
+                    match c.map(Capture::start).transpose() {
+                        Ok(c) => {
+                            self.set_capture(c);
+                            let _ = reply.send(Ok(()));
+                        }
+                        Err(e) => drop(reply.send(Err(format!("capture {path}: {e}")))),
+                    }
                 }
                 None => {}
             }
@@ -416,6 +534,9 @@ impl Link {
             }
             self.release_due();
         }
+        // The ends are gone: what they said last still counts (an end dropped last went down).
+        self.take_mail(End::A, None);
+        self.take_mail(End::B, None);
         self.set_capture(None);
     }
 

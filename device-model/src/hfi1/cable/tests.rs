@@ -9,13 +9,16 @@ use super::wire::{LNH_BTH, LRH_BYTES, OPCODE_TID_RDMA_WRITE_DATA_LAST};
 use super::*;
 use crate::fault::FaultSpec;
 
-/// A port that records what the cable tells it, and can refuse link events.
+/// A port that records what the cable tells it, can refuse link events, and can hold the cable thread in
+/// its `receive` (a peer that does not drain).
 struct FakePort {
     id: Neighbor,
     probe: Arc<Probe>,
     refuse: Mutex<bool>,
     seen: Mutex<Vec<Seen>>,
     changed: Condvar,
+    hold: Mutex<bool>,
+    released: Condvar,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -32,7 +35,14 @@ impl FakePort {
             refuse: Mutex::new(false),
             seen: Mutex::new(Vec::new()),
             changed: Condvar::new(),
+            hold: Mutex::new(false),
+            released: Condvar::new(),
         })
+    }
+
+    fn hold(&self, on: bool) {
+        *self.hold.lock().unwrap() = on;
+        self.released.notify_all();
     }
 
     /// Waits (bounded) until `n` events arrived; returns them.
@@ -66,6 +76,8 @@ impl Port for FakePort {
     fn receive(&self, packet: WirePacket) {
         self.seen.lock().unwrap().push(Seen::Packet(packet.bytes));
         self.changed.notify_all();
+        let held = self.hold.lock().unwrap();
+        let _unheld = self.released.wait_timeout_while(held, Duration::from_secs(30), |h| *h).unwrap();
     }
 }
 
@@ -327,4 +339,66 @@ fn idle_messages_cross_only_while_the_link_is_up() {
     assert!(matches!(seen[0], Seen::Link(LinkEvent::Up(_))));
     assert_eq!(seen[1], Seen::Link(LinkEvent::Idle(0x203)));
     assert!(r.a.wait(1).iter().all(|s| !matches!(s, Seen::Link(LinkEvent::Idle(_)))), "no echo to the sender");
+}
+
+#[test]
+fn a_link_state_change_waits_for_no_room_in_a_full_packet_queue_and_is_not_lost() {
+    let r = rig();
+    up(&r);
+    // B stops draining: the cable thread stays in B's receive of packet 1, and A's packets fill the queue.
+    r.b.hold(true);
+    r.ea.transmit(packet(1));
+    assert_eq!(r.b.wait(2)[1], Seen::Packet(packet(1).bytes));
+    let full = |e: &CableEnd| e.status()["to_b"]["dropped_queue_full"].as_u64().unwrap_or(0);
+    for _ in 0..=QUEUE {
+        r.ea.transmit(packet(2));
+    }
+    assert_eq!(full(&r.ea), 1, "the queue is full");
+    // A goes down. Had the news waited for room in the queue, it would still be waiting: the thread is held.
+    r.ea.phy(Phy::Down { reason: Some(7) });
+    r.ea.transmit(packet(3));
+    assert_eq!(full(&r.ea), 2, "the queue is still full: nothing was taken from it meanwhile");
+    // B drains again: the news reaches it right behind the packets A sent before it, and the link is down.
+    r.b.hold(false);
+    let seen = r.b.wait(QUEUE + 3);
+    assert_eq!(seen.len(), QUEUE + 3);
+    assert_eq!(seen[QUEUE + 1], Seen::Packet(packet(2).bytes), "the last packet queued");
+    assert_eq!(seen[QUEUE + 2], Seen::Link(LinkEvent::Down { reason: Some(7) }));
+    assert!(!r.ea.link_up());
+}
+
+#[test]
+fn states_coalesce_to_their_net_effect_and_idle_messages_keep_their_order_up_to_their_bound() {
+    let polling = Phy::Polling;
+    let down = |r| Phy::Down { reason: Some(r) };
+    // (what an end says, what its mailbox holds for the cable thread)
+    let cases: Vec<(Vec<Phy>, Vec<Phy>)> = vec![
+        (vec![polling, polling], vec![polling]),
+        (vec![down(1), down(2)], vec![down(2)]),
+        (vec![polling, down(1)], vec![down(1)]),
+        // A bounce: down, then polling again.
+        (vec![down(1), polling, polling], vec![down(1), polling]),
+        (vec![down(1), polling, down(2), polling], vec![down(2), polling]),
+        // An idle message keeps its place between the states around it.
+        (
+            vec![polling, Phy::Idle(1), down(1), Phy::Idle(2), polling],
+            vec![polling, Phy::Idle(1), down(1), Phy::Idle(2), polling],
+        ),
+    ];
+    for (said, want) in cases {
+        let mut mail = PhyMail::default();
+        assert!(said.iter().all(|&p| mail.push(0, p)));
+        assert_eq!(mail.take(Some(0)), want, "{said:?}");
+    }
+    // A packet between two states keeps both: each is applied at its place among the packets.
+    let mut mail = PhyMail::default();
+    assert!(mail.push(0, polling) && mail.push(1, down(1)) && mail.push(1, polling));
+    assert_eq!(mail.take(Some(0)), vec![polling], "packet 0 is taken after the Polling, before the Down");
+    assert_eq!(mail.take(Some(1)), vec![down(1), polling]);
+    let mut mail = PhyMail::default();
+    assert!((0..MAX_IDLE_PENDING as u64).all(|m| mail.push(0, Phy::Idle(m))));
+    assert!(!mail.push(0, Phy::Idle(99)), "past the bound");
+    assert!(mail.push(0, down(0)), "a state always fits");
+    assert_eq!(mail.take(None).len(), MAX_IDLE_PENDING + 1);
+    assert!(mail.push(0, Phy::Idle(100)), "taken: room again");
 }

@@ -230,8 +230,9 @@ impl Wfr {
     /// gives them. The caller sends them once it has dropped its locks.
     pub fn write(&mut self, offset: u64, value: u64) -> Vec<u16> {
         if offset >= TXE_PIO_SEND {
-            self.pio.buffer_write(offset - TXE_PIO_SEND, value);
-            return Vec::new();
+            let mut raised = Raised::default();
+            self.pio.buffer_write(offset - TXE_PIO_SEND, value, &mut self.errs, &mut raised);
+            return self.deliver(raised);
         }
         if offset == SEND_PIO_INIT_CTXT {
             self.pio.init(value);
@@ -254,7 +255,7 @@ impl Wfr {
                 }
                 None => false,
             }
-            || self.txe.write(offset, value, &self.shape)
+            || self.txe.write(offset, value)
             || self.errs.write(offset, value);
         if !handled {
             self.note_unnamed(offset);

@@ -212,14 +212,16 @@ impl Sdma {
         self.engines.get(e).is_some_and(|eng| eng.running() && eng.head != eng.tail)
     }
 
-    /// The walk the worker makes on engine `e` now, if it has work; a tail beyond the ring halts it.
+    /// The walk the worker makes on engine `e` now, if it has work. A tail or a head outside the ring halts
+    /// it with TailOutOfBounds: the head is left past the end when SEND_DMA_LEN_GEN shrinks the ring under it
+    /// (docs/decisions.md, "An SDMA head outside its ring").
     pub fn walk(&mut self, e: usize, errs: &mut ErrGroups, raised: &mut Raised) -> Option<Walk> {
         let eng = self.engines.get_mut(e)?;
         if !eng.running() || eng.head == eng.tail {
             return None;
         }
         let count = eng.count();
-        if count == 0 || eng.tail >= count {
+        if count == 0 || eng.tail >= count || eng.head >= count {
             Self::halt(eng, e, SDMA_TAIL_OUT_OF_BOUNDS_ERR, errs, raised);
             return None;
         }
@@ -240,8 +242,9 @@ impl Sdma {
     /// or reset since it began).
     pub fn advance(&mut self, walk: &Walk, done: u64, to_host: bool, int_req: bool) -> Option<Progress> {
         let eng = self.engines.get_mut(walk.engine).filter(|eng| eng.epoch == walk.epoch)?;
+        // The ring may have been resized since the walk began: the head stays inside the ring it has now.
         let count = eng.count().max(1);
-        let end = eng.head + done;
+        let end = eng.head.saturating_add(done);
         if end >= count {
             eng.gen = eng.gen.wrapping_add(1) & 3;
         }
@@ -406,6 +409,30 @@ mod tests {
         assert_eq!(w(&mut s, &mut errs, SEND_DMA_TAIL, 1, 0), (None, vec![]));
         assert_eq!(w(&mut s, &mut errs, SEND_DMA_TAIL, 1, 1), (Some(1), vec![]));
         assert_eq!(s.walk(1, &mut errs, &mut Raised::default()).unwrap().head, 0);
+    }
+
+    #[test]
+    fn a_head_beyond_a_shrunk_ring_halts_the_engine_with_an_error_bit() {
+        let (mut s, mut errs) = sdma();
+        running(&mut s, &mut errs);
+        // Ring 128, the head advanced to 64.
+        w(&mut s, &mut errs, SEND_DMA_LEN_GEN, 1, (128 / 64) << SEND_DMA_LEN_GEN_LENGTH_SHIFT);
+        w(&mut s, &mut errs, SEND_DMA_TAIL, 1, 64);
+        let walk = s.walk(1, &mut errs, &mut Raised::default()).unwrap();
+        s.advance(&walk, 64, false, false).unwrap();
+        assert_eq!(s.read(SEND_DMA_HEAD + STRIDE), Some(64));
+        // The ring shrinks to 64 under the head, and the tail is written 0: nothing lies between them.
+        w(&mut s, &mut errs, SEND_DMA_LEN_GEN, 1, (64 / 64) << SEND_DMA_LEN_GEN_LENGTH_SHIFT);
+        w(&mut s, &mut errs, SEND_DMA_TAIL, 1, 0);
+        let mut raised = Raised::default();
+        assert_eq!(s.walk(1, &mut errs, &mut raised), None, "no walk");
+        assert_eq!(raised.0, vec![IS_SDMAENG_ERR_START + 1]);
+        assert_eq!(errs.read(SEND_DMA_ENG_ERR_STATUS + STRIDE), Some(SDMA_TAIL_OUT_OF_BOUNDS_ERR));
+        assert_ne!(s.read(SEND_DMA_STATUS + STRIDE).unwrap() & SEND_DMA_STATUS_ENG_HALTED_SMASK, 0);
+        assert!(!s.pending(1));
+        // The driver's recovery (sdma.c: e60_hw_halted, then the clean-up) puts the head back to 0.
+        w(&mut s, &mut errs, SEND_DMA_CTRL, 1, SEND_DMA_CTRL_SDMA_CLEANUP_SMASK);
+        assert_eq!(s.read(SEND_DMA_HEAD + STRIDE), Some(0));
     }
 
     #[test]

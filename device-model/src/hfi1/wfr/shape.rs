@@ -24,6 +24,7 @@ pub const TXE_NUM_SDMA_ENGINES: u32 = 16;
 
 /// Interrupt source numbers (chip.h IS_*): 768 sources, 64 per CCE_INT_* register.
 pub const IS_SDMAENG_ERR_START: u32 = 16;
+pub const IS_SENDCTXT_ERR_START: u32 = 32;
 pub const IS_DC_START: u32 = 248;
 /// The 8051's source within the DC range (chip.c dc_errs[2], handle_8051_interrupt).
 pub const DC_DC8051_INT: u32 = 2;

@@ -1,5 +1,5 @@
-//! TXE: send control, the PIO init engine, and the status registers of send contexts and egress. Packets leave
-//! as soon as they are launched, so no context reports packets in flight. The PIO send contexts are
+//! TXE: send control, the PIO init engine, and the egress status registers. Packets leave as soon as they are
+//! launched, so no context reports packets in flight. The PIO send contexts (and their SEND_CTXT_STATUS) are
 //! `super::pio`, the SDMA engines `super::sdma`.
 
 #![forbid(unsafe_code)]
@@ -11,19 +11,10 @@ use super::{WfrShape, TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES};
 pub const SEND_CTRL_CM_RESET_SMASK: u64 = 0x4;
 pub const SEND_PIO_INIT_CTXT_PIO_CTXT_NUM_SMASK: u64 = 0xFF << 8;
 
-/// Per-context CSRs are spaced like the kernel-context CSRs.
-const STRIDE: u64 = 0x100;
-
 #[derive(Debug)]
 pub struct Txe {
     send_ctrl: u64,
     pio_init: u64,
-}
-
-/// Context index of a per-send-context CSR `reg` (the context-0 offset) at `offset`, below `contexts`.
-fn ctxt_of(offset: u64, reg: u64, contexts: u32) -> Option<usize> {
-    let rel = offset.checked_sub(reg)?;
-    (rel % STRIDE == 0 && rel / STRIDE < u64::from(contexts)).then_some((rel / STRIDE) as usize)
 }
 
 impl Txe {
@@ -31,15 +22,14 @@ impl Txe {
         Txe { send_ctrl: 0, pio_init: 0 }
     }
 
-    /// Context and egress status: not halted, no packet occupancy.
-    fn status(offset: u64, shape: &WfrShape) -> bool {
-        ctxt_of(offset, SEND_CTXT_STATUS, shape.send_contexts).is_some()
-            || array_index(offset, SEND_EGRESS_CTXT_STATUS, TXE_NUM_CONTEXTS as usize).is_some()
+    /// Egress status: not halted, no packet occupancy.
+    fn status(offset: u64) -> bool {
+        array_index(offset, SEND_EGRESS_CTXT_STATUS, TXE_NUM_CONTEXTS as usize).is_some()
             || array_index(offset, SEND_EGRESS_SEND_DMA_STATUS, TXE_NUM_SDMA_ENGINES as usize).is_some()
     }
 
     pub fn read(&mut self, offset: u64, shape: &WfrShape) -> Option<u64> {
-        if Self::status(offset, shape) {
+        if Self::status(offset) {
             return Some(0);
         }
         Some(match offset {
@@ -55,8 +45,8 @@ impl Txe {
         })
     }
 
-    pub fn write(&mut self, offset: u64, value: u64, shape: &WfrShape) -> bool {
-        if Self::status(offset, shape) {
+    pub fn write(&mut self, offset: u64, value: u64) -> bool {
+        if Self::status(offset) {
             return true; // read-only
         }
         match offset {
