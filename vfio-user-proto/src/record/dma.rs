@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::Session;
+use super::writer::Session;
 use crate::dma::{DmaAccess, DmaError, DmaRegion};
 
 /// Forwards every access to `inner` and logs it: reads with their data once known, writes before they land.

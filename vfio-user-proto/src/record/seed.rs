@@ -10,7 +10,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::Record;
+use super::format::Record;
 use crate::wire::command;
 
 pub const SEED_MAGIC: &[u8; 8] = b"VFUSEED1";

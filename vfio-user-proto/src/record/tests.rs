@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use super::seed::{seeds_from_records, Seed, SeedDevice, SeedFds, SeedItem};
 use super::*;
 use crate::dma::{DmaAccess, HeapMemory};
-use crate::wire::command;
+use crate::wire::{command, Header};
 
 fn every_kind() -> Vec<Record> {
     let h = Header { msg_id: 7, command: command::REGION_READ, msg_size: 32, flags: 0, error: 0 };

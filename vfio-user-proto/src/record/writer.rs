@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{content_hash, Record, MAGIC};
+use super::format::{content_hash, tag, Record, MAGIC, MAX_HEADER, MAX_RECORD};
 use crate::wire::Header;
 
 /// Where a device's sessions go: `DIR/NAME-N.vfurec`, N counting connections from 1 (numbers a file already
@@ -243,10 +243,10 @@ impl Session {
     fn create(path: PathBuf, header: &serde_json::Value, limits: Limits) -> io::Result<Option<Session>> {
         let text = header.to_string();
         // A reader refuses a longer header, and with it the whole file: refuse it here, before the file exists.
-        if text.len() > super::MAX_HEADER {
+        if text.len() > MAX_HEADER {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("a session header of {} bytes is over {}; nothing is recorded", text.len(), super::MAX_HEADER),
+                format!("a session header of {} bytes is over {}; nothing is recorded", text.len(), MAX_HEADER),
             ));
         }
         let head = (MAGIC.len() + 4 + text.len()) as u64;
@@ -307,11 +307,11 @@ impl Session {
         };
         // A reader refuses a longer record and everything after it: end the recording here instead, so what
         // was recorded stays readable and the gap is said.
-        let Some(len32) = u32::try_from(len).ok().filter(|_| len <= super::MAX_RECORD) else {
+        let Some(len32) = u32::try_from(len).ok().filter(|_| len <= MAX_RECORD) else {
             tracing::warn!(
                 "recording {}: a record of {len} bytes is over {}; recording of this session stops",
                 self.path.display(),
-                super::MAX_RECORD
+                MAX_RECORD
             );
             self.failed.store(true, Ordering::Relaxed);
             *out = None;
@@ -371,14 +371,14 @@ impl Session {
 
     pub fn message(&self, header: &Header, payload: &[u8], fds: usize) {
         let fds = [u8::try_from(fds).unwrap_or(u8::MAX)];
-        self.put(super::tag::MESSAGE, &[&fds, &header.encode(), payload]);
+        self.put(tag::MESSAGE, &[&fds, &header.encode(), payload]);
     }
     pub fn reply(&self, header: &Header, payload: &[u8], fds: usize) {
         let fds = [u8::try_from(fds).unwrap_or(u8::MAX)];
-        self.put(super::tag::REPLY, &[&fds, &header.encode(), payload]);
+        self.put(tag::REPLY, &[&fds, &header.encode(), payload]);
     }
     pub fn dma_read(&self, iova: u64, data: &[u8]) {
-        self.put(super::tag::DMA_READ, &[&iova.to_le_bytes(), data]);
+        self.put(tag::DMA_READ, &[&iova.to_le_bytes(), data]);
     }
     pub fn dma_write(&self, iova: u64, data: &[u8]) {
         self.put_record(&Record::DmaWrite { iova, len: data.len() as u64, hash: content_hash(data) });
@@ -387,22 +387,22 @@ impl Session {
         self.put_record(&Record::DmaFailed { iova, len, write });
     }
     pub fn shared_read(&self, region: u32, offset: u64, data: &[u8]) {
-        self.put(super::tag::SHARED_READ, &[&region.to_le_bytes(), &offset.to_le_bytes(), data]);
+        self.put(tag::SHARED_READ, &[&region.to_le_bytes(), &offset.to_le_bytes(), data]);
     }
     /// Logs a control request and returns the id its reply is logged under.
     pub fn control_request(&self, text: &str) -> u64 {
         let id = self.next_control.fetch_add(1, Ordering::Relaxed);
-        self.put(super::tag::CONTROL_REQUEST, &[&id.to_le_bytes(), text.as_bytes()]);
+        self.put(tag::CONTROL_REQUEST, &[&id.to_le_bytes(), text.as_bytes()]);
         id
     }
     pub fn control_reply(&self, id: u64, text: &str) {
-        self.put(super::tag::CONTROL_REPLY, &[&id.to_le_bytes(), text.as_bytes()]);
+        self.put(tag::CONTROL_REPLY, &[&id.to_le_bytes(), text.as_bytes()]);
     }
     pub fn device_step(&self) {
-        self.put(super::tag::DEVICE_STEP, &[]);
+        self.put(tag::DEVICE_STEP, &[]);
     }
     pub fn device_access(&self) {
-        self.put(super::tag::DEVICE_ACCESS, &[]);
+        self.put(tag::DEVICE_ACCESS, &[]);
     }
 
     /// Flushes and closes the file; later events are dropped.
