@@ -1,11 +1,12 @@
 //! Opening a file the device model writes to on someone's say (a trace file, a wire capture): never through a
 //! symbolic link, never blocking (a FIFO with no reader would hold the opening thread), and only a regular
-//! file. A file it creates is 0600: traces and captures show guest traffic.
+//! file or the null device (a trace whose cost is measured without keeping it). A file it creates is 0600:
+//! traces and captures show guest traffic.
 
 #![forbid(unsafe_code)]
 
 use std::fs::File;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use thiserror::Error;
@@ -29,6 +30,9 @@ impl From<OutputError> for std::io::Error {
     }
 }
 
+/// The null device's major and minor numbers (Documentation/admin-guide/devices.txt: 1 char, 3 = /dev/null).
+const NULL_DEVICE: (u32, u32) = (1, 3);
+
 /// How an existing file's content is treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Existing {
@@ -39,7 +43,7 @@ pub enum Existing {
 }
 
 /// Opens `path` for writing, creating it (0600) if missing: O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, then refuses
-/// anything but a regular file. Nothing is truncated.
+/// anything but a regular file or the null device. Nothing is truncated.
 pub fn open(path: &Path, existing: Existing) -> Result<File, OutputError> {
     let file = std::fs::OpenOptions::new()
         .write(true)
@@ -55,8 +59,10 @@ pub fn open(path: &Path, existing: Existing) -> Result<File, OutputError> {
             Some(libc::ENXIO) => OutputError::NotRegular("FIFO without a reader, socket or absent device"),
             _ => OutputError::Open(e),
         })?;
-    let kind = file.metadata().map_err(OutputError::Open)?.file_type();
-    let what = if kind.is_file() {
+    let meta = file.metadata().map_err(OutputError::Open)?;
+    let kind = meta.file_type();
+    let null = kind.is_char_device() && (libc::major(meta.rdev()), libc::minor(meta.rdev())) == NULL_DEVICE;
+    let what = if kind.is_file() || null {
         return Ok(file);
     } else if kind.is_fifo() {
         "FIFO"
@@ -94,6 +100,8 @@ mod tests {
             ("sock", false, "socket"),
             ("", false, "Is a directory"),
         ];
+        assert!(open(Path::new("/dev/null"), Existing::Append).is_ok(), "the null device takes a trace");
+        assert!(matches!(open(Path::new("/dev/zero"), Existing::Keep), Err(OutputError::NotRegular("character device"))));
         for &(name, opened, says) in cases {
             for existing in [Existing::Append, Existing::Keep] {
                 let r = open(&d.join(name), existing);
