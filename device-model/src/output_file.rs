@@ -101,7 +101,10 @@ mod tests {
             ("", false, "Is a directory"),
         ];
         assert!(open(Path::new("/dev/null"), Existing::Append).is_ok(), "the null device takes a trace");
-        assert!(matches!(open(Path::new("/dev/zero"), Existing::Keep), Err(OutputError::NotRegular("character device"))));
+        assert!(matches!(
+            open(Path::new("/dev/zero"), Existing::Keep),
+            Err(OutputError::NotRegular("character device"))
+        ));
         for &(name, opened, says) in cases {
             for existing in [Existing::Append, Existing::Keep] {
                 let r = open(&d.join(name), existing);
