@@ -372,6 +372,9 @@ campaign_target() {
     } >"$OUT/json/$t"
 }
 
+# The code the campaign runs: taken now, since the tree may move on while it runs.
+CAMPAIGN_COMMIT=$(git -C "$REPO_ROOT" rev-parse HEAD)
+CAMPAIGN_DIRTY=$([ -z "$(git -C "$REPO_ROOT" status --porcelain --untracked-files=no)" ] && echo false || echo true)
 log "fuzz: campaign of ${CAMPAIGN_MINUTES} min per target: ${TARGETS[*]} ($([ "$PARALLEL" = 1 ] && echo "parallel, $(nproc) at a time" || echo "one after another")); results in $OUT"
 rm -f "$OUT/campaign.json"
 for t in "${TARGETS[@]}"; do rm -f "$OUT/rows/$t" "$OUT/json/$t"; done
@@ -396,8 +399,7 @@ for t in "${TARGETS[@]}"; do
 done
 {
     printf '{"commit": %s, "dirty": %s, "started_utc": %s, "cores": %s, "parallel": %s, "minutes_per_target": %s,\n' \
-        "$(json_str "$(git -C "$REPO_ROOT" rev-parse HEAD)")" \
-        "$([ -z "$(git -C "$REPO_ROOT" status --porcelain --untracked-files=no)" ] && echo false || echo true)" \
+        "$(json_str "$CAMPAIGN_COMMIT")" "$CAMPAIGN_DIRTY" \
         "$(json_str "$(date -u -d "@$(( $(date +%s) - SECONDS ))" +%Y-%m-%dT%H:%MZ)")" "$(nproc)" \
         "$([ "$PARALLEL" = 1 ] && echo true || echo false)" "$CAMPAIGN_MINUTES"
     printf ' "targets": [\n'
