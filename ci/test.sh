@@ -16,6 +16,18 @@ for a in "$@"; do
     esac
 done
 
+# CI shows the end of the output: on failure, the lines that say what failed are repeated there.
+TEST_LOG=$(mktemp /tmp/rdma-emu-test.XXXXXX)
+exec > >(tee "$TEST_LOG") 2>&1
+repeat_failures() {
+    local rc=$?
+    [ "$rc" = 0 ] && return
+    echo "=== ci/test.sh failed (exit $rc); the failure lines of this run, again (a run that must fail, such as"
+    echo "=== stall or fabric-bounce, prints problem lines and then PASS):"
+    grep -E 'FAIL|problem:|^test .* FAILED|panicked at|^error' "$TEST_LOG" | cut -c1-600 | tail -n 80
+}
+trap repeat_failures EXIT
+
 bash ci/setup-rust.sh
 # The cable-capture test decodes our capture with Debian's tshark.
 ensure_tshark
