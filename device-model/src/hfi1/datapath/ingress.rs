@@ -26,7 +26,7 @@ use crate::hfi1::rxe::chip::Chip;
 use crate::hfi1::rxe::kdeth::{self, Delivery, Kind};
 use crate::hfi1::rxe::rcv;
 use crate::hfi1::rxe::rhq::{Arrival, Refusal};
-use crate::hfi1::shared::Shared;
+use crate::hfi1::shared::{Shared, WfrFront};
 use crate::hfi1::wfr::{Wfr, IS_RCVAVAIL_START};
 use crate::trace::{Block, Level, Val};
 
@@ -92,41 +92,41 @@ enum Step {
 
 /// Drains the port's queue in order, until it is empty or a packet must wait for room. Work of an older
 /// epoch stops.
-pub(in crate::hfi1) fn run(shared: &Shared, epoch: u64) {
+pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64) {
     let dma = shared.dma();
     loop {
         if !shared.current(epoch) {
             return;
         }
-        let Some(pkt) = shared.ingress.lock().unpoison().pop_front() else {
-            shared.ingress_held.store(false, Relaxed);
+        let Some(pkt) = front.ingress.lock().unpoison().pop_front() else {
+            front.ingress_held.store(false, Relaxed);
             return;
         };
-        let step = judge(shared, &pkt);
+        let step = judge(shared, front, &pkt);
         match step {
             Step::Held => {
                 // Back at the head, unless a reset emptied the queue meanwhile (it moves the epoch first).
-                let mut q = shared.ingress.lock().unpoison();
+                let mut q = front.ingress.lock().unpoison();
                 if shared.current(epoch) {
                     q.push_front(pkt);
                 }
                 drop(q);
-                if !shared.ingress_held.swap(true, Relaxed) {
+                if !front.ingress_held.swap(true, Relaxed) {
                     shared.counters.wire_rx_held.fetch_add(1, Relaxed);
                 }
                 return;
             }
             Step::Dropped => {}
-            Step::Placed(plan) => write(shared, dma.as_ref(), &pkt, plan, epoch),
+            Step::Placed(plan) => write(shared, front, dma.as_ref(), &pkt, plan, epoch),
         }
-        shared.ingress_held.store(false, Relaxed);
+        front.ingress_held.store(false, Relaxed);
     }
 }
 
 /// Routes the packet and reserves its slot, under the chip and chip-personality locks.
-fn judge(shared: &Shared, pkt: &WirePacket) -> Step {
+fn judge(shared: &Shared, front: &WfrFront, pkt: &WirePacket) -> Step {
     let mut chip = shared.lock_chip();
-    let Some(wfr) = shared.lock_wfr() else { return Step::Dropped };
+    let wfr = front.lock();
     let route = match route(&chip, &wfr, pkt, &shared.counters) {
         Ok(r) => r,
         Err(why) => {
@@ -161,7 +161,7 @@ fn judge(shared: &Shared, pkt: &WirePacket) -> Step {
 /// The writes of a placed packet, in the order the driver's polling needs: the TID payload of an expected
 /// packet; then, for a packet with a header queue entry, eager payload, header, RHF, tail; then the tail
 /// register and the interrupt.
-fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, d: Delivery, epoch: u64) {
+fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacket, d: Delivery, epoch: u64) {
     let counters = &shared.counters;
     if let Some((placement, range)) = &d.tid {
         let payload = pkt.bytes.get(range.clone()).unwrap_or_default();
@@ -196,7 +196,7 @@ fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, d: Delivery, ep
         chip.rhq_publish(plan.ctxt, plan.published);
         counters.wire_rx_written.fetch_add(1, Relaxed);
         if plan.interrupt {
-            shared.lock_wfr().and_then(|mut w| w.raise(IS_RCVAVAIL_START + plan.ctxt as u32))
+            front.lock().raise(IS_RCVAVAIL_START + plan.ctxt as u32)
         } else {
             None
         }
