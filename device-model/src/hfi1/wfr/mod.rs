@@ -124,40 +124,14 @@ impl Wfr {
         std::mem::take(&mut self.sdma_pending)
     }
 
-    /// The walk engine `e`'s worker makes now, and the vectors of an error it found (a tail beyond the ring).
-    pub fn sdma_walk(&mut self, e: usize) -> (Option<sdma::Walk>, Vec<u16>) {
-        let mut raised = Raised::default();
-        let walk = self.sdma.walk(e, &mut self.errs, &mut raised);
-        (walk, self.deliver(raised))
+    /// The send engines' state and the error groups a halt sets, for the SDMA walk (`sdma::walk`), which works
+    /// on them directly; what it raises goes through [`Wfr::deliver`].
+    pub(in crate::hfi1) fn sdma_engines(&mut self) -> (&mut sdma::Sdma, &mut errs::ErrGroups) {
+        (&mut self.sdma, &mut self.errs)
     }
 
-    /// The worker finished `done` descriptors of `walk` (see `sdma::Sdma::advance`).
-    pub fn sdma_advance(
-        &mut self,
-        walk: &sdma::Walk,
-        done: u64,
-        to_host: bool,
-        int_req: bool,
-    ) -> Option<sdma::Progress> {
-        self.sdma.advance(walk, done, to_host, int_req)
-    }
-
-    /// AHG header slots of an engine (see `sdma::Sdma::ahg_store`, `ahg_load`).
-    pub fn sdma_ahg_store(&mut self, walk: &sdma::Walk, slot: usize, header: &[u8]) {
-        self.sdma.ahg_store(walk, slot, header);
-    }
-    pub fn sdma_ahg_load(&self, walk: &sdma::Walk, slot: usize) -> Vec<u8> {
-        self.sdma.ahg_load(walk, slot)
-    }
-
-    /// The worker found an error in `walk`'s descriptors: the engine halts; the vectors to send.
-    pub fn sdma_fail(&mut self, walk: &sdma::Walk, bits: u64) -> Vec<u16> {
-        let mut raised = Raised::default();
-        self.sdma.fail(walk, bits, &mut self.errs, &mut raised);
-        self.deliver(raised)
-    }
-
-    fn deliver(&mut self, raised: Raised) -> Vec<u16> {
+    /// The MSI-X vectors of the sources in `raised` that are due (CCE_INT_MAP).
+    pub(in crate::hfi1) fn deliver(&mut self, raised: Raised) -> Vec<u16> {
         raised.0.into_iter().filter_map(|s| self.cce.raise(s)).collect()
     }
 
