@@ -1,7 +1,7 @@
 //! The hfi1 function as an [`Engine`]: BAR0 dispatch, the worker thread that places packets, attach/detach and
 //! reset.
 //!
-//! Locks: `chip` (registers, flow tables, RcvArray) is never held across a DMA access; `dma`/`irq` are held
+//! Locks: `rxe` (registers, flow tables, RcvArray) is never held across a DMA access; `dma`/`irq` are held
 //! only to clone the handle. The loopback registers a driver polls are atomics.
 
 #![forbid(unsafe_code)]
@@ -23,8 +23,8 @@ use super::datapath::worker::{run_job, Job};
 use super::error::{Hfi1Error, Result};
 use super::observe::InjectOutcome;
 use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RXE, TXE};
-use super::rxe::chip::{Access, Chip};
 use super::rxe::rcv::{Packet, RxResult};
+use super::rxe::state::{Access, Rxe};
 use super::shared::{Front, LbRegs, Shared, WfrFront, WORK_TIMEOUT};
 use super::shm::SharedWords;
 use super::wfr::{self, Wfr};
@@ -53,9 +53,9 @@ impl Hfi1 {
             Personality::Wfr(shape) => Front::Wfr(Arc::new(WfrFront::new(Wfr::new(shape)))),
         };
         let probe = Probe::new(config.name());
-        let mut chip = Chip::new(config.rcv_contexts, shm, matches!(front, Front::Loopback(_)));
-        chip.rcv_array.set_probe(probe.clone());
-        let shared = Arc::new(Shared::new(chip, front, probe));
+        let mut rxe = Rxe::new(config.rcv_contexts, shm, matches!(front, Front::Loopback(_)));
+        rxe.rcv_array.set_probe(probe.clone());
+        let shared = Arc::new(Shared::new(rxe, front, probe));
         let worker_shared = Arc::clone(&shared);
         let probe = Arc::clone(&shared.probe);
         let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker, probe, move |job| {
@@ -164,7 +164,7 @@ impl Hfi1 {
 
     /// The control socket's dump.
     pub fn dump(&self) -> serde_json::Value {
-        let mut v = self.shared.lock_chip().dump(&self.shared.counters);
+        let mut v = self.shared.lock_rxe().dump(&self.shared.counters);
         v["counters"] = counters_json(&self.shared.counters);
         match &self.shared.front {
             Front::Loopback(lb) => {
@@ -190,7 +190,7 @@ impl Hfi1 {
 
     fn read64(&self, offset: u64) -> u64 {
         match &self.shared.front {
-            Front::Loopback(lb) => match self.shared.lock_chip().read(offset, &self.shared.counters) {
+            Front::Loopback(lb) => match self.shared.lock_rxe().read(offset, &self.shared.counters) {
                 Access::Done(v) => v,
                 Access::Loopback(rel) => lb.read(rel).unwrap_or(u64::MAX),
                 Access::Unimplemented | Access::ReadOnly => u64::MAX,
@@ -202,7 +202,7 @@ impl Hfi1 {
     /// On the chip personality the RXE model answers what it models and the chip's register file the rest.
     fn wfr_read(&self, front: &WfrFront, offset: u64) -> u64 {
         if (RXE..TXE).contains(&offset) {
-            if let Access::Done(v) = self.shared.lock_chip().read(offset, &self.shared.counters) {
+            if let Access::Done(v) = self.shared.lock_rxe().read(offset, &self.shared.counters) {
                 return v;
             }
         }
@@ -219,7 +219,7 @@ impl Hfi1 {
             Front::Loopback(lb) => lb,
             Front::Wfr(front) => return self.wfr_write(front, offset, value),
         };
-        let access = self.shared.lock_chip().write(offset, value, &self.shared.counters);
+        let access = self.shared.lock_rxe().write(offset, value, &self.shared.counters);
         match access {
             Access::Done(_) => {}
             Access::Loopback(LB_DESC_ADDR) => lb.desc_addr.store(value, Ordering::Release),
@@ -232,7 +232,7 @@ impl Hfi1 {
 
     fn wfr_write(&self, front: &WfrFront, offset: u64, value: u64) {
         if (RXE..TXE).contains(&offset) {
-            let access = self.shared.lock_chip().write(offset, value, &self.shared.counters);
+            let access = self.shared.lock_rxe().write(offset, value, &self.shared.counters);
             // A head register moved, or a context changed: the packet waiting for room may fit now.
             if matches!(access, Access::Done(_)) && front.ingress_held.load(Ordering::Acquire) {
                 kick(&self.worker, &self.shared, &front.ingress_kicked, Job::Ingress);
@@ -278,8 +278,8 @@ impl Hfi1 {
     /// Queues the chain at LB_DESC_ADDR and returns at once; a full queue drops the doorbell (counted).
     fn ring_doorbell(&self, lb: &LbRegs) {
         {
-            // Under the chip lock so a concurrent reset sees the bookkeeping whole; try_send never blocks.
-            let _chip = self.shared.lock_chip();
+            // Under the RXE lock so a concurrent reset sees the bookkeeping whole; try_send never blocks.
+            let _rxe = self.shared.lock_rxe();
             let desc = lb.desc_addr.load(Ordering::Acquire);
             lb.db_submitted.fetch_add(1, Ordering::AcqRel);
             if !self.worker.try_submit(self.shared.epoch(), Job::Doorbell { desc }) {

@@ -18,7 +18,7 @@ use vfio_user_proto::sync::Unpoison;
 use super::cable::{CableEnd, Phy, WirePacket};
 use super::counters::Counters;
 use super::observe::HeldInject;
-use super::rxe::chip::Chip;
+use super::rxe::state::Rxe;
 use super::wfr::Wfr;
 use crate::engine::{Interrupt, NoInterrupt};
 use crate::probe::Probe;
@@ -81,7 +81,7 @@ pub(super) enum Front {
 
 /// The chip personality's state beside the RXE: its other blocks, its cable and the port's queues.
 pub(super) struct WfrFront {
-    /// Lock order: `Shared::chip`, then this.
+    /// Lock order: `Shared::rxe`, then this.
     wfr: Mutex<Wfr>,
     /// The cable, once connected.
     pub(super) cable: OnceLock<CableEnd>,
@@ -113,7 +113,7 @@ impl WfrFront {
         self.wfr.lock().unpoison()
     }
 
-    /// Power-on state of the chip's blocks and the port's queue (call under the chip lock); the link loss to
+    /// Power-on state of the chip's blocks and the port's queue (call under the RXE lock); the link loss to
     /// tell the cable.
     fn reset(&self) -> Option<Phy> {
         let signal = self.lock().reset();
@@ -133,23 +133,23 @@ impl WfrFront {
 /// State shared by the register path and the worker.
 pub(super) struct Shared {
     /// The receive engine, both personalities.
-    pub(super) chip: Mutex<Chip>,
+    pub(super) rxe: Mutex<Rxe>,
     pub(super) front: Front,
     /// Traces and faults of this device (shared with its PCI function).
     pub probe: Arc<Probe>,
     /// An injected packet `packet-reorder` holds back until the next inject.
     pub(super) held_inject: Mutex<Option<HeldInject>>,
     pub counters: Counters,
-    /// Bumped (under the chip lock) by every reset and detach; work from an older epoch is dropped.
+    /// Bumped (under the RXE lock) by every reset and detach; work from an older epoch is dropped.
     pub(super) epoch: AtomicU64,
     pub(super) dma: RwLock<Arc<dyn DmaAccess>>,
     pub(super) irq: RwLock<Arc<dyn Interrupt>>,
 }
 
 impl Shared {
-    pub(super) fn new(chip: Chip, front: Front, probe: Arc<Probe>) -> Self {
+    pub(super) fn new(rxe: Rxe, front: Front, probe: Arc<Probe>) -> Self {
         Shared {
-            chip: Mutex::new(chip),
+            rxe: Mutex::new(rxe),
             front,
             probe,
             held_inject: Mutex::new(None),
@@ -160,8 +160,8 @@ impl Shared {
         }
     }
 
-    pub fn lock_chip(&self) -> MutexGuard<'_, Chip> {
-        self.chip.lock().unpoison()
+    pub fn lock_rxe(&self) -> MutexGuard<'_, Rxe> {
+        self.rxe.lock().unpoison()
     }
 
     pub fn epoch(&self) -> u64 {
@@ -174,9 +174,9 @@ impl Shared {
     }
 
     /// Runs `f` (a result landing in registers a driver polls) unless a reset came since `epoch` (checked
-    /// under the chip lock, which resets take, so a result never lands in freshly reset registers).
+    /// under the RXE lock, which resets take, so a result never lands in freshly reset registers).
     pub fn publish(&self, epoch: u64, f: impl FnOnce()) -> bool {
-        let _chip = self.lock_chip();
+        let _rxe = self.lock_rxe();
         if !self.current(epoch) {
             return false;
         }
@@ -197,9 +197,9 @@ impl Shared {
     /// drops.
     pub(super) fn reset(&self) {
         let signal = {
-            let mut chip = self.lock_chip();
+            let mut rxe = self.lock_rxe();
             self.epoch.fetch_add(1, Ordering::SeqCst);
-            chip.reset();
+            rxe.reset();
             self.counters.reset();
             self.held_inject.lock().unpoison().take();
             match &self.front {

@@ -32,8 +32,8 @@ pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64) {
                 send(shared, front, "pio", l.ctxt, *pbc, body, l.blocks);
             }
             let cr = {
-                // Under the chip lock, which resets take: a return never lands on a freshly reset context.
-                let _chip = shared.lock_chip();
+                // Under the RXE lock, which resets take: a return never lands on a freshly reset context.
+                let _rxe = shared.lock_rxe();
                 if !shared.current(epoch) {
                     return;
                 }

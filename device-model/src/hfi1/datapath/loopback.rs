@@ -215,7 +215,7 @@ pub(in crate::hfi1) fn inject(
     out
 }
 
-/// Judges a packet of `len` payload bytes under the chip lock, then places it with the lock dropped.
+/// Judges a packet of `len` payload bytes under the RXE lock, then places it with the lock dropped.
 fn judge(
     shared: &Shared,
     pkt: &Packet,
@@ -225,12 +225,12 @@ fn judge(
     place: impl FnOnce(&Placement) -> RxResult,
 ) -> RxResult {
     let plan = {
-        let mut chip = shared.lock_chip();
+        let mut rxe = shared.lock_rxe();
         if !shared.current(epoch) {
             return RxResult::Aborted;
         }
-        observe::shift_generation(&shared.probe, &mut chip, pkt);
-        chip.receive(pkt, len, &shared.counters)
+        observe::shift_generation(&shared.probe, &mut rxe, pkt);
+        rxe.receive(pkt, len, &shared.counters)
     };
     let result = match plan {
         Ok(p) if shared.current(epoch) => place(&p),

@@ -74,7 +74,7 @@ impl Port for HfiPort {
 /// being recorded as the control request a replay issues at the same point.
 pub(in crate::hfi1) fn apply_link(shared: &Shared, front: &WfrFront, event: LinkEvent, record: bool) -> bool {
     let applied = {
-        let _chip = shared.lock_chip();
+        let _rxe = shared.lock_rxe();
         let applied = front.lock().link_event(event);
         if record {
             let request = || match event {

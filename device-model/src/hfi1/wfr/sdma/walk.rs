@@ -170,7 +170,7 @@ pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64, engine
     let dma = shared.dma();
     loop {
         let walk = {
-            let _chip = shared.lock_chip();
+            let _rxe = shared.lock_rxe();
             if !shared.current(epoch) {
                 return;
             }
@@ -239,7 +239,7 @@ fn walk_once(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, walk: Walk,
         egress::send(shared, front, "sdma", walk.engine as u32, pbc, &body, len as u16);
         let last = packet[len - 1];
         let progress = {
-            let _chip = shared.lock_chip();
+            let _rxe = shared.lock_rxe();
             if !shared.current(epoch) {
                 return false;
             }
@@ -357,7 +357,7 @@ fn gather(front: &WfrFront, dma: &dyn DmaAccess, walk: &Walk, packet: &[Desc]) -
 
 fn fail(shared: &Shared, front: &WfrFront, walk: &Walk, bits: u64, epoch: u64) {
     let vectors = {
-        let _chip = shared.lock_chip();
+        let _rxe = shared.lock_rxe();
         if !shared.current(epoch) {
             return;
         }
