@@ -219,19 +219,34 @@ fn packets_cross_in_order_only_while_the_link_is_up() {
     assert_eq!((s["to_b"]["packets"].as_u64(), s["to_b"]["dropped_link_down"].as_u64()), (Some(4), Some(1)));
 }
 
+/// One cable fault case: armed on the receiver, the tags it receives in order before time moves, how far
+/// time then moves, the tags it has received then, the tags whose ICRC no longer checks.
+struct FaultCase {
+    spec: &'static str,
+    first: Vec<u8>,
+    wait: Duration,
+    want: Vec<u8>,
+    broken: Vec<u8>,
+}
+
 #[test]
 fn cable_faults_drop_corrupt_delay_and_reorder_the_nth_packet() {
-    // (fault armed on the receiver, tags it receives in order before time moves, time moved, tags it has
-    // received then, tags whose ICRC no longer checks)
+    let case = |spec, first: &[u8], wait, want: &[u8], broken: &[u8]| FaultCase {
+        spec,
+        first: first.to_vec(),
+        wait,
+        want: want.to_vec(),
+        broken: broken.to_vec(),
+    };
     let none = Duration::ZERO;
-    let table: [(&str, Vec<u8>, Duration, Vec<u8>, Vec<u8>); 4] = [
-        ("cable-drop,nth=2", vec![1, 3, 4], none, vec![1, 3, 4], vec![]),
-        ("cable-reorder,nth=2", vec![1, 3, 2, 4], none, vec![1, 3, 2, 4], vec![]),
-        ("cable-delay,nth=2,ms=50", vec![1, 3, 4], Duration::from_millis(50), vec![1, 3, 4, 2], vec![]),
+    let table = [
+        case("cable-drop,nth=2", &[1, 3, 4], none, &[1, 3, 4], &[]),
+        case("cable-reorder,nth=2", &[1, 3, 2, 4], none, &[1, 3, 2, 4], &[]),
+        case("cable-delay,nth=2,ms=50", &[1, 3, 4], Duration::from_millis(50), &[1, 3, 4, 2], &[]),
         // Byte 20 is the tag: the corrupted packet arrives as tag 0x82.
-        ("cable-corrupt,nth=2,byte=20,xor=0x80", vec![1, 0x82, 3, 4], none, vec![1, 0x82, 3, 4], vec![0x82]),
+        case("cable-corrupt,nth=2,byte=20,xor=0x80", &[1, 0x82, 3, 4], none, &[1, 0x82, 3, 4], &[0x82]),
     ];
-    for (spec, first, wait, want, broken) in table {
+    for FaultCase { spec, first, wait, want, broken } in table {
         let r = rig();
         r.b.probe.faults.arm(FaultSpec::parse(spec).unwrap());
         up(&r);
