@@ -259,7 +259,7 @@ mod through_the_port {
     use crate::engine::{Engine, NoInterrupt};
     use crate::hfi1::cable::wire::WirePacket;
     use crate::hfi1::regs::*;
-    use crate::hfi1::{Hfi1, Hfi1Config, WorkerMode, HFI1_BAR};
+    use crate::hfi1::{Hfi1, Hfi1Config, HFI1_BAR};
 
     /// Memory that records the address and length of every device write, before it is tried.
     #[derive(Default)]
@@ -287,7 +287,7 @@ mod through_the_port {
         /// Context 0 (where packets go while the QP map is off) enabled as hfi1_rcvctrl enables it, with
         /// TAIL_UPD: 64 entries of 32 dwords at `hdrq`; the port enabled (RcvPortEnable).
         fn new(hdrq: u64) -> Port {
-            let hfi = Hfi1::new(Hfi1Config { worker: WorkerMode::Inline, ..Hfi1Config::wfr() }).unwrap();
+            let hfi = Hfi1::new(Hfi1Config::wfr().inline()).unwrap();
             let mem = Arc::new(Recorder::default());
             assert!(mem.mem.map(HDRQ, 0x10000) && mem.mem.map(TAIL, 0x1000));
             hfi.attach(mem.clone(), Arc::new(NoInterrupt));
