@@ -10,18 +10,13 @@ use super::*;
 use crate::hfi1::cable::wire::WirePacket;
 use crate::hfi1::regs::*;
 use crate::hfi1::rxe::rhq::RHF_USE_EGR_BFR;
-use crate::hfi1::shm::SharedWords;
+use crate::hfi1::rxe::test_context::{self, EAGER, ENTRIES, ENTSIZE};
 
 const CTXT: usize = 2;
 const FLOW: u32 = 3;
 /// kern_set_hw_flow(0x12345): generation << 11, FLOW_VALID, HDR_SUPP_EN, both KEEP bits, W1C status.
 const GEN: u32 = 0x12345;
 const FLOW_VALUE: u64 = 0x0000_006F_091A_2800;
-const HDRQ: u64 = 0x10_0000;
-const ENTRIES: u64 = 64;
-const ENTSIZE: u64 = 32;
-const EAGER: u64 = 0x40_0000;
-const EGR_SIZE: u64 = 16 * 1024;
 /// The context's expected range: RcvArray entries 2048.. (RCV_TID_CTRL base 256, 128 pair groups).
 const TID_BASE: u64 = 2048;
 /// TID pair 2 (entries 2052, 2053): 8 KiB at EVEN_BUF, 4 KiB at ODD_BUF (hfi1_put_tid PT_EXPECTED).
@@ -33,30 +28,16 @@ const READ_REQ: u8 = 0xE4;
 const READ_RESP: u8 = 0xE5;
 const ACK: u8 = 0xE7;
 
-/// Context 2 as hfi1_rcvctrl enables a kernel context with TID RDMA: 64 entries of 32 dwords,
-/// RCV_HDR_SIZE 9, 8 eager buffers of 16 KiB (entries 0..8), TID_FLOW_ENABLE, and `extra` control bits.
+/// Context 2 as hfi1_rcvctrl enables a kernel context with TID RDMA: RCV_HDR_SIZE 9, the expected range
+/// with TID pair 2 programmed, flow 3 set as kern_set_hw_flow sets it, TID_FLOW_ENABLE, and `extra` control bits.
 fn rxe(extra: u64) -> (Rxe, Counters) {
-    let n = Counters::default();
-    let mut c = Rxe::new(4, SharedWords::new("kdeth", RCV_ARRAY, 4096).unwrap(), false);
-    let k = |reg| kctxt_csr(reg, CTXT as u64);
-    c.write(k(RCV_HDR_ADDR), HDRQ, &n);
-    c.write(k(RCV_HDR_CNT), ENTRIES >> 5, &n);
-    c.write(k(RCV_HDR_ENT_SIZE), 4, &n);
-    c.write(k(RCV_HDR_SIZE), 9, &n);
-    c.write(k(RCV_EGR_CTRL), (8 >> 3) << 32, &n);
-    c.write(k(RCV_TID_CTRL), (128 << 32) | (TID_BASE >> 3), &n);
-    for i in 0..8 {
-        c.write(RCV_ARRAY + 8 * i, (1 << 63) | (3 << 36) | ((EAGER + i * EGR_SIZE) >> 12), &n);
-    }
-    c.write(RCV_ARRAY + 8 * (TID_BASE + 4), (1 << 63) | (2 << 36) | (EVEN_BUF >> 12), &n);
-    c.write(RCV_ARRAY + 8 * (TID_BASE + 5), (1 << 63) | (1 << 36) | (ODD_BUF >> 12), &n);
-    c.write(tid_flow_csr(CTXT as u64, u64::from(FLOW)), FLOW_VALUE, &n);
-    let ctrl = RCV_CTXT_CTRL_ENABLE_SMASK
-        | RCV_CTXT_CTRL_INTR_AVAIL_SMASK
-        | RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK
-        | (3 << RCV_CTXT_CTRL_EGR_BUF_SIZE_SHIFT);
-    c.write(k(RCV_CTXT_CTRL), ctrl | extra, &n);
-    (c, n)
+    test_context::enabled("kdeth", CTXT, RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK | extra, |c, n| {
+        c.write(kctxt_csr(RCV_HDR_SIZE, CTXT as u64), 9, n);
+        c.write(kctxt_csr(RCV_TID_CTRL, CTXT as u64), (128 << 32) | (TID_BASE >> 3), n);
+        c.write(RCV_ARRAY + 8 * (TID_BASE + 4), (1 << 63) | (2 << 36) | (EVEN_BUF >> 12), n);
+        c.write(RCV_ARRAY + 8 * (TID_BASE + 5), (1 << 63) | (1 << 36) | (ODD_BUF >> 12), n);
+        c.write(tid_flow_csr(CTXT as u64, u64::from(FLOW)), FLOW_VALUE, n);
+    })
 }
 
 /// A KDETH packet as the kernel builds one: LRH (VL 0, BTH next), BTH (`opcode`, pad, DestQP

@@ -9,3 +9,5 @@ pub(super) mod rcv;
 pub(super) mod rcvarray;
 pub(super) mod rhq;
 pub(super) mod state;
+#[cfg(test)]
+mod test_context;

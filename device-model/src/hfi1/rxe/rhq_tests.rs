@@ -4,37 +4,17 @@
 #![forbid(unsafe_code)]
 
 use super::*;
-use crate::hfi1::shm::SharedWords;
+use crate::hfi1::rxe::test_context::{self, EAGER, EGR_BUFS, EGR_SIZE, ENTRIES, ENTSIZE, HDRQ};
 
 const CTXT: usize = 1;
-const HDRQ: u64 = 0x10_0000;
 const TAIL: u64 = 0x20_0000;
-const EAGER: u64 = 0x40_0000;
-/// rcvhdrcnt 64, hdrq_entsize 32 dwords, 8 eager buffers of 16 KiB (the project's module parameters).
-const ENTRIES: u64 = 64;
-const ENTSIZE: u64 = 32;
-const EGR_BUFS: u64 = 8;
-const EGR_SIZE: u64 = 16 * 1024;
 
-/// The context as hfi1_rcvctrl enables it, with `ctrl_extra` bits on top of ENABLE, INTR_AVAIL and the
-/// 16 KiB eager size.
+/// The context as hfi1_rcvctrl enables it, its tail written to TAIL, with `ctrl_extra` bits on top of ENABLE,
+/// INTR_AVAIL and the 16 KiB eager size.
 fn rxe(ctrl_extra: u64) -> (Rxe, Counters) {
-    let n = Counters::default();
-    let mut c = Rxe::new(4, SharedWords::new("rhq", RCV_ARRAY, 4096).unwrap(), false);
-    let k = |reg| kctxt_csr(reg, CTXT as u64);
-    c.write(k(RCV_HDR_ADDR), HDRQ, &n);
-    c.write(k(RCV_HDR_CNT), ENTRIES >> HDRQ_SIZE_SHIFT, &n);
-    c.write(k(RCV_HDR_ENT_SIZE), 4, &n);
-    c.write(k(RCV_HDR_TAIL_ADDR), TAIL, &n);
-    c.write(k(RCV_EGR_CTRL), (EGR_BUFS >> RCV_SHIFT) << RCV_EGR_CTRL_EGR_CNT_SHIFT, &n);
-    for i in 0..EGR_BUFS {
-        // hfi1_put_tid(PT_EAGER): WRITE_ENABLE, size code log2(16K / 4K) + 1 = 3, address in 4 KiB units.
-        let addr = (EAGER + i * EGR_SIZE) >> 12;
-        c.write(RCV_ARRAY + 8 * i, (1 << 63) | (3 << 36) | addr, &n);
-    }
-    let ctrl = RCV_CTXT_CTRL_ENABLE_SMASK | RCV_CTXT_CTRL_INTR_AVAIL_SMASK | (3 << RCV_CTXT_CTRL_EGR_BUF_SIZE_SHIFT);
-    c.write(k(RCV_CTXT_CTRL), ctrl | ctrl_extra, &n);
-    (c, n)
+    test_context::enabled("rhq", CTXT, ctrl_extra, |c, n| {
+        c.write(kctxt_csr(RCV_HDR_TAIL_ADDR, CTXT as u64), TAIL, n);
+    })
 }
 
 /// A packet of `hdr` header bytes and `rest` bytes of payload, pad and ICRC.
