@@ -124,14 +124,24 @@ impl Wfr {
         std::mem::take(&mut self.sdma_pending)
     }
 
-    /// The send engines' state and the error groups a halt sets, for the SDMA walk (`sdma::walk`), which works
-    /// on them directly; what it raises goes through [`Wfr::deliver`].
-    pub(in crate::hfi1) fn sdma_engines(&mut self) -> (&mut sdma::Sdma, &mut errs::ErrGroups) {
-        (&mut self.sdma, &mut self.errs)
+    /// The send engines' state, which the SDMA walk (`sdma::walk`) works on directly.
+    pub(in crate::hfi1) fn sdma(&mut self) -> &mut sdma::Sdma {
+        &mut self.sdma
+    }
+
+    /// Runs `f` on the send engines' state with the error groups a halt sets (the walk making a walk, or
+    /// failing one); the MSI-X vectors of the sources `f` raised.
+    pub(in crate::hfi1) fn sdma_raising<T>(
+        &mut self,
+        f: impl FnOnce(&mut sdma::Sdma, &mut errs::ErrGroups, &mut Raised) -> T,
+    ) -> (T, Vec<u16>) {
+        let mut raised = Raised::default();
+        let out = f(&mut self.sdma, &mut self.errs, &mut raised);
+        (out, self.deliver(raised))
     }
 
     /// The MSI-X vectors of the sources in `raised` that are due (CCE_INT_MAP).
-    pub(in crate::hfi1) fn deliver(&mut self, raised: Raised) -> Vec<u16> {
+    fn deliver(&mut self, raised: Raised) -> Vec<u16> {
         raised.0.into_iter().filter_map(|s| self.cce.raise(s)).collect()
     }
 

@@ -16,7 +16,6 @@ use super::state::{
 use crate::hfi1::datapath::egress;
 use crate::hfi1::shared::{Shared, WfrFront};
 use crate::hfi1::wfr::pio::{PBC_BYTES, PBC_LENGTH_DWS_MASK};
-use crate::hfi1::wfr::Raised;
 use crate::trace::{Block, Level, Val};
 
 #[cfg(test)]
@@ -174,12 +173,7 @@ pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64, engine
             if !shared.current(epoch) {
                 return;
             }
-            let mut w = front.lock();
-            let (engines, errs) = w.sdma_engines();
-            let mut raised = Raised::default();
-            let walk = engines.walk(engine, errs, &mut raised);
-            let vectors = w.deliver(raised);
-            drop(w);
+            let (walk, vectors) = front.lock().sdma_raising(|e, errs, raised| e.walk(engine, errs, raised));
             vectors.into_iter().for_each(|v| shared.raise(v));
             walk
         };
@@ -246,7 +240,7 @@ fn walk_once(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, walk: Walk,
             let to_host = last.qw1 & SDMA_DESC1_HEAD_TO_HOST_FLAG != 0;
             let int_req = last.qw1 & SDMA_DESC1_INT_REQ_FLAG != 0;
             let step = Walk { head: (walk.head + i as u64) % walk.count, ..walk };
-            match front.lock().sdma_engines().0.advance(&step, len as u64, to_host, int_req) {
+            match front.lock().sdma().advance(&step, len as u64, to_host, int_req) {
                 Some(p) => p,
                 None => return false, // cleaned up, halted or reset since the walk began
             }
@@ -323,7 +317,7 @@ fn gather(front: &WfrFront, dma: &dyn DmaAccess, walk: &Walk, packet: &[Desc]) -
     let mode = first.header_mode();
     let mut bytes = Vec::new();
     let data = if mode >= SDMA_AHG_APPLY_UPDATE1 {
-        let stored = front.lock().sdma_engines().0.ahg_load(walk, first.header_index());
+        let stored = front.lock().sdma().ahg_load(walk, first.header_index());
         let mut header = stored.get(..first.header_dws() * 4).ok_or(SDMA_HEADER_SELECT_ERR)?.to_vec();
         apply_updates(&mut header, &ahg_updates(packet))?;
         bytes = header;
@@ -343,7 +337,7 @@ fn gather(front: &WfrFront, dma: &dyn DmaAccess, walk: &Walk, packet: &[Desc]) -
     }
     if mode == SDMA_AHG_COPY {
         let header = &bytes[..first.len().min(bytes.len())];
-        front.lock().sdma_engines().0.ahg_store(walk, first.header_index(), header);
+        front.lock().sdma().ahg_store(walk, first.header_index(), header);
     }
     if bytes.len() < PBC_BYTES {
         return Err(SDMA_LENGTH_MISMATCH_ERR);
@@ -361,11 +355,7 @@ fn fail(shared: &Shared, front: &WfrFront, walk: &Walk, bits: u64, epoch: u64) {
         if !shared.current(epoch) {
             return;
         }
-        let mut w = front.lock();
-        let (engines, errs) = w.sdma_engines();
-        let mut raised = Raised::default();
-        engines.fail(walk, bits, errs, &mut raised);
-        w.deliver(raised)
+        front.lock().sdma_raising(|e, errs, raised| e.fail(walk, bits, errs, raised)).1
     };
     shared.counters.sdma_halts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     shared.probe.trace.event(
