@@ -11,6 +11,7 @@ use crate::pci::regs::{PCI_COMMAND_MEMORY, PCI_MSIX_FLAGS_ENABLE};
 use crate::pci::PciIds;
 use vfio_user_proto::device::{region, Device};
 use vfio_user_proto::dma::DmaAccess;
+use vfio_user_proto::test_util::connect_as;
 
 /// Echoes requests, fails on `{"cmd":"fail"}`, panics on `{"cmd":"panic"}`, counts resets.
 struct FakeTarget {
@@ -415,22 +416,6 @@ fn accesses_are_kept_for_any_device_once_asked() {
     let r = ask(&t, r#"{"device":"hfi1","cmd":"accesses"}"#);
     assert_eq!((r["result"]["reads"].as_u64(), r["result"]["unnamed"].as_u64()), (Some(2), Some(1)));
     assert_eq!(r["result"]["recent"][1]["csr"], Value::Null);
-}
-
-/// Connects to `path` from a thread running as `uid`/`gid` (credentials are per thread to the kernel; the raw
-/// setresuid of rustix changes only the calling thread's, and SO_PEERCRED takes the connecting thread's).
-fn connect_as(path: &Path, uid: u32, gid: u32) -> UnixStream {
-    let path = path.to_path_buf();
-    std::thread::spawn(move || {
-        use rustix::process::{Gid, Uid};
-        let (gid, uid) = (Gid::from_raw(gid), Uid::from_raw(uid));
-        rustix::thread::set_thread_groups(&[]).expect("setgroups (the tests run as root)");
-        rustix::thread::set_thread_res_gid(gid, gid, gid).expect("setresgid");
-        rustix::thread::set_thread_res_uid(uid, uid, uid).expect("setresuid");
-        UnixStream::connect(&path).expect("connect as another user")
-    })
-    .join()
-    .expect("thread")
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! (control QP) PCI functions served over vfio-user.
 
 pub mod cli;
+pub mod clock;
 pub mod control;
 pub mod counter_json;
 pub mod device_options;

@@ -8,8 +8,6 @@ use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use device_model::hfi1::wfr::csr::{CCE_INT_MAP, CCE_INT_MASK, SEND_DMA_ENG_ERR_STATUS};
@@ -31,6 +29,10 @@ use vfio_user_proto::device::{irq, region};
 use vfio_user_proto::wire::irq_set_flags;
 use vfio_user_proto::{Client, ClientConfig, DmaProt};
 
+mod common;
+
+use common::DeviceModel;
+
 /// The acceptance criterion (issue 38): after the hostile sequence, the process uses under this share of one
 /// core over this window.
 const IDLE_WINDOW: Duration = Duration::from_secs(10);
@@ -51,60 +53,33 @@ const PACKET: u64 = IOVA + 0x3_0000;
 /// The MSI-X vector the test routes engine 0's SDMAENG_ERR source to.
 const ERR_VECTOR: u32 = 1;
 
-struct DeviceModel {
-    child: Child,
-    dir: PathBuf,
+fn start() -> DeviceModel {
+    DeviceModel::start("hostile-sdma", &["--hfi1-wfr", "wfr.sock"])
 }
 
-impl DeviceModel {
-    fn start() -> DeviceModel {
-        let dir = std::env::temp_dir().join(format!("dm-hostile-sdma-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_device-model"))
-            .arg("--hfi1-wfr")
-            .arg(dir.join("wfr.sock"))
-            .arg("--log-level")
-            .arg("warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        DeviceModel { child, dir }
-    }
-
-    /// Connects, retrying while the socket appears and while the server finishes a probing connection.
-    fn client(&self) -> Client {
-        let path = self.dir.join("wfr.sock");
-        let deadline = Instant::now() + HANG_GUARD;
-        loop {
-            if UnixStream::connect(&path).is_ok() {
-                if let Ok(c) = Client::connect(&path, ClientConfig::default()) {
-                    return c;
-                }
+/// Connects, retrying while the socket appears and while the server finishes a probing connection.
+fn client(dm: &DeviceModel) -> Client {
+    let path = dm.sock("wfr.sock");
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        if UnixStream::connect(&path).is_ok() {
+            if let Ok(c) = Client::connect(&path, ClientConfig::default()) {
+                return c;
             }
-            assert!(Instant::now() < deadline, "{} did not serve", path.display());
-            std::thread::sleep(Duration::from_millis(20));
         }
-    }
-
-    /// CPU time (user and system, every thread) the process has used so far.
-    fn cpu(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        // Fields after the command name: state is field 3, utime and stime are fields 14 and 15 (proc(5)).
-        let rest = stat.rsplit_once(')').unwrap().1;
-        let f: Vec<u64> = rest.split_whitespace().skip(11).take(2).map(|x| x.parse().unwrap()).collect();
-        let ticks = rustix::param::clock_ticks_per_second();
-        Duration::from_secs_f64((f[0] + f[1]) as f64 / ticks as f64)
+        assert!(Instant::now() < deadline, "{} did not serve", path.display());
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-impl Drop for DeviceModel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// CPU time (user and system, every thread) the process has used so far.
+fn cpu(dm: &DeviceModel) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", dm.child.id())).unwrap();
+    // Fields after the command name: state is field 3, utime and stime are fields 14 and 15 (proc(5)).
+    let rest = stat.rsplit_once(')').unwrap().1;
+    let f: Vec<u64> = rest.split_whitespace().skip(11).take(2).map(|x| x.parse().unwrap()).collect();
+    let ticks = rustix::param::clock_ticks_per_second();
+    Duration::from_secs_f64((f[0] + f[1]) as f64 / ticks as f64)
 }
 
 fn r(c: &Client, off: u64) -> u64 {
@@ -162,8 +137,8 @@ fn start_engine(c: &Client, e: u64, base: u64, ring: u64, home: u64) {
 
 #[test]
 fn a_head_beyond_a_shrunk_ring_halts_the_engine_and_leaves_the_process_idle_and_serving() {
-    let dm = DeviceModel::start();
-    let c = dm.client();
+    let dm = start();
+    let c = client(&dm);
     // pci_enable_device, pci_set_master, and MSI-X enabled at the chip's capability (0xB0).
     c.region_write(region::CONFIG, 0x04, &0x0006u16.to_le_bytes()).unwrap();
     c.region_write(region::CONFIG, 0xB2, &0x8000u16.to_le_bytes()).unwrap();
@@ -206,10 +181,10 @@ fn a_head_beyond_a_shrunk_ring_halts_the_engine_and_leaves_the_process_idle_and_
     assert_eq!(r(&c, SEND_DMA_ENG_ERR_STATUS), SDMA_TAIL_OUT_OF_BOUNDS_ERR);
 
     // The acceptance window: the process is idle, no worker spins on the engine.
-    let before = dm.cpu();
+    let before = cpu(&dm);
     let start = Instant::now();
     std::thread::sleep(IDLE_WINDOW);
-    let (used, window) = (dm.cpu().saturating_sub(before), start.elapsed());
+    let (used, window) = (cpu(&dm).saturating_sub(before), start.elapsed());
     let share = used.as_secs_f64() / window.as_secs_f64();
     assert!(share < MAX_CPU_SHARE, "the device model used {used:?} of CPU in {window:?} ({:.1} %)", share * 100.0);
 

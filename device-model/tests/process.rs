@@ -2,8 +2,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use device_model::hfi1::regs::{RCV_ARRAY, RCV_ARRAY_CNT, RCV_CONTEXTS};
@@ -11,66 +10,35 @@ use device_model::irdma::regs::{IRDMA_CCQPHIGH, IRDMA_CCQPLOW, IRDMA_CCQPSTATUS,
 use vfio_user_proto::device::region;
 use vfio_user_proto::{Client, ClientConfig, DmaProt};
 
-struct DeviceModel {
-    child: Child,
-    dir: PathBuf,
+mod common;
+
+use common::DeviceModel;
+
+/// A device model serving hfi1, irdma and control sockets, once each of them answers.
+fn start(tag: &str) -> DeviceModel {
+    let dm = DeviceModel::start(
+        &format!("process-{tag}"),
+        &["--hfi1", "hfi1.sock", "--irdma", "irdma.sock", "--control", "control.sock"],
+    );
+    for s in ["hfi1.sock", "irdma.sock", "control.sock"] {
+        dm.wait_for(s);
+    }
+    // The probe connections above were clients too: the server serves its clients one after another, so
+    // the next one is answered only once it has seen them go.
+    dm
 }
 
-impl DeviceModel {
-    fn start(tag: &str) -> DeviceModel {
-        let dir = std::env::temp_dir().join(format!("dm-process-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_device-model"))
-            .arg("--hfi1")
-            .arg(dir.join("hfi1.sock"))
-            .arg("--irdma")
-            .arg(dir.join("irdma.sock"))
-            .arg("--control")
-            .arg(dir.join("control.sock"))
-            .arg("--log-level")
-            .arg("warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let dm = DeviceModel { child, dir };
-        for s in ["hfi1.sock", "irdma.sock", "control.sock"] {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while UnixStream::connect(dm.dir.join(s)).is_err() {
-                assert!(Instant::now() < deadline, "{s} did not appear");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        // The probe connections above were clients too: the server serves its clients one after another, so
-        // the next one is answered only once it has seen them go.
-        dm
-    }
-
-    fn sock(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    fn client(&self, name: &str) -> Client {
-        connect(&self.sock(name))
-    }
-
-    fn control(&self, request: &str) -> serde_json::Value {
-        let mut s = UnixStream::connect(self.sock("control.sock")).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        writeln!(s, "{request}").unwrap();
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap()
-    }
+fn client(dm: &DeviceModel, name: &str) -> Client {
+    connect(&dm.sock(name))
 }
 
-impl Drop for DeviceModel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+fn control(dm: &DeviceModel, request: &str) -> serde_json::Value {
+    let mut s = UnixStream::connect(dm.sock("control.sock")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    writeln!(s, "{request}").unwrap();
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
 }
 
 /// Connects, retrying while the server is still finishing the previous client.
@@ -107,8 +75,8 @@ fn read32(c: &Client, off: u64) -> u32 {
 
 #[test]
 fn both_functions_answer_with_their_identity_and_chip_registers() {
-    let dm = DeviceModel::start("identity");
-    let h = dm.client("hfi1.sock");
+    let dm = start("identity");
+    let h = client(&dm, "hfi1.sock");
     let mut ids = [0u8; 4];
     h.region_read(region::CONFIG, 0, &mut ids).unwrap();
     assert_eq!(ids, [0x36, 0x1b, 0x00, 0x11], "hfi1 is 1b36:1100");
@@ -121,7 +89,7 @@ fn both_functions_answer_with_their_identity_and_chip_registers() {
     assert!(bar0.fd.is_some());
     drop(h);
 
-    let i = dm.client("irdma.sock");
+    let i = client(&dm, "irdma.sock");
     i.region_read(region::CONFIG, 0, &mut ids).unwrap();
     assert_eq!(ids, [0x36, 0x1b, 0x01, 0x11], "irdma is 1b36:1101");
     enable(&i);
@@ -130,21 +98,21 @@ fn both_functions_answer_with_their_identity_and_chip_registers() {
 
 #[test]
 fn a_client_killed_in_the_middle_of_a_message_leaves_the_next_client_served() {
-    let dm = DeviceModel::start("midmsg");
+    let dm = start("midmsg");
     // Half a header, then gone.
     let mut raw = UnixStream::connect(dm.sock("hfi1.sock")).unwrap();
     raw.write_all(&[1, 0, 1, 0, 0x40, 0, 0, 0]).unwrap();
     drop(raw);
-    let c = dm.client("hfi1.sock");
+    let c = client(&dm, "hfi1.sock");
     enable(&c);
     assert_eq!(read64(&c, RCV_ARRAY_CNT), 4096);
 }
 
 #[test]
 fn a_client_killed_while_a_cqp_create_runs_leaves_a_reset_device_for_the_next_client() {
-    let dm = DeviceModel::start("midcmd");
+    let dm = start("midcmd");
     {
-        let c = dm.client("irdma.sock");
+        let c = client(&dm, "irdma.sock");
         enable(&c);
         let mem = rustix::fs::memfd_create("ctx", rustix::fs::MemfdFlags::ALLOW_SEALING).unwrap();
         rustix::fs::ftruncate(&mem, 0x10000).unwrap();
@@ -155,21 +123,21 @@ fn a_client_killed_while_a_cqp_create_runs_leaves_a_reset_device_for_the_next_cl
         c.region_write(region::BAR0, IRDMA_CCQPHIGH, &0u32.to_le_bytes()).unwrap();
         c.region_write(region::BAR0, IRDMA_CCQPLOW, &0x10_0000u32.to_le_bytes()).unwrap();
     }
-    let c = dm.client("irdma.sock");
+    let c = client(&dm, "irdma.sock");
     enable(&c);
     assert_eq!(read32(&c, IRDMA_CCQPSTATUS), 0, "the next client sees a device without a CQP");
     assert_eq!(read32(&c, IRDMA_GLPE_CPUSTATUS0), 0x80);
-    let dump = dm.control(r#"{"device":"irdma","cmd":"dump"}"#);
+    let dump = control(&dm, r#"{"device":"irdma","cmd":"dump"}"#);
     assert_eq!(dump["ok"], true, "{dump}");
 }
 
 #[test]
 fn the_control_socket_lists_both_devices_and_rejects_garbage() {
-    let dm = DeviceModel::start("control");
-    let list = dm.control(r#"{"cmd":"list"}"#);
+    let dm = start("control");
+    let list = control(&dm, r#"{"cmd":"list"}"#);
     let names: Vec<&str> = list["result"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["hfi1", "irdma"]);
-    let bad = dm.control("{not json");
+    let bad = control(&dm, "{not json");
     assert_eq!(bad["ok"], false);
 }
 
@@ -180,7 +148,7 @@ fn the_control_socket_lists_both_devices_and_rejects_garbage() {
 fn the_driver_places_and_verifies_tid_rdma_data_through_the_separate_process() {
     use udriver::access::DeviceAccess;
     use udriver::demo::hfi1::{hfi1_demo, Hfi1DemoOptions};
-    let dm = DeviceModel::start("hfi1-demo");
+    let dm = start("hfi1-demo");
     for map_bars in [true, false] {
         let dev: std::sync::Arc<dyn DeviceAccess> = std::sync::Arc::new(
             udriver::backend::vfio_user::VfioUserBackend::connect(&dm.sock("hfi1.sock"), map_bars).unwrap(),
@@ -188,7 +156,7 @@ fn the_driver_places_and_verifies_tid_rdma_data_through_the_separate_process() {
         let rep = hfi1_demo(dev.clone(), &Hfi1DemoOptions::default());
         assert!(rep.ok, "map_bars={map_bars}\n{}", rep.render());
         // Still connected (a disconnect resets the device): the device's own view agrees.
-        let dump = dm.control(r#"{"device":"hfi1","cmd":"dump"}"#);
+        let dump = control(&dm, r#"{"device":"hfi1","cmd":"dump"}"#);
         let counters = &dump["result"]["counters"];
         let mismatches = (counters["rx_gen_mismatch"].as_u64(), counters["rx_seq_mismatch"].as_u64());
         // The wrong-generation packet, and the SYNC step's two packets of the generation its flow left.
@@ -202,7 +170,7 @@ fn the_driver_places_and_verifies_tid_rdma_data_through_the_separate_process() {
 /// wrap many times, every completion is seen, and the quad-hash table ends empty.
 #[test]
 fn qhash_batches_wrap_both_rings_through_the_separate_process() {
-    let dm = DeviceModel::start("irdma-stress");
+    let dm = start("irdma-stress");
     let dev: std::sync::Arc<dyn udriver::access::DeviceAccess> = std::sync::Arc::new(
         udriver::backend::vfio_user::VfioUserBackend::connect(&dm.sock("irdma.sock"), true).unwrap(),
     );
@@ -215,7 +183,7 @@ fn qhash_batches_wrap_both_rings_through_the_separate_process() {
     assert!(ccq_size >= rings["sq_size"].as_u64().unwrap());
     assert!(completions > 4 * ccq_size, "{completions} completions through a {ccq_size}-entry CCQ: both rings wrapped");
     // Torn down by the stress itself, still connected: the device holds no CQP and no quad-hash entry.
-    let dump = dm.control(r#"{"device":"irdma","cmd":"dump"}"#);
+    let dump = control(&dm, r#"{"device":"irdma","cmd":"dump"}"#);
     assert_eq!(dump["ok"], true);
     assert!(dump["result"]["qhash"]["entries"].as_array().is_some_and(|e| e.is_empty()), "{}", dump["result"]["qhash"]);
     drop(dev);
@@ -225,7 +193,7 @@ fn qhash_batches_wrap_both_rings_through_the_separate_process() {
 #[test]
 fn the_driver_manages_qhash_entries_and_classifies_segments_through_the_separate_process() {
     use udriver::demo::irdma::{irdma_demo, IrdmaDemoOptions};
-    let dm = DeviceModel::start("irdma-demo");
+    let dm = start("irdma-demo");
     let dev = udriver::backend::vfio_user::VfioUserBackend::connect(&dm.sock("irdma.sock"), true).unwrap();
     let rep = irdma_demo(std::sync::Arc::new(dev), &IrdmaDemoOptions::default());
     assert!(rep.ok, "{}", rep.render());

@@ -9,12 +9,15 @@
 //! while idle, and a sparse client costing at most 1.5x the event-driven configuration's CPU.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use udriver::bench::{Better, Case, Target};
 use vfio_user_proto::device::region;
 use vfio_user_proto::{Client, ClientConfig};
+
+mod common;
+
+use common::DeviceModel;
 
 /// How long the idle window lasts.
 const IDLE: Duration = Duration::from_secs(2);
@@ -100,42 +103,15 @@ fn listening(path: &Path) -> bool {
     })
 }
 
-struct DeviceModel {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl DeviceModel {
-    fn start(tag: &str, options: &[&str]) -> DeviceModel {
-        let dir = std::env::temp_dir().join(format!("dm-quiet-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_device-model"))
-            .arg("--hfi1")
-            .arg(dir.join("hfi1.sock"))
-            .arg("--irdma")
-            .arg(dir.join("irdma.sock"))
-            .args(options)
-            .arg("--log-level")
-            .arg("warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let dm = DeviceModel { child, dir };
-        let pid = dm.child.id();
-        wait_until("both sockets listen", || ["hfi1.sock", "irdma.sock"].iter().all(|s| listening(&dm.dir.join(s))));
-        wait_until("every thread sleeps", || all_asleep(pid));
-        dm
-    }
-}
-
-impl Drop for DeviceModel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A device model serving hfi1 and irdma with `options`, once both sockets listen and every thread sleeps.
+fn start(tag: &str, options: &[&str]) -> DeviceModel {
+    let mut args = vec!["--hfi1", "hfi1.sock", "--irdma", "irdma.sock"];
+    args.extend_from_slice(options);
+    let dm = DeviceModel::start(&format!("quiet-{tag}"), &args);
+    let pid = dm.child.id();
+    wait_until("both sockets listen", || ["hfi1.sock", "irdma.sock"].iter().all(|s| listening(&dm.sock(s))));
+    wait_until("every thread sleeps", || all_asleep(pid));
+    dm
 }
 
 /// What one configuration costs: idle, and per round under the sparse client.
@@ -155,8 +131,7 @@ impl Figures {
 
 /// Every configuration started, idle side by side, then the sparse client's rounds taking turns.
 fn measure() -> Vec<(&'static str, Figures)> {
-    let dms: Vec<(&str, DeviceModel)> =
-        CONFIGS.iter().map(|(name, opts)| (*name, DeviceModel::start(name, opts))).collect();
+    let dms: Vec<(&str, DeviceModel)> = CONFIGS.iter().map(|(name, opts)| (*name, start(name, opts))).collect();
     let before: Vec<Usage> = dms.iter().map(|(_, dm)| usage(dm.child.id())).collect();
     std::thread::sleep(IDLE);
     let idle: Vec<Usage> = dms.iter().zip(&before).map(|((_, dm), b)| usage(dm.child.id()) - *b).collect();

@@ -2,63 +2,16 @@
 //! umask, and the RcvArray file a client gets, which it cannot shrink under the device.
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 use vfio_user_proto::device::region;
 use vfio_user_proto::{Client, ClientConfig};
 
-struct DeviceModel {
-    child: Child,
-    dir: PathBuf,
-}
+mod common;
 
-impl DeviceModel {
-    /// Starts `device-model ARGS` under `umask` (through sh, which sets it before exec); each of `sockets` is
-    /// a socket file name in the model's directory, given as PATH of the option before it.
-    fn start(tag: &str, umask: &str, args: &[&str]) -> DeviceModel {
-        let dir = std::env::temp_dir().join(format!("dm-files-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let args: Vec<String> = args
-            .iter()
-            .map(|a| if a.ends_with(".sock") { dir.join(a).display().to_string() } else { a.to_string() })
-            .collect();
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(format!("umask {umask} && exec \"$0\" \"$@\""))
-            .arg(env!("CARGO_BIN_EXE_device-model"))
-            .args(&args)
-            .args(["--log-level", "warn"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        DeviceModel { child, dir }
-    }
-
-    /// Waits until the socket `name` answers.
-    fn wait_for(&self, name: &str) -> PathBuf {
-        let path = self.dir.join(name);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(&path).is_err() {
-            assert!(Instant::now() < deadline, "{name} did not appear");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        path
-    }
-}
-
-impl Drop for DeviceModel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use common::DeviceModel;
 
 fn mode(path: &Path) -> u32 {
     let m = std::fs::symlink_metadata(path).unwrap();
@@ -77,7 +30,7 @@ fn every_socket_has_the_mode_asked_for_whatever_the_umask() {
         if let Some(m) = socket_mode {
             args.extend(["--socket-mode", m]);
         }
-        let dm = DeviceModel::start(&format!("mode{i}"), umask, &args);
+        let dm = DeviceModel::start_with_umask(&format!("files-mode{i}"), umask, &args);
         for (name, want) in [("hfi1.sock", want), ("irdma.sock", want), ("control.sock", 0o600)] {
             let path = dm.wait_for(name);
             assert_eq!(mode(&path), want, "{name}, umask {umask}, --socket-mode {socket_mode:?}");
@@ -92,7 +45,7 @@ fn every_socket_has_the_mode_asked_for_whatever_the_umask() {
 /// access to the mapping a SIGBUS that kills every device of the process; growing it is refused alike.
 #[test]
 fn a_client_cannot_resize_the_rcvarray_file_and_the_device_places_data_through_it_afterwards() {
-    let dm = DeviceModel::start("rcvarray", "022", &["--hfi1", "hfi1.sock"]);
+    let dm = DeviceModel::start_with_umask("files-rcvarray", "022", &["--hfi1", "hfi1.sock"]);
     let sock = dm.wait_for("hfi1.sock");
     let deadline = Instant::now() + Duration::from_secs(10);
     let client = loop {

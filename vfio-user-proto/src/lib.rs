@@ -15,6 +15,8 @@ pub mod server;
 pub mod sock;
 pub mod stop;
 pub mod sync;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 pub mod wire;
 
 pub use client::{Client, ClientConfig, ClientDmaBacking, ClientError, DmaProt, ServerCaps};

@@ -5,31 +5,14 @@ mod common;
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::time::Duration;
 
 use common::Running;
 use vfio_user_proto::server::PeerPolicy;
+use vfio_user_proto::test_util::connect_as;
 use vfio_user_proto::{Client, ClientConfig, ServerConfig};
 
 const NOBODY: u32 = 65534;
-
-/// Connects to `path` from a thread running as `uid`/`gid` (per-thread credentials: the raw setresuid of
-/// rustix changes only the calling thread's, and SO_PEERCRED takes the connecting thread's).
-fn connect_as(path: &Path, uid: u32, gid: u32) -> UnixStream {
-    let path = path.to_path_buf();
-    std::thread::spawn(move || {
-        use rustix::process::{Gid, Uid};
-        let (gid, uid) = (Gid::from_raw(gid), Uid::from_raw(uid));
-        rustix::thread::set_thread_groups(&[]).expect("setgroups (the tests run as root)");
-        rustix::thread::set_thread_res_gid(gid, gid, gid).expect("setresgid");
-        rustix::thread::set_thread_res_uid(uid, uid, uid).expect("setresuid");
-        UnixStream::connect(&path).expect("connect as another user")
-    })
-    .join()
-    .expect("thread")
-}
 
 #[test]
 fn a_peer_of_another_user_is_closed_unserved_even_through_a_socket_anyone_may_open() {

@@ -74,6 +74,15 @@ impl Default for Hfi1Config {
     }
 }
 
+#[cfg(test)]
+impl Hfi1Config {
+    /// The worker inline, as hfi1 unit tests run it: a job has run when the access that queued it returns, so
+    /// a test reads the result at once. Tests about the worker thread keep the threaded default.
+    pub fn inline(self) -> Self {
+        Hfi1Config { worker: WorkerMode::Inline, ..self }
+    }
+}
+
 /// Longest idle spin of the worker: beyond this a sleeping thread is cheaper than the CPU time burnt.
 pub const MAX_WORKER_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
 

@@ -1,13 +1,13 @@
 //! The hfi1 function as an [`Engine`]: BAR0 dispatch, the worker thread that places packets, attach/detach and
 //! reset.
 //!
-//! Locks: `chip` (registers, flow tables, RcvArray) is never held across a DMA access; `dma`/`irq` are held
+//! Locks: `rxe` (registers, flow tables, RcvArray) is never held across a DMA access; `dma`/`irq` are held
 //! only to clone the handle. The loopback registers a driver polls are atomics.
 
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use vfio_user_proto::device::RegionFd;
@@ -23,9 +23,9 @@ use super::datapath::worker::{run_job, Job};
 use super::error::{Hfi1Error, Result};
 use super::observe::InjectOutcome;
 use super::regs::{RCV_ARRAY, RCV_ARRAY_ENTRY_SIZE, RXE, TXE};
-use super::rxe::chip::{Access, Chip};
 use super::rxe::rcv::{Packet, RxResult};
-use super::shared::{LbRegs, Shared, WORK_TIMEOUT};
+use super::rxe::state::{Access, Rxe};
+use super::shared::{Front, LbRegs, Shared, WfrFront, WORK_TIMEOUT};
 use super::shm::SharedWords;
 use super::wfr::{self, Wfr};
 use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape, PcieLink};
@@ -48,30 +48,14 @@ impl Hfi1 {
         config.validate()?;
         let shm = SharedWords::new("hfi1-bar0", RCV_ARRAY, config.rcv_array_count)?;
         let region_fd = RegionFd { fd: shm.fd(), fd_offset: 0 };
-        let wfr = match config.personality {
-            Personality::Emu => None,
-            Personality::Wfr(shape) => Some(Mutex::new(Wfr::new(shape))),
+        let front = match config.personality {
+            Personality::Emu => Front::Loopback(LbRegs::default()),
+            Personality::Wfr(shape) => Front::Wfr(Arc::new(WfrFront::new(Wfr::new(shape)))),
         };
         let probe = Probe::new(config.name());
-        let mut chip = Chip::new(config.rcv_contexts, shm, wfr.is_none());
-        chip.rcv_array.set_probe(probe.clone());
-        let shared = Arc::new(Shared {
-            chip: Mutex::new(chip),
-            wfr,
-            probe,
-            held_inject: Mutex::new(None),
-            counters: Counters::default(),
-            lb: LbRegs::default(),
-            epoch: AtomicU64::new(0),
-            dma: RwLock::new(Arc::new(NoDma)),
-            irq: RwLock::new(Arc::new(NoInterrupt)),
-            cable: OnceLock::new(),
-            ingress: Mutex::new(Default::default()),
-            ingress_held: AtomicBool::new(false),
-            ingress_kicked: AtomicBool::new(false),
-            egress_kicked: AtomicBool::new(false),
-            sdma_kicked: Default::default(),
-        });
+        let mut rxe = Rxe::new(config.rcv_contexts, shm, matches!(front, Front::Loopback(_)));
+        rxe.rcv_array.set_probe(probe.clone());
+        let shared = Arc::new(Shared::new(rxe, front, probe));
         let worker_shared = Arc::clone(&shared);
         let probe = Arc::clone(&shared.probe);
         let worker = WorkQueue::spawn("hfi1-worker", config.doorbell_queue, config.worker, probe, move |job| {
@@ -84,16 +68,17 @@ impl Hfi1 {
     /// Joins two chip-personality functions with a cable whose link trains for `training` once both poll
     /// (docs/hfi1-fabric.md): `a` is its end A.
     pub fn connect(a: &Hfi1, b: &Hfi1, training: Duration) -> Result<()> {
-        for h in [a, b] {
-            if !matches!(h.config.personality, Personality::Wfr(_)) || h.port.get().is_some() {
-                return Err(Hfi1Error::Config(format!("{} cannot take a cable", h.config.name())));
-            }
-        }
+        let fronts = [a, b].map(|h| match &h.shared.front {
+            Front::Wfr(front) if h.port.get().is_none() => Ok(Arc::clone(front)),
+            _ => Err(Hfi1Error::Config(format!("{} cannot take a cable", h.config.name()))),
+        });
+        let [front_a, front_b] = fronts;
+        let (front_a, front_b) = (front_a?, front_b?);
         let cable = Cable::new(training).map_err(|e| Hfi1Error::Worker(format!("cable thread: {e}")))?;
-        for (end, h) in [(End::A, a), (End::B, b)] {
-            let port = Arc::new(HfiPort::new(Arc::clone(&h.shared), Arc::downgrade(&h.worker), h.config.personality));
+        for (end, h, front) in [(End::A, a, front_a), (End::B, b, front_b)] {
+            let port = Arc::new(HfiPort::new(Arc::clone(&h.shared), front, Arc::downgrade(&h.worker)));
             let weak: Weak<dyn Port> = Arc::downgrade(&(Arc::clone(&port) as Arc<dyn Port>));
-            let _ = h.shared.cable.set(cable.end(end, weak));
+            let _ = port.front.cable.set(cable.end(end, weak));
             let _ = h.port.set(port);
         }
         Ok(())
@@ -144,104 +129,113 @@ impl Hfi1 {
     /// worker: `false` when the port's queue was full (the packet is dropped and counted). Only the chip
     /// personality has a port.
     pub fn wire(&self, packet: WirePacket) -> Result<bool> {
-        if !matches!(self.config.personality, Personality::Wfr(_)) {
+        let Front::Wfr(front) = &self.shared.front else {
             return Err(Hfi1Error::Config(format!("{} has no port", self.config.name())));
-        }
-        Ok(super::datapath::port::arrive(&self.shared, &self.worker, packet, false))
+        };
+        Ok(super::datapath::port::arrive(&self.shared, front, &self.worker, packet, false))
     }
 
     /// Packets waiting at the port for the worker, one held back for room included: what an observer that
     /// follows each packet until it is written or dropped (the fuzz DMA oracle) still expects.
     pub fn ingress_queued(&self) -> usize {
-        self.shared.ingress.lock().unpoison().len()
+        match &self.shared.front {
+            Front::Wfr(front) => front.ingress.lock().unpoison().len(),
+            Front::Loopback(_) => 0,
+        }
     }
 
     /// The port as the control socket's `link` shows it: physical and logical state, neighbour, cable.
     pub fn link_status(&self) -> serde_json::Value {
-        let dc = self.shared.lock_wfr().map(|w| w.dump()["dc8051"].clone());
-        let guid = match self.config.personality {
-            Personality::Wfr(shape) => Some(format!("{:#018x}", shape.guid)),
-            Personality::Emu => None,
+        let (guid, dc, cable) = match &self.shared.front {
+            Front::Wfr(front) => {
+                let w = front.lock();
+                let guid = format!("{:#018x}", w.shape().guid);
+                (Some(guid), Some(w.dump()["dc8051"].clone()), front.cable.get().map(|e| e.status()))
+            }
+            Front::Loopback(_) => (None, None, None),
         };
         serde_json::json!({
             "device": self.config.name(),
             "node_guid": guid,
             "port": dc,
-            "cable": self.shared.cable.get().map(|e| e.status()),
+            "cable": cable,
         })
     }
 
     /// The control socket's dump.
     pub fn dump(&self) -> serde_json::Value {
-        let mut v = self.shared.lock_chip().dump(&self.shared.counters);
-        let lb = &self.shared.lb;
-        v["loopback"] = serde_json::json!({
-            "desc_addr": format!("{:#x}", lb.desc_addr.load(Ordering::Acquire)),
-            "db_submitted": lb.db_submitted.load(Ordering::Acquire),
-            "db_done": lb.db_done.load(Ordering::Acquire),
-            "desc_done": lb.desc_done.load(Ordering::Acquire),
-            "desc_err": lb.desc_err.load(Ordering::Acquire),
-            "last_result": lb.last_result.load(Ordering::Acquire),
-            "db_dropped": lb.db_dropped.load(Ordering::Acquire),
-        });
+        let mut v = self.shared.lock_rxe().dump(&self.shared.counters);
         v["counters"] = counters_json(&self.shared.counters);
-        if let Some(w) = self.shared.lock_wfr() {
-            v["wfr"] = w.dump();
-        }
-        if let Some(end) = self.shared.cable.get() {
-            v["cable"] = end.status();
+        match &self.shared.front {
+            Front::Loopback(lb) => {
+                v["loopback"] = serde_json::json!({
+                    "desc_addr": format!("{:#x}", lb.desc_addr.load(Ordering::Acquire)),
+                    "db_submitted": lb.db_submitted.load(Ordering::Acquire),
+                    "db_done": lb.db_done.load(Ordering::Acquire),
+                    "desc_done": lb.desc_done.load(Ordering::Acquire),
+                    "desc_err": lb.desc_err.load(Ordering::Acquire),
+                    "last_result": lb.last_result.load(Ordering::Acquire),
+                    "db_dropped": lb.db_dropped.load(Ordering::Acquire),
+                });
+            }
+            Front::Wfr(front) => {
+                v["wfr"] = front.lock().dump();
+                if let Some(end) = front.cable.get() {
+                    v["cable"] = end.status();
+                }
+            }
         }
         v
     }
 
     fn read64(&self, offset: u64) -> u64 {
-        let value = match &self.shared.wfr {
-            None => match self.shared.lock_chip().read(offset, &self.shared.counters) {
+        match &self.shared.front {
+            Front::Loopback(lb) => match self.shared.lock_rxe().read(offset, &self.shared.counters) {
                 Access::Done(v) => v,
-                Access::Loopback(rel) => self.shared.lb.read(rel).unwrap_or(u64::MAX),
+                Access::Loopback(rel) => lb.read(rel).unwrap_or(u64::MAX),
                 Access::Unimplemented | Access::ReadOnly => u64::MAX,
             },
-            Some(_) => self.wfr_read(offset),
-        };
-        value
+            Front::Wfr(front) => self.wfr_read(front, offset),
+        }
     }
 
     /// On the chip personality the RXE model answers what it models and the chip's register file the rest.
-    fn wfr_read(&self, offset: u64) -> u64 {
+    fn wfr_read(&self, front: &WfrFront, offset: u64) -> u64 {
         if (RXE..TXE).contains(&offset) {
-            if let Access::Done(v) = self.shared.lock_chip().read(offset, &self.shared.counters) {
+            if let Access::Done(v) = self.shared.lock_rxe().read(offset, &self.shared.counters) {
                 return v;
             }
         }
-        let (value, signal) = match self.shared.lock_wfr() {
-            Some(mut w) => (w.read(offset), w.take_signal()),
-            None => (u64::MAX, None),
+        let (value, signal) = {
+            let mut w = front.lock();
+            (w.read(offset), w.take_signal())
         };
-        self.shared.tell_cable(signal);
+        front.tell_cable(signal);
         value
     }
 
     fn write64(&self, offset: u64, value: u64) {
-        if self.shared.wfr.is_some() {
-            return self.wfr_write(offset, value);
-        }
-        let access = self.shared.lock_chip().write(offset, value, &self.shared.counters);
+        let lb = match &self.shared.front {
+            Front::Loopback(lb) => lb,
+            Front::Wfr(front) => return self.wfr_write(front, offset, value),
+        };
+        let access = self.shared.lock_rxe().write(offset, value, &self.shared.counters);
         match access {
             Access::Done(_) => {}
-            Access::Loopback(LB_DESC_ADDR) => self.shared.lb.desc_addr.store(value, Ordering::Release),
-            Access::Loopback(LB_DOORBELL) => self.ring_doorbell(),
+            Access::Loopback(LB_DESC_ADDR) => lb.desc_addr.store(value, Ordering::Release),
+            Access::Loopback(LB_DOORBELL) => self.ring_doorbell(lb),
             Access::Loopback(_) | Access::Unimplemented | Access::ReadOnly => {
                 self.shared.counters.mmio_ignored_writes.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
-    fn wfr_write(&self, offset: u64, value: u64) {
+    fn wfr_write(&self, front: &WfrFront, offset: u64, value: u64) {
         if (RXE..TXE).contains(&offset) {
-            let access = self.shared.lock_chip().write(offset, value, &self.shared.counters);
+            let access = self.shared.lock_rxe().write(offset, value, &self.shared.counters);
             // A head register moved, or a context changed: the packet waiting for room may fit now.
-            if matches!(access, Access::Done(_)) && self.shared.ingress_held.load(Ordering::Acquire) {
-                kick(&self.worker, &self.shared, &self.shared.ingress_kicked, Job::Ingress);
+            if matches!(access, Access::Done(_)) && front.ingress_held.load(Ordering::Acquire) {
+                kick(&self.worker, &self.shared, &front.ingress_kicked, Job::Ingress);
             }
             match access {
                 Access::Done(_) => return,
@@ -252,41 +246,40 @@ impl Hfi1 {
                 Access::Unimplemented | Access::Loopback(_) => {}
             }
         }
-        let (vectors, signal, launched, engines) = match self.shared.lock_wfr() {
-            Some(mut w) => (w.write(offset, value), w.take_signal(), w.launches_pending(), w.take_sdma_pending()),
-            None => (Vec::new(), None, false, 0),
+        let (vectors, signal, launched, engines) = {
+            let mut w = front.lock();
+            (w.write(offset, value), w.take_signal(), w.launches_pending(), w.take_sdma_pending())
         };
         for v in vectors {
             self.shared.raise(v);
         }
-        self.shared.tell_cable(signal);
+        front.tell_cable(signal);
         if launched {
-            kick(&self.worker, &self.shared, &self.shared.egress_kicked, Job::Egress);
+            kick(&self.worker, &self.shared, &front.egress_kicked, Job::Egress);
         }
         for engine in (0..32).filter(|e| engines & (1 << e) != 0) {
-            self.kick_sdma(engine);
+            self.kick_sdma(front, engine);
         }
     }
 
     /// Queues a walk of SDMA engine `engine` unless one is queued.
-    fn kick_sdma(&self, engine: usize) {
+    fn kick_sdma(&self, front: &WfrFront, engine: usize) {
         let bit = 1u32 << engine;
-        if self.shared.sdma_kicked.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
+        if front.sdma_kicked.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
             return;
         }
         if !self.worker.try_submit(self.shared.epoch(), Job::Sdma { engine }) {
-            self.shared.sdma_kicked.fetch_and(!bit, Ordering::AcqRel);
+            front.sdma_kicked.fetch_and(!bit, Ordering::AcqRel);
             return;
         }
         self.worker.run_queued();
     }
 
     /// Queues the chain at LB_DESC_ADDR and returns at once; a full queue drops the doorbell (counted).
-    fn ring_doorbell(&self) {
+    fn ring_doorbell(&self, lb: &LbRegs) {
         {
-            // Under the chip lock so a concurrent reset sees the bookkeeping whole; try_send never blocks.
-            let _chip = self.shared.lock_chip();
-            let lb = &self.shared.lb;
+            // Under the RXE lock so a concurrent reset sees the bookkeeping whole; try_send never blocks.
+            let _rxe = self.shared.lock_rxe();
             let desc = lb.desc_addr.load(Ordering::Acquire);
             lb.db_submitted.fetch_add(1, Ordering::AcqRel);
             if !self.worker.try_submit(self.shared.epoch(), Job::Doorbell { desc }) {
@@ -419,10 +412,18 @@ impl Engine for Hfi1 {
                 Ok(serde_json::json!({"queued": self.wire(packet).map_err(|e| e.to_string())?}))
             }
             Command::LinkEvent(event) => {
-                Ok(serde_json::json!({"applied": super::datapath::port::apply_link(&self.shared, event, false)}))
+                let applied = match &self.shared.front {
+                    Front::Wfr(front) => super::datapath::port::apply_link(&self.shared, front, event, false),
+                    Front::Loopback(_) => false,
+                };
+                Ok(serde_json::json!({ "applied": applied }))
             }
             Command::Capture { file, max_bytes } => {
-                let end = self.shared.cable.get().ok_or_else(|| format!("{} has no cable", self.config.name()))?;
+                let end = match &self.shared.front {
+                    Front::Wfr(front) => front.cable.get(),
+                    Front::Loopback(_) => None,
+                };
+                let end = end.ok_or_else(|| format!("{} has no cable", self.config.name()))?;
                 let started = file.as_ref().map(|f| f.display().to_string());
                 end.capture(file, max_bytes)?;
                 Ok(serde_json::json!({"capture": started}))

@@ -111,7 +111,8 @@ const LINKUP_ACHIEVED: u64 = 1 << 7;
 const LINK_GOING_DOWN: u64 = 1 << 8;
 
 fn pair() -> (Hfi, Hfi) {
-    let (ea, eb) = (Hfi1::new(Hfi1Config::wfr_instance(0)).unwrap(), Hfi1::new(Hfi1Config::wfr_instance(1)).unwrap());
+    let new = |i| Hfi1::new(Hfi1Config::wfr_instance(i).inline()).unwrap();
+    let (ea, eb) = (new(0), new(1));
     Hfi1::connect(&ea, &eb, Duration::ZERO).unwrap();
     let hfi = |e: Hfi1| {
         let probe = crate::engine::Engine::probe(&e);

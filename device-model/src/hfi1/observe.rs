@@ -3,8 +3,8 @@
 
 #![forbid(unsafe_code)]
 
-use super::rxe::chip::Chip;
 use super::rxe::rcv::{Packet, RxResult};
+use super::rxe::state::Rxe;
 use crate::fault::{FaultKind, Params};
 use crate::probe::Probe;
 use crate::trace::{Block, Level, Val};
@@ -39,12 +39,12 @@ pub(super) fn fate(probe: &Probe, pkt: &Packet) -> Fate {
     }
 }
 
-/// `flow-generation`, under the chip lock just before the packet is judged.
-pub(super) fn shift_generation(probe: &Probe, chip: &mut Chip, pkt: &Packet) {
+/// `flow-generation`, under the RXE lock just before the packet is judged.
+pub(super) fn shift_generation(probe: &Probe, rxe: &mut Rxe, pkt: &Packet) {
     let (ctxt, flow) = (pkt.ctxt(), pkt.flow());
     let matches = |p: &Params| p.ctxt.is_none_or(|c| c as usize == ctxt) && p.flow.is_none_or(|f| f as usize == flow);
     if let Some(f) = probe.fault(FaultKind::FlowGeneration, matches) {
-        if let Some(g) = chip.flows.shift_generation(ctxt, flow, f.params.add) {
+        if let Some(g) = rxe.flows.shift_generation(ctxt, flow, f.params.add) {
             probe.trace.event(
                 Block::Flow,
                 Level::Info,

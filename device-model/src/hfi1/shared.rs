@@ -1,25 +1,26 @@
-//! What the hfi1 register path and its worker share: the chip behind one lock (never held across a DMA
-//! access), the loopback registers a driver polls (atomics), the reset epoch, and the DMA/IRQ handles.
+//! What the hfi1 register path and its worker share: the receive engine behind one lock (never held across a
+//! DMA access), the personality's [`Front`] (the loopback registers a driver polls, atomics; or the chip's other
+//! blocks and its port), the reset epoch, and the DMA/IRQ handles.
 
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
 use emu_abi::hfi1::{
     LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR, LB_DOORBELL, LB_LAST_RESULT,
 };
-use vfio_user_proto::dma::DmaAccess;
+use vfio_user_proto::dma::{DmaAccess, NoDma};
 use vfio_user_proto::sync::Unpoison;
 
-use super::cable::{CableEnd, WirePacket};
+use super::cable::{CableEnd, Phy, WirePacket};
 use super::counters::Counters;
 use super::observe::HeldInject;
-use super::rxe::chip::Chip;
+use super::rxe::state::Rxe;
 use super::wfr::Wfr;
-use crate::engine::Interrupt;
+use crate::engine::{Interrupt, NoInterrupt};
 use crate::probe::Probe;
 
 /// How long detach waits for the descriptor in flight, and a control inject for its result.
@@ -69,22 +70,20 @@ impl LbRegs {
     }
 }
 
-/// State shared by the register path and the worker.
-pub(super) struct Shared {
-    pub(super) chip: Mutex<Chip>,
-    /// The chip's other blocks, on the WFR personality. Lock order: `chip`, then `wfr`.
-    pub(super) wfr: Option<Mutex<Wfr>>,
-    /// Traces and faults of this device (shared with its PCI function).
-    pub probe: Arc<Probe>,
-    /// An injected packet `packet-reorder` holds back until the next inject.
-    pub(super) held_inject: Mutex<Option<HeldInject>>,
-    pub counters: Counters,
-    pub lb: LbRegs,
-    /// Bumped (under the chip lock) by every reset and detach; work from an older epoch is dropped.
-    pub(super) epoch: AtomicU64,
-    pub(super) dma: RwLock<Arc<dyn DmaAccess>>,
-    pub(super) irq: RwLock<Arc<dyn Interrupt>>,
-    /// The cable, on a chip-personality function that has one.
+/// The function's front: what one personality has beside the receive engine both share. Code that needs the
+/// chip matches here once and passes the [`WfrFront`] down; a loopback function holds no chip state.
+pub(super) enum Front {
+    /// The project's function (1b36:1100): the loopback send block's registers.
+    Loopback(LbRegs),
+    /// The real chip (8086:24f0): its blocks outside the RXE and its port. Shared with the port the cable calls.
+    Wfr(Arc<WfrFront>),
+}
+
+/// The chip personality's state beside the RXE: its other blocks, its cable and the port's queues.
+pub(super) struct WfrFront {
+    /// Lock order: `Shared::rxe`, then this.
+    wfr: Mutex<Wfr>,
+    /// The cable, once connected.
     pub(super) cable: OnceLock<CableEnd>,
     /// Packets from the cable waiting for the worker (bounded: `ingress::INGRESS_QUEUE`).
     pub(super) ingress: Mutex<VecDeque<WirePacket>>,
@@ -94,16 +93,75 @@ pub(super) struct Shared {
     pub(super) ingress_kicked: AtomicBool,
     pub(super) egress_kicked: AtomicBool,
     /// An SDMA job is queued, a bit per engine.
-    pub(super) sdma_kicked: std::sync::atomic::AtomicU32,
+    pub(super) sdma_kicked: AtomicU32,
+}
+
+impl WfrFront {
+    pub(super) fn new(wfr: Wfr) -> Self {
+        WfrFront {
+            wfr: Mutex::new(wfr),
+            cable: OnceLock::new(),
+            ingress: Mutex::new(VecDeque::new()),
+            ingress_held: AtomicBool::new(false),
+            ingress_kicked: AtomicBool::new(false),
+            egress_kicked: AtomicBool::new(false),
+            sdma_kicked: AtomicU32::new(0),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Wfr> {
+        self.wfr.lock().unpoison()
+    }
+
+    /// Power-on state of the chip's blocks and the port's queue (call under the RXE lock); the link loss to
+    /// tell the cable.
+    fn reset(&self) -> Option<Phy> {
+        let signal = self.lock().reset();
+        self.ingress.lock().unpoison().clear();
+        self.ingress_held.store(false, Ordering::Release);
+        signal
+    }
+
+    /// Passes the port's physical news to the cable (call without locks: the cable may take a moment).
+    pub(super) fn tell_cable(&self, signal: Option<Phy>) {
+        if let (Some(phy), Some(end)) = (signal, self.cable.get()) {
+            end.phy(phy);
+        }
+    }
+}
+
+/// State shared by the register path and the worker.
+pub(super) struct Shared {
+    /// The receive engine, both personalities.
+    pub(super) rxe: Mutex<Rxe>,
+    pub(super) front: Front,
+    /// Traces and faults of this device (shared with its PCI function).
+    pub probe: Arc<Probe>,
+    /// An injected packet `packet-reorder` holds back until the next inject.
+    pub(super) held_inject: Mutex<Option<HeldInject>>,
+    pub counters: Counters,
+    /// Bumped (under the RXE lock) by every reset and detach; work from an older epoch is dropped.
+    pub(super) epoch: AtomicU64,
+    pub(super) dma: RwLock<Arc<dyn DmaAccess>>,
+    pub(super) irq: RwLock<Arc<dyn Interrupt>>,
 }
 
 impl Shared {
-    pub fn lock_chip(&self) -> MutexGuard<'_, Chip> {
-        self.chip.lock().unpoison()
+    pub(super) fn new(rxe: Rxe, front: Front, probe: Arc<Probe>) -> Self {
+        Shared {
+            rxe: Mutex::new(rxe),
+            front,
+            probe,
+            held_inject: Mutex::new(None),
+            counters: Counters::default(),
+            epoch: AtomicU64::new(0),
+            dma: RwLock::new(Arc::new(NoDma)),
+            irq: RwLock::new(Arc::new(NoInterrupt)),
+        }
     }
 
-    pub(super) fn lock_wfr(&self) -> Option<MutexGuard<'_, Wfr>> {
-        self.wfr.as_ref().map(|w| w.lock().unpoison())
+    pub fn lock_rxe(&self) -> MutexGuard<'_, Rxe> {
+        self.rxe.lock().unpoison()
     }
 
     pub fn epoch(&self) -> u64 {
@@ -115,14 +173,14 @@ impl Shared {
         self.epoch() == epoch
     }
 
-    /// Applies `f` to the loopback registers unless a reset came since `epoch` (checked under the chip lock,
-    /// which resets take, so a result never lands in freshly reset registers).
-    pub fn publish(&self, epoch: u64, f: impl FnOnce(&LbRegs)) -> bool {
-        let _chip = self.lock_chip();
+    /// Runs `f` (a result landing in registers a driver polls) unless a reset came since `epoch` (checked
+    /// under the RXE lock, which resets take, so a result never lands in freshly reset registers).
+    pub fn publish(&self, epoch: u64, f: impl FnOnce()) -> bool {
+        let _rxe = self.lock_rxe();
         if !self.current(epoch) {
             return false;
         }
-        f(&self.lb);
+        f();
         true
     }
 
@@ -139,18 +197,22 @@ impl Shared {
     /// drops.
     pub(super) fn reset(&self) {
         let signal = {
-            let mut chip = self.lock_chip();
+            let mut rxe = self.lock_rxe();
             self.epoch.fetch_add(1, Ordering::SeqCst);
-            chip.reset();
-            let signal = self.lock_wfr().and_then(|mut w| w.reset());
-            self.lb.reset();
+            rxe.reset();
             self.counters.reset();
             self.held_inject.lock().unpoison().take();
-            self.ingress.lock().unpoison().clear();
-            self.ingress_held.store(false, Ordering::Release);
-            signal
+            match &self.front {
+                Front::Loopback(lb) => {
+                    lb.reset();
+                    None
+                }
+                Front::Wfr(front) => front.reset().map(|signal| (front, signal)),
+            }
         };
-        self.tell_cable(signal);
+        if let Some((front, signal)) = signal {
+            front.tell_cable(Some(signal));
+        }
     }
 
     /// Logs an input from outside the device (the cable's packets and link events) in the session being
@@ -162,12 +224,5 @@ impl Shared {
         request["device"] = self.probe.device().into();
         let id = session.control_request(&request.to_string());
         session.control_reply(id, &serde_json::json!({"ok": true, "result": result}).to_string());
-    }
-
-    /// Passes the port's physical news to the cable (call without locks: the cable may take a moment).
-    pub(super) fn tell_cable(&self, signal: Option<super::cable::Phy>) {
-        if let (Some(phy), Some(end)) = (signal, self.cable.get()) {
-            end.phy(phy);
-        }
     }
 }

@@ -26,7 +26,7 @@ impl IrqTrigger for Irqs {
 }
 
 fn function() -> (Arc<Function>, Arc<Irqs>) {
-    let engine = Arc::new(Hfi1::new(Hfi1Config::wfr()).unwrap());
+    let engine = Arc::new(Hfi1::new(Hfi1Config::wfr().inline()).unwrap());
     let f = Function::try_new(engine, PciIds::hfi1_wfr_default()).expect("the chip's layout is valid");
     let irqs = Arc::new(Irqs::default());
     f.attach(DeviceContext { dma: Arc::new(HeapMemory::new()), irq: irqs.clone() });

@@ -163,19 +163,9 @@ mod tests {
     const GROUP: u32 = 4242;
     const OTHER: u32 = 65534;
 
-    /// A socket pair made by a thread running as `uid`/`gid` (credentials are per thread to the kernel; the
-    /// raw setresuid of rustix changes only the calling thread's): each end's SO_PEERCRED names that user.
+    /// A socket pair made as `uid`/`gid`: each end's SO_PEERCRED names that user.
     fn pair_as(uid: u32, gid: u32) -> (UnixStream, UnixStream) {
-        std::thread::spawn(move || {
-            use rustix::process::{Gid, Uid};
-            let (gid, uid) = (Gid::from_raw(gid), Uid::from_raw(uid));
-            rustix::thread::set_thread_groups(&[]).expect("setgroups (the tests run as root)");
-            rustix::thread::set_thread_res_gid(gid, gid, gid).expect("setresgid");
-            rustix::thread::set_thread_res_uid(uid, uid, uid).expect("setresuid");
-            UnixStream::pair().expect("socketpair")
-        })
-        .join()
-        .expect("thread")
+        crate::test_util::as_user(uid, gid, || UnixStream::pair().expect("socketpair"))
     }
 
     #[test]

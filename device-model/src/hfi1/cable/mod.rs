@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Select, Sender};
 use vfio_user_proto::sync::Unpoison;
 
+use crate::clock::{Clock, RealClock};
 use crate::fault::{FaultKind, Params};
 use crate::probe::Probe;
 use crate::trace::{Block, Level, Val};
@@ -298,6 +299,7 @@ struct Inner {
     wake: Sender<()>,
     mail: Arc<Mailboxes>,
     status: Arc<Status>,
+    clock: Arc<dyn Clock>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -323,16 +325,21 @@ pub struct Cable {
 impl Cable {
     /// A cable whose link trains for `training` (at most [`TRAINING_MAX`]) once both ends poll.
     pub fn new(training: Duration) -> std::io::Result<Cable> {
+        Cable::with_clock(training, Arc::new(RealClock))
+    }
+
+    /// [`Cable::new`] on `clock`: training and the cable faults' waits run on its time.
+    pub fn with_clock(training: Duration, clock: Arc<dyn Clock>) -> std::io::Result<Cable> {
         let (tx, rx) = crossbeam_channel::bounded(QUEUE);
         let (wake, woken) = crossbeam_channel::bounded(1);
         let status = Arc::new(Status::default());
         let mail = Arc::new(Mailboxes::default());
-        let (thread_status, thread_mail) = (Arc::clone(&status), Arc::clone(&mail));
+        let (thread_status, thread_mail, thread_clock) = (Arc::clone(&status), Arc::clone(&mail), Arc::clone(&clock));
         let training = training.min(TRAINING_MAX);
         let thread = std::thread::Builder::new()
             .name("hfi1-cable".into())
-            .spawn(move || Link::new(thread_status, thread_mail, training).run(rx, woken))?;
-        Ok(Cable { inner: Arc::new(Inner { tx, wake, mail, status, thread: Mutex::new(Some(thread)) }) })
+            .spawn(move || Link::new(thread_status, thread_mail, thread_clock, training).run(rx, woken))?;
+        Ok(Cable { inner: Arc::new(Inner { tx, wake, mail, status, clock, thread: Mutex::new(Some(thread)) }) })
     }
 
     /// The handle for `end`; `port` receives what the cable sends that end.
@@ -397,6 +404,7 @@ impl CableEnd {
     /// The cable's state for the control socket.
     pub fn status(&self) -> serde_json::Value {
         let s = &self.inner.status;
+        let now = self.inner.clock.now();
         let capture =
             s.capture.lock().unpoison().as_ref().map(
                 |(p, n)| serde_json::json!({"file": p.display().to_string(), "packets": n.load(Ordering::Relaxed)}),
@@ -404,7 +412,7 @@ impl CableEnd {
         serde_json::json!({
             "end": self.end.name(),
             "link_up": *s.up.lock().unpoison(),
-            "training_ms_left": s.training_until.lock().unpoison().map(|t| t.saturating_duration_since(Instant::now()).as_millis() as u64),
+            "training_ms_left": s.training_until.lock().unpoison().map(|t| t.saturating_duration_since(now).as_millis() as u64),
             "trainings": s.trainings.load(Ordering::Relaxed),
             "to_a": s.dirs[0].json(),
             "to_b": s.dirs[1].json(),
@@ -437,6 +445,9 @@ struct Held {
 struct Link {
     status: Arc<Status>,
     mail: Arc<Mailboxes>,
+    clock: Arc<dyn Clock>,
+    /// The clock's timer for the next deadline, kept while that deadline stands.
+    timer: Option<(Instant, Receiver<Instant>)>,
     polling: [bool; 2],
     up: bool,
     training: Duration,
@@ -448,10 +459,12 @@ struct Link {
 }
 
 impl Link {
-    fn new(status: Arc<Status>, mail: Arc<Mailboxes>, training: Duration) -> Self {
+    fn new(status: Arc<Status>, mail: Arc<Mailboxes>, clock: Arc<dyn Clock>, training: Duration) -> Self {
         Link {
             status,
             mail,
+            clock,
+            timer: None,
             polling: [false; 2],
             up: false,
             training,
@@ -474,20 +487,28 @@ impl Link {
                 c.flush();
             }
         }
+        if self.timer.as_ref().map(|(at, _)| *at) != due {
+            self.timer = due.map(|at| (at, self.clock.at(at)));
+        }
         let mut sel = Select::new();
         let msgs = sel.recv(rx);
         let wakes = sel.recv(woken);
-        let op = match due {
-            Some(due) => match sel.select_deadline(due) {
-                Ok(op) => op,
-                Err(_) => return Ok(None),
-            },
-            None => sel.select(),
-        };
+        let timer = self.timer.as_ref().map(|(_, t)| t.clone());
+        if let Some(t) = &timer {
+            sel.recv(t);
+        }
+        let op = sel.select();
         match op.index() {
             i if i == msgs => op.recv(rx).map(Some).map_err(|_| ()),
             i if i == wakes => op.recv(woken).map(|()| None).map_err(|_| ()),
-            _ => Ok(None),
+            _ => {
+                // The timer fired (its only message): the next deadline gets a timer of its own.
+                if let Some(t) = &timer {
+                    let _ = op.recv(t);
+                }
+                self.timer = None;
+                Ok(None)
+            }
         }
     }
 
@@ -528,7 +549,7 @@ impl Link {
                 }
                 None => {}
             }
-            if self.train_due.is_some_and(|due| due <= Instant::now()) {
+            if self.train_due.is_some_and(|due| due <= self.clock.now()) {
                 self.set_training(None);
                 self.train();
             }
@@ -566,7 +587,7 @@ impl Link {
                     if self.training.is_zero() {
                         self.train();
                     } else {
-                        self.set_training(Some(Instant::now() + self.training));
+                        self.set_training(Some(self.clock.now() + self.training));
                         let ms = Val::Dec(self.training.as_millis() as u64);
                         self.trace(end, "link-training", &[("ms", ms)]);
                     }
@@ -659,12 +680,14 @@ impl Link {
         }
         if let Some(f) = probe.fault(FaultKind::CableDelay, ours) {
             dir.delayed.fetch_add(1, Ordering::Relaxed);
-            self.hold(Held { due: Instant::now() + Duration::from_millis(f.params.ms), to, packet, reorder: false });
+            let due = self.clock.now() + Duration::from_millis(f.params.ms);
+            self.hold(Held { due, to, packet, reorder: false });
             return;
         }
         if probe.fault(FaultKind::CableReorder, ours).is_some() {
             dir.reordered.fetch_add(1, Ordering::Relaxed);
-            self.hold(Held { due: Instant::now() + REORDER_WAIT, to, packet, reorder: true });
+            let due = self.clock.now() + REORDER_WAIT;
+            self.hold(Held { due, to, packet, reorder: true });
             return;
         }
         self.deliver(to, &*port, packet);
@@ -685,7 +708,7 @@ impl Link {
     }
 
     fn release_due(&mut self) {
-        let now = Instant::now();
+        let now = self.clock.now();
         while let Some(i) = self.held.iter().position(|h| h.due <= now) {
             let Some(h) = self.held.remove(i) else { break };
             match self.port(h.to) {

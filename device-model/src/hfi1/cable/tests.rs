@@ -3,10 +3,11 @@
 #![forbid(unsafe_code)]
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::wire::{LNH_BTH, LRH_BYTES, OPCODE_TID_RDMA_WRITE_DATA_LAST};
 use super::*;
+use crate::clock::FakeClock;
 use crate::fault::FaultSpec;
 
 /// A port that records what the cable tells it, can refuse link events, and can hold the cable thread in
@@ -81,11 +82,13 @@ impl Port for FakePort {
     }
 }
 
+/// Two fake ports on a cable whose time moves only when the test moves `clock`.
 struct Rig {
     a: Arc<FakePort>,
     b: Arc<FakePort>,
     ea: CableEnd,
     eb: CableEnd,
+    clock: Arc<FakeClock>,
 }
 
 fn rig() -> Rig {
@@ -93,13 +96,14 @@ fn rig() -> Rig {
 }
 
 fn rig_training(training: Duration) -> Rig {
-    let cable = Cable::new(training).unwrap();
+    let clock = Arc::new(FakeClock::default());
+    let cable = Cable::with_clock(training, Arc::clone(&clock) as Arc<dyn Clock>).unwrap();
     let (a, b) = (FakePort::new(0x11), FakePort::new(0x22));
     let wa: Weak<dyn Port> = Arc::downgrade(&(Arc::clone(&a) as Arc<dyn Port>));
     let wb: Weak<dyn Port> = Arc::downgrade(&(Arc::clone(&b) as Arc<dyn Port>));
     let ea = cable.end(End::A, wa);
     let eb = cable.end(End::B, wb);
-    Rig { a, b, ea, eb }
+    Rig { a, b, ea, eb, clock }
 }
 
 fn up(r: &Rig) {
@@ -141,41 +145,40 @@ fn the_link_comes_up_only_once_it_has_trained_for_the_training_time() {
     const TRAINING: Duration = Duration::from_millis(200);
     let r = rig_training(TRAINING);
     r.ea.phy(Phy::Polling);
-    let polled = Instant::now();
     r.eb.phy(Phy::Polling);
+    settled(&r.ea);
+    assert_eq!(r.eb.status()["training_ms_left"], 200);
+    r.clock.advance(TRAINING - Duration::from_millis(1));
+    settled(&r.ea);
+    assert!(!r.eb.link_up() && r.a.wait(0).is_empty(), "up before the training time");
+    assert_eq!(r.eb.status()["training_ms_left"], 1);
+    r.clock.advance(Duration::from_millis(1));
     assert!(matches!(r.a.wait(1)[0], Seen::Link(LinkEvent::Up(_))));
-    assert!(polled.elapsed() >= TRAINING, "up after {:?}, before the training time", polled.elapsed());
     assert!(r.eb.link_up());
     assert_eq!(r.eb.status()["training_ms_left"], serde_json::Value::Null);
 }
 
-/// Waits until the cable thread has taken every message `end` sent before: a packet sent while the link is
-/// down comes back as one more `dropped_link_down`, and the thread takes messages in order.
+/// Waits until the cable thread has taken every message and every piece of news `end` sent before: it
+/// answers a capture request in its turn, and applies news at the next message it takes.
 fn settled(end: &CableEnd) {
-    let dropped = |e: &CableEnd| e.status()["to_b"]["dropped_link_down"].as_u64().unwrap_or(0);
-    let before = dropped(end);
-    end.transmit(packet(0));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while dropped(end) == before {
-        assert!(Instant::now() < deadline, "the cable thread did not take the packet");
-        std::thread::yield_now();
-    }
+    end.capture(None, 0).expect("the cable answers");
 }
 
 #[test]
 fn an_end_that_stops_polling_while_the_link_trains_ends_the_training() {
     // Long enough that only a bug would bring the link up while the test runs.
     let r = rig_training(TRAINING_MAX);
+    let max_ms = TRAINING_MAX.as_millis() as u64;
     r.ea.phy(Phy::Polling);
     r.eb.phy(Phy::Polling);
     settled(&r.ea);
-    assert!(r.ea.status()["training_ms_left"].as_u64().is_some_and(|ms| ms > 1000), "training");
+    assert_eq!(r.ea.status()["training_ms_left"], max_ms, "training");
     r.ea.phy(Phy::Down { reason: None });
     settled(&r.ea);
     assert_eq!(r.ea.status()["training_ms_left"], serde_json::Value::Null, "the training ended");
     r.ea.phy(Phy::Polling);
     settled(&r.ea);
-    assert!(r.ea.status()["training_ms_left"].as_u64().is_some_and(|ms| ms > 1000), "both poll: training again");
+    assert_eq!(r.ea.status()["training_ms_left"], max_ms, "both poll: training again");
     assert!(!r.ea.link_up() && r.a.wait(0).is_empty() && r.b.wait(0).is_empty(), "no end heard of a link");
 }
 
@@ -216,23 +219,43 @@ fn packets_cross_in_order_only_while_the_link_is_up() {
     assert_eq!((s["to_b"]["packets"].as_u64(), s["to_b"]["dropped_link_down"].as_u64()), (Some(4), Some(1)));
 }
 
+/// One cable fault case: armed on the receiver, the tags it receives in order before time moves, how far
+/// time then moves, the tags it has received then, the tags whose ICRC no longer checks.
+struct FaultCase {
+    spec: &'static str,
+    first: Vec<u8>,
+    wait: Duration,
+    want: Vec<u8>,
+    broken: Vec<u8>,
+}
+
 #[test]
 fn cable_faults_drop_corrupt_delay_and_reorder_the_nth_packet() {
-    // (fault armed on the receiver, tags it receives in order, tags whose ICRC no longer checks)
-    let table: [(&str, Vec<u8>, Vec<u8>); 4] = [
-        ("cable-drop,nth=2", vec![1, 3, 4], vec![]),
-        ("cable-reorder,nth=2", vec![1, 3, 2, 4], vec![]),
-        ("cable-delay,nth=2,ms=50", vec![1, 3, 4, 2], vec![]),
+    let case = |spec, first: &[u8], wait, want: &[u8], broken: &[u8]| FaultCase {
+        spec,
+        first: first.to_vec(),
+        wait,
+        want: want.to_vec(),
+        broken: broken.to_vec(),
+    };
+    let none = Duration::ZERO;
+    let table = [
+        case("cable-drop,nth=2", &[1, 3, 4], none, &[1, 3, 4], &[]),
+        case("cable-reorder,nth=2", &[1, 3, 2, 4], none, &[1, 3, 2, 4], &[]),
+        case("cable-delay,nth=2,ms=50", &[1, 3, 4], Duration::from_millis(50), &[1, 3, 4, 2], &[]),
         // Byte 20 is the tag: the corrupted packet arrives as tag 0x82.
-        ("cable-corrupt,nth=2,byte=20,xor=0x80", vec![1, 0x82, 3, 4], vec![0x82]),
+        case("cable-corrupt,nth=2,byte=20,xor=0x80", &[1, 0x82, 3, 4], none, &[1, 0x82, 3, 4], &[0x82]),
     ];
-    for (spec, want, broken) in table {
+    for FaultCase { spec, first, wait, want, broken } in table {
         let r = rig();
         r.b.probe.faults.arm(FaultSpec::parse(spec).unwrap());
         up(&r);
         for t in 1..=4 {
             r.ea.transmit(packet(t));
         }
+        settled(&r.ea);
+        assert_eq!(r.b.packets().iter().map(|p| tag(p)).collect::<Vec<_>>(), first, "{spec}");
+        r.clock.advance(wait);
         r.b.wait(1 + want.len());
         let got = r.b.packets();
         assert_eq!(got.iter().map(|p| tag(p)).collect::<Vec<_>>(), want, "{spec}");
@@ -277,6 +300,9 @@ fn a_reordered_packet_with_nothing_behind_it_still_arrives() {
     r.b.probe.faults.arm(FaultSpec::parse("cable-reorder,nth=1").unwrap());
     up(&r);
     r.ea.transmit(packet(7));
+    settled(&r.ea);
+    assert!(r.b.packets().is_empty(), "held for the packet that is to overtake it");
+    r.clock.advance(REORDER_WAIT);
     r.b.wait(2);
     assert_eq!(r.b.packets().iter().map(|p| tag(p)).collect::<Vec<_>>(), vec![7]);
 }

@@ -11,31 +11,33 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::hfi1::cable::WirePacket;
-use crate::hfi1::shared::Shared;
+use crate::hfi1::shared::{Shared, WfrFront};
 use crate::hfi1::wfr::pio::{LaunchKind, PBC_DC_INFO, PBC_PACKET_BYPASS, PBC_TEST_EBP, PBC_VL_MASK, PBC_VL_SHIFT};
 use crate::hfi1::wfr::IS_SENDCREDIT_START;
 use crate::trace::{Block, Level, Val};
 
 /// Sends every launch waiting, returning credits as each one is done. Work of an older epoch stops.
-pub(in crate::hfi1) fn run(shared: &Shared, epoch: u64) {
+pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64) {
     let dma = shared.dma();
     loop {
-        let launches = match shared.lock_wfr() {
-            Some(mut w) if shared.current(epoch) => w.take_launches(),
-            _ => return,
-        };
+        if !shared.current(epoch) {
+            return;
+        }
+        let launches = front.lock().take_launches();
         if launches.is_empty() {
             return;
         }
         for l in launches {
             if let LaunchKind::Packet { pbc, body } = &l.kind {
-                send(shared, "pio", l.ctxt, *pbc, body, l.blocks);
+                send(shared, front, "pio", l.ctxt, *pbc, body, l.blocks);
             }
             let cr = {
-                // Under the chip lock, which resets take: a return never lands on a freshly reset context.
-                let _chip = shared.lock_chip();
-                let Some(mut w) = shared.lock_wfr().filter(|_| shared.current(epoch)) else { return };
-                w.credit_returned(&l)
+                // Under the RXE lock, which resets take: a return never lands on a freshly reset context.
+                let _rxe = shared.lock_rxe();
+                if !shared.current(epoch) {
+                    return;
+                }
+                front.lock().credit_returned(&l)
             };
             let Some(cr) = cr else { continue };
             if dma.write_u64(cr.addr, cr.word).is_err() {
@@ -43,8 +45,10 @@ pub(in crate::hfi1) fn run(shared: &Shared, epoch: u64) {
             }
             if cr.interrupt {
                 let source = IS_SENDCREDIT_START + cr.ctxt;
-                let v = shared.lock_wfr().filter(|_| shared.current(epoch)).and_then(|mut w| w.raise(source));
-                if let Some(v) = v {
+                if !shared.current(epoch) {
+                    return;
+                }
+                if let Some(v) = front.lock().raise(source) {
                     shared.raise(v);
                 }
             }
@@ -54,7 +58,15 @@ pub(in crate::hfi1) fn run(shared: &Shared, epoch: u64) {
 
 /// Puts a packet a send context (`source` "pio", `unit` its hardware context, `pieces` its blocks) or an SDMA
 /// engine ("sdma", the engine, its descriptors) launched on the wire: PBC stripped, ICRC appended.
-pub(in crate::hfi1) fn send(shared: &Shared, source: &'static str, unit: u32, pbc: u64, body: &[u8], pieces: u16) {
+pub(in crate::hfi1) fn send(
+    shared: &Shared,
+    front: &WfrFront,
+    source: &'static str,
+    unit: u32,
+    pbc: u64,
+    body: &[u8],
+    pieces: u16,
+) {
     let c = &shared.counters;
     let probe = &shared.probe;
     let fate = if pbc & PBC_PACKET_BYPASS != 0 {
@@ -67,8 +79,8 @@ pub(in crate::hfi1) fn send(shared: &Shared, source: &'static str, unit: u32, pb
                 "dropped: not a 9B packet"
             }
             Ok(pkt) => {
-                let up = shared.lock_wfr().is_some_and(|w| w.link_up());
-                match shared.cable.get() {
+                let up = front.lock().link_up();
+                match front.cable.get() {
                     Some(end) if up => {
                         end.transmit(pkt);
                         c.wire_tx_packets.fetch_add(1, Relaxed);

@@ -22,11 +22,11 @@ use crate::hfi1::cable::wire::{
 use crate::hfi1::cable::WirePacket;
 use crate::hfi1::counters::Counters;
 use crate::hfi1::regs::*;
-use crate::hfi1::rxe::chip::Chip;
 use crate::hfi1::rxe::kdeth::{self, Delivery, Kind};
 use crate::hfi1::rxe::rcv;
 use crate::hfi1::rxe::rhq::{Arrival, Refusal};
-use crate::hfi1::shared::Shared;
+use crate::hfi1::rxe::state::Rxe;
+use crate::hfi1::shared::{Shared, WfrFront};
 use crate::hfi1::wfr::{Wfr, IS_RCVAVAIL_START};
 use crate::trace::{Block, Level, Val};
 
@@ -45,12 +45,12 @@ pub(in crate::hfi1) enum Route {
 
 /// The receive context `pkt` goes to, or why it goes nowhere.
 pub(in crate::hfi1) fn route(
-    chip: &Chip,
+    rxe: &Rxe,
     wfr: &Wfr,
     pkt: &WirePacket,
     counters: &Counters,
 ) -> Result<Route, &'static str> {
-    if chip.global(RCV_CTRL) & RCV_CTRL_RCV_PORT_ENABLE_SMASK == 0 {
+    if rxe.global(RCV_CTRL) & RCV_CTRL_RCV_PORT_ENABLE_SMASK == 0 {
         counters.wire_rx_port_disabled.fetch_add(1, Relaxed);
         return Err("port disabled");
     }
@@ -63,20 +63,20 @@ pub(in crate::hfi1) fn route(
         return Err("DLID filtered");
     }
     let route = if pkt.sc() == SC_VL15 {
-        Route::Ib((chip.global(RCV_VL15) & RCV_VL15_CTXT_MASK) as usize)
+        Route::Ib((rxe.global(RCV_VL15) & RCV_VL15_CTXT_MASK) as usize)
     } else {
-        let kdeth = (chip.global(RCV_BTH_QP) >> RCV_BTH_QP_KDETH_QP_SHIFT) & RCV_BTH_QP_KDETH_QP_MASK;
+        let kdeth = (rxe.global(RCV_BTH_QP) >> RCV_BTH_QP_KDETH_QP_SHIFT) & RCV_BTH_QP_KDETH_QP_MASK;
         let qpn = pkt.dest_qp();
         if kdeth != 0 && u64::from(qpn >> 16) == kdeth {
             Route::Kdeth(kdeth::destqp_ctxt(qpn))
-        } else if chip.global(RCV_CTRL) & RCV_CTRL_RCV_QP_MAP_ENABLE_SMASK != 0 {
-            Route::Ib(chip.qp_map_ctxt(qpn))
+        } else if rxe.global(RCV_CTRL) & RCV_CTRL_RCV_QP_MAP_ENABLE_SMASK != 0 {
+            Route::Ib(rxe.qp_map_ctxt(qpn))
         } else {
             Route::Ib(0)
         }
     };
     let (Route::Ib(ctxt) | Route::Kdeth(ctxt)) = route;
-    if ctxt >= chip.contexts() {
+    if ctxt >= rxe.contexts() {
         counters.wire_rx_bad_context.fetch_add(1, Relaxed);
         return Err("no such receive context");
     }
@@ -92,42 +92,42 @@ enum Step {
 
 /// Drains the port's queue in order, until it is empty or a packet must wait for room. Work of an older
 /// epoch stops.
-pub(in crate::hfi1) fn run(shared: &Shared, epoch: u64) {
+pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64) {
     let dma = shared.dma();
     loop {
         if !shared.current(epoch) {
             return;
         }
-        let Some(pkt) = shared.ingress.lock().unpoison().pop_front() else {
-            shared.ingress_held.store(false, Relaxed);
+        let Some(pkt) = front.ingress.lock().unpoison().pop_front() else {
+            front.ingress_held.store(false, Relaxed);
             return;
         };
-        let step = judge(shared, &pkt);
+        let step = judge(shared, front, &pkt);
         match step {
             Step::Held => {
                 // Back at the head, unless a reset emptied the queue meanwhile (it moves the epoch first).
-                let mut q = shared.ingress.lock().unpoison();
+                let mut q = front.ingress.lock().unpoison();
                 if shared.current(epoch) {
                     q.push_front(pkt);
                 }
                 drop(q);
-                if !shared.ingress_held.swap(true, Relaxed) {
+                if !front.ingress_held.swap(true, Relaxed) {
                     shared.counters.wire_rx_held.fetch_add(1, Relaxed);
                 }
                 return;
             }
             Step::Dropped => {}
-            Step::Placed(plan) => write(shared, dma.as_ref(), &pkt, plan, epoch),
+            Step::Placed(plan) => write(shared, front, dma.as_ref(), &pkt, plan, epoch),
         }
-        shared.ingress_held.store(false, Relaxed);
+        front.ingress_held.store(false, Relaxed);
     }
 }
 
-/// Routes the packet and reserves its slot, under the chip and chip-personality locks.
-fn judge(shared: &Shared, pkt: &WirePacket) -> Step {
-    let mut chip = shared.lock_chip();
-    let Some(wfr) = shared.lock_wfr() else { return Step::Dropped };
-    let route = match route(&chip, &wfr, pkt, &shared.counters) {
+/// Routes the packet and reserves its slot, under the RXE and chip-personality locks.
+fn judge(shared: &Shared, front: &WfrFront, pkt: &WirePacket) -> Step {
+    let mut rxe = shared.lock_rxe();
+    let wfr = front.lock();
+    let route = match route(&rxe, &wfr, pkt, &shared.counters) {
         Ok(r) => r,
         Err(why) => {
             trace(shared, pkt, None, why);
@@ -136,7 +136,7 @@ fn judge(shared: &Shared, pkt: &WirePacket) -> Step {
     };
     drop(wfr);
     let (ctxt, judged) = match route {
-        Route::Kdeth(ctxt) => (ctxt, kdeth::judge(&mut chip, ctxt, pkt, &shared.counters)),
+        Route::Kdeth(ctxt) => (ctxt, kdeth::judge(&mut rxe, ctxt, pkt, &shared.counters)),
         Route::Ib(ctxt) => {
             // A packet whose opcode the chip does not know keeps just its LRH and BTH as header; the driver
             // drops it.
@@ -144,7 +144,7 @@ fn judge(shared: &Shared, pkt: &WirePacket) -> Step {
             let (head, rest) = pkt.bytes.split_at(header);
             let payload = rest.len().saturating_sub(usize::from(pkt.pad()) + ICRC_BYTES);
             let arrival = Arrival::ib(head, rest, payload > 0, pkt.sc4, pkt.icrc_ok());
-            let plan = chip.rhq_reserve(ctxt, &arrival, &shared.counters);
+            let plan = rxe.rhq_reserve(ctxt, &arrival, &shared.counters);
             (ctxt, plan.map(|p| Delivery { kind: Kind::Ib, rhq: Some(p), tid: None }))
         }
     };
@@ -161,7 +161,7 @@ fn judge(shared: &Shared, pkt: &WirePacket) -> Step {
 /// The writes of a placed packet, in the order the driver's polling needs: the TID payload of an expected
 /// packet; then, for a packet with a header queue entry, eager payload, header, RHF, tail; then the tail
 /// register and the interrupt.
-fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, d: Delivery, epoch: u64) {
+fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacket, d: Delivery, epoch: u64) {
     let counters = &shared.counters;
     if let Some((placement, range)) = &d.tid {
         let payload = pkt.bytes.get(range.clone()).unwrap_or_default();
@@ -189,14 +189,14 @@ fn write(shared: &Shared, dma: &dyn DmaAccess, pkt: &WirePacket, d: Delivery, ep
         counters.wire_rx_dma_errors.fetch_add(1, Relaxed);
     }
     let vector = {
-        let mut chip = shared.lock_chip();
+        let mut rxe = shared.lock_rxe();
         if !shared.current(epoch) {
             return;
         }
-        chip.rhq_publish(plan.ctxt, plan.published);
+        rxe.rhq_publish(plan.ctxt, plan.published);
         counters.wire_rx_written.fetch_add(1, Relaxed);
         if plan.interrupt {
-            shared.lock_wfr().and_then(|mut w| w.raise(IS_RCVAVAIL_START + plan.ctxt as u32))
+            front.lock().raise(IS_RCVAVAIL_START + plan.ctxt as u32)
         } else {
             None
         }

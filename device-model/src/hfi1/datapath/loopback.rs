@@ -10,7 +10,7 @@ use vfio_user_proto::dma::DmaAccess;
 
 use crate::hfi1::observe::{self, Fate, HeldInject, InjectOutcome};
 use crate::hfi1::rxe::rcv::{place, place_from, Packet, Placement, RxResult};
-use crate::hfi1::shared::Shared;
+use crate::hfi1::shared::{LbRegs, Shared};
 
 pub use emu_abi::hfi1::{
     LbDescHeader, LB_BASE, LB_DB_DONE, LB_DB_DROPPED, LB_DB_SUBMITTED, LB_DESC_ADDR, LB_DESC_DONE, LB_DESC_ERR,
@@ -54,7 +54,7 @@ enum Delivery {
 
 /// Processes one doorbell: the chain at `desc`, submitted in reset epoch `epoch`. Returns false if reset or
 /// detach stopped it (nothing more is published then).
-pub(in crate::hfi1) fn run_doorbell(shared: &Shared, dma: &dyn DmaAccess, desc: u64, epoch: u64) -> bool {
+pub(in crate::hfi1) fn run_doorbell(shared: &Shared, lb: &LbRegs, dma: &dyn DmaAccess, desc: u64, epoch: u64) -> bool {
     let mut next = desc;
     // A descriptor held back by `packet-reorder`, re-read and delivered after the one that follows it.
     let mut held: Option<u64> = None;
@@ -67,11 +67,11 @@ pub(in crate::hfi1) fn run_doorbell(shared: &Shared, dma: &dyn DmaAccess, desc: 
         if delivery == Delivery::Held {
             held = Some(next);
         } else {
-            if !publish_descriptor(shared, epoch, delivery) {
+            if !publish_descriptor(shared, lb, epoch, delivery) {
                 return false;
             }
             if let Some(h) = held.take() {
-                if !publish_descriptor(shared, epoch, run_descriptor(shared, dma, h, epoch, false).0) {
+                if !publish_descriptor(shared, lb, epoch, run_descriptor(shared, dma, h, epoch, false).0) {
                     return false;
                 }
             }
@@ -80,24 +80,24 @@ pub(in crate::hfi1) fn run_doorbell(shared: &Shared, dma: &dyn DmaAccess, desc: 
             Some(0) | None => {
                 // A held packet with nothing behind it arrives last.
                 if let Some(h) = held.take() {
-                    if !publish_descriptor(shared, epoch, run_descriptor(shared, dma, h, epoch, false).0) {
+                    if !publish_descriptor(shared, lb, epoch, run_descriptor(shared, dma, h, epoch, false).0) {
                         return false;
                     }
                 }
-                return finish(shared, epoch);
+                return finish(shared, lb, epoch);
             }
             Some(n) => next = n,
         }
     }
     // Chain too long (or cyclic): cut, and say so.
     shared.counters.lb_bad_descriptors.fetch_add(1, Ordering::Relaxed);
-    shared.publish(epoch, |lb| lb.last_result.store(u64::from(RxResult::BadDescriptor.code()), Ordering::Release));
-    finish(shared, epoch)
+    shared.publish(epoch, || lb.last_result.store(u64::from(RxResult::BadDescriptor.code()), Ordering::Release));
+    finish(shared, lb, epoch)
 }
 
 /// Publishes one descriptor's result; false when a reset intervened.
-fn publish_descriptor(shared: &Shared, epoch: u64, delivery: Delivery) -> bool {
-    shared.publish(epoch, |lb| {
+fn publish_descriptor(shared: &Shared, lb: &LbRegs, epoch: u64, delivery: Delivery) -> bool {
+    shared.publish(epoch, || {
         if let Delivery::Judged(result) = delivery {
             lb.last_result.store(u64::from(result.code()), Ordering::Release);
             if result != RxResult::Placed {
@@ -108,8 +108,8 @@ fn publish_descriptor(shared: &Shared, epoch: u64, delivery: Delivery) -> bool {
     })
 }
 
-fn finish(shared: &Shared, epoch: u64) -> bool {
-    let done = shared.publish(epoch, |lb| {
+fn finish(shared: &Shared, lb: &LbRegs, epoch: u64) -> bool {
+    let done = shared.publish(epoch, || {
         lb.db_done.fetch_add(1, Ordering::AcqRel);
     });
     if done {
@@ -215,7 +215,7 @@ pub(in crate::hfi1) fn inject(
     out
 }
 
-/// Judges a packet of `len` payload bytes under the chip lock, then places it with the lock dropped.
+/// Judges a packet of `len` payload bytes under the RXE lock, then places it with the lock dropped.
 fn judge(
     shared: &Shared,
     pkt: &Packet,
@@ -225,12 +225,12 @@ fn judge(
     place: impl FnOnce(&Placement) -> RxResult,
 ) -> RxResult {
     let plan = {
-        let mut chip = shared.lock_chip();
+        let mut rxe = shared.lock_rxe();
         if !shared.current(epoch) {
             return RxResult::Aborted;
         }
-        observe::shift_generation(&shared.probe, &mut chip, pkt);
-        chip.receive(pkt, len, &shared.counters)
+        observe::shift_generation(&shared.probe, &mut rxe, pkt);
+        rxe.receive(pkt, len, &shared.counters)
     };
     let result = match plan {
         Ok(p) if shared.current(epoch) => place(&p),
@@ -244,7 +244,6 @@ fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hfi1::shared::LbRegs;
 
     #[test]
     fn loopback_registers_read_and_reset() {

@@ -11,8 +11,7 @@ use vfio_user_proto::sync::Unpoison;
 use super::ingress::INGRESS_QUEUE;
 use super::worker::Job;
 use crate::hfi1::cable::{LinkEvent, Neighbor, Port, WirePacket};
-use crate::hfi1::config::Personality;
-use crate::hfi1::shared::Shared;
+use crate::hfi1::shared::{Shared, WfrFront};
 use crate::probe::Probe;
 use crate::trace::{Block, Level, Val};
 use crate::worker::WorkQueue;
@@ -36,24 +35,23 @@ pub(in crate::hfi1) fn kick(worker: &WorkQueue<Job>, shared: &Shared, pending: &
 
 pub(in crate::hfi1) struct HfiPort {
     pub(in crate::hfi1) shared: Arc<Shared>,
+    /// The chip's state beside the RXE (the port is the chip personality's).
+    pub(in crate::hfi1) front: Arc<WfrFront>,
     /// The engine's worker; gone once the engine is.
     pub(in crate::hfi1) worker: Weak<WorkQueue<Job>>,
     pub(in crate::hfi1) guid: u64,
 }
 
 impl HfiPort {
-    pub(in crate::hfi1) fn new(shared: Arc<Shared>, worker: Weak<WorkQueue<Job>>, personality: Personality) -> Self {
-        let guid = match personality {
-            Personality::Wfr(shape) => shape.guid,
-            Personality::Emu => 0,
-        };
-        HfiPort { shared, worker, guid }
+    pub(in crate::hfi1) fn new(shared: Arc<Shared>, front: Arc<WfrFront>, worker: Weak<WorkQueue<Job>>) -> Self {
+        let guid = front.lock().shape().guid;
+        HfiPort { shared, front, worker, guid }
     }
 }
 
 impl Port for HfiPort {
     fn identity(&self) -> Neighbor {
-        let verify_cap = self.shared.lock_wfr().map(|w| w.verify_cap_frame()).unwrap_or_default();
+        let verify_cap = self.front.lock().verify_cap_frame();
         Neighbor { guid: self.guid, node_type: NODE_TYPE_HFI, port: HFI_PORT, verify_cap }
     }
 
@@ -62,22 +60,22 @@ impl Port for HfiPort {
     }
 
     fn link(&self, event: LinkEvent) -> bool {
-        apply_link(&self.shared, event, true)
+        apply_link(&self.shared, &self.front, event, true)
     }
 
     fn receive(&self, packet: WirePacket) {
         if let Some(worker) = self.worker.upgrade() {
-            arrive(&self.shared, &worker, packet, true);
+            arrive(&self.shared, &self.front, &worker, packet, true);
         }
     }
 }
 
 /// What the cable (or a control request standing in for it) tells the port. `record`: log it in the session
 /// being recorded as the control request a replay issues at the same point.
-pub(in crate::hfi1) fn apply_link(shared: &Shared, event: LinkEvent, record: bool) -> bool {
+pub(in crate::hfi1) fn apply_link(shared: &Shared, front: &WfrFront, event: LinkEvent, record: bool) -> bool {
     let applied = {
-        let _chip = shared.lock_chip();
-        let applied = shared.lock_wfr().and_then(|mut w| w.link_event(event));
+        let _rxe = shared.lock_rxe();
+        let applied = front.lock().link_event(event);
         if record {
             let request = || match event {
                 LinkEvent::Up(n) => {
@@ -120,10 +118,16 @@ pub(in crate::hfi1) fn apply_link(shared: &Shared, event: LinkEvent, record: boo
 
 /// A packet from the wire: queued for the worker (false: the queue was full, the packet is dropped and
 /// counted). `record` as for [`apply_link`].
-pub(in crate::hfi1) fn arrive(shared: &Shared, worker: &WorkQueue<Job>, packet: WirePacket, record: bool) -> bool {
+pub(in crate::hfi1) fn arrive(
+    shared: &Shared,
+    front: &WfrFront,
+    worker: &WorkQueue<Job>,
+    packet: WirePacket,
+    record: bool,
+) -> bool {
     shared.counters.wire_rx_packets.fetch_add(1, Ordering::Relaxed);
     let queued = {
-        let mut q = shared.ingress.lock().unpoison();
+        let mut q = front.ingress.lock().unpoison();
         let queued = q.len() < INGRESS_QUEUE;
         if record {
             let request = || {
@@ -140,7 +144,7 @@ pub(in crate::hfi1) fn arrive(shared: &Shared, worker: &WorkQueue<Job>, packet: 
         queued
     };
     if queued {
-        kick(worker, shared, &shared.ingress_kicked, Job::Ingress);
+        kick(worker, shared, &front.ingress_kicked, Job::Ingress);
     }
     queued
 }

@@ -9,7 +9,7 @@ use crossbeam_channel::Sender;
 use super::{egress, ingress, loopback};
 use crate::hfi1::observe::InjectOutcome;
 use crate::hfi1::rxe::rcv::{Packet, RxResult};
-use crate::hfi1::shared::Shared;
+use crate::hfi1::shared::{Front, Shared};
 use crate::hfi1::wfr::sdma::walk as sdma_walk;
 use crate::worker::{JobTag, Stamped};
 use vfio_user_proto::sync::Unpoison;
@@ -45,14 +45,17 @@ impl JobTag for Job {
     }
 }
 
+/// Runs `job`. The register path queues doorbells only on the loopback front and the port's jobs only on the
+/// chip's; a job that meets the other front has nothing to do.
 pub(in crate::hfi1) fn run_job(shared: &Shared, Stamped { epoch, job }: Stamped<Job>) {
-    match job {
-        Job::Doorbell { desc } => {
+    use std::sync::atomic::Ordering::{AcqRel, Release};
+    match (job, &shared.front) {
+        (Job::Doorbell { desc }, Front::Loopback(lb)) => {
             if shared.current(epoch) {
-                loopback::run_doorbell(shared, shared.dma().as_ref(), desc, epoch);
+                loopback::run_doorbell(shared, lb, shared.dma().as_ref(), desc, epoch);
             }
         }
-        Job::Inject { packet, payload, reply } => {
+        (Job::Inject { packet, payload, reply }, _) => {
             let result = if shared.current(epoch) {
                 let mut held = shared.held_inject.lock().unpoison();
                 loopback::inject(shared, shared.dma().as_ref(), packet, payload, epoch, &mut held)
@@ -61,17 +64,19 @@ pub(in crate::hfi1) fn run_job(shared: &Shared, Stamped { epoch, job }: Stamped<
             };
             let _ = reply.try_send(result);
         }
-        Job::Egress => {
-            shared.egress_kicked.store(false, std::sync::atomic::Ordering::Release);
-            egress::run(shared, epoch);
+        (Job::Egress, Front::Wfr(front)) => {
+            front.egress_kicked.store(false, Release);
+            egress::run(shared, front, epoch);
         }
-        Job::Sdma { engine } => {
-            shared.sdma_kicked.fetch_and(!(1 << engine), std::sync::atomic::Ordering::AcqRel);
-            sdma_walk::run(shared, epoch, engine);
+        (Job::Sdma { engine }, Front::Wfr(front)) => {
+            front.sdma_kicked.fetch_and(!(1 << engine), AcqRel);
+            sdma_walk::run(shared, front, epoch, engine);
         }
-        Job::Ingress => {
-            shared.ingress_kicked.store(false, std::sync::atomic::Ordering::Release);
-            ingress::run(shared, epoch);
+        (Job::Ingress, Front::Wfr(front)) => {
+            front.ingress_kicked.store(false, Release);
+            ingress::run(shared, front, epoch);
+        }
+        (Job::Doorbell { .. }, Front::Wfr(_)) | (Job::Egress | Job::Sdma { .. } | Job::Ingress, Front::Loopback(_)) => {
         }
     }
 }

@@ -1,5 +1,5 @@
 //! KDETH packets from the cable: TID RDMA as the receiving chip sees it (docs/hfi1-fabric.md, "TID RDMA on
-//! the wire"). Runs under the chip lock, from ingress.rs, once the port has routed a packet whose BTH
+//! the wire"). Runs under the RXE lock, from ingress.rs, once the port has routed a packet whose BTH
 //! DestQP[23:16] is RCV_BTH_QP.KDETH_QP to the context in DestQP[7:0].
 //!
 //! The header queue takes LRH, BTH and RCV_HDR_SIZE dwords of KDETH header. TIDCTRL 0 makes an EAGER entry
@@ -15,7 +15,6 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::chip::Chip;
 use super::flow::{FlowCheck, FlowEntry};
 #[cfg(test)]
 use super::rcv::full_flow_psn;
@@ -25,6 +24,7 @@ use super::rhq::{
     RHF_RTE_ERROR_KHDR_KVER_ERR, RHF_RTE_ERROR_KHDR_MIN_LEN_ERR, RHF_RTE_EXPECTED_FLOW_GEN_ERR,
     RHF_RTE_EXPECTED_FLOW_SEQ_ERR, RHF_TID_ERR,
 };
+use super::state::Rxe;
 use crate::hfi1::cable::wire::{WirePacket, BTH_BYTES, ICRC_BYTES, LRH_BYTES};
 use crate::hfi1::counters::Counters;
 use crate::hfi1::regs::{
@@ -72,21 +72,21 @@ pub struct Delivery {
 
 /// Judges a KDETH packet for context `ctxt` and reserves what it takes. On success the context, the flow
 /// and the eager state have moved past the packet; on refusal nothing changed but the drop counters.
-pub fn judge(chip: &mut Chip, ctxt: usize, pkt: &WirePacket, counters: &Counters) -> Result<Delivery, Refusal> {
+pub fn judge(rxe: &mut Rxe, ctxt: usize, pkt: &WirePacket, counters: &Counters) -> Result<Delivery, Refusal> {
     // A suppressed packet takes no entry, so rhq_reserve's check would not see a disabled context.
-    if chip.ctxt_ctrl(ctxt) & RCV_CTXT_CTRL_ENABLE_SMASK == 0 {
+    if rxe.ctxt_ctrl(ctxt) & RCV_CTXT_CTRL_ENABLE_SMASK == 0 {
         counters.rx_context_disabled.fetch_add(1, Relaxed);
         return Err(Refusal::Drop("context disabled"));
     }
     let khdr = pkt.bth_offset().unwrap_or(LRH_BYTES) + BTH_BYTES;
-    let hdr_size = (chip.kctxt(ctxt, RCV_HDR_SIZE).unwrap_or(0) & RCV_HDR_SIZE_HDR_SIZE_MASK) as usize * 4;
+    let hdr_size = (rxe.kctxt(ctxt, RCV_HDR_SIZE).unwrap_or(0) & RCV_HDR_SIZE_HDR_SIZE_MASK) as usize * 4;
     let header_len = khdr + hdr_size.max(KDETH_BYTES);
     // The wire holds whole dwords with the ICRC last (WirePacket::seal).
     let body = pkt.bytes.len().saturating_sub(ICRC_BYTES);
     if header_len > body {
         let (header, rest) = pkt.bytes.split_at(body);
         let why = "KDETH header too short";
-        let d = error_entry(chip, ctxt, pkt, (header, rest), RHF_RTE_ERROR_KHDR_MIN_LEN_ERR, why, counters)?;
+        let d = error_entry(rxe, ctxt, pkt, (header, rest), RHF_RTE_ERROR_KHDR_MIN_LEN_ERR, why, counters)?;
         counters.rx_khdr_min_len.fetch_add(1, Relaxed);
         return Ok(d);
     }
@@ -96,7 +96,7 @@ pub fn judge(chip: &mut Chip, ctxt: usize, pkt: &WirePacket, counters: &Counters
     let p = Packet { kdeth0: word(khdr), dest_qp: pkt.dest_qp(), psn: pkt.psn() };
     if (p.kdeth0 >> KDETH_KVER_SHIFT) & KDETH_KVER_MASK != KDETH_KVER {
         let why = "KDETH version not 1";
-        let d = error_entry(chip, ctxt, pkt, (header, rest), RHF_RTE_ERROR_KHDR_KVER_ERR, why, counters)?;
+        let d = error_entry(rxe, ctxt, pkt, (header, rest), RHF_RTE_ERROR_KHDR_KVER_ERR, why, counters)?;
         counters.rx_khdr_kver.fetch_add(1, Relaxed);
         return Ok(d);
     }
@@ -107,7 +107,7 @@ pub fn judge(chip: &mut Chip, ctxt: usize, pkt: &WirePacket, counters: &Counters
             tid_err_without_eager: true,
             ..Arrival::ib(header, rest, !payload.is_empty(), pkt.sc4, pkt.icrc_ok())
         };
-        let plan = chip.rhq_reserve(ctxt, &a, counters)?;
+        let plan = rxe.rhq_reserve(ctxt, &a, counters)?;
         let kind = if plan.rhf & RHF_TID_ERR != 0 {
             counters.wire_rx_kdeth_errors.fetch_add(1, Relaxed);
             Kind::Error("no eager room (TidErr)")
@@ -117,12 +117,12 @@ pub fn judge(chip: &mut Chip, ctxt: usize, pkt: &WirePacket, counters: &Counters
         };
         return Ok(Delivery { kind, rhq: Some(plan), tid: None });
     }
-    expected(chip, ctxt, pkt, &p, (header, rest), payload, counters)
+    expected(rxe, ctxt, pkt, &p, (header, rest), payload, counters)
 }
 
 /// An expected packet (TIDCTRL 1..=3): flow, TIDs, placement, and the entry unless suppressed.
 fn expected(
-    chip: &mut Chip,
+    rxe: &mut Rxe,
     ctxt: usize,
     pkt: &WirePacket,
     p: &Packet,
@@ -139,14 +139,14 @@ fn expected(
     // A corrupted packet is neither placed nor counted by its flow: its entry carries IcrcErr, which the
     // kernel drops (hfi1_handle_kdeth_eflags), and the next packet's sequence error starts the recovery.
     if !icrc_ok {
-        let plan = chip.rhq_reserve(ctxt, &entry(0), counters)?;
+        let plan = rxe.rhq_reserve(ctxt, &entry(0), counters)?;
         counters.wire_rx_kdeth_errors.fetch_add(1, Relaxed);
         return Ok(Delivery { kind: Kind::Error("bad ICRC"), rhq: Some(plan), tid: None });
     }
-    let flow_checked = chip.ctxt_ctrl(ctxt) & RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK != 0;
+    let flow_checked = rxe.ctxt_ctrl(ctxt) & RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK != 0;
     let (outcome, flow) = if flow_checked {
-        let flow = FlowEntry::decode(chip.flows.read(ctxt, p.flow()).unwrap_or(0));
-        (chip.flows.peek(ctxt, p.flow(), p.generation(), p.sequence()), flow)
+        let flow = FlowEntry::decode(rxe.flows.read(ctxt, p.flow()).unwrap_or(0));
+        (rxe.flows.peek(ctxt, p.flow(), p.generation(), p.sequence()), flow)
     } else {
         (FlowCheck::Match, FlowEntry::default())
     };
@@ -156,7 +156,7 @@ fn expected(
             return Err(Refusal::Drop("flow not valid"));
         }
         Some(r) => Err(r),
-        None => chip.tid_placement(ctxt, p, p.tidctrl(), payload.len() as u64, counters),
+        None => rxe.tid_placement(ctxt, p, p.tidctrl(), payload.len() as u64, counters),
     };
     match judged {
         Ok(placement) => {
@@ -165,9 +165,9 @@ fn expected(
             let after_seq_err = outcome == FlowCheck::MatchAfterSeqErr;
             let errors = if after_seq_err { RHF_RTE_EXPECTED_FLOW_SEQ_ERR << RHF_RCV_TYPE_ERR_SHIFT } else { 0 };
             let suppressed = !after_seq_err && flow.hdr_supp_en && (p.kdeth0 >> KDETH_SH_SHIFT) & 1 != 0;
-            let rhq = if suppressed { None } else { Some(chip.rhq_reserve(ctxt, &entry(errors), counters)?) };
+            let rhq = if suppressed { None } else { Some(rxe.rhq_reserve(ctxt, &entry(errors), counters)?) };
             if flow_checked {
-                chip.flows.accept(ctxt, p.flow());
+                rxe.flows.accept(ctxt, p.flow());
             }
             counters.wire_rx_kdeth_expected.fetch_add(1, Relaxed);
             if suppressed {
@@ -187,8 +187,8 @@ fn expected(
                 RxResult::TidInvalidEntry => (RHF_TID_ERR, "TID entry not valid (TidErr)"),
                 _ => (RHF_TID_ERR, "payload beyond the TID's buffer (TidErr)"),
             };
-            let plan = chip.rhq_reserve(ctxt, &entry(errors), counters)?;
-            chip.flows.record(ctxt, p.flow(), outcome);
+            let plan = rxe.rhq_reserve(ctxt, &entry(errors), counters)?;
+            rxe.flows.record(ctxt, p.flow(), outcome);
             count_refusal(r, counters);
             counters.wire_rx_kdeth_errors.fetch_add(1, Relaxed);
             Ok(Delivery { kind: Kind::Error(why), rhq: Some(plan), tid: None })
@@ -198,7 +198,7 @@ fn expected(
 
 /// An ERROR entry of RcvTypeErr `rte`: the header only.
 fn error_entry(
-    chip: &mut Chip,
+    rxe: &mut Rxe,
     ctxt: usize,
     pkt: &WirePacket,
     (header, rest): (&[u8], &[u8]),
@@ -211,7 +211,7 @@ fn error_entry(
         errors: rte << RHF_RCV_TYPE_ERR_SHIFT,
         ..Arrival::ib(header, rest, false, pkt.sc4, pkt.icrc_ok())
     };
-    let plan = chip.rhq_reserve(ctxt, &a, counters)?;
+    let plan = rxe.rhq_reserve(ctxt, &a, counters)?;
     counters.wire_rx_kdeth_errors.fetch_add(1, Relaxed);
     Ok(Delivery { kind: Kind::Error(why), rhq: Some(plan), tid: None })
 }

@@ -10,18 +10,13 @@ use super::*;
 use crate::hfi1::cable::wire::WirePacket;
 use crate::hfi1::regs::*;
 use crate::hfi1::rxe::rhq::RHF_USE_EGR_BFR;
-use crate::hfi1::shm::SharedWords;
+use crate::hfi1::rxe::test_context::{self, EAGER, ENTRIES, ENTSIZE};
 
 const CTXT: usize = 2;
 const FLOW: u32 = 3;
 /// kern_set_hw_flow(0x12345): generation << 11, FLOW_VALID, HDR_SUPP_EN, both KEEP bits, W1C status.
 const GEN: u32 = 0x12345;
 const FLOW_VALUE: u64 = 0x0000_006F_091A_2800;
-const HDRQ: u64 = 0x10_0000;
-const ENTRIES: u64 = 64;
-const ENTSIZE: u64 = 32;
-const EAGER: u64 = 0x40_0000;
-const EGR_SIZE: u64 = 16 * 1024;
 /// The context's expected range: RcvArray entries 2048.. (RCV_TID_CTRL base 256, 128 pair groups).
 const TID_BASE: u64 = 2048;
 /// TID pair 2 (entries 2052, 2053): 8 KiB at EVEN_BUF, 4 KiB at ODD_BUF (hfi1_put_tid PT_EXPECTED).
@@ -33,30 +28,16 @@ const READ_REQ: u8 = 0xE4;
 const READ_RESP: u8 = 0xE5;
 const ACK: u8 = 0xE7;
 
-/// Context 2 as hfi1_rcvctrl enables a kernel context with TID RDMA: 64 entries of 32 dwords,
-/// RCV_HDR_SIZE 9, 8 eager buffers of 16 KiB (entries 0..8), TID_FLOW_ENABLE, and `extra` control bits.
-fn chip(extra: u64) -> (Chip, Counters) {
-    let n = Counters::default();
-    let mut c = Chip::new(4, SharedWords::new("kdeth", RCV_ARRAY, 4096).unwrap(), false);
-    let k = |reg| kctxt_csr(reg, CTXT as u64);
-    c.write(k(RCV_HDR_ADDR), HDRQ, &n);
-    c.write(k(RCV_HDR_CNT), ENTRIES >> 5, &n);
-    c.write(k(RCV_HDR_ENT_SIZE), 4, &n);
-    c.write(k(RCV_HDR_SIZE), 9, &n);
-    c.write(k(RCV_EGR_CTRL), (8 >> 3) << 32, &n);
-    c.write(k(RCV_TID_CTRL), (128 << 32) | (TID_BASE >> 3), &n);
-    for i in 0..8 {
-        c.write(RCV_ARRAY + 8 * i, (1 << 63) | (3 << 36) | ((EAGER + i * EGR_SIZE) >> 12), &n);
-    }
-    c.write(RCV_ARRAY + 8 * (TID_BASE + 4), (1 << 63) | (2 << 36) | (EVEN_BUF >> 12), &n);
-    c.write(RCV_ARRAY + 8 * (TID_BASE + 5), (1 << 63) | (1 << 36) | (ODD_BUF >> 12), &n);
-    c.write(tid_flow_csr(CTXT as u64, u64::from(FLOW)), FLOW_VALUE, &n);
-    let ctrl = RCV_CTXT_CTRL_ENABLE_SMASK
-        | RCV_CTXT_CTRL_INTR_AVAIL_SMASK
-        | RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK
-        | (3 << RCV_CTXT_CTRL_EGR_BUF_SIZE_SHIFT);
-    c.write(k(RCV_CTXT_CTRL), ctrl | extra, &n);
-    (c, n)
+/// Context 2 as hfi1_rcvctrl enables a kernel context with TID RDMA: RCV_HDR_SIZE 9, the expected range
+/// with TID pair 2 programmed, flow 3 set as kern_set_hw_flow sets it, TID_FLOW_ENABLE, and `extra` control bits.
+fn rxe(extra: u64) -> (Rxe, Counters) {
+    test_context::enabled("kdeth", CTXT, RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK | extra, |c, n| {
+        c.write(kctxt_csr(RCV_HDR_SIZE, CTXT as u64), 9, n);
+        c.write(kctxt_csr(RCV_TID_CTRL, CTXT as u64), (128 << 32) | (TID_BASE >> 3), n);
+        c.write(RCV_ARRAY + 8 * (TID_BASE + 4), (1 << 63) | (2 << 36) | (EVEN_BUF >> 12), n);
+        c.write(RCV_ARRAY + 8 * (TID_BASE + 5), (1 << 63) | (1 << 36) | (ODD_BUF >> 12), n);
+        c.write(tid_flow_csr(CTXT as u64, u64::from(FLOW)), FLOW_VALUE, n);
+    })
 }
 
 /// A KDETH packet as the kernel builds one: LRH (VL 0, BTH next), BTH (`opcode`, pad, DestQP
@@ -102,7 +83,7 @@ impl K {
     }
 }
 
-fn judge_k(c: &mut Chip, n: &Counters, k: &K) -> Result<Delivery, Refusal> {
+fn judge_k(c: &mut Rxe, n: &Counters, k: &K) -> Result<Delivery, Refusal> {
     judge(c, CTXT, &k.wire(), n)
 }
 
@@ -116,12 +97,12 @@ fn decoded(rhf: u64) -> (u64, u64, bool, bool) {
     (field(rhf, 12, 7), field(rhf, 56, 7), rhf & (1 << 59) != 0, rhf & (1 << 15) != 0)
 }
 
-fn flow_raw(c: &Chip) -> u64 {
+fn flow_raw(c: &Rxe) -> u64 {
     c.flows.read(CTXT, FLOW as usize).unwrap()
 }
 
 /// read_r_next_psn: the low 31 bits of the flow entry.
-fn next_psn(c: &Chip) -> u32 {
+fn next_psn(c: &Rxe) -> u32 {
     (flow_raw(c) & 0x7FFF_FFFF) as u32
 }
 
@@ -130,7 +111,7 @@ fn eager_kdeth_packets_make_eager_entries_and_payload_goes_to_an_eager_buffer() 
     // (packet, eager used): READ_REQ carries the TID list, WRITE_REQ and ACK only headers.
     let table = [(eager(READ_REQ, 256), true), (eager(WRITE_REQ, 0), false), (eager(ACK, 0), false)];
     for (k, uses_eager) in table {
-        let (mut c, n) = chip(0);
+        let (mut c, n) = rxe(0);
         let d = judge_k(&mut c, &n, &k).unwrap();
         let plan = d.rhq.unwrap();
         assert_eq!(decoded(plan.rhf), (1, 0, false, uses_eager), "RHF_RCV_TYPE_EAGER, opcode {:#x}", k.opcode);
@@ -145,7 +126,7 @@ fn eager_kdeth_packets_make_eager_entries_and_payload_goes_to_an_eager_buffer() 
 
 #[test]
 fn in_sequence_expected_packets_are_placed_and_only_the_last_of_a_segment_makes_an_entry() {
-    let (mut c, n) = chip(0);
+    let (mut c, n) = rxe(0);
     // Three packets of a segment into TID pair 2's even entry (OM 64): SH on all but the last.
     let table = [(data(0, 0, true), EVEN_BUF, false), (data(1, 64, true), EVEN_BUF + 4096, false)];
     for (k, iova, entry) in table {
@@ -179,7 +160,7 @@ fn flow_errors_make_expected_entries_with_the_kernels_receive_type_error_and_pla
         (data(2047, 0, false), 2, seq_mismatch),
     ];
     for (k, rte, status) in table {
-        let (mut c, n) = chip(0);
+        let (mut c, n) = rxe(0);
         let d = judge_k(&mut c, &n, &k).unwrap();
         assert_eq!(d.tid, None, "rte {rte}: nothing placed");
         let plan = d.rhq.expect("an error is never suppressed");
@@ -283,7 +264,7 @@ fn after_a_sequence_error_the_flow_reports_every_packet_until_the_kernel_writes_
     ];
     let status = RCV_TID_FLOW_TABLE_STATUS_SEQ_MISMATCH_SMASK | RCV_TID_FLOW_TABLE_STATUS_GEN_MISMATCH_SMASK;
     for (name, steps) in scenarios {
-        let (mut c, n) = chip(0);
+        let (mut c, n) = rxe(0);
         for (i, (step, (entry, placed, next_after))) in steps.into_iter().enumerate() {
             match step {
                 Pkt { gen, seq, last } => {
@@ -319,7 +300,7 @@ fn tid_errors_make_entries_with_tid_err_and_leave_the_flow_where_it_was() {
         (K { kdeth0: kdeth0(1, 2, 2, false), ..data(0, 0, false) }, RxResult::BufferOverrun),
     ];
     for (k, why) in table {
-        let (mut c, n) = chip(0);
+        let (mut c, n) = rxe(0);
         let d = judge_k(&mut c, &n, &k).unwrap();
         assert_eq!(d.tid, None, "{why:?}");
         assert_eq!(decoded(d.rhq.unwrap().rhf), (0, 0, true, false), "{why:?}: EXPECTED with RHF_TID_ERR");
@@ -345,7 +326,7 @@ fn malformed_kdeth_headers_make_error_entries() {
     let kver = |v: u32| K { kdeth0: kdeth0(0, 2, 1, false) & !(3 << 30) | (v << 30), ..data(0, 0, false) }.wire();
     let table = [(short, 2, 40 + 4), (kver(0), 4, 56 + 4096 + 4), (kver(2), 4, 56 + 4096 + 4)];
     for (pkt, rte, len) in table {
-        let (mut c, n) = chip(0);
+        let (mut c, n) = rxe(0);
         let d = judge(&mut c, CTXT, &pkt, &n).unwrap();
         let plan = d.rhq.unwrap();
         assert_eq!(decoded(plan.rhf), (3, rte, false, false), "RHF_RCV_TYPE_ERROR");
@@ -359,7 +340,7 @@ fn an_eager_kdeth_packet_without_eager_room_gets_tid_err_or_waits_with_dont_drop
     // 10000 bytes and the ICRC take 157 of a buffer's 256 blocks: one packet per buffer.
     let big = eager(READ_REQ, 10000);
     for (dont_drop, held) in [(false, false), (true, true)] {
-        let (mut c, n) = chip(if dont_drop { RCV_CTXT_CTRL_DONT_DROP_EGR_FULL_SMASK } else { 0 });
+        let (mut c, n) = rxe(if dont_drop { RCV_CTXT_CTRL_DONT_DROP_EGR_FULL_SMASK } else { 0 });
         for _ in 0..8 {
             assert!(judge_k(&mut c, &n, &big).unwrap().rhq.unwrap().rhf & RHF_USE_EGR_BFR != 0);
         }
@@ -379,7 +360,7 @@ fn an_eager_kdeth_packet_without_eager_room_gets_tid_err_or_waits_with_dont_drop
 
 #[test]
 fn an_expected_packet_waiting_for_header_queue_room_changes_nothing_until_it_has_room() {
-    let (mut c, n) = chip(RCV_CTXT_CTRL_DONT_DROP_RHQ_FULL_SMASK);
+    let (mut c, n) = rxe(RCV_CTXT_CTRL_DONT_DROP_RHQ_FULL_SMASK);
     for _ in 0..ENTRIES - 1 {
         judge_k(&mut c, &n, &eager(ACK, 0)).unwrap();
     }
@@ -398,7 +379,7 @@ fn an_expected_packet_waiting_for_header_queue_room_changes_nothing_until_it_has
 
 #[test]
 fn without_tid_flow_enable_the_flow_is_not_consulted_and_every_packet_makes_an_entry() {
-    let (mut c, n) = chip(0);
+    let (mut c, n) = rxe(0);
     let k = kctxt_csr(RCV_CTXT_CTRL, CTXT as u64);
     let ctrl = RCV_CTXT_CTRL_ENABLE_SMASK | (3 << RCV_CTXT_CTRL_EGR_BUF_SIZE_SHIFT);
     c.write(k, ctrl, &n);
@@ -410,7 +391,7 @@ fn without_tid_flow_enable_the_flow_is_not_consulted_and_every_packet_makes_an_e
 
 #[test]
 fn packets_a_context_cannot_judge_are_dropped_by_cause() {
-    let (mut c, n) = chip(0);
+    let (mut c, n) = rxe(0);
     c.flows.write(CTXT, FLOW as usize, FLOW_VALUE & !RCV_TID_FLOW_TABLE_CTRL_FLOW_VALID_SMASK);
     assert_eq!(judge_k(&mut c, &n, &data(0, 0, true)), Err(Refusal::Drop("flow not valid")));
     assert_eq!(judge(&mut c, 1, &data(0, 0, true).wire(), &n), Err(Refusal::Drop("context disabled")));
@@ -419,7 +400,7 @@ fn packets_a_context_cannot_judge_are_dropped_by_cause() {
 
 #[test]
 fn a_corrupted_expected_packet_makes_an_icrc_err_entry_and_is_not_placed() {
-    let (mut c, n) = chip(0);
+    let (mut c, n) = rxe(0);
     let mut pkt = data(0, 0, true).wire();
     pkt.bytes[100] ^= 0xFF;
     let d = judge(&mut c, CTXT, &pkt, &n).unwrap();
@@ -435,7 +416,7 @@ fn a_corrupted_expected_packet_makes_an_icrc_err_entry_and_is_not_placed() {
 /// PT_INVALID (BUF_SIZE 0) releases a TID without programming one.
 #[test]
 fn programmed_tids_and_flows_are_counted_apart_from_eager_buffers_parked_flows_and_invalidations() {
-    let (mut c, n) = chip(0);
+    let (mut c, n) = rxe(0);
     assert_eq!(n.rcv_array_expected_programmed.load(Relaxed), 2);
     assert_eq!(n.flows_programmed.load(Relaxed), 1);
     assert_eq!(n.flows_parked.load(Relaxed), 0);

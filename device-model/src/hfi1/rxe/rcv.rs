@@ -1,5 +1,5 @@
 //! The receive engine: checks a TID RDMA data packet against its context, flow and RcvArray entry, and
-//! places the payload. Checking happens under the chip lock; the DMA happens after it is dropped.
+//! places the payload. Checking happens under the RXE lock; the DMA happens after it is dropped.
 
 #![forbid(unsafe_code)]
 
@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use vfio_user_proto::dma::{DmaAccess, DmaError};
 
-use super::chip::Chip;
 use super::flow::FlowCheck;
+use super::state::Rxe;
 use crate::hfi1::counters::Counters;
 use crate::hfi1::regs::{RCV_CTXT_CTRL_ENABLE_SMASK, RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK};
 
@@ -140,7 +140,7 @@ pub fn count_refusal(r: RxResult, counters: &Counters) {
     count(c);
 }
 
-impl Chip {
+impl Rxe {
     /// Judges a packet of `len` payload bytes. On success the flow's sequence has advanced and the returned
     /// placement lies wholly inside the entry's buffer. On failure nothing but the flow status changed.
     pub fn receive(&mut self, pkt: &Packet, len: u64, counters: &Counters) -> Result<Placement, RxResult> {
@@ -238,7 +238,7 @@ pub fn flow_refusal(outcome: FlowCheck) -> Option<RxResult> {
     }
 }
 
-/// DMAs an accepted payload. Call without holding the chip lock.
+/// DMAs an accepted payload. Call without holding the RXE lock.
 pub fn place(dma: &dyn DmaAccess, placement: &Placement, payload: &[u8], counters: &Counters) -> RxResult {
     let len = payload.len() as u64;
     put(placement, len, counters, |from, at, n| {
@@ -252,7 +252,7 @@ pub fn place(dma: &dyn DmaAccess, placement: &Placement, payload: &[u8], counter
 }
 
 /// Places an accepted payload of `len` bytes that sits in DMA memory at `src` with one DMA copy, without
-/// bringing it into the device. Call without holding the chip lock.
+/// bringing it into the device. Call without holding the RXE lock.
 pub fn place_from(dma: &dyn DmaAccess, placement: &Placement, src: u64, len: u64, counters: &Counters) -> RxResult {
     put(placement, len, counters, |from, at, n| {
         let src = src.checked_add(from).ok_or(DmaError::Overflow { iova: src, len })?;
@@ -308,25 +308,25 @@ mod tests {
     const ODD_BUF: u64 = 0x20000000;
 
     struct Rig {
-        chip: Chip,
+        rxe: Rxe,
         counters: Counters,
         mem: HeapMemory,
     }
 
     fn rig() -> Rig {
-        let mut chip = Chip::new(8, SharedWords::new("t", RCV_ARRAY, 4096).unwrap(), true);
+        let mut rxe = Rxe::new(8, SharedWords::new("t", RCV_ARRAY, 4096).unwrap(), true);
         let counters = Counters::default();
         let ctrl = RCV_CTXT_CTRL_ENABLE_SMASK | RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK;
-        chip.write(kctxt_csr(RCV_CTXT_CTRL, 2), ctrl, &counters);
+        rxe.write(kctxt_csr(RCV_CTXT_CTRL, 2), ctrl, &counters);
         // G7: expected_base 2048, expected_count 1024.
-        chip.write(kctxt_csr(RCV_TID_CTRL, 2), 0x0000008000000100, &counters);
-        chip.write(RCV_ARRAY + 8 * 2052, 0x8000002000012345, &counters);
-        chip.rcv_array.shared().store(2053, 0x8000001000020000);
+        rxe.write(kctxt_csr(RCV_TID_CTRL, 2), 0x0000008000000100, &counters);
+        rxe.write(RCV_ARRAY + 8 * 2052, 0x8000002000012345, &counters);
+        rxe.rcv_array.shared().store(2053, 0x8000001000020000);
         // G3 flow value.
-        chip.write(tid_flow_csr(2, 3), 0x0000006F091A2800, &counters);
+        rxe.write(tid_flow_csr(2, 3), 0x0000006F091A2800, &counters);
         let mem = HeapMemory::new();
         assert!(mem.map(EVEN_BUF, 8192) && mem.map(ODD_BUF, 4096));
-        Rig { chip, counters, mem }
+        Rig { rxe, counters, mem }
     }
 
     fn pkt(offset: u32, om: bool, tid: u32, tidctrl: u32, seq: u32) -> Packet {
@@ -339,7 +339,7 @@ mod tests {
 
     impl Rig {
         fn send(&mut self, p: &Packet, payload: &[u8]) -> RxResult {
-            match self.chip.receive(p, payload.len() as u64, &self.counters) {
+            match self.rxe.receive(p, payload.len() as u64, &self.counters) {
                 Ok(pl) => place(&self.mem, &pl, payload, &self.counters),
                 Err(r) => r,
             }
@@ -350,7 +350,7 @@ mod tests {
             b
         }
         fn flow(&self) -> u64 {
-            self.chip.flows.read(2, 3).unwrap()
+            self.rxe.flows.read(2, 3).unwrap()
         }
     }
 
@@ -406,7 +406,7 @@ mod tests {
     #[test]
     fn pair_packet_needing_an_invalid_odd_entry_is_rejected_but_the_even_part_alone_is_placed() {
         let mut r = rig();
-        r.chip.write(RCV_ARRAY + 8 * 2053, RCV_ARRAY_RT_WRITE_ENABLE_SMASK, &r.counters);
+        r.rxe.write(RCV_ARRAY + 8 * 2053, RCV_ARRAY_RT_WRITE_ENABLE_SMASK, &r.counters);
         assert_eq!(r.send(&pkt((8192 - 4) / 4, false, 2, TIDCTRL_PAIR, 0), &[1; 8]), RxResult::TidInvalidEntry);
         assert_eq!(r.mem.write_count(), 0);
         assert_eq!(r.send(&pkt(0, false, 2, TIDCTRL_PAIR, 0), &[2; 8192]), RxResult::Placed);
@@ -436,7 +436,7 @@ mod tests {
             assert!(r.mem.map(PAYLOAD, 0x4000));
             let payload: Vec<u8> = (0..len).map(|i| (i % 249) as u8 + 1).collect();
             r.mem.write(PAYLOAD, &payload).unwrap();
-            let placement = r.chip.receive(&p, len as u64, &r.counters).unwrap();
+            let placement = r.rxe.receive(&p, len as u64, &r.counters).unwrap();
             assert_eq!(place_from(&r.mem, &placement, PAYLOAD, len as u64, &r.counters), RxResult::Placed);
             for &(buf, off, n, skip) in lands {
                 assert_eq!(r.bytes(buf + off, n), payload[skip..skip + n], "{p:?}");
@@ -530,7 +530,7 @@ mod tests {
     #[test]
     fn invalid_flow_rejects_the_packet() {
         let mut r = rig();
-        r.chip.flows.write(2, 3, 0);
+        r.rxe.flows.write(2, 3, 0);
         assert_eq!(r.send(&pkt(0, false, 2, TIDCTRL_EVEN, 0), &[1; 8]), RxResult::FlowInvalid);
         assert_eq!(r.mem.write_count(), 0);
     }
@@ -538,7 +538,7 @@ mod tests {
     #[test]
     fn without_tid_flow_enable_the_flow_table_is_not_consulted() {
         let mut r = rig();
-        r.chip.write(kctxt_csr(RCV_CTXT_CTRL, 2), RCV_CTXT_CTRL_ENABLE_SMASK, &r.counters);
+        r.rxe.write(kctxt_csr(RCV_CTXT_CTRL, 2), RCV_CTXT_CTRL_ENABLE_SMASK, &r.counters);
         let mut p = pkt(0, false, 2, TIDCTRL_EVEN, 77);
         p.psn = full_flow_psn(1, 77);
         assert_eq!(r.send(&p, &[3; 4]), RxResult::Placed);
@@ -556,7 +556,7 @@ mod tests {
     #[test]
     fn entry_invalidated_through_shared_memory_stops_placement() {
         let mut r = rig();
-        r.chip.rcv_array.shared().store(2052, 0x8000000000000000);
+        r.rxe.rcv_array.shared().store(2052, 0x8000000000000000);
         assert_eq!(r.send(&pkt(0, false, 2, TIDCTRL_EVEN, 0), &[1; 8]), RxResult::TidInvalidEntry);
     }
 
@@ -564,7 +564,7 @@ mod tests {
     fn wc_fill_zero_over_an_adopted_entry_leaves_it_programmed() {
         let mut r = rig();
         assert_eq!(r.send(&pkt(0, false, 2, TIDCTRL_ODD, 0), &[1; 8]), RxResult::Placed);
-        r.chip.rcv_array.shared().store(2053, 0);
+        r.rxe.rcv_array.shared().store(2053, 0);
         assert_eq!(r.send(&pkt(8, false, 2, TIDCTRL_ODD, 1), &[2; 8]), RxResult::Placed);
         assert_eq!(r.bytes(ODD_BUF, 40), [[1; 8], [0; 8], [0; 8], [0; 8], [2; 8]].concat());
     }
@@ -574,7 +574,7 @@ mod tests {
     #[test]
     fn wc_fill_zero_over_an_untaken_value_replaces_it() {
         let mut r = rig();
-        r.chip.rcv_array.shared().store(2053, 0);
+        r.rxe.rcv_array.shared().store(2053, 0);
         assert_eq!(r.send(&pkt(0, false, 2, TIDCTRL_ODD, 0), &[1; 8]), RxResult::TidInvalidEntry);
     }
 }

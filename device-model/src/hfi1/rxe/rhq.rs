@@ -11,12 +11,12 @@
 //! with TAIL_UPD the tail (in dwords, as RCV_HDR_TAIL reads it) is also DMA'd to RCV_HDR_TAIL_ADDR.
 //! A full queue or a full set of eager buffers holds the packet back (DONT_DROP_*_FULL) or drops it.
 //!
-//! Reserving a slot happens under the chip lock; the writes are the caller's, without it, in the order
-//! payload, header, RHF, tail; then [`Chip::rhq_publish`] moves the RCV_HDR_TAIL the driver reads.
+//! Reserving a slot happens under the RXE lock; the writes are the caller's, without it, in the order
+//! payload, header, RHF, tail; then [`Rxe::rhq_publish`] moves the RCV_HDR_TAIL the driver reads.
 
 #![forbid(unsafe_code)]
 
-use super::chip::{Chip, RhqState};
+use super::state::{RhqState, Rxe};
 use crate::hfi1::counters::Counters;
 use crate::hfi1::regs::*;
 
@@ -152,12 +152,12 @@ pub enum Full {
     Eager,
 }
 
-impl Chip {
+impl Rxe {
     /// Takes the next entry (and eager room) of context `ctxt` for `a`. On success the context's state has
     /// moved past the packet; on refusal nothing changed but the counters.
     pub fn rhq_reserve(&mut self, ctxt: usize, a: &Arrival<'_>, counters: &Counters) -> Result<Plan, Refusal> {
         use std::sync::atomic::Ordering::Relaxed;
-        let k = |chip: &Chip, reg| chip.kctxt(ctxt, reg).unwrap_or(0);
+        let k = |rxe: &Rxe, reg| rxe.kctxt(ctxt, reg).unwrap_or(0);
         let ctrl = k(self, RCV_CTXT_CTRL);
         if ctrl & RCV_CTXT_CTRL_ENABLE_SMASK == 0 {
             counters.rx_context_disabled.fetch_add(1, Relaxed);
@@ -317,9 +317,9 @@ impl Chip {
         let code = (ctrl >> RCV_CTXT_CTRL_EGR_BUF_SIZE_SHIFT) & RCV_CTXT_CTRL_EGR_BUF_SIZE_MASK;
         let blocks = len.div_ceil(RCV_BUF_BLOCK_SIZE);
         // One packet per buffer takes the size from the RcvArray entry (hfi1_rcvctrl), packing the context's.
-        let fits = |chip: &mut Chip, i: u32, off: u64| {
+        let fits = |rxe: &mut Rxe, i: u32, off: u64| {
             let size = if one_per_buffer || code == 0 {
-                chip.rcv_array.entry(base + u64::from(i), counters).map_or(0, |e| e.buf_size.bytes())
+                rxe.rcv_array.entry(base + u64::from(i), counters).map_or(0, |e| e.buf_size.bytes())
             } else {
                 MIN_EAGER_BUFFER << (code - 1)
             };

@@ -4,37 +4,17 @@
 #![forbid(unsafe_code)]
 
 use super::*;
-use crate::hfi1::shm::SharedWords;
+use crate::hfi1::rxe::test_context::{self, EAGER, EGR_BUFS, EGR_SIZE, ENTRIES, ENTSIZE, HDRQ};
 
 const CTXT: usize = 1;
-const HDRQ: u64 = 0x10_0000;
 const TAIL: u64 = 0x20_0000;
-const EAGER: u64 = 0x40_0000;
-/// rcvhdrcnt 64, hdrq_entsize 32 dwords, 8 eager buffers of 16 KiB (the project's module parameters).
-const ENTRIES: u64 = 64;
-const ENTSIZE: u64 = 32;
-const EGR_BUFS: u64 = 8;
-const EGR_SIZE: u64 = 16 * 1024;
 
-/// The context as hfi1_rcvctrl enables it, with `ctrl_extra` bits on top of ENABLE, INTR_AVAIL and the
-/// 16 KiB eager size.
-fn chip(ctrl_extra: u64) -> (Chip, Counters) {
-    let n = Counters::default();
-    let mut c = Chip::new(4, SharedWords::new("rhq", RCV_ARRAY, 4096).unwrap(), false);
-    let k = |reg| kctxt_csr(reg, CTXT as u64);
-    c.write(k(RCV_HDR_ADDR), HDRQ, &n);
-    c.write(k(RCV_HDR_CNT), ENTRIES >> HDRQ_SIZE_SHIFT, &n);
-    c.write(k(RCV_HDR_ENT_SIZE), 4, &n);
-    c.write(k(RCV_HDR_TAIL_ADDR), TAIL, &n);
-    c.write(k(RCV_EGR_CTRL), (EGR_BUFS >> RCV_SHIFT) << RCV_EGR_CTRL_EGR_CNT_SHIFT, &n);
-    for i in 0..EGR_BUFS {
-        // hfi1_put_tid(PT_EAGER): WRITE_ENABLE, size code log2(16K / 4K) + 1 = 3, address in 4 KiB units.
-        let addr = (EAGER + i * EGR_SIZE) >> 12;
-        c.write(RCV_ARRAY + 8 * i, (1 << 63) | (3 << 36) | addr, &n);
-    }
-    let ctrl = RCV_CTXT_CTRL_ENABLE_SMASK | RCV_CTXT_CTRL_INTR_AVAIL_SMASK | (3 << RCV_CTXT_CTRL_EGR_BUF_SIZE_SHIFT);
-    c.write(k(RCV_CTXT_CTRL), ctrl | ctrl_extra, &n);
-    (c, n)
+/// The context as hfi1_rcvctrl enables it, its tail written to TAIL, with `ctrl_extra` bits on top of ENABLE,
+/// INTR_AVAIL and the 16 KiB eager size.
+fn rxe(ctrl_extra: u64) -> (Rxe, Counters) {
+    test_context::enabled("rhq", CTXT, ctrl_extra, |c, n| {
+        c.write(kctxt_csr(RCV_HDR_TAIL_ADDR, CTXT as u64), TAIL, n);
+    })
 }
 
 /// A packet of `hdr` header bytes and `rest` bytes of payload, pad and ICRC.
@@ -48,7 +28,7 @@ fn rhf_field(rhf: u64, shift: u32, mask: u64) -> u64 {
 
 #[test]
 fn the_first_packet_takes_entry_0_with_sequence_1_and_its_header_against_the_rhf() {
-    let (mut c, n) = chip(RCV_CTXT_CTRL_TAIL_UPD_SMASK);
+    let (mut c, n) = rxe(RCV_CTXT_CTRL_TAIL_UPD_SMASK);
     let (hdr, rest) = ([0u8; 28], [0u8; 260]); // UD: LRH + BTH + DETH, a 256-byte MAD and the ICRC
     let p = c.rhq_reserve(CTXT, &arrive(&hdr, &rest), &n).unwrap();
     // The RHF is the entry's last two dwords (rhf_offset = entsize - 2); the header ends where it starts.
@@ -66,12 +46,12 @@ fn the_first_packet_takes_entry_0_with_sequence_1_and_its_header_against_the_rhf
     assert!(p.interrupt);
     c.rhq_publish(CTXT, p.published);
     let tail = c.read(uctxt_csr(RCV_HDR_TAIL, CTXT as u64), &n);
-    assert_eq!(tail, crate::hfi1::rxe::chip::Access::Done(ENTSIZE));
+    assert_eq!(tail, crate::hfi1::rxe::state::Access::Done(ENTSIZE));
 }
 
 #[test]
 fn packets_pack_into_an_eager_buffer_at_64_byte_offsets_and_move_on_when_one_does_not_fit() {
-    let (mut c, n) = chip(0);
+    let (mut c, n) = rxe(0);
     let hdr = [0u8; 20];
     // (payload bytes, EgrIndex, EgrOffset in 64-byte blocks)
     let table = [(100, 0, 0), (64, 0, 2), (16000, 0, 3), (16000, 1, 0), (4, 1, 250)];
@@ -87,7 +67,7 @@ fn packets_pack_into_an_eager_buffer_at_64_byte_offsets_and_move_on_when_one_doe
 
 #[test]
 fn sequence_numbers_run_1_to_13_and_wrap_to_1() {
-    let (mut c, n) = chip(0);
+    let (mut c, n) = rxe(0);
     let hdr = [0u8; 24];
     let seqs: Vec<u64> = (0..15)
         .map(|_| {
@@ -100,7 +80,7 @@ fn sequence_numbers_run_1_to_13_and_wrap_to_1() {
 
 #[test]
 fn a_packet_without_payload_takes_no_eager_buffer() {
-    let (mut c, n) = chip(0);
+    let (mut c, n) = rxe(0);
     let p = c.rhq_reserve(CTXT, &arrive(&[0; 24], &[0; 4]), &n).unwrap();
     assert_eq!((p.rhf & RHF_USE_EGR_BFR, p.eager), (0, None));
 }
@@ -109,7 +89,7 @@ fn a_packet_without_payload_takes_no_eager_buffer() {
 fn a_full_header_queue_holds_with_dont_drop_and_drops_without() {
     for (dont_drop, want) in [(true, Err(Refusal::Hold(Full::Rhq))), (false, Err(Refusal::Drop("header queue full")))] {
         let extra = if dont_drop { RCV_CTXT_CTRL_DONT_DROP_RHQ_FULL_SMASK } else { 0 };
-        let (mut c, n) = chip(extra);
+        let (mut c, n) = rxe(extra);
         // The head stays at 0: 63 entries fit, the 64th would make the tail meet it.
         for _ in 0..ENTRIES - 1 {
             c.rhq_reserve(CTXT, &arrive(&[0; 24], &[0; 4]), &n).unwrap();
@@ -123,7 +103,7 @@ fn a_full_header_queue_holds_with_dont_drop_and_drops_without() {
 
 #[test]
 fn eager_buffers_wrap_only_past_the_drivers_eager_head() {
-    let (mut c, n) = chip(RCV_CTXT_CTRL_DONT_DROP_EGR_FULL_SMASK);
+    let (mut c, n) = rxe(RCV_CTXT_CTRL_DONT_DROP_EGR_FULL_SMASK);
     let big = vec![0u8; EGR_SIZE as usize];
     let a = Arrival { has_payload: true, ..arrive(&[0; 20], &big) };
     for i in 0..EGR_BUFS {
@@ -139,11 +119,11 @@ fn eager_buffers_wrap_only_past_the_drivers_eager_head() {
 
 #[test]
 fn re_enabling_a_context_restarts_its_queue() {
-    let (mut c, n) = chip(0);
+    let (mut c, n) = rxe(0);
     c.rhq_reserve(CTXT, &arrive(&[0; 24], &[0; 4]), &n).unwrap();
     let k = kctxt_csr(RCV_CTXT_CTRL, CTXT as u64);
     let ctrl = match c.read(k, &n) {
-        crate::hfi1::rxe::chip::Access::Done(v) => v,
+        crate::hfi1::rxe::state::Access::Done(v) => v,
         a => panic!("{a:?}"),
     };
     c.write(k, ctrl & !RCV_CTXT_CTRL_ENABLE_SMASK, &n);
@@ -154,7 +134,7 @@ fn re_enabling_a_context_restarts_its_queue() {
 
 #[test]
 fn contexts_that_cannot_take_a_packet_drop_it_by_cause() {
-    let (mut c, n) = chip(0);
+    let (mut c, n) = rxe(0);
     assert_eq!(c.rhq_reserve(2, &arrive(&[0; 24], &[0; 4]), &n), Err(Refusal::Drop("context disabled")));
     // A header longer than an entry of 32 dwords less the RHF.
     assert_eq!(c.rhq_reserve(CTXT, &arrive(&[0; 124], &[0; 4]), &n), Err(Refusal::Drop("header longer than an entry")));
@@ -190,8 +170,8 @@ fn a_live_context_whose_ring_shrinks_places_every_later_entry_inside_the_ring_no
         ("RCV_HDR_CNT 64 -> 32 -> 64", &[(RCV_HDR_CNT, 1), (RCV_HDR_CNT, 2)], 64, 32),
     ];
     for (why, writes, entries_now, dwords_now) in table {
-        let (mut c, n) = chip(RCV_CTXT_CTRL_TAIL_UPD_SMASK);
-        let packet = |c: &mut Chip| c.rhq_reserve(CTXT, &arrive(&[0; 24], &[0; 4]), &n);
+        let (mut c, n) = rxe(RCV_CTXT_CTRL_TAIL_UPD_SMASK);
+        let packet = |c: &mut Rxe| c.rhq_reserve(CTXT, &arrive(&[0; 24], &[0; 4]), &n);
         for _ in 0..40 {
             let p = packet(&mut c).unwrap();
             c.rhq_publish(CTXT, p.published);
@@ -203,7 +183,7 @@ fn a_live_context_whose_ring_shrinks_places_every_later_entry_inside_the_ring_no
         }
         // The driver reads up to RCV_HDR_TAIL (in the new entry size): room for all but one entry.
         let tail = c.read(uctxt_csr(RCV_HDR_TAIL, CTXT as u64), &n);
-        let crate::hfi1::rxe::chip::Access::Done(tail) = tail else { panic!("{why}: {tail:?}") };
+        let crate::hfi1::rxe::state::Access::Done(tail) = tail else { panic!("{why}: {tail:?}") };
         c.write(uctxt_csr(RCV_HDR_HEAD, CTXT as u64), tail, &n);
         let ring = (HDRQ, HDRQ + entries_now * dwords_now * 4);
         let plans: Vec<Plan> = (0..2 * entries_now).map_while(|_| packet(&mut c).ok()).collect();
@@ -232,7 +212,7 @@ fn a_header_queue_or_tail_at_the_top_of_the_address_space_drops_the_packet_inste
         (HDRQ, u64::MAX - 3, 0),
     ];
     for (hdrq, tail, placed) in table {
-        let (mut c, n) = chip(RCV_CTXT_CTRL_TAIL_UPD_SMASK);
+        let (mut c, n) = rxe(RCV_CTXT_CTRL_TAIL_UPD_SMASK);
         c.write(kctxt_csr(RCV_HDR_ADDR, CTXT as u64), hdrq, &n);
         c.write(kctxt_csr(RCV_HDR_TAIL_ADDR, CTXT as u64), tail, &n);
         let results: Vec<_> = (0..ENTRIES).map(|_| c.rhq_reserve(CTXT, &arrive(&[0; 24], &[0; 4]), &n)).collect();
@@ -259,7 +239,7 @@ mod through_the_port {
     use crate::engine::{Engine, NoInterrupt};
     use crate::hfi1::cable::wire::WirePacket;
     use crate::hfi1::regs::*;
-    use crate::hfi1::{Hfi1, Hfi1Config, WorkerMode, HFI1_BAR};
+    use crate::hfi1::{Hfi1, Hfi1Config, HFI1_BAR};
 
     /// Memory that records the address and length of every device write, before it is tried.
     #[derive(Default)]
@@ -287,7 +267,7 @@ mod through_the_port {
         /// Context 0 (where packets go while the QP map is off) enabled as hfi1_rcvctrl enables it, with
         /// TAIL_UPD: 64 entries of 32 dwords at `hdrq`; the port enabled (RcvPortEnable).
         fn new(hdrq: u64) -> Port {
-            let hfi = Hfi1::new(Hfi1Config { worker: WorkerMode::Inline, ..Hfi1Config::wfr() }).unwrap();
+            let hfi = Hfi1::new(Hfi1Config::wfr().inline()).unwrap();
             let mem = Arc::new(Recorder::default());
             assert!(mem.mem.map(HDRQ, 0x10000) && mem.mem.map(TAIL, 0x1000));
             hfi.attach(mem.clone(), Arc::new(NoInterrupt));

@@ -124,39 +124,23 @@ impl Wfr {
         std::mem::take(&mut self.sdma_pending)
     }
 
-    /// The walk engine `e`'s worker makes now, and the vectors of an error it found (a tail beyond the ring).
-    pub fn sdma_walk(&mut self, e: usize) -> (Option<sdma::Walk>, Vec<u16>) {
-        let mut raised = Raised::default();
-        let walk = self.sdma.walk(e, &mut self.errs, &mut raised);
-        (walk, self.deliver(raised))
+    /// The send engines' state, which the SDMA walk (`sdma::walk`) works on directly.
+    pub(in crate::hfi1) fn sdma(&mut self) -> &mut sdma::Sdma {
+        &mut self.sdma
     }
 
-    /// The worker finished `done` descriptors of `walk` (see `sdma::Sdma::advance`).
-    pub fn sdma_advance(
+    /// Runs `f` on the send engines' state with the error groups a halt sets (the walk making a walk, or
+    /// failing one); the MSI-X vectors of the sources `f` raised.
+    pub(in crate::hfi1) fn sdma_raising<T>(
         &mut self,
-        walk: &sdma::Walk,
-        done: u64,
-        to_host: bool,
-        int_req: bool,
-    ) -> Option<sdma::Progress> {
-        self.sdma.advance(walk, done, to_host, int_req)
-    }
-
-    /// AHG header slots of an engine (see `sdma::Sdma::ahg_store`, `ahg_load`).
-    pub fn sdma_ahg_store(&mut self, walk: &sdma::Walk, slot: usize, header: &[u8]) {
-        self.sdma.ahg_store(walk, slot, header);
-    }
-    pub fn sdma_ahg_load(&self, walk: &sdma::Walk, slot: usize) -> Vec<u8> {
-        self.sdma.ahg_load(walk, slot)
-    }
-
-    /// The worker found an error in `walk`'s descriptors: the engine halts; the vectors to send.
-    pub fn sdma_fail(&mut self, walk: &sdma::Walk, bits: u64) -> Vec<u16> {
+        f: impl FnOnce(&mut sdma::Sdma, &mut errs::ErrGroups, &mut Raised) -> T,
+    ) -> (T, Vec<u16>) {
         let mut raised = Raised::default();
-        self.sdma.fail(walk, bits, &mut self.errs, &mut raised);
-        self.deliver(raised)
+        let out = f(&mut self.sdma, &mut self.errs, &mut raised);
+        (out, self.deliver(raised))
     }
 
+    /// The MSI-X vectors of the sources in `raised` that are due (CCE_INT_MAP).
     fn deliver(&mut self, raised: Raised) -> Vec<u16> {
         raised.0.into_iter().filter_map(|s| self.cce.raise(s)).collect()
     }

@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn a_hostile_guest_writing_every_csr_below_32_mib_through_the_function_leaves_memory_bounded() {
-        let engine = Arc::new(Hfi1::new(Hfi1Config::wfr()).unwrap());
+        let engine = Arc::new(Hfi1::new(Hfi1Config::wfr().inline()).unwrap());
         let f = Function::try_new(engine.clone(), PciIds::hfi1_wfr_default()).unwrap();
         f.attach(DeviceContext { dma: Arc::new(HeapMemory::new()), irq: Arc::new(IrqState::new()) });
         // Memory decoding on, as pci_enable_device leaves it.

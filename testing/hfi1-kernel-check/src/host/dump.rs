@@ -1,5 +1,5 @@
 //! What the host reads from the device model, parsed in one place: the hfi1 `dump` (contexts, flows,
-//! valid RcvArray entries, counters; see device-model `Chip::dump`) and the `dma_maps` reply (the DMA_MAPs
+//! valid RcvArray entries, counters; see device-model `Rxe::dump`) and the `dma_maps` reply (the DMA_MAPs
 //! the device model received from QEMU).
 
 use std::collections::BTreeMap;

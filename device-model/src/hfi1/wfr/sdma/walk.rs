@@ -14,7 +14,7 @@ use super::state::{
     SDMA_MEM_READ_ERR, SDMA_PACKET_DESC_OVERFLOW_ERR, SDMA_TOO_LONG_ERR,
 };
 use crate::hfi1::datapath::egress;
-use crate::hfi1::shared::Shared;
+use crate::hfi1::shared::{Shared, WfrFront};
 use crate::hfi1::wfr::pio::{PBC_BYTES, PBC_LENGTH_DWS_MASK};
 use crate::trace::{Block, Level, Val};
 
@@ -165,20 +165,20 @@ fn apply_updates(header: &mut [u8], updates: &[u32]) -> Result<(), u64> {
 }
 
 /// Walks engine `engine` until it has nothing left (or halts). Work of an older epoch stops.
-pub(in crate::hfi1) fn run(shared: &Shared, epoch: u64, engine: usize) {
+pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64, engine: usize) {
     let dma = shared.dma();
     loop {
         let walk = {
-            let _chip = shared.lock_chip();
+            let _rxe = shared.lock_rxe();
             if !shared.current(epoch) {
                 return;
             }
-            let Some((walk, vectors)) = shared.lock_wfr().map(|mut w| w.sdma_walk(engine)) else { return };
+            let (walk, vectors) = front.lock().sdma_raising(|e, errs, raised| e.walk(engine, errs, raised));
             vectors.into_iter().for_each(|v| shared.raise(v));
             walk
         };
         let Some(walk) = walk else { return };
-        if !walk_once(shared, dma.as_ref(), walk, epoch) {
+        if !walk_once(shared, front, dma.as_ref(), walk, epoch) {
             return;
         }
     }
@@ -198,13 +198,13 @@ fn ring_span(walk: &Walk) -> Option<u64> {
 
 /// One fetch of descriptors and the packets complete in it. False when nothing more can be done now; true
 /// only after at least one packet went, so `run` never loops without progress whatever the walk says.
-fn walk_once(shared: &Shared, dma: &dyn DmaAccess, walk: Walk, epoch: u64) -> bool {
+fn walk_once(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, walk: Walk, epoch: u64) -> bool {
     let n = match ring_span(&walk) {
         Some(n) if n > 0 => n.min(FETCH),
         _ => return false,
     };
     let Some(descs) = fetch(dma, &walk, n) else {
-        fail(shared, &walk, SDMA_MEM_READ_ERR, epoch);
+        fail(shared, front, &walk, SDMA_MEM_READ_ERR, epoch);
         return false;
     };
     let mut i = 0usize;
@@ -217,30 +217,30 @@ fn walk_once(shared: &Shared, dma: &dyn DmaAccess, walk: Walk, epoch: u64) -> bo
             // The packet's LAST descriptor is not handed over (or fetched) yet: the next walk looks again.
             Ok(None) => return sent,
             Err(bits) => {
-                fail(shared, &walk, bits, epoch);
+                fail(shared, front, &walk, bits, epoch);
                 return false;
             }
         };
         let packet = &descs[i..i + len];
-        let checked = check(packet, &walk, start).and_then(|()| gather(shared, dma, &walk, packet));
+        let checked = check(packet, &walk, start).and_then(|()| gather(front, dma, &walk, packet));
         let (pbc, body) = match checked {
             Ok(p) => p,
             Err(bits) => {
-                fail(shared, &walk, bits, epoch);
+                fail(shared, front, &walk, bits, epoch);
                 return false;
             }
         };
-        egress::send(shared, "sdma", walk.engine as u32, pbc, &body, len as u16);
+        egress::send(shared, front, "sdma", walk.engine as u32, pbc, &body, len as u16);
         let last = packet[len - 1];
         let progress = {
-            let _chip = shared.lock_chip();
+            let _rxe = shared.lock_rxe();
             if !shared.current(epoch) {
                 return false;
             }
             let to_host = last.qw1 & SDMA_DESC1_HEAD_TO_HOST_FLAG != 0;
             let int_req = last.qw1 & SDMA_DESC1_INT_REQ_FLAG != 0;
             let step = Walk { head: (walk.head + i as u64) % walk.count, ..walk };
-            match shared.lock_wfr().and_then(|mut w| w.sdma_advance(&step, len as u64, to_host, int_req)) {
+            match front.lock().sdma().advance(&step, len as u64, to_host, int_req) {
                 Some(p) => p,
                 None => return false, // cleaned up, halted or reset since the walk began
             }
@@ -255,7 +255,8 @@ fn walk_once(shared: &Shared, dma: &dyn DmaAccess, walk: Walk, epoch: u64) -> bo
         // and merge in the CPU's pending vector; sent one by one, the second finds the status the first handler
         // already took ("SDMA engine N interrupt, but no status bits set", chip.c sdma_interrupt).
         let mut vectors: Vec<u16> = Vec::new();
-        if let Some(mut w) = shared.lock_wfr() {
+        {
+            let mut w = front.lock();
             for v in progress.sources.into_iter().filter_map(|source| w.raise(source)) {
                 if !vectors.contains(&v) {
                     vectors.push(v);
@@ -311,12 +312,12 @@ fn check(packet: &[Desc], walk: &Walk, start: u64) -> Result<(), u64> {
 /// The packet's bytes, split into PBC and the rest; its length must be the PBC's. Its header comes from its
 /// first descriptor (and is kept, with AHG COPY) or, with AHG APPLY, from the kept header with the updates;
 /// the rest from its data descriptors.
-fn gather(shared: &Shared, dma: &dyn DmaAccess, walk: &Walk, packet: &[Desc]) -> Result<(u64, Vec<u8>), u64> {
+fn gather(front: &WfrFront, dma: &dyn DmaAccess, walk: &Walk, packet: &[Desc]) -> Result<(u64, Vec<u8>), u64> {
     let first = packet[0];
     let mode = first.header_mode();
     let mut bytes = Vec::new();
     let data = if mode >= SDMA_AHG_APPLY_UPDATE1 {
-        let stored = shared.lock_wfr().map(|w| w.sdma_ahg_load(walk, first.header_index())).unwrap_or_default();
+        let stored = front.lock().sdma().ahg_load(walk, first.header_index());
         let mut header = stored.get(..first.header_dws() * 4).ok_or(SDMA_HEADER_SELECT_ERR)?.to_vec();
         apply_updates(&mut header, &ahg_updates(packet))?;
         bytes = header;
@@ -336,9 +337,7 @@ fn gather(shared: &Shared, dma: &dyn DmaAccess, walk: &Walk, packet: &[Desc]) ->
     }
     if mode == SDMA_AHG_COPY {
         let header = &bytes[..first.len().min(bytes.len())];
-        if let Some(mut w) = shared.lock_wfr() {
-            w.sdma_ahg_store(walk, first.header_index(), header);
-        }
+        front.lock().sdma().ahg_store(walk, first.header_index(), header);
     }
     if bytes.len() < PBC_BYTES {
         return Err(SDMA_LENGTH_MISMATCH_ERR);
@@ -350,13 +349,13 @@ fn gather(shared: &Shared, dma: &dyn DmaAccess, walk: &Walk, packet: &[Desc]) ->
     Ok((pbc, bytes.split_off(PBC_BYTES)))
 }
 
-fn fail(shared: &Shared, walk: &Walk, bits: u64, epoch: u64) {
+fn fail(shared: &Shared, front: &WfrFront, walk: &Walk, bits: u64, epoch: u64) {
     let vectors = {
-        let _chip = shared.lock_chip();
+        let _rxe = shared.lock_rxe();
         if !shared.current(epoch) {
             return;
         }
-        shared.lock_wfr().map(|mut w| w.sdma_fail(walk, bits)).unwrap_or_default()
+        front.lock().sdma_raising(|e, errs, raised| e.fail(walk, bits, errs, raised)).1
     };
     shared.counters.sdma_halts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     shared.probe.trace.event(

@@ -67,7 +67,7 @@ pub enum Access {
     Loopback(u64),
 }
 
-pub struct Chip {
+pub struct Rxe {
     contexts: usize,
     /// Where the loopback block sits, on the personality that has one.
     loopback: Option<(u64, u64)>,
@@ -81,9 +81,9 @@ pub struct Chip {
     pub rcv_array: RcvArray,
 }
 
-impl Chip {
+impl Rxe {
     pub fn new(contexts: usize, shm: SharedWords, loopback: bool) -> Self {
-        let mut chip = Self {
+        let mut rxe = Self {
             contexts,
             loopback: loopback.then_some((LB_BASE, LB_SIZE)),
             global: [0; GLOBAL_REGS.len()],
@@ -94,8 +94,8 @@ impl Chip {
             flows: FlowTable::new(contexts),
             rcv_array: RcvArray::new(shm),
         };
-        chip.reset();
-        chip
+        rxe.reset();
+        rxe
     }
 
     pub fn contexts(&self) -> usize {
@@ -163,7 +163,7 @@ impl Chip {
     /// A packet dropped for a full header queue (RCV_HDR_OVFL_CNT).
     pub(super) fn count_overflow(&mut self, ctxt: usize) {
         if let Some(r) = self.kctxt.get_mut(ctxt) {
-            let i = super::chip::kreg(RCV_HDR_OVFL_CNT);
+            let i = super::state::kreg(RCV_HDR_OVFL_CNT);
             r[i] = r[i].wrapping_add(1);
         }
     }
@@ -306,13 +306,13 @@ mod tests {
     use crate::hfi1::regs::*;
     use std::sync::atomic::Ordering;
 
-    fn chip() -> (Chip, Counters) {
-        (Chip::new(8, SharedWords::new("t", RCV_ARRAY, 4096).unwrap(), true), Counters::default())
+    fn rxe() -> (Rxe, Counters) {
+        (Rxe::new(8, SharedWords::new("t", RCV_ARRAY, 4096).unwrap(), true), Counters::default())
     }
 
     #[test]
     fn size_registers_read_the_configuration_and_ignore_writes() {
-        let (mut c, n) = chip();
+        let (mut c, n) = rxe();
         assert_eq!(c.read(RCV_CONTEXTS, &n), Access::Done(8));
         assert_eq!(c.read(RCV_ARRAY_CNT, &n), Access::Done(4096));
         assert_eq!(c.write(RCV_ARRAY_CNT, 5, &n), Access::ReadOnly);
@@ -322,7 +322,7 @@ mod tests {
 
     #[test]
     fn golden_g7_tid_ctrl_value_gives_the_expected_range() {
-        let (mut c, n) = chip();
+        let (mut c, n) = rxe();
         assert_eq!(c.write(kctxt_csr(RCV_TID_CTRL, 5), 0x0000008000000100, &n), Access::Done(0x0000008000000100));
         assert_eq!(c.tid_range(5), Some((2048, 1024)));
         assert_eq!(c.read(kctxt_csr(RCV_TID_CTRL, 5), &n), Access::Done(0x0000008000000100));
@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn writes_keep_only_the_defined_fields() {
-        let (mut c, n) = chip();
+        let (mut c, n) = rxe();
         let table = [
             (kctxt_csr(RCV_TID_CTRL, 1), u64::MAX, 0x000001FF00001FFF),
             (kctxt_csr(RCV_EGR_CTRL, 1), u64::MAX, 0x000001FF00001FFF),
@@ -347,7 +347,7 @@ mod tests {
 
     #[test]
     fn read_only_registers_ignore_writes() {
-        let (mut c, n) = chip();
+        let (mut c, n) = rxe();
         for offset in
             [RCV_STATUS, kctxt_csr(RCV_CTXT_STATUS, 2), kctxt_csr(RCV_HDR_OVFL_CNT, 2), uctxt_csr(RCV_HDR_TAIL, 2)]
         {
@@ -358,7 +358,7 @@ mod tests {
 
     #[test]
     fn offsets_of_missing_contexts_and_holes_are_unimplemented() {
-        let (mut c, n) = chip();
+        let (mut c, n) = rxe();
         for offset in [kctxt_csr(RCV_CTXT_CTRL, 8), uctxt_csr(RCV_HDR_HEAD, 8), tid_flow_csr(8, 0), CCE, TXE, 0x1000020]
         {
             assert_eq!(c.read(offset, &n), Access::Unimplemented, "{offset:#x}");
@@ -371,7 +371,7 @@ mod tests {
 
     #[test]
     fn reset_returns_every_register_and_table_to_power_on_values() {
-        let (mut c, n) = chip();
+        let (mut c, n) = rxe();
         c.write(kctxt_csr(RCV_CTXT_CTRL, 3), 0x11, &n);
         c.write(tid_flow_csr(3, 4), 0x0000006F091A2800, &n);
         c.write(RCV_ARRAY + 8, 0x8000002000012345, &n);
@@ -386,7 +386,7 @@ mod tests {
 
     #[test]
     fn dump_lists_valid_entries_and_programmed_flows() {
-        let (mut c, n) = chip();
+        let (mut c, n) = rxe();
         c.write(RCV_ARRAY + 8 * 0x100, 0x8000002000012345, &n);
         c.write(tid_flow_csr(2, 3), 0x0000006F091A2800, &n);
         let d = c.dump(&n);
