@@ -50,6 +50,9 @@ static noinline void cov_attach(void)
 	u8 *r;
 	int ret;
 
+	/* Only from a preemptible task: pci_get_device and memremap may sleep. */
+	if (!in_task() || !preemptible())
+		return;
 	if (atomic_cmpxchg(&cov_state, COV_UNATTACHED, COV_ATTACHING) != COV_UNATTACHED)
 		return;
 	pdev = pci_get_device(IVSHMEM_VENDOR, IVSHMEM_DEVICE, NULL);
@@ -114,11 +117,10 @@ void notrace __sanitizer_cov_trace_pc(void)
 	u64 idx;
 
 	if (unlikely(!r)) {
-		/* Attach from the first preemptible task context: pci_get_device and memremap may sleep. */
-		if (atomic_read(&cov_state) == COV_UNATTACHED && in_task() && preemptible()) {
+		if (atomic_read(&cov_state) == COV_UNATTACHED) {
 			/*
-			 * objtool counts this hook as callable with user access open (EFLAGS.AC);
-			 * close it around the call that may sleep, as arch code does.
+			 * objtool counts this hook as callable with user access open (EFLAGS.AC):
+			 * close it around the calls, as arch code does.
 			 */
 			unsigned long flags = smap_save();
 
