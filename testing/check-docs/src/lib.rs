@@ -419,7 +419,7 @@ impl<H: Helps> Checker<H> {
                 Some(p) if prev == Prev::Bin => pending_bin = Some(p),
                 Some(p) if prev == Prev::No => {
                     (ctx, top) = (vec![p.clone()], vec![p.clone()]);
-                    subs = self.help(&[p.clone()]).map(|h| subcommands(&h)).unwrap_or_default();
+                    subs = self.help(std::slice::from_ref(&p)).map(|h| subcommands(&h)).unwrap_or_default();
                     prog = Some(p);
                 }
                 _ if prog.is_some() && subs.contains(bare) && ctx == top => {

@@ -118,7 +118,7 @@ mod tests {
             (2.0, 3, false, "2"),
             (999.96, 3, false, "1e+03"),
             (0.0, 3, false, "0"),
-            (-3.14159, 3, false, "-3.14"),
+            (-4.56789, 3, false, "-4.57"),
         ];
         for &(v, p, t, want) in cases {
             assert_eq!(fmt_g(v, p, t), want, "{v} .{p}g thousands={t}");
