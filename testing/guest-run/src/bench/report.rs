@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
-use super::{list, text};
+use super::doc::{list, text};
 use crate::pyfmt;
 
 /// (f): the time the devices may add to a guest run, in seconds.

@@ -5,7 +5,8 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
-use super::{case, fmt_g, g, list, num, text};
+use super::doc::{case, list, num, text};
+use super::pyformat::{fmt_g, g};
 use crate::pyfmt;
 
 fn metric(case: Option<&Value>, name: &str) -> Option<f64> {

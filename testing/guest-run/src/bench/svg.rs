@@ -3,7 +3,8 @@
 
 use serde_json::Value;
 
-use super::{escape, g, list, num, text};
+use super::doc::{list, num, text};
+use super::pyformat::{escape, fmt_g, g};
 use crate::pyfmt;
 
 /// The shown range of the results plot: log10 of the score from -2 to 4.
@@ -59,7 +60,7 @@ pub fn results(report: &Value) -> String {
                 label: format!("({}) {}", text(c, "id"), pyfmt::str_of(t.get("what"))),
                 score: score(m, b, higher, met),
                 met,
-                text: format!("{} {} (target {op} {})", super::fmt_g(m, 4, false), pyfmt::str_of(t.get("unit")), g(b)),
+                text: format!("{} {} (target {op} {})", fmt_g(m, 4, false), pyfmt::str_of(t.get("unit")), g(b)),
             });
         }
     }
@@ -122,7 +123,7 @@ fn point(p: &Value) -> Option<(f64, f64)> {
 
 /// scale.svg of a report, or None when it has no scale curves.
 pub fn scale(report: &Value) -> Option<String> {
-    let scale = super::case(report, "scale")?;
+    let scale = super::doc::case(report, "scale")?;
     let curves = list(scale, "curves");
     if curves.is_empty() {
         return None;

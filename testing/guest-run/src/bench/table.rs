@@ -3,7 +3,8 @@
 
 use serde_json::Value;
 
-use super::{fmt_g, group_thousands, list, text};
+use super::doc::{list, text};
+use super::pyformat::{fmt_g, group_thousands};
 use crate::pyfmt;
 
 pub const BEGIN: &str =
