@@ -148,7 +148,14 @@ fi
 log "building QEMU $VERSION in $SRC"
 
 VENV="$CACHE_DIR/venv"
-if ! "$VENV/bin/python3" -c 'import mesonbuild, sys; from mesonbuild import coredata as c; v=tuple(map(int,c.version.split(".")[:2])); sys.exit(v < (1,5))' 2>/dev/null; then
+# Whether the venv's meson is at least 1.5 (QEMU's configure needs it).
+meson_ok() {
+    local v
+    v=$("$VENV/bin/meson" --version 2>/dev/null) || return 1
+    [[ $v =~ ^([0-9]+)\.([0-9]+) ]] || return 1
+    (( BASH_REMATCH[1] > 1 || (BASH_REMATCH[1] == 1 && BASH_REMATCH[2] >= 5) ))
+}
+if ! meson_ok; then
     log "installing meson >= 1.5 into $VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q 'meson>=1.5' >&2

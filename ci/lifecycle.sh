@@ -29,7 +29,6 @@ while [ $# -gt 0 ]; do
 done
 [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=("${ALL[@]}")
 for s in "${SCENARIOS[@]}"; do [[ " ${ALL[*]} " == *" $s "* ]] || die "unknown scenario $s (${ALL[*]})"; done
-command -v python3 >/dev/null || apt_install python3
 
 # Growth of the device model's RSS tolerated over a scenario: allocator caches, not leaks.
 RSS_SLACK_KIB=16384
@@ -145,52 +144,24 @@ wait_serial() { # regexp count secs
 # Kills QEMU of the current run.
 kill_qemu() { kill -KILL "$(cat "$RUN_DIR/qemu.pid")" 2>/dev/null || true; }
 
-# QMP on the run's monitor socket: each argument is one JSON command; "wait:EVENT" waits (60 s) for an event.
+# QMP on the run's monitor socket (testing/guest-run/src/qmp.rs): each argument is one JSON command; "wait:EVENT"
+# waits (60 s) for an event.
 qmp() {
-    python3 - "$RUN_DIR/qmp.sock" "$@" <<'PY'
-import json, socket, sys, time
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(60)
-s.connect(sys.argv[1])
-f = s.makefile("rw")
-def read():
-    line = f.readline()
-    if not line:
-        sys.exit("QMP closed")
-    return json.loads(line)
-read()  # greeting
-def execute(cmd):
-    f.write(json.dumps(cmd) + "\n"); f.flush()
-    while True:
-        m = read()
-        if "return" in m:
-            return m
-        if "error" in m:
-            sys.exit(f"QMP {cmd['execute']}: {m['error']}")
-execute({"execute": "qmp_capabilities"})
-for arg in sys.argv[2:]:
-    if arg.startswith("wait:"):
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            m = read()
-            if m.get("event") == arg[5:]:
-                break
-        else:
-            sys.exit(f"no QMP event {arg[5:]} within 60 s")
-    else:
-        execute(json.loads(arg))
-PY
+    "$GUEST_RUN" qmp --socket "$RUN_DIR/qmp.sock" --timeout-s 60 "$@"
 }
 
 # Whether the first result block in the run's serial log says ok.
 first_block_ok() {
-    python3 - "$RUN_DIR/serial.log" <<'PY'
-import json, sys
-lines = [l.rstrip("\r\n") for l in open(sys.argv[1], errors="replace")]
-b = lines.index("RDMA-EMU-RESULT-BEGIN")
-e = lines.index("RDMA-EMU-RESULT-END", b)
-sys.exit(0 if json.loads("".join(lines[b + 1:e])).get("ok") else 1)
-PY
+    "$GUEST_RUN" first-result-ok "$RUN_DIR/serial.log"
+}
+
+# "VALUE TIMED-OUT" of the run's result: FIELD's value (None when null) and whether QEMU timed out (True or
+# False); "? ?" without a readable result.
+result_facts() { # field
+    local f="$RUN_DIR/result-host.json" v t=False
+    v=$("$GUEST_RUN" json-field "$1" 2>/dev/null <"$f") || { echo "? ?"; return 0; }
+    ! "$GUEST_RUN" json-has problems "QEMU timed out" 2>/dev/null <"$f" || t=True
+    echo "${v:-None} $t"
 }
 
 DEMO_STARTED='udriver --json hfi1-demo'
@@ -279,7 +250,7 @@ scenario_stall() {
     fi
     run_wait || true
     # Errors are expected; a hang is not: QEMU must have ended by itself, before run-qemu.sh's timeout.
-    status=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r.get("qemu_exit_status"), "QEMU timed out" in r.get("problems", []))' "$RUN_DIR/result-host.json" 2>/dev/null || echo "? ?")
+    status=$(result_facts qemu_exit_status)
     log "stall: QEMU exit status and timeout: $status"
     [[ $status == *False ]] || FAILED+=("stall: QEMU did not end by itself ($status)")
     kill -0 "$DM_PID" 2>/dev/null || FAILED+=("stall: the device model died")
@@ -302,7 +273,7 @@ scenario_dm_killed() {
     if run_wait; then
         FAILED+=("dm-killed: the run passed although its device model was killed")
     fi
-    ok=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r.get("ok"), "QEMU timed out" in r.get("problems", []))' "$RUN_DIR/result-host.json" 2>/dev/null || echo "? ?")
+    ok=$(result_facts ok)
     log "dm-killed: the run reported: ok/timed-out = $ok"
     [ "$ok" = "False False" ] || FAILED+=("dm-killed: the failure was not reported cleanly ($ok)")
     [ -n "$DM_PID" ] || start_dm # on the stale sockets the killed one left

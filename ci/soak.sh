@@ -27,7 +27,6 @@ while [ $# -gt 0 ]; do
         *) log "unknown argument: $1"; usage ;;
     esac
 done
-command -v python3 >/dev/null || apt_install python3
 RSS_SLACK_KIB=32768
 NO_QEMU_ROUND_S=60
 
@@ -84,29 +83,10 @@ client_loop() { # device
     done
 }
 
-# Control socket queries until $WORK/stop exists.
+# Control socket queries (list, hfi1 pci, irdma dump) once a second until $WORK/stop exists; one line per round in
+# $WORK/clients.log.
 control_loop() {
-    python3 - "$SOCKS/control.sock" "$WORK/stop" "$WORK/clients.log" <<'PY'
-import json, os, socket, sys, time
-sock, stop, logf = sys.argv[1:]
-while not os.path.exists(stop):
-    ok = True
-    try:
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(10)
-        s.connect(sock)
-        f = s.makefile("rw")
-        for req in ({"cmd": "list"}, {"device": "hfi1", "cmd": "pci"}, {"device": "irdma", "cmd": "dump"}):
-            f.write(json.dumps(req) + "\n")
-            f.flush()
-            ok = ok and json.loads(f.readline()).get("ok", False)
-        s.close()
-    except (OSError, ValueError):
-        ok = False
-    with open(logf, "a") as out:
-        out.write(f"control query {0 if ok else 1}\n")
-    time.sleep(1)
-PY
+    "$GUEST_RUN" control-soak --socket "$SOCKS/control.sock" --stop "$WORK/stop" --log "$WORK/clients.log"
 }
 
 start_loops() { # devices...

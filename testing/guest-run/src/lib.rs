@@ -13,6 +13,13 @@ pub mod pyfmt;
 pub mod scenario;
 pub mod verdict;
 
+// The scripts around a guest run: the bench reports (ci/bench.sh, ci/bench-table.sh), QMP (ci/lifecycle.sh), the
+// soak's control queries (ci/soak.sh) and the demo summaries (ci/demo.sh).
+pub mod bench;
+pub mod demo_summary;
+pub mod qmp;
+pub mod tools;
+
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]

@@ -92,6 +92,8 @@ enum Cmd {
         #[arg(long)]
         out: PathBuf,
     },
+    #[command(flatten)]
+    Tools(guest_run::tools::ToolCmd),
 }
 
 #[derive(Args)]
@@ -327,6 +329,7 @@ fn run(cli: Cli) -> Result<bool, String> {
             let state = socket.connect().and_then(|mut c| control::device_state(&mut c)).map_err(|e| e.to_string())?;
             write_json(&out, &state).map_err(|e| e.to_string()).map(|()| true)
         }
+        Cmd::Tools(cmd) => guest_run::tools::run(cmd),
     }
 }
 
