@@ -85,6 +85,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         words: Vec<String>,
     },
+    /// One guest run with ci/run-qemu.sh's options (its header describes them); prints the result file's path.
+    Run(Box<guest_run::run::RunArgs>),
     /// The device model's final state, for the logs.
     DeviceState {
         #[command(flatten)]
@@ -322,6 +324,11 @@ fn run(cli: Cli) -> Result<bool, String> {
         Cmd::HostAnswer { socket, chips, words } => {
             println!("{}", control::host_answer(&socket.path, &chips, &words));
             Ok(true)
+        }
+        Cmd::Run(args) => {
+            let repo = std::env::var_os("RDMA_EMU_REPO_ROOT")
+                .map_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")), PathBuf::from);
+            std::process::exit(guest_run::run::run(*args, repo))
         }
         Cmd::DeviceState { socket, out } => {
             let state = socket.connect().and_then(|mut c| control::device_state(&mut c)).map_err(|e| e.to_string())?;
