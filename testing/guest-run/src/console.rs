@@ -31,13 +31,31 @@ pub const DEADLINE_GRACE: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(tag = "req", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Request {
-    Deadline { seq: u64, step: String, secs: u64 },
-    DeadlineEnd { seq: u64, step: String },
-    Fault { seq: u64, hfi: String, spec: String },
-    FaultClear { seq: u64 },
-    Accesses { seq: u64 },
+    Deadline {
+        seq: u64,
+        step: String,
+        secs: u64,
+    },
+    DeadlineEnd {
+        seq: u64,
+        step: String,
+    },
+    Fault {
+        seq: u64,
+        hfi: String,
+        spec: String,
+    },
+    FaultClear {
+        seq: u64,
+    },
+    Accesses {
+        seq: u64,
+    },
     /// Counter names, separated by spaces.
-    Counters { seq: u64, names: String },
+    Counters {
+        seq: u64,
+        names: String,
+    },
 }
 
 impl Request {
@@ -59,9 +77,9 @@ impl Request {
             Self::Fault { hfi, spec, .. } => Some(vec!["fault".into(), hfi.clone(), spec.clone()]),
             Self::FaultClear { .. } => Some(vec!["fault-clear".into()]),
             Self::Accesses { .. } => Some(vec!["accesses".into()]),
-            Self::Counters { names, .. } => {
-                Some(std::iter::once("counters".to_string()).chain(names.split_whitespace().map(String::from)).collect())
-            }
+            Self::Counters { names, .. } => Some(
+                std::iter::once("counters".to_string()).chain(names.split_whitespace().map(String::from)).collect(),
+            ),
         }
     }
 }
@@ -73,7 +91,10 @@ pub enum Line {
     ResultEnd,
     Request(Request),
     /// A request line that does not parse: answered with an error if its sequence number can be read.
-    BadRequest { seq: Option<u64>, error: String },
+    BadRequest {
+        seq: Option<u64>,
+        error: String,
+    },
     /// The host's own answer, echoed by the console.
     EchoedAck,
     Other,
@@ -111,7 +132,8 @@ struct AckBody<'a> {
 /// The answer line to request `seq` (with its newline). The reply is kept to one line.
 pub fn ack(seq: u64, ok: bool, reply: &str) -> String {
     let reply = reply.replace(['\n', '\r'], " ");
-    let body = serde_json::to_string(&AckBody { ok, reply: &reply }).unwrap_or_else(|_| r#"{"ok":false,"reply":""}"#.into());
+    let body =
+        serde_json::to_string(&AckBody { ok, reply: &reply }).unwrap_or_else(|_| r#"{"ok":false,"reply":""}"#.into());
     format!("{ACK}{seq} {body}\n")
 }
 
@@ -186,7 +208,10 @@ mod tests {
         let cases: &[(Request, Option<&[&str]>)] = &[
             (Request::Deadline { seq: 1, step: "s".into(), secs: 1 }, None),
             (Request::DeadlineEnd { seq: 1, step: "s".into() }, None),
-            (Request::Fault { seq: 1, hfi: "hfi1-wfr".into(), spec: "cable-delay,ms=5".into() }, Some(&["fault", "hfi1-wfr", "cable-delay,ms=5"])),
+            (
+                Request::Fault { seq: 1, hfi: "hfi1-wfr".into(), spec: "cable-delay,ms=5".into() },
+                Some(&["fault", "hfi1-wfr", "cable-delay,ms=5"]),
+            ),
             (Request::FaultClear { seq: 1 }, Some(&["fault-clear"])),
             (Request::Accesses { seq: 1 }, Some(&["accesses"])),
             (Request::Counters { seq: 1, names: "a  b".into() }, Some(&["counters", "a", "b"])),

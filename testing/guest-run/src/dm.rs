@@ -37,7 +37,8 @@ pub struct Server {
 impl Server {
     /// Starts `program args` with stdin from /dev/null and stdout and stderr into `log`.
     pub fn start(what: &str, program: &Path, args: &[String], log: &Path) -> Result<Self, ServerError> {
-        let file = File::create(log).map_err(|source| ServerError::Log { what: what.into(), log: log.into(), source })?;
+        let file =
+            File::create(log).map_err(|source| ServerError::Log { what: what.into(), log: log.into(), source })?;
         let err = file.try_clone().map_err(|source| ServerError::Log { what: what.into(), log: log.into(), source })?;
         let child = Command::new(program)
             .args(args)

@@ -54,6 +54,13 @@ enum Cmd {
     },
     /// A top-level field of the JSON document on stdin (nothing if it is null or missing).
     JsonField { field: String },
+    /// The JSON document on stdin as Python's repr() shows it (ci/guest/test-init.sh).
+    JsonRepr,
+    /// The JSON array on stdin, one row per element: the values at the dotted paths COLS (Python's str(),
+    /// None where missing), joined by spaces; rows joined by ";" (ci/guest/test-init.sh).
+    JsonRows { cols: Vec<String> },
+    /// Drives a command in a pseudo-terminal through a dialog (ci/guest/test-shell.sh's terminal session).
+    PtyDrive(guest_run::pty::DriveArgs),
     /// One control-socket request; prints the reply's result as JSON, or fails with its error.
     Request {
         #[command(flatten)]
@@ -264,6 +271,12 @@ fn read_result(path: &Path) -> Result<Value, String> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+fn stdin_json() -> Result<Value, String> {
+    let mut text = String::new();
+    std::io::stdin().read_to_string(&mut text).map_err(|e| format!("stdin: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("stdin is not JSON: {e}"))
+}
+
 fn run(cli: Cli) -> Result<bool, String> {
     match cli.cmd {
         Cmd::Scenario(args) => print_scenario(&args).map(|()| true),
@@ -295,6 +308,28 @@ fn run(cli: Cli) -> Result<bool, String> {
             }
             Ok(true)
         }
+        Cmd::JsonRepr => {
+            let doc = stdin_json()?;
+            println!("{}", pyfmt::repr(Some(&doc)));
+            Ok(true)
+        }
+        Cmd::JsonRows { cols } => {
+            let doc = stdin_json()?;
+            let rows: Vec<String> = doc
+                .as_array()
+                .ok_or("stdin is not a JSON array")?
+                .iter()
+                .map(|r| {
+                    cols.iter()
+                        .map(|c| pyfmt::str_of(c.split('.').try_fold(r, |v, k| v.get(k).filter(|x| !x.is_null()))))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect();
+            println!("{}", rows.join(";"));
+            Ok(true)
+        }
+        Cmd::PtyDrive(args) => guest_run::pty::drive(&args).map_err(|e| e.to_string()),
         Cmd::Request { socket, device, cmd, json, field } => {
             let request: Value = match (json, cmd) {
                 (Some(j), _) => serde_json::from_str(&j).map_err(|e| format!("--json is not JSON: {e}"))?,

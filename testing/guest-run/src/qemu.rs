@@ -122,7 +122,11 @@ impl Machine {
 
     /// The command as a shell would take it, for the logs (qemu-command.txt).
     pub fn shell_line(&self) -> String {
-        std::iter::once(self.qemu.display().to_string()).chain(self.args()).map(|w| shell_quote(&w)).collect::<Vec<_>>().join(" ")
+        std::iter::once(self.qemu.display().to_string())
+            .chain(self.args())
+            .map(|w| shell_quote(&w))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 

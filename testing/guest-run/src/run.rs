@@ -126,9 +126,11 @@ fn error(msg: &str) {
 
 /// The local time of day, as `date +%H:%M:%S` prints it.
 fn clock() -> String {
-    Command::new("date").arg("+%H:%M:%S").output().ok().map_or_else(String::new, |o| {
-        String::from_utf8_lossy(&o.stdout).trim().to_string()
-    })
+    Command::new("date")
+        .arg("+%H:%M:%S")
+        .output()
+        .ok()
+        .map_or_else(String::new, |o| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 fn epoch() -> f64 {
@@ -273,7 +275,9 @@ pub fn tid_rdma_params(params: &str) -> Result<String, String> {
     let mut words: Vec<String> = params.split_whitespace().map(String::from).collect();
     let cap = words
         .iter_mut()
-        .find_map(|w| w.strip_prefix("cap_mask=0x").or_else(|| w.strip_prefix("cap_mask=0X")).map(String::from).map(|v| (v, w)))
+        .find_map(|w| {
+            w.strip_prefix("cap_mask=0x").or_else(|| w.strip_prefix("cap_mask=0X")).map(String::from).map(|v| (v, w))
+        })
         .and_then(|(v, w)| u64::from_str_radix(&v, 16).ok().map(|m| (m, w)));
     let Some((mask, word)) = cap else {
         return Err("--tid-rdma needs a hexadecimal cap_mask in --hfi1-params".into());
@@ -382,7 +386,8 @@ pub fn run(args: RunArgs, repo: PathBuf) -> i32 {
     }
     let target_dir = env("CARGO_TARGET_DIR").map_or_else(|| repo.join("target"), PathBuf::from);
     let suffix = if p.a.no_devices && p.a.no_share { "no-devices-no-share" } else { p.mode };
-    let result = absolute(&p.a.result.clone().unwrap_or_else(|| target_dir.join(format!("rdma-emu/result-{suffix}.json"))));
+    let result =
+        absolute(&p.a.result.clone().unwrap_or_else(|| target_dir.join(format!("rdma-emu/result-{suffix}.json"))));
     if let Some(d) = result.parent() {
         let _ = std::fs::create_dir_all(d);
     }
@@ -472,9 +477,8 @@ impl Run {
                     udriver = ["gnu", "musl"]
                         .iter()
                         .flat_map(|libc| {
-                            ["release", "debug"].map(|prof| {
-                                self.target_dir.join(format!("x86_64-unknown-linux-{libc}/{prof}/udriver"))
-                            })
+                            ["release", "debug"]
+                                .map(|prof| self.target_dir.join(format!("x86_64-unknown-linux-{libc}/{prof}/udriver")))
                         })
                         .find(|c| is_static(c));
                     if let Some(u) = &udriver {
@@ -517,7 +521,10 @@ impl Run {
                 .stdin(Stdio::null())
                 .stderr(Stdio::inherit())
                 .output();
-            out.ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).filter(|s| s == "kvm").unwrap_or("tcg".into())
+            out.ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .filter(|s| s == "kvm")
+                .unwrap_or("tcg".into())
         } else {
             self.p.accel.clone()
         };
@@ -619,7 +626,9 @@ impl Run {
         }
         if self.dm.is_some() && is_socket(&self.control_sock) {
             // The device model's final state, for the logs: best effort.
-            match Control::connect(&self.control_sock, Duration::from_secs(5)).and_then(|mut c| control::device_state(&mut c)) {
+            match Control::connect(&self.control_sock, Duration::from_secs(5))
+                .and_then(|mut c| control::device_state(&mut c))
+            {
                 Ok(state) => {
                     let _ = write_json(&self.log_dir.join("device-state.json"), &state);
                 }
@@ -633,7 +642,8 @@ impl Run {
         // --- result
         let facts = Facts {
             log_dir: self.log_dir.clone(),
-            scenario: scenario::find(self.p.scenario).ok_or_else(|| Fail(format!("no scenario {}", self.p.scenario)))?,
+            scenario: scenario::find(self.p.scenario)
+                .ok_or_else(|| Fail(format!("no scenario {}", self.p.scenario)))?,
             options: self.row_options(),
             mode: self.p.mode.into(),
             memory: self.p.memory.into(),
@@ -698,7 +708,8 @@ impl Run {
         }
         let dir = match &a.sockets {
             Some(d) => {
-                let d = std::fs::canonicalize(d).map_err(|_| Fail(format!("--sockets {} is not a directory", d.display())))?;
+                let d = std::fs::canonicalize(d)
+                    .map_err(|_| Fail(format!("--sockets {} is not a directory", d.display())))?;
                 for s in self.sockets(&d) {
                     if !is_socket(&s) {
                         return Err(Fail(format!(
@@ -763,8 +774,8 @@ impl Run {
         }
         log(&format!("starting {}", dm.display()));
         let t0 = Instant::now();
-        let mut server =
-            Server::start("device model", &dm, &args, &self.log_dir.join("device-model.log")).map_err(|e| Fail(e.to_string()))?;
+        let mut server = Server::start("device model", &dm, &args, &self.log_dir.join("device-model.log"))
+            .map_err(|e| Fail(e.to_string()))?;
         self.dm_status = "started".into();
         let up = server.wait_for_sockets(&sockets, Duration::from_secs(20));
         if !up {
@@ -807,9 +818,13 @@ impl Run {
             .testbed
             .clone()
             .or_else(|| env("RDMA_EMU_TESTBED").map(PathBuf::from))
-            .or_else(|| ["release", "debug"].iter().map(|p| self.target_dir.join(p).join("testbed")).find(|c| is_executable(c)))
+            .or_else(|| {
+                ["release", "debug"].iter().map(|p| self.target_dir.join(p).join("testbed")).find(|c| is_executable(c))
+            })
             .filter(|t| is_executable(t))
-            .ok_or_else(|| Fail("--bench needs the testbed binary (cargo build --release -p testbed, or --testbed PATH)".into()))?;
+            .ok_or_else(|| {
+                Fail("--bench needs the testbed binary (cargo build --release -p testbed, or --testbed PATH)".into())
+            })?;
         let (peer, polled) = (self.log_dir.join("peer.sock"), self.log_dir.join("polled.sock"));
         let _ = std::fs::remove_file(&peer);
         let _ = std::fs::remove_file(&polled);
@@ -823,7 +838,10 @@ impl Run {
                 tail(&self.log_dir.join("serve-peers.log"), 5)
             )));
         }
-        log(&format!("testbed serve-peers ready (pid {}): rust-vmm's peer and ours with the defaults", s.pid().unwrap_or(0)));
+        log(&format!(
+            "testbed serve-peers ready (pid {}): rust-vmm's peer and ours with the defaults",
+            s.pid().unwrap_or(0)
+        ));
         self.peers = Some(s);
         Ok(())
     }
@@ -845,7 +863,10 @@ impl Run {
             p.push(format!("rdma_emu.args=\"{}\"", a.udriver_args));
         }
         if a.hfi1_wfr && !a.no_devices {
-            p.push(format!("rdma_emu.hfi1_params=\"{}\" rdma_emu.kdriver_timeout={}", a.hfi1_params, a.kdriver_timeout));
+            p.push(format!(
+                "rdma_emu.hfi1_params=\"{}\" rdma_emu.kdriver_timeout={}",
+                a.hfi1_params, a.kdriver_timeout
+            ));
             p.push(format!("rdma_emu.hfi1_icode={} rdma_emu.hfi1_dma={}", a.icode, a.hfi1_dma));
         }
         if a.bench {
@@ -862,9 +883,16 @@ impl Run {
                     .unwrap_or_default();
                 guids.push(g);
             }
-            let good = |g: &String| g.len() == 18 && g.starts_with("0x") && g[2..].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            let good = |g: &String| {
+                g.len() == 18
+                    && g.starts_with("0x")
+                    && g[2..].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            };
             if guids.len() != 2 || !guids.iter().all(good) {
-                return Err(Fail(format!("the device model did not tell its HFIs' node GUIDs (got '{}')", guids.join(","))));
+                return Err(Fail(format!(
+                    "the device model did not tell its HFIs' node GUIDs (got '{}')",
+                    guids.join(",")
+                )));
             }
             p.push(format!("rdma_emu.fabric_guids={}", guids.join(",")));
         }
@@ -897,7 +925,11 @@ impl Run {
             }
             if a.bench {
                 for p in ["peer", "polled"] {
-                    devices.push(VfioUser { id: p.into(), socket: self.log_dir.join(format!("{p}.sock")), root_port: None });
+                    devices.push(VfioUser {
+                        id: p.into(),
+                        socket: self.log_dir.join(format!("{p}.sock")),
+                        root_port: None,
+                    });
                 }
             }
         }
@@ -1013,7 +1045,9 @@ impl Run {
         std::fs::write(self.log_dir.join("stalled"), format!("{step}\n")).ok();
         log(&format!("guest step {step} overran its deadline; stopping QEMU"));
         let save = |device: &str, cmd: &str, file: &str| {
-            if let Ok(v) = Control::connect(&self.control_sock, Duration::from_secs(10)).and_then(|mut c| c.query(device, cmd)) {
+            if let Ok(v) =
+                Control::connect(&self.control_sock, Duration::from_secs(10)).and_then(|mut c| c.query(device, cmd))
+            {
                 let _ = write_json(&self.log_dir.join(file), &v);
             }
         };
@@ -1278,7 +1312,8 @@ fn tail(path: &Path, n: usize) -> String {
 }
 
 fn make_temp_dir() -> Result<PathBuf, String> {
-    let out = Command::new("mktemp").args(["-d", "/tmp/rdma-emu-run.XXXXXX"]).output().map_err(|e| format!("mktemp: {e}"))?;
+    let out =
+        Command::new("mktemp").args(["-d", "/tmp/rdma-emu-run.XXXXXX"]).output().map_err(|e| format!("mktemp: {e}"))?;
     if !out.status.success() {
         return Err("mktemp -d failed".into());
     }
