@@ -24,7 +24,9 @@ check() { # name expected actual
 
 # Runs a snippet under busybox sh with the init's functions loaded (snippets are single-quoted on purpose).
 # shellcheck disable=SC2016
-bb() { RDMA_EMU_INIT_FUNCTIONS_ONLY=1 CMDLINE="$TMP/cmdline" "$BUSYBOX" sh -c ". '$INIT'; $1"; }
+bb() { RDMA_EMU_INIT_FUNCTIONS_ONLY=1 CMDLINE="$TMP/cmdline" SCENARIOS="$TMP/scenarios.sh" "$BUSYBOX" sh -c ". '$INIT'; $1"; }
+# The guest's scenario file, as ci/build-guest.sh packs it.
+"$GUEST_RUN" scenario --guest-env >"$TMP/scenarios.sh"
 
 echo "json_str: any text becomes one valid JSON string"
 # input (printf format) | the string JSON must decode to (as Python's repr() shows it)
@@ -73,6 +75,22 @@ rdma_emu.hfi1=none rdma_emu.irdma=1b36:1101 rdma_emu.hfi1=1b36:1100|1b36:1100,1b
 xrdma_emu.hfi1=1 rdma_emu.unknown=3 rdma_emu.watchdog=30|,,,,30,
 rdma_emu.irdma= rdma_emu.args=plain|,,plain,,,
 quiet rdma_emu.hold=1|,,,,,1
+CASES
+
+echo "read_params: rdma_emu.scenario=NAME sets its row's parameters where it stands (testing/guest-run/src/scenario.rs)"
+# command line | hfi1_wfr,fabric,tid_rdma,shell,watchdog,hfi1 as read | the error (up to " in FILE")
+while IFS='|' read -r cmdline expected err; do
+    printf '%s\n' "$cmdline" >"$TMP/cmdline"
+    # shellcheck disable=SC2016
+    got=$(bb 'read_params; echo "$P_hfi1_wfr,$P_fabric,$P_tid_rdma,$P_shell,$P_watchdog,$P_hfi1|${SCENARIO_ERR%% in *}"')
+    check "read_params $cmdline" "$expected|$err" "$got"
+done <<'CASES'
+rdma_emu.scenario=tid-rdma|8086:24f0,1,1,,,|
+rdma_emu.scenario=demo rdma_emu.hfi1=1b36:2222|,,,,,1b36:2222|
+rdma_emu.scenario=shell rdma_emu.watchdog=30|8086:24f0,,,1,30,|
+rdma_emu.watchdog=30 rdma_emu.scenario=shell|8086:24f0,,,1,900,|
+rdma_emu.hfi1=1b36:1100 rdma_emu.scenario=no-devices|,,,,,none|
+rdma_emu.scenario=nonesuch|,,,,,|no scenario nonesuch
 CASES
 
 echo "present: a function is found by vendor:device in sysfs"

@@ -147,7 +147,7 @@ struct ScenarioArgs {
     name: Option<String>,
     #[command(flatten)]
     row: RowOptions,
-    /// Its `rdma_emu.*` kernel parameters, on one line.
+    /// The kernel parameters the host gives the guest for it (its name, and those that depend on the run).
     #[arg(long, group = "what")]
     kernel_params: bool,
     /// The steps the guest must report, one a line (demo steps included: they are expected for the functions
@@ -160,6 +160,9 @@ struct ScenarioArgs {
     /// Its chip-personality HFIs' names, one a line.
     #[arg(long, group = "what")]
     chip_hfis: bool,
+    /// The guest's scenario file (every row's settings, for ci/build-guest.sh; no NAME).
+    #[arg(long, group = "what", conflicts_with = "name")]
+    guest_env: bool,
 }
 
 #[derive(Args)]
@@ -215,6 +218,10 @@ fn row(name: &str) -> Result<&'static Scenario, String> {
 }
 
 fn print_scenario(args: &ScenarioArgs) -> Result<(), String> {
+    if args.guest_env {
+        print!("{}", scenario::guest_env());
+        return Ok(());
+    }
     let Some(name) = &args.name else {
         for s in scenario::SCENARIOS {
             println!("{:<14} {}", s.name, s.about);

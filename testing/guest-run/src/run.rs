@@ -898,7 +898,7 @@ impl Run {
         }
         // The scenario's own parameters (after the computed ones: the last occurrence wins), then the caller's.
         let row = scenario::find(self.p.scenario).ok_or_else(|| Fail(format!("no scenario {}", self.p.scenario)))?;
-        p.extend(row.kernel_params(&self.row_options()).into_iter().map(String::from));
+        p.extend(row.kernel_params(&self.row_options()));
         if !a.append.is_empty() {
             p.push(a.append.clone());
         }
