@@ -82,7 +82,8 @@ enum Cmd {
         socket: Socket,
         chips: Vec<String>,
     },
-    /// The answer line to a request of the guest's fabric run (ci/guest/fabric.sh, host_request).
+    /// The answer line to a request of the guest's fabric run, given as words (`fault HFI SPEC`, `fault-clear`,
+    /// `accesses`, `counters NAME...`).
     HostAnswer {
         #[command(flatten)]
         socket: Socket,
