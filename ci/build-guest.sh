@@ -488,6 +488,10 @@ build_verbs_check() {
     echo "$out"
 }
 VERBS_CHECK=$(build_verbs_check)
+# The scenario table's guest-side settings (testing/guest-run/src/scenario.rs), which the init reads for
+# rdma_emu.scenario=NAME.
+guest_run_bin
+SCENARIOS_ENV=$("$GUEST_RUN" scenario --guest-env) || die "guest-run scenario --guest-env failed"
 
 # Everything the cpio depends on; identical inputs mean the existing cpio is reused.
 INPUTS=$({
@@ -504,6 +508,7 @@ INPUTS=$({
     echo "hfi1-user $HFI1_USER_SUM"
     echo "firmware $FIRMWARE_SUM"
     echo "verbs-check $(sha256sum <"$VERBS_CHECK" | cut -c1-64)"
+    echo "scenarios $(printf '%s\n' "$SCENARIOS_ENV" | sha256sum | cut -c1-64)"
     (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh tid-rdma.sh)
     (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
     (cd "$KDIR/kdriver" && xargs sha256sum <"$KDIR/kdriver.rel")
@@ -554,6 +559,7 @@ else
     # Steps the init sources (functions only).
     install -D -m 0644 "$REPO_ROOT/ci/guest/fabric.sh" "$STAGE/lib/rdma-emu/fabric.sh"
     install -D -m 0644 "$REPO_ROOT/ci/guest/tid-rdma.sh" "$STAGE/lib/rdma-emu/tid-rdma.sh"
+    printf '%s\n' "$SCENARIOS_ENV" >"$STAGE/lib/rdma-emu/scenarios.sh"
     cat >"$STAGE/etc/rdma-emu-guest" <<EOF
 kernel=$(cat "$KDIR/package")
 busybox=$(cat "$BBDIR/version")

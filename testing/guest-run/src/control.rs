@@ -1,7 +1,7 @@
 //! The launcher's requests of the device model's control socket (JSON lines: request `{"cmd":...}` or
 //! `{"device":NAME,"cmd":...}`, reply `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`,
-//! device-model/src/control.rs), and the answers to the guest's requests on the console (ci/guest/fabric.sh,
-//! host_request).
+//! device-model/src/control.rs), and the answers to the guest's requests of the device model on the console (`console`,
+//! ci/guest/init host_call).
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

@@ -152,7 +152,8 @@ fn an_hfi1_demo_whose_sync_step_placed_an_old_generation_packet_fails() {
 
 #[test]
 fn a_step_that_overran_its_deadline_is_reported_with_the_last_csr_accesses() {
-    let serial = "RDMA-EMU-INIT uptime=4.25\nRDMA-EMU-DEADLINE kdriver-rmmod 20\n";
+    let serial =
+        "RDMA-EMU-INIT uptime=4.25\nRDMA-EMU {\"seq\":9,\"req\":\"deadline\",\"step\":\"kdriver-rmmod\",\"secs\":20}\n";
     let accesses = json!({"reads": 9, "writes": 3, "unnamed": 0, "recent": [
         {"seq": 41, "op": "read", "csr": "SEND_DMA_STATUS[engine 0]", "offset": "0x200018", "value": "0x0"}]});
     let r = judge_logs(
