@@ -529,6 +529,10 @@ build_verbs_check() {
     echo "$out"
 }
 VERBS_CHECK=$(build_verbs_check)
+# The scenario table's guest-side settings (testing/guest-run/src/scenario.rs), which the init reads for
+# rdma_emu.scenario=NAME.
+guest_run_bin
+SCENARIOS_ENV=$("$GUEST_RUN" scenario --guest-env) || die "guest-run scenario --guest-env failed"
 
 # mpi-check (testing/mpi-check), C against Open MPI: built like verbs-check, with the host's mpicc from Debian's
 # libopenmpi-dev (bookworm's Open MPI, the version the guest's libopenmpi3 is pinned at).
@@ -569,7 +573,8 @@ INPUTS=$({
     echo "mpi-check $(sha256sum <"$MPI_CHECK" | cut -c1-64)"
     echo "psm2-layer $(printf '%s\n' "${PSM2_PROGRAMS[@]}" "${PSM2_COMPONENT_DIRS[@]}" "$PSM2_INFINIPATH" \
         "$PSM2_INFINIPATH_TARGET" "${PSM2_DATA_DIRS[@]}" | sha256sum | cut -c1-64)"
-    (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh tid-rdma.sh)
+    echo "scenarios $(printf '%s\n' "$SCENARIOS_ENV" | sha256sum | cut -c1-64)"
+    (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh tid-rdma.sh psm2.sh)
     (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
     (cd "$KDIR/kdriver" && xargs sha256sum <"$KDIR/kdriver.rel")
 })
@@ -620,6 +625,7 @@ else
     # Steps the init sources (functions only).
     install -D -m 0644 "$REPO_ROOT/ci/guest/fabric.sh" "$STAGE/lib/rdma-emu/fabric.sh"
     install -D -m 0644 "$REPO_ROOT/ci/guest/tid-rdma.sh" "$STAGE/lib/rdma-emu/tid-rdma.sh"
+    printf '%s\n' "$SCENARIOS_ENV" >"$STAGE/lib/rdma-emu/scenarios.sh"
     cat >"$STAGE/etc/rdma-emu-guest" <<EOF
 kernel=$(cat "$KDIR/package")
 busybox=$(cat "$BBDIR/version")

@@ -1,7 +1,7 @@
 # The fabric run of the test guest (rdma_emu.fabric=1): two chip-personality HFIs on one cable, brought up by
 # the stock hfi1 driver and opa-fm, then verbs traffic between them, the kernel under cable faults and, on
 # request, a link bounce. Sourced by /init (busybox sh) for its functions; uses init's helpers (begin, record,
-# json_str, run_to, wait_for, host_deadline, sm_start, ...). docs/hfi1-fabric.md describes what is checked.
+# json_str, run_to, wait_for, host_call, host_deadline, sm_start, ...). docs/hfi1-fabric.md describes what is checked.
 
 FABRIC_A=hfi1_0 FABRIC_B=hfi1_1
 FABRIC_T0=""                    # uptime when modprobe hfi1 started
@@ -11,32 +11,11 @@ KFUNC_JSON=/tmp/kernel-functions.json
 TRACING=/sys/kernel/tracing
 
 # --- talking to the host ------------------------------------------------------------------------------------
-# The host reads the console; it answers a request line with "RDMA-EMU-ACK <seq> ok [reply]" or
-# "RDMA-EMU-ACK <seq> error <why>" on the console's input (ci/run-qemu.sh --fabric). Requests:
-#   fault DEVICE SPEC      arm a fault on a device (docs/observe.md, fault specs)
-#   fault-clear            disarm every fault of both HFIs; replies "FIRED" (how often they fired in total)
-#   accesses               "READS WRITES PACKETS": trapped CSR accesses of both HFIs, packets the cable carried
-#   counters NAME...       the device model's counters of those names, each summed over both HFIs (tid-rdma.sh)
-HOST_SEQ=0
-HOST_REPLY=""
-host_request() { # words...
-    HOST_SEQ=$((HOST_SEQ + 1))
-    echo "RDMA-EMU-HOST $HOST_SEQ $*"
-    waited=0
-    while [ "$waited" -lt 30 ]; do
-        if IFS= read -r -t 1 line; then
-            line=$(printf '%s' "$line" | tr -d '\r')
-            case "$line" in
-                "RDMA-EMU-ACK $HOST_SEQ ok"*) HOST_REPLY=${line#"RDMA-EMU-ACK $HOST_SEQ ok"}; HOST_REPLY=${HOST_REPLY# }; return 0 ;;
-                "RDMA-EMU-ACK $HOST_SEQ "*) HOST_REPLY=${line#"RDMA-EMU-ACK $HOST_SEQ "}; return 1 ;;
-            esac
-        else
-            waited=$((waited + 1))
-        fi
-    done
-    HOST_REPLY="the host did not answer \"$*\" within 30 s"
-    return 1
-}
+# Through init's host_call (ci/run-qemu.sh answers on the console's input). The fabric run's requests:
+#   fault hfi DEVICE spec SPEC   arm a fault on a device (docs/observe.md, fault specs)
+#   fault-clear                  disarm every fault of both HFIs; replies "FIRED" (how often they fired in total)
+#   accesses                     "READS WRITES PACKETS": trapped CSR accesses of both HFIs, packets the cable carried
+#   counters names "NAME..."     the device model's counters of those names, each summed over both HFIs (tid-rdma.sh)
 
 # --- the ports ----------------------------------------------------------------------------------------------
 # A GUID as 0x and 16 hex digits, from sysfs's 0011:7501:0100:0001 or the driver's 11750101000001.
@@ -194,17 +173,17 @@ step_fabric_smp() {
     done
     # Trapped accesses per SMP: an idle window, then FABRIC_SMPS queries by LID, each a round trip.
     per_smp=null
-    if host_request accesses; then
+    if host_call accesses; then
         a0=$HOST_REPLY; now; i0=$NOW
         sleep 3
-        host_request accesses && a1=$HOST_REPLY
+        host_call accesses && a1=$HOST_REPLY
         now; s0=$NOW; n=0
         while [ "$n" -lt "$FABRIC_SMPS" ]; do
             run_to 30 opasmaquery -o nodeinfo -l "$lb" || { err="$err opasmaquery $n failed: $(out_tail);"; break; }
             n=$((n + 1))
         done
         now; s1=$NOW
-        if host_request accesses && [ -n "$a1" ]; then
+        if host_call accesses && [ -n "$a1" ]; then
             per_smp=$(echo "$a0 $a1 $HOST_REPLY" | awk -v idle="$(awk -v a="$i0" -v b="$s0" 'BEGIN { print b - a }')" \
                 -v busy="$(awk -v a="$s0" -v b="$s1" 'BEGIN { print b - a }')" -v n="$n" '{
                     bg = (($4 + $5) - ($1 + $2)) / idle; acc = ($7 + $8) - ($4 + $5) - bg * busy
@@ -335,13 +314,13 @@ step_fault_rc() { # step device spec tool args...
     begin "$name"; host_deadline "$name" "$KDRIVER_TIMEOUT"
     err="" fired=""
     before=$(rc_counters)
-    if host_request fault "$fdev" "$spec"; then
+    if host_call fault hfi "$fdev" spec "$spec"; then
         run_pair "$KDRIVER_TIMEOUT" "$@" -c
         [ "$PAIR_RC" = 0 ] && grep -q "iters in" /tmp/client.out || err="$*: $(timeout_msg "$PAIR_RC" "$KDRIVER_TIMEOUT"): $(pair_tail);"
     else
         err="arming $fdev:$spec: $HOST_REPLY;"
     fi
-    if host_request fault-clear; then fired=$HOST_REPLY; else err="$err clearing the faults: $HOST_REPLY;"; fi
+    if host_call fault-clear; then fired=$HOST_REPLY; else err="$err clearing the faults: $HOST_REPLY;"; fi
     [ "${fired:-0}" -gt 0 ] 2>/dev/null || err="$err the fault never fired;"
     after=$(rc_counters)
     moved=$(counters_moved "$before" "$after")
@@ -359,7 +338,7 @@ step_fault_sm() {
     begin fault-sm-drop; host_deadline fault-sm-drop 120
     err="" fired="" smline=""
     sm_stop 30
-    if host_request fault hfi1-wfr1 "cable-drop,nth=3"; then
+    if host_call fault hfi hfi1-wfr1 spec "cable-drop,nth=3"; then
         if sm_start "$FABRIC_A"; then
             wait_for 90 'sm_discovery | grep -q . || ! alive $SM_PID'
             smline=$(sm_discovery)
@@ -375,7 +354,7 @@ step_fault_sm() {
     else
         err="$err arming the fault: $HOST_REPLY;"
     fi
-    if host_request fault-clear; then fired=$HOST_REPLY; else err="$err clearing the faults: $HOST_REPLY;"; fi
+    if host_call fault-clear; then fired=$HOST_REPLY; else err="$err clearing the faults: $HOST_REPLY;"; fi
     [ "${fired:-0}" -gt 0 ] 2>/dev/null || err="$err the fault never fired;"
     both_in_state 4 5 || err="$err not both ports ACTIVE after the sweep;"
     host_deadline_end fault-sm-drop

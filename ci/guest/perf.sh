@@ -225,18 +225,18 @@ perf_transport() { # name server-dev client-dev extra-args...
             iters=$(perf_iters "$size")
             say "fabric-perf: $name $tool -s $size -n $iters"
             a0="" t0=""
-            [ "$name" = rxe ] || { host_request accesses && a0=$HOST_REPLY; }
+            [ "$name" = rxe ] || { host_call accesses && a0=$HOST_REPLY; }
             # shellcheck disable=SC2086 # the counter names
-            [ "$name" = rxe ] || { host_request counters $PERF_TID_COUNTERS && t0=$HOST_REPLY; }
+            [ "$name" = rxe ] || { host_call counters names "$PERF_TID_COUNTERS" && t0=$HOST_REPLY; }
             if perf_run "$tool" "$sdev" "$cdev" -F -s "$size" -n "$iters" "$@" \
                 && row=$(perf_parse_bw "$PERF_DIR/client.out" "$size") && [ -n "$row" ]; then
                 echo "$tool $size $row" >>"$PERF_DIR/$name.bw"
-                if [ -n "$a0" ] && host_request accesses; then
+                if [ -n "$a0" ] && host_call accesses; then
                     d=$(perf_accesses_delta "$a0" "$HOST_REPLY")
                     [ -n "$d" ] && echo "$tool $size $iters $d" >>"$PERF_DIR/$name.acc"
                 fi
                 # shellcheck disable=SC2086 # the counter names
-                if [ -n "$t0" ] && host_request counters $PERF_TID_COUNTERS; then
+                if [ -n "$t0" ] && host_call counters names "$PERF_TID_COUNTERS"; then
                     echo "$t0 $HOST_REPLY" | awk -v k="$tool $size" 'NF == 4 { print k, ($3 - $1) + ($4 - $2) }' \
                         >>"$PERF_DIR/$name.tid"
                 fi

@@ -9,6 +9,7 @@ if [ -z "$BUSYBOX" ]; then
     BUSYBOX=$(ls -d "$CACHE_DIR"/guest/busybox-*/busybox | sort -rV | head -n1)
 fi
 INIT="$REPO_ROOT/ci/guest/init"
+guest_run_bin
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 FAILS=0
@@ -23,14 +24,16 @@ check() { # name expected actual
 
 # Runs a snippet under busybox sh with the init's functions loaded (snippets are single-quoted on purpose).
 # shellcheck disable=SC2016
-bb() { RDMA_EMU_INIT_FUNCTIONS_ONLY=1 CMDLINE="$TMP/cmdline" "$BUSYBOX" sh -c ". '$INIT'; $1"; }
+bb() { RDMA_EMU_INIT_FUNCTIONS_ONLY=1 CMDLINE="$TMP/cmdline" SCENARIOS="$TMP/scenarios.sh" "$BUSYBOX" sh -c ". '$INIT'; $1"; }
+# The guest's scenario file, as ci/build-guest.sh packs it.
+"$GUEST_RUN" scenario --guest-env >"$TMP/scenarios.sh"
 
 echo "json_str: any text becomes one valid JSON string"
-# input (printf format) | the string JSON must decode to (Python literal)
+# input (printf format) | the string JSON must decode to (as Python's repr() shows it)
 while IFS='|' read -r input expected; do
     # shellcheck disable=SC2059 # the case is a printf format on purpose
     printf "$input" >"$TMP/in"
-    got=$(bb 'json_str "$(cat '"$TMP/in"')"' | python3 -c 'import json, sys; print(repr(json.loads(sys.stdin.read())))' 2>&1)
+    got=$(bb 'json_str "$(cat '"$TMP/in"')"' | "$GUEST_RUN" json-repr 2>&1)
     check "json_str $input" "$expected" "$got"
 done <<'CASES'
 plain text|'plain text'
@@ -44,6 +47,19 @@ cr\r\n|'cr'
 utf8 \303\251|'utf8 é'
 |''
 CASES
+
+echo "host_call: a JSON request line, then the host's answer to its sequence number (testing/guest-run/src/console.rs)"
+printf '%s\n' 'RDMA-EMU-ACK 9 {"ok":true,"reply":"stale"}' 'RDMA-EMU-ACK 1 {"ok":true,"reply":"1 2 3"}' \
+    'RDMA-EMU-ACK 2 {"ok":false,"reply":"no \"x\" at a\\b"}' 'RDMA-EMU-ACK 3 {"ok":true,"reply":""}' >"$TMP/acks"
+# shellcheck disable=SC2016
+got=$(bb 'host_call accesses; echo "$? $HOST_REPLY"; host_call fault hfi hfi1-wfr1 spec "cable-drop,nth=3"
+    echo "$? $HOST_REPLY"; host_deadline kdriver-modprobe 120; echo "$? $HOST_REPLY"; HOST_WAIT=2
+    host_call counters names "a b"; echo "$? $HOST_REPLY"' <"$TMP/acks" | tr '\n' '|')
+check "host_call: requests, answers by sequence number, a reply unescaped, no answer" \
+'RDMA-EMU {"seq":1,"req":"accesses"}|0 1 2 3|RDMA-EMU {"seq":2,"req":"fault","hfi":"hfi1-wfr1","spec":"cable-drop,nth=3"}|1 no "x" at a\b|RDMA-EMU {"seq":3,"req":"deadline","step":"kdriver-modprobe","secs":120}|0 |RDMA-EMU {"seq":4,"req":"counters","names":"a b"}|1 the host did not answer {"seq":4,"req":"counters","names":"a b"} within 2 s|' "$got"
+# shellcheck disable=SC2016
+got=$(bb 'HOST_ANSWERS=0; host_deadline s 5; echo "$? $HOST_REPLY"' </dev/null)
+check "host_call without a host on the console (the user's shell) sends nothing" "1 no host on the console" "$got"
 
 echo "read_params: rdma_emu.* parameters from the kernel command line"
 # command line | hfi1,irdma,args,timeout,watchdog,hold as read
@@ -59,6 +75,22 @@ rdma_emu.hfi1=none rdma_emu.irdma=1b36:1101 rdma_emu.hfi1=1b36:1100|1b36:1100,1b
 xrdma_emu.hfi1=1 rdma_emu.unknown=3 rdma_emu.watchdog=30|,,,,30,
 rdma_emu.irdma= rdma_emu.args=plain|,,plain,,,
 quiet rdma_emu.hold=1|,,,,,1
+CASES
+
+echo "read_params: rdma_emu.scenario=NAME sets its row's parameters where it stands (testing/guest-run/src/scenario.rs)"
+# command line | hfi1_wfr,fabric,tid_rdma,shell,watchdog,hfi1 as read | the error (up to " in FILE")
+while IFS='|' read -r cmdline expected err; do
+    printf '%s\n' "$cmdline" >"$TMP/cmdline"
+    # shellcheck disable=SC2016
+    got=$(bb 'read_params; echo "$P_hfi1_wfr,$P_fabric,$P_tid_rdma,$P_shell,$P_watchdog,$P_hfi1|${SCENARIO_ERR%% in *}"')
+    check "read_params $cmdline" "$expected|$err" "$got"
+done <<'CASES'
+rdma_emu.scenario=tid-rdma|8086:24f0,1,1,,,|
+rdma_emu.scenario=demo rdma_emu.hfi1=1b36:2222|,,,,,1b36:2222|
+rdma_emu.scenario=shell rdma_emu.watchdog=30|8086:24f0,,,1,30,|
+rdma_emu.watchdog=30 rdma_emu.scenario=shell|8086:24f0,,,1,900,|
+rdma_emu.hfi1=1b36:1100 rdma_emu.scenario=no-devices|,,,,,none|
+rdma_emu.scenario=nonesuch|,,,,,|no scenario nonesuch
 CASES
 
 echo "present: a function is found by vendor:device in sysfs"
@@ -243,7 +275,7 @@ lat-dur|8|
 bw-one|1048576|
 CASES
 
-echo "perf_accesses_delta: the host's access totals (\"READS WRITES PACKETS\", fabric.sh host_request) before and after"
+echo "perf_accesses_delta: the host's access totals (\"READS WRITES PACKETS\", init host_call) before and after"
 while IFS='|' read -r before after expected; do
     check "perf_accesses_delta '$before' '$after'" "$expected" "$(bbp "perf_accesses_delta '$before' '$after'")"
 done <<'CASES'
@@ -261,14 +293,9 @@ printf 'ib_send_lat 8 200 21.34 310.97 24.12 27.80 20.01 130.55 310.97\n' >"$TMP
 : >"$TMP/perf/rxe.lat"
 # kind | tool, bytes, hfi1's and rxe's figure compared (average MiB/s, typical us) and the ratio, per row
 while IFS='|' read -r kind expected; do
-    got=$(bbp "PERF_DIR='$TMP/perf'; echo \"[\$(perf_json_rows $kind)]\"" | python3 -c '
-import json, sys
-k = sys.argv[1]
-col = "mib_s" if k == "bw" else "typical_us"
-def fig(r, who):
-    return (r[who] or {}).get(col)
-print(";".join("%s %s %s %s %s" % (r["tool"], r["bytes"], fig(r, "hfi1"), fig(r, "rxe"), r["ratio"])
-               for r in json.loads(sys.stdin.read())))' "$kind" 2>&1)
+    col=mib_s; [ "$kind" = bw ] || col=typical_us
+    got=$(bbp "PERF_DIR='$TMP/perf'; echo \"[\$(perf_json_rows $kind)]\"" \
+        | "$GUEST_RUN" json-rows tool bytes "hfi1.$col" "rxe.$col" ratio 2>&1)
     check "perf_json_rows $kind" "$expected" "$got"
 done <<'CASES'
 bw|ib_send_bw 1024 2.75 5.5 0.5;ib_send_bw 1048576 79.12 39.56 2.0;ib_write_bw 1024 3.0 None None
@@ -283,12 +310,8 @@ printf 'ib_write_bw 1048576 64 60.0 50.00 0.00005\n' >"$TMP/tidperf/plain.bw"
 printf 'ib_write_bw 1048576 64 90.0 80.00 0.00008\nib_read_bw 1048576 64 70.0 60.00 0.00006\n' >"$TMP/tidperf/rxe.bw"
 printf 'ib_write_bw 1048576 50331648\nib_read_bw 1048576 67108864\n' >"$TMP/tidperf/tid.tid"
 printf 'ib_write_bw 1048576 0\n' >"$TMP/tidperf/plain.tid"
-got=$(bbp "PERF_DIR='$TMP/tidperf'; echo \"[\$(perf_tid_json_rows)]\"" | python3 -c '
-import json, sys
-f = lambda r, w: (r[w] or {}).get("mib_s")
-print(";".join("%s %s %s %s %s %s %s %s %s %s" % (r["tool"], r["bytes"], f(r, "tid"), f(r, "plain"), f(r, "rxe"),
-      r["tid_over_plain"], r["tid_over_rxe"], r["plain_over_rxe"], r["tid_share"]["tid"], r["tid_share"]["plain"])
-      for r in json.loads(sys.stdin.read())))' 2>&1)
+got=$(bbp "PERF_DIR='$TMP/tidperf'; echo \"[\$(perf_tid_json_rows)]\"" | "$GUEST_RUN" json-rows tool bytes \
+    tid.mib_s plain.mib_s rxe.mib_s tid_over_plain tid_over_rxe plain_over_rxe tid_share.tid tid_share.plain 2>&1)
 # 48 MiB of 64 through TIDs: 0.75; 64 of 64: 1.0; the plain run none.
 check perf_tid_json_rows "ib_write_bw 1048576 40.0 50.0 80.0 0.8 0.5 0.625 0.75 0.0;ib_read_bw 1048576 30.0 None 60.0 None 0.5 None 1.0 None" "$got"
 

@@ -6,7 +6,8 @@
 #
 #   ci/guest/test-shell.sh [ci/run-qemu.sh options, e.g. --hfi1-wfr for one HFI instead of the fabric]
 source "$(dirname "$0")/../lib.sh"
-command -v python3 >/dev/null || apt_install python3
+command -v setsid >/dev/null || apt_install util-linux
+guest_run_bin
 
 TMP=$(mktemp -d /tmp/rdma-emu-shell-test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
@@ -50,73 +51,31 @@ fi
 
 log "terminal: a prompt, a command, Ctrl-C to a running command, Ctrl-D"
 set +e
-python3 - "$REPO_ROOT/ci/run-qemu.sh" "$TMP/tty.out" --shell --timeout 600 --logs "$TMP/tty" --keep-logs "$@" <<'PY'
-import os, pty, re, select, sys, time
-
-script, transcript = sys.argv[1], sys.argv[2]
-pid, fd = pty.fork()
-if pid == 0:
-    os.execvp("bash", ["bash", script] + sys.argv[3:])
-out = bytearray()
-eof = False
-
-def expect(pattern, secs):
-    """Reads the terminal until the regex matches the transcript's unread part; False on timeout or EOF."""
-    global eof
-    deadline = time.monotonic() + secs
-    start = len(out)
-    while time.monotonic() < deadline:
-        if re.search(pattern.encode(), bytes(out[start:]), re.S):
-            return True
-        r, _, _ = select.select([fd], [], [], 1)
-        if r:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                eof = True
-                return False
-            out.extend(chunk)
-    return False
-
-def step(name, ok):
-    print(("  ok   " if ok else "  FAIL ") + name, flush=True)
-    return ok
-
-good = step("the shell is ready", expect(r"shell ready", 600))
-good = good and step("a prompt", expect(r"rdma-emu:/# ", 60))
-if good:
-    os.write(fd, b"ibv_devinfo -d hfi1_0\r")
-    good = step("ibv_devinfo answers", expect(r"hca_id:\thfi1_0.*?rdma-emu:/# ", 120))
-if good:
-    # Ctrl-C must reach the guest's foreground job, not end QEMU (the console is signal=off; cttyhack gave the
-    # shell a controlling terminal).
-    os.write(fd, b"sleep 300; echo after-sleep\r")
-    expect(r"sleep 300; echo after-sleep", 10)
-    time.sleep(1)  # the sleep must have started: Ctrl-C before it would only clear the line
-    os.write(fd, b"\x03")
-    good = step("Ctrl-C stops the guest's command and the shell prompts again",
-                expect(r"rdma-emu:/# ", 30) and b"after-sleep\r\n" not in out)
-if good:
-    os.write(fd, b"echo alive-$((6*7))\r")
-    good = step("the shell still runs commands", expect(r"alive-42.*rdma-emu:/# ", 30))
-if good:
-    # Ctrl-D at the prompt (the piped run ends with `exit`).
-    os.write(fd, b"\x04")
-    good = step("Ctrl-D at the prompt powers the guest off", expect(r"guest powered off", 120))
+# The dialog of guest-run pty-drive (testing/guest-run/src/pty.rs): run-qemu.sh on a pseudo-terminal that is its
+# controlling terminal, typed at as a user would.
+cat >"$TMP/tty.dialog" <<'DIALOG'
+expect 600 the shell is ready :: shell ready
+expect 60 a prompt :: rdma-emu:/# 
+send ibv_devinfo -d hfi1_0\r
+expect 120 ibv_devinfo answers :: hca_id:\thfi1_0 ... rdma-emu:/# 
+# Ctrl-C must reach the guest's foreground job, not end QEMU (the console is signal=off; cttyhack gave the shell a
+# controlling terminal). The sleep must have started first: a Ctrl-C before it would only clear the line.
+send sleep 300; echo after-sleep\r
+wait 10 :: sleep 300; echo after-sleep
+pause 1
+send \x03
+expect 30 Ctrl-C stops the guest's command and the shell prompts again :: rdma-emu:/# 
+absent the interrupted command line did not go on :: \nafter-sleep
+send echo alive-$((6*7))\r
+expect 30 the shell still runs commands :: alive-42 ... rdma-emu:/# 
+# Ctrl-D at the prompt (the piped run ends with `exit`).
+send \x04
+expect 120 Ctrl-D at the prompt powers the guest off :: guest powered off
+DIALOG
 # run-qemu.sh must end by itself (it stops QEMU and the device model): the terminal then reads EOF. If it does
 # not, it is stopped (SIGTERM stops QEMU and the device model too).
-expect(r"(?!x)x", 60)
-ended = eof
-if not ended:
-    os.kill(pid, 15)
-_, status = os.waitpid(pid, 0)
-open(transcript, "wb").write(bytes(out))
-good = step("run-qemu.sh ends by itself", ended) and good
-good = step("run-qemu.sh exits 0", good and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
-sys.exit(0 if good else 1)
-PY
+"$GUEST_RUN" pty-drive --dialog "$TMP/tty.dialog" --transcript "$TMP/tty.out" --end-secs 60 -- \
+    bash "$REPO_ROOT/ci/run-qemu.sh" --shell --timeout 600 --logs "$TMP/tty" --keep-logs "$@"
 rc=$?
 set -e
 check "terminal session" [ "$rc" = 0 ]

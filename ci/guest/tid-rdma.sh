@@ -1,7 +1,7 @@
 # The kernel's own TID RDMA over the two emulated HFIs (rdma_emu.tid_rdma=1, ci/run-qemu.sh --tid-rdma): hfi1
 # loaded with cap_mask TID_RDMA and OPFN, RDMA READ and WRITE of 256 KiB and more from perftest and
 # verbs-check, and the evidence that the kernel's TID RDMA ran on our RcvArray and flow table. Sourced by /init
-# after fabric.sh, whose helpers it uses (host_request, run_pair, kprobe_count_start, kprobe_count, ...);
+# after fabric.sh, whose helpers it uses (host_call, run_pair, kprobe_count_start, kprobe_count, ...);
 # docs/kernel-tid-rdma.md maps each step to the kernel functions and what the device saw.
 
 # shellcheck disable=SC2154 # t: set by init's begin
@@ -48,7 +48,7 @@ hist_by_opcode() { # prefix system/event...
 }
 
 # One snapshot of every count the steps compare, and the kernel's RC counters (fabric.sh), as "NAME=VALUE ..."
-# in TID_SNAP (not echoed: host_request must run in this shell, which keeps the request sequence).
+# in TID_SNAP (not echoed: host_call must run in this shell, which keeps the request sequence).
 TID_SNAP="" TID_SNAP_ERR=""
 tid_snapshot() {
     s=""
@@ -60,7 +60,7 @@ tid_snapshot() {
     # shellcheck disable=SC2086 # event list
     s="$s $(hist_by_opcode wr $TID_WR_EVENT) $(hist_by_opcode wire $TID_WIRE_EVENTS) $(rc_counters)"
     # shellcheck disable=SC2086 # counter names
-    if host_request counters $TID_DM_COUNTERS; then
+    if host_call counters names "$TID_DM_COUNTERS"; then
         set -- $HOST_REPLY
         for c in $TID_DM_COUNTERS; do s="$s d.$c=${1:-0}"; shift; done
     else
@@ -228,14 +228,14 @@ step_tid_exhaust() {
     err="" fired=""
     tid_snapshot; before=$TID_SNAP
     delay="cable-delay,ms=$TID_EXHAUST_DELAY_MS,count=forever"
-    if host_request fault hfi1-wfr1 "$delay"; then
+    if host_call fault hfi hfi1-wfr1 spec "$delay"; then
         run_pair "$KDRIVER_TIMEOUT" ib_read_bw -q "$TID_EXHAUST_QPS" -s "$TID_BYTES" -n 10 -t 2 -u "$TID_EXHAUST_TIMEOUT"
         line=$(awk '$1 ~ /^[0-9]+$/ && NF >= 4 { l = $0 } END { print l }' /tmp/client.out)
         [ "$PAIR_RC" = 0 ] && [ -n "$line" ] || err="ib_read_bw -q $TID_EXHAUST_QPS -u $TID_EXHAUST_TIMEOUT: $(timeout_msg "$PAIR_RC" "$KDRIVER_TIMEOUT"): $(pair_tail);"
     else
         err="arming hfi1-wfr1:$delay: $HOST_REPLY;" line=""
     fi
-    if host_request fault-clear; then fired=$HOST_REPLY; else err="$err clearing the delay: $HOST_REPLY;"; fi
+    if host_call fault-clear; then fired=$HOST_REPLY; else err="$err clearing the delay: $HOST_REPLY;"; fi
     [ "${fired:-0}" -gt 0 ] 2>/dev/null || err="$err the delay held no packet;"
     tid_measure "$before"
     host_deadline_end tid-exhaust
@@ -263,7 +263,7 @@ step_tid_fault() { # step wire-opcode-that-must-be-sent|"" device spec [device s
     err="" fired="" armed="" n=0
     tid_snapshot; before=$TID_SNAP
     while [ $# -ge 2 ]; do
-        host_request fault "$1" "$2" || err="$err arming $1:$2: $HOST_REPLY;"
+        host_call fault hfi "$1" spec "$2" || err="$err arming $1:$2: $HOST_REPLY;"
         armed="$armed${armed:+ }$1:$2" n=$((n + 1))
         shift 2
     done
@@ -273,7 +273,7 @@ step_tid_fault() { # step wire-opcode-that-must-be-sent|"" device spec [device s
         summary=$(grep '"summary"' "$OUT" | tail -n 1)
         [ "$rc" = 0 ] && [ -n "$summary" ] || err="verbs-check: $(timeout_msg "$rc" "$KDRIVER_TIMEOUT"): $(out_tail);"
     fi
-    if host_request fault-clear; then fired=$HOST_REPLY; else err="$err clearing the faults: $HOST_REPLY;"; fi
+    if host_call fault-clear; then fired=$HOST_REPLY; else err="$err clearing the faults: $HOST_REPLY;"; fi
     [ "${fired:-0}" -ge "$n" ] 2>/dev/null || err="$err the faults fired ${fired:-?} times, fewer than the $n armed;"
     tid_measure "$before"
     [ -z "$must" ] || [ "$(moved "$TID_MOVED" "wire.$must")" -gt 0 ] || err="$err no packet of opcode $must sent;"

@@ -4,12 +4,19 @@
 //!   parameters, the steps the guest must report, and what the run must show;
 //! - `verdict`: the verdict of a finished run from its log directory, and the result JSON;
 //! - `expect`: what `ci/e2e.sh` requires beyond the verdict (the runs that must fail, and how);
+//! - `run`: one whole guest run (`ci/run-qemu.sh` launches it): `dm` starts and stops the servers, `qemu` gives
+//!   QEMU's command line, `console` is the protocol the guest and the host speak on the console;
 //! - `control`: the launcher's requests of the device model's control socket and the answers to the guest's
 //!   requests on the console.
 
+pub mod console;
 pub mod control;
+pub mod dm;
 pub mod expect;
+pub mod pty;
 pub mod pyfmt;
+pub mod qemu;
+pub mod run;
 pub mod scenario;
 pub mod verdict;
 

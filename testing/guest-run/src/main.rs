@@ -54,6 +54,13 @@ enum Cmd {
     },
     /// A top-level field of the JSON document on stdin (nothing if it is null or missing).
     JsonField { field: String },
+    /// The JSON document on stdin as Python's repr() shows it (ci/guest/test-init.sh).
+    JsonRepr,
+    /// The JSON array on stdin, one row per element: the values at the dotted paths COLS (Python's str(),
+    /// None where missing), joined by spaces; rows joined by ";" (ci/guest/test-init.sh).
+    JsonRows { cols: Vec<String> },
+    /// Drives a command in a pseudo-terminal through a dialog (ci/guest/test-shell.sh's terminal session).
+    PtyDrive(guest_run::pty::DriveArgs),
     /// One control-socket request; prints the reply's result as JSON, or fails with its error.
     Request {
         #[command(flatten)]
@@ -85,6 +92,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         words: Vec<String>,
     },
+    /// One guest run with ci/run-qemu.sh's options (its header describes them); prints the result file's path.
+    Run(Box<guest_run::run::RunArgs>),
     /// The device model's final state, for the logs.
     DeviceState {
         #[command(flatten)]
@@ -138,7 +147,7 @@ struct ScenarioArgs {
     name: Option<String>,
     #[command(flatten)]
     row: RowOptions,
-    /// Its `rdma_emu.*` kernel parameters, on one line.
+    /// The kernel parameters the host gives the guest for it (its name, and those that depend on the run).
     #[arg(long, group = "what")]
     kernel_params: bool,
     /// The steps the guest must report, one a line (demo steps included: they are expected for the functions
@@ -151,6 +160,9 @@ struct ScenarioArgs {
     /// Its chip-personality HFIs' names, one a line.
     #[arg(long, group = "what")]
     chip_hfis: bool,
+    /// The guest's scenario file (every row's settings, for ci/build-guest.sh; no NAME).
+    #[arg(long, group = "what", conflicts_with = "name")]
+    guest_env: bool,
 }
 
 #[derive(Args)]
@@ -206,6 +218,10 @@ fn row(name: &str) -> Result<&'static Scenario, String> {
 }
 
 fn print_scenario(args: &ScenarioArgs) -> Result<(), String> {
+    if args.guest_env {
+        print!("{}", scenario::guest_env());
+        return Ok(());
+    }
     let Some(name) = &args.name else {
         for s in scenario::SCENARIOS {
             println!("{:<14} {}", s.name, s.about);
@@ -262,6 +278,12 @@ fn read_result(path: &Path) -> Result<Value, String> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+fn stdin_json() -> Result<Value, String> {
+    let mut text = String::new();
+    std::io::stdin().read_to_string(&mut text).map_err(|e| format!("stdin: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("stdin is not JSON: {e}"))
+}
+
 fn run(cli: Cli) -> Result<bool, String> {
     match cli.cmd {
         Cmd::Scenario(args) => print_scenario(&args).map(|()| true),
@@ -293,6 +315,28 @@ fn run(cli: Cli) -> Result<bool, String> {
             }
             Ok(true)
         }
+        Cmd::JsonRepr => {
+            let doc = stdin_json()?;
+            println!("{}", pyfmt::repr(Some(&doc)));
+            Ok(true)
+        }
+        Cmd::JsonRows { cols } => {
+            let doc = stdin_json()?;
+            let rows: Vec<String> = doc
+                .as_array()
+                .ok_or("stdin is not a JSON array")?
+                .iter()
+                .map(|r| {
+                    cols.iter()
+                        .map(|c| pyfmt::str_of(c.split('.').try_fold(r, |v, k| v.get(k).filter(|x| !x.is_null()))))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect();
+            println!("{}", rows.join(";"));
+            Ok(true)
+        }
+        Cmd::PtyDrive(args) => guest_run::pty::drive(&args).map_err(|e| e.to_string()),
         Cmd::Request { socket, device, cmd, json, field } => {
             let request: Value = match (json, cmd) {
                 (Some(j), _) => serde_json::from_str(&j).map_err(|e| format!("--json is not JSON: {e}"))?,
@@ -322,6 +366,11 @@ fn run(cli: Cli) -> Result<bool, String> {
         Cmd::HostAnswer { socket, chips, words } => {
             println!("{}", control::host_answer(&socket.path, &chips, &words));
             Ok(true)
+        }
+        Cmd::Run(args) => {
+            let repo = std::env::var_os("RDMA_EMU_REPO_ROOT")
+                .map_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")), PathBuf::from);
+            std::process::exit(guest_run::run::run(*args, repo))
         }
         Cmd::DeviceState { socket, out } => {
             let state = socket.connect().and_then(|mut c| control::device_state(&mut c)).map_err(|e| e.to_string())?;
