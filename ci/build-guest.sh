@@ -449,6 +449,7 @@ stage_psm2_layer() { # userland-dir base-stage layer-stage
         cp -a "$root/$p" "$stage/$p"
     done
     install -D -m 0755 "$MPI_CHECK" "$stage/usr/bin/mpi-check"
+    install -D -m 0644 "$REPO_ROOT/ci/guest/psm2.sh" "$stage/lib/rdma-emu/psm2.sh"
     # Everything the base and the layer together hold must be closed under DT_NEEDED.
     local merged elves
     merged=$(mktemp -d "$OUT_DIR/merged.XXXXXX")

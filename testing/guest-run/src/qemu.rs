@@ -28,6 +28,9 @@ pub struct Machine {
     pub qemu: PathBuf,
     pub accel: String,
     pub memory: String,
+    /// `-cpu` under TCG (None: QEMU's default; under KVM the host's CPU).
+    pub cpu: Option<String>,
+    pub smp: u8,
     /// Guest RAM in a shared memfd (QEMU passes its fd to the device model); otherwise private RAM, so the
     /// device model must use DMA_READ/DMA_WRITE messages.
     pub share: bool,
@@ -65,8 +68,13 @@ impl Machine {
     /// The arguments after the QEMU binary.
     pub fn args(&self) -> Vec<String> {
         let mut a: Vec<String> = vec!["-accel".into(), self.accel.clone()];
-        if self.accel == "kvm" {
-            a.extend(["-cpu".into(), "host".into()]);
+        match (self.accel.as_str(), &self.cpu) {
+            ("kvm", _) => a.extend(["-cpu".into(), "host".into()]),
+            (_, Some(cpu)) => a.extend(["-cpu".into(), cpu.clone()]),
+            _ => {}
+        }
+        if self.smp > 1 {
+            a.extend(["-smp".into(), self.smp.to_string()]);
         }
         a.extend(["-machine".into(), "q35,memory-backend=mem".into(), "-m".into(), self.memory.clone()]);
         let backend = if self.share {
@@ -148,6 +156,8 @@ mod tests {
             qemu: "/q/qemu-system-x86_64".into(),
             accel: "tcg".into(),
             memory: "512M".into(),
+            cpu: None,
+            smp: 1,
             share: true,
             kernel: "/g/vmlinuz".into(),
             initrd: "/g/initrd".into(),
