@@ -193,12 +193,25 @@ mod tests {
     }
 
     #[test]
-    fn kvm_takes_the_host_cpu_and_tcg_the_default_one() {
-        let cases: &[(&str, &[&str])] = &[("kvm", &["host"]), ("tcg", &[])];
-        for (accel, cpu) in cases {
-            let args = Machine { accel: accel.to_string(), ..machine() }.args();
+    fn kvm_takes_the_host_cpu_and_tcg_the_rows_cpu_or_the_default_one() {
+        let cases: &[(&str, Option<&str>, &[&str])] = &[
+            ("kvm", None, &["host"]),
+            ("kvm", Some("max"), &["host"]),
+            ("tcg", None, &[]),
+            ("tcg", Some("max"), &["max"]),
+        ];
+        for (accel, row_cpu, cpu) in cases {
+            let args = Machine { accel: accel.to_string(), cpu: row_cpu.map(String::from), ..machine() }.args();
             assert_eq!(values(&args, "-accel"), [*accel]);
-            assert_eq!(values(&args, "-cpu"), *cpu);
+            assert_eq!(values(&args, "-cpu"), *cpu, "{accel} {row_cpu:?}");
+        }
+    }
+
+    #[test]
+    fn one_vcpu_is_qemus_default_and_more_go_as_smp() {
+        let cases: &[(u8, &[&str])] = &[(1, &[]), (2, &["2"])];
+        for (smp, want) in cases {
+            assert_eq!(values(&Machine { smp: *smp, ..machine() }.args(), "-smp"), *want);
         }
     }
 

@@ -223,7 +223,10 @@ pub fn plan(mut a: RunArgs) -> Result<Plan, String> {
             "--fabric-perf and --fabric-bounce do not go together (the bounce run stops after the link)",
         ),
         (!(a.tid_rdma && a.fabric_bounce), "--tid-rdma and --fabric-bounce do not go together"),
-        (!(a.psm2 && (a.tid_rdma || a.fabric_bounce || a.fabric_perf)), "--psm2 runs its own steps: not with --tid-rdma, --fabric-bounce or --fabric-perf"),
+        (
+            !(a.psm2 && (a.tid_rdma || a.fabric_bounce || a.fabric_perf)),
+            "--psm2 runs its own steps: not with --tid-rdma, --fabric-bounce or --fabric-perf",
+        ),
         (!(a.bench && a.sockets.is_some()), "--bench starts its own servers: not with --sockets"),
     ];
     if let Some((_, msg)) = checks.iter().find(|(ok, _)| !ok) {
@@ -1374,6 +1377,17 @@ fn interrupted() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn psm2_gives_hfi1_user_contexts_and_the_queues_psm2_expects_keeping_the_other_parameters() {
+        let cases: &[(&str, &str)] = &[
+            (HFI1_PARAMS, "num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=4 cap_mask=0x4c09000cb9a eager_buffer_size=2097152 rcvhdrcnt=2048"),
+            ("num_vls=1", "num_vls=1 num_user_contexts=4 rcvhdrcnt=2048 eager_buffer_size=2097152"),
+        ];
+        for (params, want) in cases {
+            assert_eq!(psm2_params(params), *want, "{params}");
+        }
+    }
 
     #[test]
     fn tid_rdma_adds_the_tid_rdma_and_opfn_capabilities_and_fourteen_user_contexts() {
