@@ -10,7 +10,8 @@
 #   ci/build-guest.sh [--udriver PATH] [--hfi1-user PATH] [--firmware FILE] [--out DIR] [--refresh]
 #   ci/build-guest.sh --refresh-pins
 #
-# Prints on stdout, one per line: KERNEL=<vmlinuz> INITRD=<initramfs.cpio.gz> KVER=<kernel release>.
+# Prints on stdout, one per line: KERNEL=<vmlinuz> INITRD=<initramfs.cpio.gz> KVER=<kernel release> and
+# INITRD_PSM2=<the initramfs with the psm2 layer appended>.
 # The kernel, busybox and the unpacked userland are cached under $CACHE_DIR/guest; only the cpio is rebuilt
 # when its inputs change. Without --out, each distinct cpio lives in $CACHE_DIR/guest/out/<inputs hash>/ (the
 # newest few are kept), so concurrent runs with different udrivers never overwrite each other's initramfs.
@@ -281,6 +282,17 @@ USERLAND_FILES=(
 # Directories opa-fm's sm writes to: its control socket and state, its core dumps (CoreDumpDir), its log.
 USERLAND_DIRS=(var/run var/lib/opa-fm var/crash/opafm var/log etc/opa-fm root)
 
+# The psm2 layer: the OPA userspace stack (PSM2, libfabric, Open MPI) and mpi-check, a second cpio appended to
+# the initramfs (the kernel unpacks both) for the runs that use it, so the others boot the smaller one.
+PSM2_PROGRAMS=(usr/bin/orterun usr/bin/orted usr/bin/ompi_info usr/bin/fi_info usr/bin/fi_pingpong)
+# Loaded with dlopen: every component Open MPI and PMIx ship, and libfabric's libpsm_infinipath.so.1 (the name
+# Debian's alternatives give libpsm-infinipath1's library; the layer makes the link).
+PSM2_COMPONENT_DIRS=(usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3 usr/lib/x86_64-linux-gnu/pmix2/lib/pmix)
+PSM2_INFINIPATH=usr/lib/x86_64-linux-gnu/libpsm_infinipath.so.1
+PSM2_INFINIPATH_TARGET=/usr/lib/libpsm1/libpsm_infinipath.so.1.16
+# Open MPI's help texts and default MCA parameters.
+PSM2_DATA_DIRS=(usr/share/openmpi etc/openmpi)
+
 # The pins, "package=version" per line, comments and blank lines dropped.
 read_pins() {
     [ -f "$LOCK" ] || die "missing $LOCK"
@@ -419,6 +431,36 @@ stage_userland() { # userland-dir stage
     bash "$REPO_ROOT/ci/guest/elf-closure.sh" "$stage" $elves >/dev/null || die "the staged userland misses a library"
 }
 
+# Stages the psm2 layer: what the base initramfs does not already have of the stack's closure.
+stage_psm2_layer() { # userland-dir base-stage layer-stage
+    local root=$1/root base=$2 stage=$3 p closure comps=()
+    [ -e "$root/$PSM2_INFINIPATH_TARGET" ] || die "libpsm-infinipath1's $PSM2_INFINIPATH_TARGET is not in the userland"
+    ln -sfn "$PSM2_INFINIPATH_TARGET" "$root/$PSM2_INFINIPATH"
+    for p in "${PSM2_COMPONENT_DIRS[@]}"; do
+        [ -d "$root/$p" ] || die "$p is in no pinned package"
+        mapfile -t -O "${#comps[@]}" comps < <(cd "$root" && find "$p" -name '*.so' | LC_ALL=C sort)
+    done
+    closure=$(bash "$REPO_ROOT/ci/guest/elf-closure.sh" "$root" "${PSM2_PROGRAMS[@]}" "${comps[@]}" "$PSM2_INFINIPATH") \
+        || die "the psm2 layer's library closure is incomplete (see above): pin the missing library's package in $LOCK"
+    for p in $closure "${PSM2_DATA_DIRS[@]}"; do
+        [ -e "$base/$p" ] && [ ! -d "$base/$p" ] && continue
+        [ -e "$root/$p" ] || [ -L "$root/$p" ] || die "$p is in no pinned package"
+        mkdir -p "$stage/$(dirname "$p")"
+        cp -a "$root/$p" "$stage/$p"
+    done
+    install -D -m 0755 "$MPI_CHECK" "$stage/usr/bin/mpi-check"
+    install -D -m 0644 "$REPO_ROOT/ci/guest/psm2.sh" "$stage/lib/rdma-emu/psm2.sh"
+    # Everything the base and the layer together hold must be closed under DT_NEEDED.
+    local merged elves
+    merged=$(mktemp -d "$OUT_DIR/merged.XXXXXX")
+    cp -a "$base/." "$merged/" && cp -a "$stage/." "$merged/"
+    elves=$(cd "$stage" && find usr -type f | while read -r p; do
+        [ "$(head -c 4 "$p" | od -An -c | tr -d ' ')" = '177ELF' ] && echo "$p"; done)
+    # shellcheck disable=SC2086 # one word per path
+    bash "$REPO_ROOT/ci/guest/elf-closure.sh" "$merged" $elves >/dev/null || die "the psm2 layer misses a library"
+    rm -rf "$merged"
+}
+
 # --- cpio -------------------------------------------------------------------------------------------------
 CPIO=()
 pick_cpio() { # busybox
@@ -493,6 +535,27 @@ VERBS_CHECK=$(build_verbs_check)
 guest_run_bin
 SCENARIOS_ENV=$("$GUEST_RUN" scenario --guest-env) || die "guest-run scenario --guest-env failed"
 
+# mpi-check (testing/mpi-check), C against Open MPI: built like verbs-check, with the host's mpicc from Debian's
+# libopenmpi-dev (bookworm's Open MPI, the version the guest's libopenmpi3 is pinned at).
+MPI_CHECK_SRC="$REPO_ROOT/testing/mpi-check/mpi-check.c"
+build_mpi_check() {
+    local sum out
+    sum=$(cat "$MPI_CHECK_SRC" "$UDIR/pins" | sha256sum | cut -c1-16)
+    out="$GUEST_DIR/mpi-check-$sum"
+    if [ ! -x "$out" ]; then
+        apt_install gcc libc6-dev libopenmpi-dev
+        local have want
+        have=$(dpkg-query -W -f='${Version}' libopenmpi-dev)
+        want=$(sed -n 's/^libopenmpi3=//p' "$UDIR/pins")
+        [ "$have" = "$want" ] || log "warning: the host's libopenmpi-dev is $have, the guest's libopenmpi3 $want"
+        log "building mpi-check"
+        mpicc -O2 -Wall -Wextra -Werror -o "$out.tmp" "$MPI_CHECK_SRC" >&2 || die "mpi-check did not build"
+        mv "$out.tmp" "$out"
+    fi
+    echo "$out"
+}
+MPI_CHECK=$(build_mpi_check)
+
 # Everything the cpio depends on; identical inputs mean the existing cpio is reused.
 INPUTS=$({
     echo "format 3"
@@ -508,8 +571,11 @@ INPUTS=$({
     echo "hfi1-user $HFI1_USER_SUM"
     echo "firmware $FIRMWARE_SUM"
     echo "verbs-check $(sha256sum <"$VERBS_CHECK" | cut -c1-64)"
+    echo "mpi-check $(sha256sum <"$MPI_CHECK" | cut -c1-64)"
+    echo "psm2-layer $(printf '%s\n' "${PSM2_PROGRAMS[@]}" "${PSM2_COMPONENT_DIRS[@]}" "$PSM2_INFINIPATH" \
+        "$PSM2_INFINIPATH_TARGET" "${PSM2_DATA_DIRS[@]}" | sha256sum | cut -c1-64)"
     echo "scenarios $(printf '%s\n' "$SCENARIOS_ENV" | sha256sum | cut -c1-64)"
-    (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh tid-rdma.sh)
+    (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh tid-rdma.sh psm2.sh)
     (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
     (cd "$KDIR/kdriver" && xargs sha256sum <"$KDIR/kdriver.rel")
 })
@@ -527,7 +593,8 @@ else
     fi
 fi
 INITRD="$OUT_DIR/initramfs.cpio.gz"
-if [ -e "$INITRD" ] && [ -e "$OUT_DIR/inputs" ] && [ "$(cat "$OUT_DIR/inputs")" = "$INPUTS" ]; then
+INITRD_PSM2="$OUT_DIR/initramfs-psm2.cpio.gz"
+if [ -e "$INITRD" ] && [ -e "$INITRD_PSM2" ] && [ -e "$OUT_DIR/inputs" ] && [ "$(cat "$OUT_DIR/inputs")" = "$INPUTS" ]; then
     log "guest up to date: $INITRD"
 else
     log "assembling the initramfs (kernel $KVER, udriver: ${UDRIVER:-none})"
@@ -568,10 +635,16 @@ udriver_sha256=$UDRIVER_SUM
 hfi1_user_sha256=$HFI1_USER_SUM
 EOF
     (cd "$STAGE" && find . -mindepth 1 | LC_ALL=C sort | "${CPIO[@]}") | gzip -6n >"$INITRD.tmp"
+    LAYER=$(mktemp -d "$OUT_DIR/psm2.XXXXXX")
+    trap 'rm -rf "$STAGE" "$LAYER"' EXIT
+    stage_psm2_layer "$UDIR" "$STAGE" "$LAYER"
+    { cat "$INITRD.tmp"; (cd "$LAYER" && find . -mindepth 1 | LC_ALL=C sort | "${CPIO[@]}") | gzip -6n; } >"$INITRD_PSM2.tmp"
     mv "$INITRD.tmp" "$INITRD"
+    mv "$INITRD_PSM2.tmp" "$INITRD_PSM2"
     printf '%s\n' "$INPUTS" >"$OUT_DIR/inputs"
-    log "wrote $INITRD ($(du -h "$INITRD" | cut -f1))"
+    log "wrote $INITRD ($(du -h "$INITRD" | cut -f1)) and $INITRD_PSM2 ($(du -h "$INITRD_PSM2" | cut -f1))"
 fi
 echo "KERNEL=$VMLINUZ"
 echo "INITRD=$INITRD"
+echo "INITRD_PSM2=$INITRD_PSM2"
 echo "KVER=$KVER"

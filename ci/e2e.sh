@@ -26,11 +26,14 @@
 #      --tid-rdma): OPFN negotiates, READ and WRITE of 256 KiB and more go through the RcvArray and flow table
 #      the kernel programs, every byte compared, under cable faults and with flows and RcvArray groups run out;
 #      the four seed functions counted (docs/kernel-tid-rdma.md).
+#   9. with --mode psm2 (or both, all): the fabric with the OPA userspace stack (ci/run-qemu.sh --psm2):
+#      libfabric's psm2 provider and Open MPI's psm2 MTL between hfi1_0 and hfi1_1, every byte checked, and the
+#      device model's user-context counters moved (docs/psm2.md).
 # Runs 1 and 2 record every session of the device model (--record) and replay each recording on a fresh device
 # model afterwards (`device-model replay`): a real QEMU session must replay clean. The fabric run is not
 # recorded: the HFIs' own work (SDMA, PIO launch, arrivals) is not yet cut into replayable device steps
 # (docs/observe.md).
-# Usage: ci/e2e.sh [--mode shared|no-share|both|fabric|fabric-bounce|tid-rdma|lifecycle|stall|all] [extra ci/run-qemu.sh options]
+# Usage: ci/e2e.sh [--mode shared|no-share|both|fabric|fabric-bounce|tid-rdma|psm2|lifecycle|stall|all] [extra ci/run-qemu.sh options]
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 MODE=both
@@ -147,6 +150,19 @@ run_tid_rdma() {
     fi
 }
 
+run_psm2() {
+    local out opts
+    log "end-to-end run: the OPA userspace stack (PSM2, libfabric, Open MPI) on the fabric"
+    mapfile -t opts < <("$GUEST_RUN" scenario psm2 --options)
+    if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" "${opts[@]}" \
+        --result "$OUT_DIR/result-psm2.json" "${EXTRA[@]}"); then
+        log "psm2: PASS ($out)"
+    else
+        log "psm2: FAIL (result: $out)"
+        rc=1
+    fi
+}
+
 # On the functional simulator's icode the link bounce deadlocks the stock driver (docs/hfi1-fabric.md, "A kernel
 # deadlock the fabric reproduces"): the run must fail within its deadline, with the step, both HFIs' last CSR
 # accesses and the cable's last packets.
@@ -162,11 +178,13 @@ case $MODE in
     fabric) run_fabric ;;
     fabric-bounce) run_fabric_bounce ;;
     tid-rdma) run_tid_rdma ;;
+    psm2) run_psm2 ;;
     both|all)
         run_mode "fd-mapped guest RAM (memfd, share=on)" shared
         run_mode "DMA_READ/WRITE messages (guest RAM not shared)" no-share --no-share
         run_fabric
         run_tid_rdma
+        run_psm2
         if [ "$MODE" = all ]; then
             log "end-to-end: lifecycle scenarios"
             bash ci/lifecycle.sh || rc=1

@@ -51,6 +51,11 @@
 #                         fabric_perf; ci/bench.sh's guest-verbs case); with --tid-rdma instead perftest READ
 #                         and WRITE with TID RDMA, without it and on SoftRoCE (step tid-perf; ci/bench.sh's
 #                         guest-tid case); the default --timeout becomes 1800
+#   --psm2                the fabric with the OPA userspace stack: the guest boots with the psm2 layer (PSM2,
+#                         libfabric, Open MPI, mpi-check), -cpu max (AVX2), 2 vCPUs and 2 GiB, hfi1 gets user
+#                         contexts and PSM2-sized queues, and after the bring-up the guest runs fi_info,
+#                         fi_pingpong and an MPI job over psm2 (ci/guest/psm2.sh); implies --fabric. With
+#                         --shell: that guest, for your own PSM2 programs (docs/psm2.md)
 #   --tid-rdma            the fabric with the kernel's own TID RDMA: cap_mask gains TID_RDMA and OPFN, and after
 #                         the bring-up the guest runs its TID RDMA steps (ci/guest/tid-rdma.sh) instead of the
 #                         plain verbs and fault steps; implies --fabric (docs/kernel-tid-rdma.md)

@@ -515,6 +515,14 @@ run_fabric() { # id
         step_fabric_dmesg
         return 0
     fi
+    # The OPA userspace stack: its steps instead of the plain verbs and fault steps (ci/guest/psm2.sh, which the
+    # initramfs's psm2 layer brings).
+    if [ "$P_psm2" = 1 ]; then
+        if command -v run_psm2 >/dev/null; then run_psm2
+        else begin psm2-setup; record psm2-setup false "$t" "the initramfs has no /lib/rdma-emu/psm2.sh (its psm2 layer)"; fi
+        step_fabric_dmesg
+        return 0
+    fi
     # The kernel's own TID RDMA: its steps instead of the plain verbs and fault steps (ci/guest/tid-rdma.sh).
     if [ "$P_tid_rdma" = 1 ]; then
         if command -v run_tid_rdma >/dev/null; then run_tid_rdma

@@ -28,6 +28,9 @@ pub struct Machine {
     pub qemu: PathBuf,
     pub accel: String,
     pub memory: String,
+    /// `-cpu` under TCG (None: QEMU's default; under KVM the host's CPU).
+    pub cpu: Option<String>,
+    pub smp: u8,
     /// Guest RAM in a shared memfd (QEMU passes its fd to the device model); otherwise private RAM, so the
     /// device model must use DMA_READ/DMA_WRITE messages.
     pub share: bool,
@@ -65,8 +68,13 @@ impl Machine {
     /// The arguments after the QEMU binary.
     pub fn args(&self) -> Vec<String> {
         let mut a: Vec<String> = vec!["-accel".into(), self.accel.clone()];
-        if self.accel == "kvm" {
-            a.extend(["-cpu".into(), "host".into()]);
+        match (self.accel.as_str(), &self.cpu) {
+            ("kvm", _) => a.extend(["-cpu".into(), "host".into()]),
+            (_, Some(cpu)) => a.extend(["-cpu".into(), cpu.clone()]),
+            _ => {}
+        }
+        if self.smp > 1 {
+            a.extend(["-smp".into(), self.smp.to_string()]);
         }
         a.extend(["-machine".into(), "q35,memory-backend=mem".into(), "-m".into(), self.memory.clone()]);
         let backend = if self.share {
@@ -148,6 +156,8 @@ mod tests {
             qemu: "/q/qemu-system-x86_64".into(),
             accel: "tcg".into(),
             memory: "512M".into(),
+            cpu: None,
+            smp: 1,
             share: true,
             kernel: "/g/vmlinuz".into(),
             initrd: "/g/initrd".into(),
@@ -183,12 +193,25 @@ mod tests {
     }
 
     #[test]
-    fn kvm_takes_the_host_cpu_and_tcg_the_default_one() {
-        let cases: &[(&str, &[&str])] = &[("kvm", &["host"]), ("tcg", &[])];
-        for (accel, cpu) in cases {
-            let args = Machine { accel: accel.to_string(), ..machine() }.args();
+    fn kvm_takes_the_host_cpu_and_tcg_the_rows_cpu_or_the_default_one() {
+        let cases: &[(&str, Option<&str>, &[&str])] = &[
+            ("kvm", None, &["host"]),
+            ("kvm", Some("max"), &["host"]),
+            ("tcg", None, &[]),
+            ("tcg", Some("max"), &["max"]),
+        ];
+        for (accel, row_cpu, cpu) in cases {
+            let args = Machine { accel: accel.to_string(), cpu: row_cpu.map(String::from), ..machine() }.args();
             assert_eq!(values(&args, "-accel"), [*accel]);
-            assert_eq!(values(&args, "-cpu"), *cpu);
+            assert_eq!(values(&args, "-cpu"), *cpu, "{accel} {row_cpu:?}");
+        }
+    }
+
+    #[test]
+    fn one_vcpu_is_qemus_default_and_more_go_as_smp() {
+        let cases: &[(u8, &[&str])] = &[(1, &[]), (2, &["2"])];
+        for (smp, want) in cases {
+            assert_eq!(values(&Machine { smp: *smp, ..machine() }.args(), "-smp"), *want);
         }
     }
 

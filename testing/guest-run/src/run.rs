@@ -24,7 +24,6 @@ use crate::write_json;
 /// (docs/hfi1-kernel-driver.md).
 pub const HFI1_PARAMS: &str =
     "num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64";
-const MEMORY: &str = "512M";
 /// A user's shell session has no deadline unless asked for.
 const SHELL_TIMEOUT_S: u64 = 100 * 365 * 86400;
 /// The fabric run (about 2 minutes under TCG) and then some 60 perftest runs with their set-ups.
@@ -81,6 +80,8 @@ pub struct RunArgs {
     pub fabric_perf: bool,
     #[arg(long)]
     pub tid_rdma: bool,
+    #[arg(long)]
+    pub psm2: bool,
     #[arg(long)]
     pub shell: bool,
     #[arg(long, default_value = HFI1_PARAMS, allow_hyphen_values = true)]
@@ -167,7 +168,7 @@ pub fn plan(mut a: RunArgs) -> Result<Plan, String> {
     if a.shell && !a.hfi1_wfr {
         a.fabric = true;
     }
-    if a.tid_rdma {
+    if a.tid_rdma || a.psm2 {
         a.fabric = true;
     }
     if a.fabric {
@@ -222,6 +223,10 @@ pub fn plan(mut a: RunArgs) -> Result<Plan, String> {
             "--fabric-perf and --fabric-bounce do not go together (the bounce run stops after the link)",
         ),
         (!(a.tid_rdma && a.fabric_bounce), "--tid-rdma and --fabric-bounce do not go together"),
+        (
+            !(a.psm2 && (a.tid_rdma || a.fabric_bounce || a.fabric_perf)),
+            "--psm2 runs its own steps: not with --tid-rdma, --fabric-bounce or --fabric-perf",
+        ),
         (!(a.bench && a.sockets.is_some()), "--bench starts its own servers: not with --sockets"),
     ];
     if let Some((_, msg)) = checks.iter().find(|(ok, _)| !ok) {
@@ -235,6 +240,9 @@ pub fn plan(mut a: RunArgs) -> Result<Plan, String> {
     if a.tid_rdma {
         a.hfi1_params = tid_rdma_params(&a.hfi1_params)?;
     }
+    if a.psm2 {
+        a.hfi1_params = psm2_params(&a.hfi1_params);
+    }
     let scenario = if a.bench {
         "bench"
     } else if a.no_devices {
@@ -245,6 +253,8 @@ pub fn plan(mut a: RunArgs) -> Result<Plan, String> {
         "fabric-bounce"
     } else if a.tid_rdma {
         "tid-rdma"
+    } else if a.psm2 {
+        "psm2"
     } else if a.fabric {
         "fabric"
     } else if a.hfi1_wfr {
@@ -290,6 +300,23 @@ pub fn tid_rdma_params(params: &str) -> Result<String, String> {
     Ok(words.join(" "))
 }
 
+/// The hfi1 module parameters of a PSM2 run (psm2-on-hfi1 reference, "Module"): a user context per rank on each
+/// HFI and to spare (PSM2 takes one per process, file_ops.c allocate_ctxt), and a header queue and eager buffers
+/// of the size PSM2 expects, so its receive queues do not overflow: 2048 header entries (rcvhdrcnt, init.c) and
+/// 2 MiB of eager buffers per context (eager_buffer_size).
+pub fn psm2_params(params: &str) -> String {
+    let set = [("num_user_contexts", "4"), ("rcvhdrcnt", "2048"), ("eager_buffer_size", "2097152")];
+    let mut words: Vec<String> = params.split_whitespace().map(String::from).collect();
+    for (name, value) in set {
+        let word = format!("{name}={value}");
+        match words.iter_mut().find(|w| w.split_once('=').is_some_and(|(k, _)| k == name)) {
+            Some(w) => *w = word,
+            None => words.push(word),
+        }
+    }
+    words.join(" ")
+}
+
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -328,6 +355,20 @@ pub struct Run {
 }
 
 impl Run {
+    /// The scenario table's row of this run (plan() picks only names of rows).
+    fn row(&self) -> &'static scenario::Scenario {
+        scenario::find(self.p.scenario).unwrap_or(&scenario::SCENARIOS[0])
+    }
+
+    /// The guest machine: the row's, except that `--shell --psm2` boots the psm2 row's (its layer, CPU and RAM)
+    /// for the user's own PSM2 programs.
+    fn guest(&self) -> scenario::Guest {
+        match scenario::find("psm2") {
+            Some(psm2) if self.p.a.psm2 => psm2.guest,
+            _ => self.row().guest,
+        }
+    }
+
     fn row_options(&self) -> RunOptions {
         RunOptions {
             fabric_perf: self.p.a.fabric_perf,
@@ -462,6 +503,7 @@ impl Run {
             }
         }
         let a = self.p.a.clone();
+        let guest = self.guest();
         match (&a.kernel, &a.initrd) {
             (Some(k), Some(i)) => {
                 if a.udriver.is_some() {
@@ -497,7 +539,8 @@ impl Run {
                 for line in out.lines() {
                     match line.split_once('=') {
                         Some(("KERNEL", v)) => self.kernel = v.into(),
-                        Some(("INITRD", v)) => self.initrd = v.into(),
+                        Some(("INITRD", v)) if !guest.psm2_layer => self.initrd = v.into(),
+                        Some(("INITRD_PSM2", v)) if guest.psm2_layer => self.initrd = v.into(),
                         _ => {}
                     }
                 }
@@ -941,7 +984,9 @@ impl Run {
         Ok(Machine {
             qemu: self.qemu.clone(),
             accel: self.accel.clone(),
-            memory: MEMORY.into(),
+            memory: self.guest().memory.into(),
+            cpu: self.guest().cpu.map(String::from),
+            smp: self.guest().smp,
             share: !a.no_share,
             kernel: self.kernel.clone(),
             initrd: self.initrd.clone(),
@@ -1332,6 +1377,17 @@ fn interrupted() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn psm2_gives_hfi1_user_contexts_and_the_queues_psm2_expects_keeping_the_other_parameters() {
+        let cases: &[(&str, &str)] = &[
+            (HFI1_PARAMS, "num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=4 cap_mask=0x4c09000cb9a eager_buffer_size=2097152 rcvhdrcnt=2048"),
+            ("num_vls=1", "num_vls=1 num_user_contexts=4 rcvhdrcnt=2048 eager_buffer_size=2097152"),
+        ];
+        for (params, want) in cases {
+            assert_eq!(psm2_params(params), *want, "{params}");
+        }
+    }
 
     #[test]
     fn tid_rdma_adds_the_tid_rdma_and_opfn_capabilities_and_fourteen_user_contexts() {

@@ -87,6 +87,9 @@ pub struct RunResult {
     pub kernel_functions: Option<Value>,
     pub fabric_perf: Option<Value>,
     pub tid_rdma: Option<Value>,
+    /// The psm2 scenario's evidence (ci/guest/psm2.sh): bytes checked, and what the user contexts made the chip do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psm2: Option<Value>,
     pub capture: Option<String>,
     pub hfi1_user_host: Option<Value>,
     pub bench: Option<Value>,
@@ -124,6 +127,16 @@ const KDRIVER_PREFIXES: [&str; 4] = ["kdriver-", "fabric-", "verbs-", "fault-"];
 const TID_KFUNCS: [&str; 4] =
     ["hfi1_setup_wqe", "hfi1_kern_exp_rcv_setup", "hfi1_kern_setup_hw_flow", "queue_qp_for_tid_wait"];
 const TID_COUNTS: [&str; 4] = ["read_bytes", "write_bytes", "flows_programmed", "rcvarray_entries_programmed"];
+/// What the psm2 scenario must show (issue 41): the bytes mpi-check compared, and what PSM2's user contexts made
+/// the chip do (the device model's user-context counters, both HFIs, over the MPI step).
+const PSM2_COUNTS: [&str; 6] = [
+    "bytes_checked",
+    "pio_user_launches",
+    "user_sdma_bytes",
+    "tid_entries_programmed",
+    "tidflow_user_writes",
+    "expected_packets_placed",
+];
 
 fn count_problem(what: &str, v: Option<&Value>, kind: &str) -> Option<String> {
     match pyfmt::as_int(v) {
@@ -150,6 +163,13 @@ fn check_problems(check: Check, guest: &serde_json::Map<String, Value>) -> Vec<S
                 count_problem(&format!("tid_rdma.{c}"), tid.and_then(|t| t.get(*c)), "a positive count")
             });
             funcs.chain(counts).collect()
+        }
+        Check::Psm2Counts => {
+            let psm2 = guest.get("psm2").filter(|v| pyfmt::truthy(Some(v)));
+            PSM2_COUNTS
+                .iter()
+                .filter_map(|c| count_problem(&format!("psm2.{c}"), psm2.and_then(|t| t.get(*c)), "a positive count"))
+                .collect()
         }
     }
 }
@@ -319,6 +339,7 @@ pub fn judge(facts: &Facts) -> RunResult {
         kernel_functions: if fabric { member("kernel_functions") } else { None },
         fabric_perf: if facts.options.fabric_perf { member("fabric_perf") } else { None },
         tid_rdma: if row.checks.contains(&Check::TidRdmaCounts) { member("tid_rdma") } else { None },
+        psm2: if row.checks.contains(&Check::Psm2Counts) { member("psm2") } else { None },
         capture: facts.capture.clone().filter(|c| !c.is_empty()),
         hfi1_user_host,
         bench: steps.iter().find(|s| step_name(s) == "bench").and_then(|s| s.get("output")).cloned(),

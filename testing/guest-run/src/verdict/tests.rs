@@ -224,6 +224,25 @@ fn the_tid_rdma_run_must_show_each_kernel_function_and_tid_placement() {
 }
 
 #[test]
+fn the_psm2_run_must_show_checked_bytes_and_each_user_context_count() {
+    let r = judge_logs("psm2", &[("serial.log", &block(&[step("mount", true, None)], &[]))], |_| {});
+    let counted: Vec<&String> = r.problems.iter().filter(|p| p.starts_with("psm2.")).collect();
+    assert_eq!(
+        counted,
+        [
+            "psm2.bytes_checked is None, not a positive count",
+            "psm2.pio_user_launches is None, not a positive count",
+            "psm2.user_sdma_bytes is None, not a positive count",
+            "psm2.tid_entries_programmed is None, not a positive count",
+            "psm2.tidflow_user_writes is None, not a positive count",
+            "psm2.expected_packets_placed is None, not a positive count",
+        ],
+        "{:?}",
+        r.problems
+    );
+}
+
+#[test]
 fn how_qemu_and_the_device_model_ended_are_problems() {
     let serial = block(&ok_steps(DEMO_STEPS), &["hfi1", "irdma"]);
     let cases: &[(&str, i32, &str, &str, &[&str])] = &[
