@@ -342,6 +342,29 @@ fn nothing_leaves_while_the_link_is_down_and_the_credits_still_come_back() {
     assert_eq!(b.r(uctxt_csr(RCV_HDR_TAIL, 0)), 0);
 }
 
+/// A PIO packet counts as a user's launch when its send context checks a user's job key (chip.c
+/// hfi1_set_ctxt_jkey: SEND_CTXT_CHECK_JOB_KEY with MASK all ones, CHECK_JOB_KEY in SEND_CTXT_CHECK_ENABLE);
+/// the kernel's TID RDMA key 32 and hfi1_clear_ctxt_jkey's 0 are not a user's.
+#[test]
+fn pio_packets_from_a_user_send_context_count_as_user_launches() {
+    const CHECK_ENABLE: u64 = 0x1;
+    const CHECK_JOB_KEY: u64 = 0x4;
+    let table = [
+        (0xFFFF_0000 | 1000, CHECK_ENABLE | CHECK_JOB_KEY, 1),
+        (0xFFFF_0000 | 32, CHECK_ENABLE | CHECK_JOB_KEY, 0),
+        (0, CHECK_ENABLE, 0),
+    ];
+    for (job_key, enable, user_launches) in table {
+        let (a, _b) = pair();
+        a.w(SEND_CTXT_CHECK_JOB_KEY + 0x100 * SEND_CTXT, job_key);
+        a.w(SEND_CTXT_CHECK_ENABLE + 0x100 * SEND_CTXT, enable);
+        send_context(&a);
+        pio_copy(&a, &smp());
+        assert!(a.irqs.wait(2), "SendCredit: the worker is done with the launch");
+        assert_eq!(a.counter("pio_user_launches"), user_launches, "{job_key:#x}");
+    }
+}
+
 // --- a UD packet through an SDMA engine ---------------------------------------------------------------------
 
 const RING: u64 = 0x40_0000;

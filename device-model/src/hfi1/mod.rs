@@ -19,6 +19,7 @@ mod counters;
 mod datapath;
 mod device;
 mod error;
+mod jkey;
 mod names;
 mod observe;
 pub mod regs;

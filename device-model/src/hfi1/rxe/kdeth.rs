@@ -170,6 +170,9 @@ fn expected(
                 rxe.flows.accept(ctxt, p.flow());
             }
             counters.wire_rx_kdeth_expected.fetch_add(1, Relaxed);
+            if rxe.is_user_ctxt(ctxt) {
+                counters.wire_rx_kdeth_user_expected.fetch_add(1, Relaxed);
+            }
             if suppressed {
                 counters.wire_rx_kdeth_suppressed.fetch_add(1, Relaxed);
             }

@@ -244,6 +244,7 @@ impl Wfr {
         if !handled {
             self.note_unnamed(offset);
             self.storage.write(offset, value);
+            self.note_job_key_check(offset);
             // Holding the DC in reset resets the 8051 and its RAMs (init_chip keeps it there across the FLR).
             if offset == CCE_DC_CTRL && value & CCE_DC_CTRL_DC_RESET_SMASK != 0 {
                 self.dc.reset_8051(false);
@@ -275,6 +276,23 @@ impl Wfr {
             vectors.extend(self.interrupt_8051());
         }
         vectors
+    }
+
+    /// A write to a send context's SEND_CTXT_CHECK_ENABLE or SEND_CTXT_CHECK_JOB_KEY: whether the context is
+    /// a user's now (jkey.rs).
+    fn note_job_key_check(&mut self, offset: u64) {
+        let Some(rel) = offset.checked_sub(SEND_CTXT_CHECK_ENABLE) else { return };
+        let (c, reg) = (rel / SEND_CTXT_STRIDE, SEND_CTXT_CHECK_ENABLE + rel % SEND_CTXT_STRIDE);
+        if c >= u64::from(self.shape.send_contexts) || !matches!(reg, SEND_CTXT_CHECK_ENABLE | SEND_CTXT_CHECK_JOB_KEY)
+        {
+            return;
+        }
+        let at = |base: u64| base + SEND_CTXT_STRIDE * c;
+        let user = crate::hfi1::jkey::send_is_user(
+            self.stored(at(SEND_CTXT_CHECK_ENABLE)),
+            self.stored(at(SEND_CTXT_CHECK_JOB_KEY)),
+        );
+        self.pio.set_user(c as usize, user);
     }
 
     fn note_unnamed(&mut self, offset: u64) {
@@ -325,6 +343,9 @@ fn reset_value(offset: u64) -> u64 {
         _ => 0,
     }
 }
+
+/// Per-send-context CSRs are spaced by 0x100 (write_kctxt_csr).
+const SEND_CTXT_STRIDE: u64 = 0x100;
 
 pub const CCE_DC_CTRL_DC_RESET_SMASK: u64 = 0x1;
 pub const CCE_DC_CTRL_RESETCSR: u64 = CCE_DC_CTRL_DC_RESET_SMASK;

@@ -94,8 +94,9 @@ pub struct Launch {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LaunchKind {
-    /// A packet: its PBC and the bytes after it, up to the PBC length.
-    Packet { pbc: u64, body: Vec<u8> },
+    /// A packet: its PBC and the bytes after it, up to the PBC length; `user` if its context was a user's
+    /// when it launched (jkey.rs).
+    Packet { pbc: u64, body: Vec<u8>, user: bool },
     /// Blocks that held no packet (a bad PBC or a missing SOP): returned with the error reason.
     Discarded,
     /// A forced credit return (SEND_CTXT_CREDIT_FORCE): nothing freed, the counter reported.
@@ -155,6 +156,9 @@ struct Ctxt {
     /// Blocks freed since init, mod 2048 (the credit counter).
     free: u64,
     generation: u64,
+    /// A user's context: its job-key check on with a user's key (SEND_CTXT_CHECK_ENABLE and
+    /// SEND_CTXT_CHECK_JOB_KEY, which the chip personality's storage holds; jkey.rs).
+    user: bool,
 }
 
 impl Ctxt {
@@ -276,6 +280,13 @@ impl Pio {
         true
     }
 
+    /// Context `c` became a user's, or stopped being one (its job-key check registers were written).
+    pub fn set_user(&mut self, c: usize, user: bool) {
+        if let Some(ctxt) = self.ctxts.get_mut(c) {
+            ctxt.user = user;
+        }
+    }
+
     /// SEND_PIO_INIT_CTXT: one context (sc_enable) or all (pio_reset_all).
     pub fn init(&mut self, value: u64) {
         if value & SEND_PIO_INIT_CTXT_PIO_ALL_CTXT_INIT_SMASK != 0 {
@@ -387,7 +398,7 @@ impl Pio {
                 ctxt: c as u32,
                 generation,
                 blocks: nblocks as u16,
-                kind: LaunchKind::Packet { pbc, body },
+                kind: LaunchKind::Packet { pbc, body, user: ctxt.user },
             });
             any = true;
         }
@@ -558,7 +569,7 @@ mod tests {
         copy(&mut r, 0, 16, 73);
         let l = r.p.take_launches();
         assert_eq!(l.len(), 1);
-        let LaunchKind::Packet { pbc, body } = &l[0].kind else { panic!("{l:?}") };
+        let LaunchKind::Packet { pbc, body, .. } = &l[0].kind else { panic!("{l:?}") };
         assert_eq!((*pbc, body.len(), l[0].blocks), (73, 73 * 4 - 8, 5));
         assert_eq!(&body[0..8], &0x1111_0001u64.to_le_bytes());
         let cr = r.p.returned(&l[0]).unwrap();

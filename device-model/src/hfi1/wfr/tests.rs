@@ -408,3 +408,38 @@ fn names_follow_the_kernel() {
     assert_eq!(names::name(WFR_BAR0_SIZE), None);
     assert!(!names::is_named(CHIP_DEBUG_GAP));
 }
+
+/// A PIO packet is a user's when its send context's job-key check is on with a user's key (jkey.rs):
+/// hfi1_set_ctxt_jkey writes SEND_CTXT_CHECK_JOB_KEY (MASK all ones, the key) and sets CHECK_JOB_KEY in
+/// SEND_CTXT_CHECK_ENABLE; hfi1_clear_ctxt_jkey clears both; kernel contexts carry TID_RDMA_JKEY 32.
+#[test]
+fn a_pio_packet_launches_as_a_users_when_its_context_checks_a_users_job_key() {
+    use super::pio::*;
+    const CTXT: u64 = 3;
+    const MASK_ALL_ONES: u64 = 0xFFFF_0000;
+    // (SEND_CTXT_CHECK_JOB_KEY, SEND_CTXT_CHECK_ENABLE, user?): the kernel's sc_enable leaves CHECK_ENABLE
+    // (bit 0) and friends, set_ctxt_jkey adds CHECK_JOB_KEY (bit 2).
+    let table = [
+        (MASK_ALL_ONES | 1000, 0x1 | 0x4, true),
+        (MASK_ALL_ONES | 0x8005, 0x1 | 0x4, true),
+        (MASK_ALL_ONES | 32, 0x1 | 0x4, false),
+        (MASK_ALL_ONES | 1000, 0x1, false),
+        (0, 0x1, false),
+    ];
+    for (job_key, enable, user) in table {
+        let mut c = wfr();
+        let at = |base: u64| base + 0x100 * CTXT;
+        w(&mut c, at(SEND_CTXT_CHECK_JOB_KEY), job_key);
+        w(&mut c, at(SEND_CTXT_CHECK_ENABLE), enable);
+        w(&mut c, SEND_PIO_INIT_CTXT, SEND_PIO_INIT_CTXT_PIO_SINGLE_CTXT_INIT_SMASK | (CTXT << 8));
+        w(&mut c, at(SEND_CTXT_CTRL), (8 << SEND_CTXT_CTRL_CTXT_DEPTH_SHIFT) | SEND_CTXT_CTRL_CTXT_ENABLE_SMASK);
+        // One block: a PBC of 16 dwords (8 bytes of PBC, 56 of header) through the SOP alias.
+        let block = TXE_PIO_SEND + SOP_DISTANCE + (CTXT << PIO_ADDR_CONTEXT_SHIFT);
+        for q in 0..8 {
+            w(&mut c, block + 8 * q, if q == 0 { 16 } else { 0 });
+        }
+        let l = c.take_launches();
+        let [Launch { kind: LaunchKind::Packet { user: got, .. }, .. }] = l.as_slice() else { panic!("{l:?}") };
+        assert_eq!(*got, user, "{job_key:#x} {enable:#x}");
+    }
+}
