@@ -14,8 +14,9 @@ use crate::hfi1::jkey;
 use crate::hfi1::regs::RXE_NUM_TID_FLOWS;
 use crate::hfi1::regs::{
     apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL,
-    RCV_CTXT_CTRL_ENABLE_SMASK, RCV_EGR_CTRL, RCV_HDR_CNT, RCV_HDR_ENT_SIZE, RCV_HDR_OVFL_CNT, RCV_HDR_TAIL,
-    RCV_KEY_CTRL, RCV_QP_MAP_TABLE_REGS, RCV_SHIFT, RCV_TID_CTRL, RCV_TID_CTRL_TID_BASE_INDEX_MASK,
+    RCV_CTXT_CTRL_ENABLE_SMASK, RCV_EGR_CTRL, RCV_EGR_INDEX_TAIL, RCV_EGR_INDEX_TAIL_TAIL_MASK, RCV_EGR_OFFSET_TAIL,
+    RCV_EGR_OFFSET_TAIL_TAIL_MASK, RCV_HDR_CNT, RCV_HDR_ENT_SIZE, RCV_HDR_OVFL_CNT, RCV_HDR_TAIL, RCV_KEY_CTRL,
+    RCV_QP_MAP_TABLE_REGS, RCV_SHIFT, RCV_TID_CTRL, RCV_TID_CTRL_TID_BASE_INDEX_MASK,
     RCV_TID_CTRL_TID_BASE_INDEX_SHIFT, RCV_TID_CTRL_TID_PAIR_CNT_MASK, RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE,
     UCTXT_REGS,
 };
@@ -196,6 +197,16 @@ impl Rxe {
             Csr::Uctxt { ctxt, reg } if UCTXT_REGS[reg].offset == RCV_HDR_TAIL => {
                 self.rhq.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r.published()))
             }
+            // The eager tails read the context's place in its eager buffers: the buffer the last packet took and
+            // the next free 64-byte block in it (PSM2's eager-overflow recovery compares them with its heads).
+            Csr::Uctxt { ctxt, reg } if UCTXT_REGS[reg].offset == RCV_EGR_INDEX_TAIL => self
+                .rhq
+                .get(ctxt)
+                .map_or(Access::Unimplemented, |r| Access::Done(u64::from(r.egr_index) & RCV_EGR_INDEX_TAIL_TAIL_MASK)),
+            Csr::Uctxt { ctxt, reg } if UCTXT_REGS[reg].offset == RCV_EGR_OFFSET_TAIL => self
+                .rhq
+                .get(ctxt)
+                .map_or(Access::Unimplemented, |r| Access::Done(r.egr_offset & RCV_EGR_OFFSET_TAIL_TAIL_MASK)),
             Csr::Uctxt { ctxt, reg } => self.uctxt.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r[reg])),
             Csr::Flow { ctxt, flow } => self.flows.read(ctxt, flow).map_or(Access::Unimplemented, Access::Done),
             Csr::QpMap(i) => Access::Done(self.qp_map[i]),
