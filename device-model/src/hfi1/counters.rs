@@ -108,6 +108,9 @@ counters! {
     /// Of those, the bytes of TID RDMA WRITE DATA and WRITE DATA LAST (0xE2, 0xE3): WRITE data landing at the
     /// responder.
     wire_rx_kdeth_write_data_bytes,
+    /// KDETH packets with KDETH.INTR whose header queue entry was written: each raises the context's RcvUrgent
+    /// source (IS_RCVURGENT_START + context), which interrupts where CCE_INT_MASK lets it through.
+    wire_rx_kdeth_urgent,
     /// KDETH packets delivered as error entries (flow sequence or generation, TID, eager space, KDETH header).
     wire_rx_kdeth_errors,
     /// KDETH packets shorter than their header (RHF KHdrMinLenErr).
@@ -174,7 +177,7 @@ mod tests {
         let c = Counters::default();
         c.rx_gen_mismatch.fetch_add(2, Ordering::Relaxed);
         let snap = c.snapshot();
-        assert_eq!(snap.len(), 63);
+        assert_eq!(snap.len(), 64);
         assert!(snap.contains(&("rx_gen_mismatch", 2)));
         c.reset();
         assert!(c.snapshot().iter().all(|(_, v)| *v == 0));
