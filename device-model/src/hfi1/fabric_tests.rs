@@ -356,6 +356,8 @@ fn pio_packets_from_a_user_send_context_count_as_user_launches() {
     ];
     for (job_key, enable, user_launches) in table {
         let (a, _b) = pair();
+        // init_kdeth_qp: KDETH QPs are 0x80xxxx; the SMP (QP 0) is no KDETH packet.
+        a.w(SEND_BTH_QP, 0x80 << 16);
         a.w(SEND_CTXT_CHECK_JOB_KEY + 0x100 * SEND_CTXT, job_key);
         a.w(SEND_CTXT_CHECK_ENABLE + 0x100 * SEND_CTXT, enable);
         send_context(&a);

@@ -35,14 +35,20 @@ pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64) {
                 }
                 send(shared, front, "pio", l.ctxt, *pbc, body, l.blocks);
             }
-            let cr = {
+            let (cr, halts) = {
                 // Under the RXE lock, which resets take: a return never lands on a freshly reset context.
                 let _rxe = shared.lock_rxe();
                 if !shared.current(epoch) {
                     return;
                 }
-                front.lock().credit_returned(&l)
+                let mut wfr = front.lock();
+                let cr = wfr.credit_returned(&l);
+                // A packet the return made room for may have launched, and failed its context's checks.
+                (cr, wfr.disallowed_vectors())
             };
+            for v in halts {
+                shared.raise(v);
+            }
             let Some(cr) = cr else { continue };
             if dma.write_u64(cr.addr, cr.word).is_err() {
                 shared.counters.pio_credit_dma_errors.fetch_add(1, Relaxed);
