@@ -405,7 +405,8 @@ impl Pio {
             packet.truncate(bytes);
             let body = packet.split_off(PBC_BYTES);
             let user = ctxt.checks.user();
-            if let Err(info) = if user { ctxt.checks.check(pbc, &body) } else { Ok(()) } {
+            let (vl, bypass) = ((pbc >> PBC_VL_SHIFT) & PBC_VL_MASK, pbc & PBC_PACKET_BYPASS != 0);
+            if let Err(info) = if user { ctxt.checks.check(vl, bypass, &body) } else { Ok(()) } {
                 // DisallowedPacket: SEC_PACKET_DROPPED | SEC_SC_HALTED (chip.c sc_err_status_flags).
                 ctxt.halted = true;
                 self.counters.disallowed += 1;

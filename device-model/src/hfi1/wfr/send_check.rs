@@ -13,8 +13,6 @@
 use crate::hfi1::cable::wire::{BTH_BYTES, GRH_BYTES, LNH_GRH, LRH_BYTES};
 use crate::hfi1::jkey;
 
-use super::pio::{PBC_PACKET_BYPASS, PBC_VL_MASK, PBC_VL_SHIFT};
-
 // SEND_CTXT_CHECK_ENABLE fields (chip_registers.h).
 pub const SEND_CTXT_CHECK_ENABLE_CHECK_VL_SMASK: u64 = 0x2;
 pub const SEND_CTXT_CHECK_ENABLE_CHECK_JOB_KEY_SMASK: u64 = jkey::SEND_CTXT_CHECK_ENABLE_CHECK_JOB_KEY_SMASK;
@@ -74,9 +72,10 @@ impl SendChecks {
         jkey::send_is_user(self.enable, self.job_key)
     }
 
-    /// The SEND_EGRESS_ERR_INFO bits of every check the packet (`pbc`, then `body` from the LRH) fails: the
-    /// register has a bit per check, and one packet may set several (chip.c handle_send_egress_err_info).
-    pub fn check(&self, pbc: u64, body: &[u8]) -> Result<(), u64> {
+    /// The SEND_EGRESS_ERR_INFO bits of every check the packet fails: the register has a bit per check, and
+    /// one packet may set several (chip.c handle_send_egress_err_info). `vl` and `bypass` are its PBC's VL and
+    /// PacketBypass, `body` the bytes from its LRH.
+    pub fn check(&self, vl: u64, bypass: bool, body: &[u8]) -> Result<(), u64> {
         let on = |bit: u64| self.enable & bit != 0;
         let mut failed = 0;
         let mut fail = |cond: bool, info: u64| {
@@ -84,12 +83,11 @@ impl SendChecks {
                 failed |= info;
             }
         };
-        if pbc & PBC_PACKET_BYPASS != 0 {
+        if bypass {
             // A 16B packet has none of the 9B fields below.
             fail(on(SEND_CTXT_CHECK_ENABLE_DISALLOW_BYPASS_SMASK), SEND_EGRESS_ERR_INFO_BYPASS_ERR_SMASK);
             return if failed == 0 { Ok(()) } else { Err(failed) };
         }
-        let vl = (pbc >> PBC_VL_SHIFT) & PBC_VL_MASK;
         fail(on(SEND_CTXT_CHECK_ENABLE_CHECK_VL_SMASK) && self.vl & (1 << vl) != 0, SEND_EGRESS_ERR_INFO_VL_ERR_SMASK);
         let grh = body.get(1).is_some_and(|b| b & 0x3 == LNH_GRH);
         if let Some(l) = body.get(6..8) {
@@ -195,11 +193,13 @@ mod tests {
     }
 
     /// (what, PBC, packet, the checks it fails).
-    type Case = (&'static str, u64, Vec<u8>, Result<(), u64>);
+    type Case = (&'static str, (u64, bool), Vec<u8>, Result<(), u64>);
 
-    const fn pbc(vl: u64) -> u64 {
-        vl << PBC_VL_SHIFT
+    /// The PBC fields the checks read: VL, PacketBypass.
+    const fn pbc(vl: u64) -> (u64, bool) {
+        (vl, false)
     }
+    const BYPASS: (u64, bool) = (0, true);
 
     #[test]
     fn a_user_context_sends_only_its_own_kdeth_packets() {
@@ -254,10 +254,10 @@ mod tests {
                 packet(LNH_GRH, 0xC1, 0x80, JKEY),
                 Err(SEND_EGRESS_ERR_INFO_GRH_ERR_SMASK),
             ),
-            ("a 16B bypass packet", pbc(0) | PBC_PACKET_BYPASS, psm2, Err(SEND_EGRESS_ERR_INFO_BYPASS_ERR_SMASK)),
+            ("a 16B bypass packet", BYPASS, psm2, Err(SEND_EGRESS_ERR_INFO_BYPASS_ERR_SMASK)),
         ];
-        for (what, pbc, body, want) in table {
-            assert_eq!(user().check(pbc, &body), want, "{what}");
+        for (what, (vl, bypass), body, want) in table {
+            assert_eq!(user().check(vl, bypass, &body), want, "{what}");
         }
     }
 
@@ -265,15 +265,15 @@ mod tests {
     fn the_permissive_j_key_passes_only_where_the_context_allows_it() {
         let body = packet(0x2, 0xC1, 0x80, 0xFFFF);
         let allowed = SendChecks { job_key: user().job_key | SEND_CTXT_CHECK_JOB_KEY_ALLOW_PERMISSIVE_SMASK, ..user() };
-        assert_eq!(allowed.check(pbc(0), &body), Ok(()));
-        assert_eq!(user().check(pbc(0), &body), Err(SEND_EGRESS_ERR_INFO_JOB_KEY_ERR_SMASK));
+        assert_eq!(allowed.check(0, false, &body), Ok(()));
+        assert_eq!(user().check(0, false, &body), Err(SEND_EGRESS_ERR_INFO_JOB_KEY_ERR_SMASK));
     }
 
     #[test]
     fn checks_the_enable_register_leaves_off_pass_everything() {
         let none = SendChecks { enable: 0, ..user() };
-        assert_eq!(none.check(pbc(15), &packet(LNH_GRH, 0x64, 0, 0)), Ok(()));
-        assert_eq!(none.check(pbc(0) | PBC_PACKET_BYPASS, &[]), Ok(()));
+        assert_eq!(none.check(15, false, &packet(LNH_GRH, 0x64, 0, 0)), Ok(()));
+        assert_eq!(none.check(0, true, &[]), Ok(()));
     }
 
     #[test]
@@ -281,7 +281,7 @@ mod tests {
         // sc_alloc's set_pio_integrity disallows KDETH and non-KDETH packets alike; hfi1_set_ctxt_pkey lifts the
         // first.
         let fresh = SendChecks { enable: USER_DEFAULT, ..user() };
-        let err = fresh.check(pbc(0), &packet(0x2, 0xC1, 0x80, JKEY));
+        let err = fresh.check(0, false, &packet(0x2, 0xC1, 0x80, JKEY));
         assert_eq!(err, Err(SEND_EGRESS_ERR_INFO_KDETH_PACKETS_ERR_SMASK));
     }
 }
