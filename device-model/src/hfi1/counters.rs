@@ -37,12 +37,18 @@ counters! {
     /// RcvArray entries programmed with a buffer inside a context's expected (TID) range of RCV_TID_CTRL:
     /// the TIDs a driver set up for expected receive (eager buffers lie outside that range).
     rcv_array_expected_programmed,
+    /// Of those, entries inside the expected range of a user context (its receive job key on with a user's key,
+    /// jkey.rs): the TIDs the kernel programs for a process's HFI1_IOCTL_TID_UPDATE.
+    rcv_array_user_programmed,
     /// RCV_TID_FLOW_TABLE writes that make a flow valid on a generation other than the kernel's reserved
     /// 0xFFFFF: a flow set up for a TID RDMA segment (kern_set_hw_flow from hfi1_kern_setup_hw_flow).
     flows_programmed,
     /// RCV_TID_FLOW_TABLE writes that park a flow on the reserved generation 0xFFFFF (kern_clear_hw_flow,
     /// hfi1_kern_init_ctxt_generations).
     flows_parked,
+    /// RCV_TID_FLOW_TABLE writes to a user context's flows (jkey.rs), all of which come through its user
+    /// register page: PSM2 parks and programs its flows itself.
+    tidflow_user_writes,
     /// Packets offered to the receive engine.
     rx_packets,
     /// Packets whose payload was placed.
@@ -88,6 +94,8 @@ counters! {
     wire_rx_kdeth_eager,
     /// KDETH expected packets placed through a TID.
     wire_rx_kdeth_expected,
+    /// Of those, packets placed for a user context (jkey.rs).
+    wire_rx_kdeth_user_expected,
     /// Of those, placed without a header queue entry (header suppression).
     wire_rx_kdeth_suppressed,
     /// Of those, placed in sequence on a flow that had a sequence error since the driver last wrote it, so
@@ -100,6 +108,9 @@ counters! {
     /// Of those, the bytes of TID RDMA WRITE DATA and WRITE DATA LAST (0xE2, 0xE3): WRITE data landing at the
     /// responder.
     wire_rx_kdeth_write_data_bytes,
+    /// KDETH packets with KDETH.INTR whose header queue entry was written: each raises the context's RcvUrgent
+    /// source (IS_RCVURGENT_START + context), which interrupts where CCE_INT_MASK lets it through.
+    wire_rx_kdeth_urgent,
     /// KDETH packets delivered as error entries (flow sequence or generation, TID, eager space, KDETH header).
     wire_rx_kdeth_errors,
     /// KDETH packets shorter than their header (RHF KHdrMinLenErr).
@@ -131,6 +142,14 @@ counters! {
     rx_eager_invalid,
     /// Packets that left for the cable.
     wire_tx_packets,
+    /// PIO packets launched from a user send context (its job-key check on with a user's key, jkey.rs).
+    pio_user_launches,
+    /// Packets the SDMA engines sent whose BTH opcode is a user's KDETH one (0xC0..=0xDF: user_sdma.c takes
+    /// only opcode & 0xC0 == 0xC0, and the kernel's TID RDMA uses 0xE0..=0xEF).
+    sdma_user_packets,
+    /// Their payload bytes: what follows the LRH, the BTH and the 36-byte KDETH header of the user ABI's
+    /// struct hfi1_pkt_header, without the pad.
+    sdma_user_bytes,
     /// Packets launched while the link was down: dropped.
     wire_tx_link_down,
     /// Launched bytes that are not a 9B packet: dropped.
@@ -158,7 +177,7 @@ mod tests {
         let c = Counters::default();
         c.rx_gen_mismatch.fetch_add(2, Ordering::Relaxed);
         let snap = c.snapshot();
-        assert_eq!(snap.len(), 57);
+        assert_eq!(snap.len(), 64);
         assert!(snap.contains(&("rx_gen_mismatch", 2)));
         c.reset();
         assert!(c.snapshot().iter().all(|(_, v)| *v == 0));

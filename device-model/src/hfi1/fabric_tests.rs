@@ -342,6 +342,31 @@ fn nothing_leaves_while_the_link_is_down_and_the_credits_still_come_back() {
     assert_eq!(b.r(uctxt_csr(RCV_HDR_TAIL, 0)), 0);
 }
 
+/// A PIO packet counts as a user's launch when its send context checks a user's job key (chip.c
+/// hfi1_set_ctxt_jkey: SEND_CTXT_CHECK_JOB_KEY with MASK all ones, CHECK_JOB_KEY in SEND_CTXT_CHECK_ENABLE);
+/// the kernel's TID RDMA key 32 and hfi1_clear_ctxt_jkey's 0 are not a user's.
+#[test]
+fn pio_packets_from_a_user_send_context_count_as_user_launches() {
+    const CHECK_ENABLE: u64 = 0x1;
+    const CHECK_JOB_KEY: u64 = 0x4;
+    let table = [
+        (0xFFFF_0000 | 1000, CHECK_ENABLE | CHECK_JOB_KEY, 1),
+        (0xFFFF_0000 | 32, CHECK_ENABLE | CHECK_JOB_KEY, 0),
+        (0, CHECK_ENABLE, 0),
+    ];
+    for (job_key, enable, user_launches) in table {
+        let (a, _b) = pair();
+        // init_kdeth_qp: KDETH QPs are 0x80xxxx; the SMP (QP 0) is no KDETH packet.
+        a.w(SEND_BTH_QP, 0x80 << 16);
+        a.w(SEND_CTXT_CHECK_JOB_KEY + 0x100 * SEND_CTXT, job_key);
+        a.w(SEND_CTXT_CHECK_ENABLE + 0x100 * SEND_CTXT, enable);
+        send_context(&a);
+        pio_copy(&a, &smp());
+        assert!(a.irqs.wait(2), "SendCredit: the worker is done with the launch");
+        assert_eq!(a.counter("pio_user_launches"), user_launches, "{job_key:#x}");
+    }
+}
+
 // --- a UD packet through an SDMA engine ---------------------------------------------------------------------
 
 const RING: u64 = 0x40_0000;
@@ -615,4 +640,55 @@ fn a_packet_from_the_cable_is_recorded_as_the_wire_request_that_replays_it() {
     assert!(got.starts_with(&hex), "the packet as sent (then its ICRC): {got}");
     assert_eq!(wires[0]["device"], b.probe.device());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// IS_RCVURGENT_START (chip.h).
+const RCVURGENT_SOURCE: u64 = 416;
+
+/// A header-only KDETH packet for context 2 with KDETH.INTR (exp_rcv.h KDETH_INTR_SHIFT 28) set or clear, as
+/// PSM2 marks the packets its receive thread must wake for, given to SDMA engine 0 at ring index 0.
+fn kdeth_by_sdma(a: &Hfi, intr: bool) {
+    let mut p = vec![0u8; 56];
+    p[1] = 0x2;
+    p[2..4].copy_from_slice(&2u16.to_be_bytes());
+    p[4..6].copy_from_slice(&(((56 + 4) / 4) as u16).to_be_bytes());
+    p[6..8].copy_from_slice(&1u16.to_be_bytes());
+    p[8] = 0xC0;
+    let qp = (0x80u32 << 16) | KCTXT as u32;
+    p[12..16].copy_from_slice(&qp.to_be_bytes());
+    let kdeth0 = (1u32 << 30) | (u32::from(intr) << 28);
+    p[20..24].copy_from_slice(&kdeth0.to_le_bytes());
+    let mut first = ((p.len() / 4 + 2) as u64).to_le_bytes().to_vec();
+    first.extend_from_slice(&p);
+    a.mem.write(BUFS, &first).unwrap();
+    let d = (3u64 << 62) | ((first.len() as u64) << 48) | BUFS; // FIRST | LAST
+    a.mem.write(RING, &d.to_le_bytes()).unwrap();
+    a.mem.write(RING + 8, &1u64.to_le_bytes()).unwrap(); // HEAD_TO_HOST
+}
+
+/// RcvUrgent: a KDETH.INTR packet sets its context's source 416 + context in CCE_INT_STATUS and interrupts
+/// where the driver unmasked it (hfi1_rcvctrl URGENT_ENB for user contexts: set_intr_bits, chip.c:12133-12138;
+/// is_rcv_urgent_int wakes the waiting process, chip.c:8199, intr.c:202). A packet without INTR raises none.
+#[test]
+fn a_kdeth_packet_marked_intr_raises_its_contexts_urgent_interrupt_where_unmasked() {
+    // (KDETH.INTR, urgent source unmasked, urgent vector 6 sent)
+    let table = [(true, true, true), (false, true, false), (true, false, false)];
+    for (intr, unmasked, sent) in table {
+        let (a, b) = pair();
+        link_up(&a, &b);
+        sdma_engine(&a);
+        verbs_context(&b);
+        tid_context(&b);
+        if unmasked {
+            b.route_irq(RCVURGENT_SOURCE + KCTXT, 6);
+        }
+        kdeth_by_sdma(&a, intr);
+        a.w(SEND_DMA_TAIL, 1);
+        assert!(b.irqs.wait(5), "RcvAvail on context 2: the entry is written");
+        // The urgent vector goes out before RcvAvail's, so it is there by now if it was sent.
+        assert_eq!(b.irqs.got.lock().unwrap().contains(&6), sent, "intr {intr} unmasked {unmasked}");
+        let status = b.r(CCE_INT_STATUS + 8 * ((RCVURGENT_SOURCE + KCTXT) / 64));
+        assert_eq!(status >> ((RCVURGENT_SOURCE + KCTXT) % 64) & 1, u64::from(intr), "pending whatever the mask");
+        assert_eq!(b.counter("wire_rx_kdeth_urgent"), u64::from(intr));
+    }
 }

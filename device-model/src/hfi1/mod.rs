@@ -10,7 +10,7 @@
 //! - the worker's data path: `datapath`, and the SDMA walk in `wfr::sdma::walk`;
 //! - `shared` and `observe`;
 //! - the state blocks: `rxe`, `wfr`, `cable`;
-//! - what every layer reads: `config`, `error`, `regs`, `counters`, `shm`.
+//! - what every layer reads: `config`, `error`, `regs`, `counters`, `jkey`, `shm`.
 
 pub mod cable;
 mod config;
@@ -19,6 +19,7 @@ mod counters;
 mod datapath;
 mod device;
 mod error;
+mod jkey;
 mod names;
 mod observe;
 pub mod regs;

@@ -77,6 +77,11 @@ pub const UCTXT_STRIDE: u64 = 0x1000;
 pub const RCV_HDR_TAIL: u64 = RXE_UCTXT_BASE;
 pub const RCV_HDR_HEAD: u64 = RXE_UCTXT_BASE + 0x8;
 pub const RCV_EGR_INDEX_HEAD: u64 = RXE_UCTXT_BASE + 0x18;
+/// RcvEgrIndexTail and RcvEgrOffsetTail: read-only (chip.c reset_rxe_csrs names both); chip_registers.h gives
+/// no offset, the user ABI does: qwords ur_rcvegrindextail 2 and ur_rcvegroffsettail 4 of the user register
+/// page (hfi1_user.h enum hfi1_ureg).
+pub const RCV_EGR_INDEX_TAIL: u64 = RXE_UCTXT_BASE + 0x10;
+pub const RCV_EGR_OFFSET_TAIL: u64 = RXE_UCTXT_BASE + 0x20;
 pub const RCV_TID_FLOW_TABLE: u64 = RXE_UCTXT_BASE + 0x800;
 
 // RCV_CTXT_CTRL fields.
@@ -112,6 +117,10 @@ pub const RCV_HDR_SIZE_HDR_SIZE_MASK: u64 = 0x1F;
 pub const RCV_HDR_HEAD_COUNTER_SHIFT: u32 = 32;
 pub const RCV_HDR_HEAD_COUNTER_MASK: u64 = 0xFF;
 pub const RCV_EGR_INDEX_HEAD_HEAD_MASK: u64 = 0x7FF;
+/// INFERRED widths (no kernel mask): the eager index as RCV_EGR_INDEX_HEAD and the RHF's EgrIndex hold it, the
+/// offset in 64-byte blocks as the RHF's EgrOffset (common.h RHF_EGR_INDEX_MASK, RHF_EGR_OFFSET_MASK).
+pub const RCV_EGR_INDEX_TAIL_TAIL_MASK: u64 = 0x7FF;
+pub const RCV_EGR_OFFSET_TAIL_TAIL_MASK: u64 = 0xFFF;
 pub const RCV_AVAIL_TIME_OUT_TIME_OUT_RELOAD_MASK: u64 = 0xFF;
 
 // RcvArray entry fields (hfi1_put_tid; reference §1.3).
@@ -232,11 +241,14 @@ pub const KCTXT_REGS: [RegDef; 12] = [
     RegDef::ro(RCV_HDR_OVFL_CNT, "RCV_HDR_OVFL_CNT"),
 ];
 
-/// User-spaced per-context registers other than the flow table. RCV_HDR_TAIL is written by hardware only.
-pub const UCTXT_REGS: [RegDef; 3] = [
+/// User-spaced per-context registers other than the flow table. The tails are written by hardware only (reads
+/// give the context's live place, rxe::state).
+pub const UCTXT_REGS: [RegDef; 5] = [
     RegDef::ro(RCV_HDR_TAIL, "RCV_HDR_TAIL"),
     RegDef::rw(RCV_HDR_HEAD, "RCV_HDR_HEAD", ALL),
+    RegDef::ro(RCV_EGR_INDEX_TAIL, "RCV_EGR_INDEX_TAIL"),
     RegDef::rw(RCV_EGR_INDEX_HEAD, "RCV_EGR_INDEX_HEAD", RCV_EGR_INDEX_HEAD_HEAD_MASK),
+    RegDef::ro(RCV_EGR_OFFSET_TAIL, "RCV_EGR_OFFSET_TAIL"),
 ];
 
 /// Offset of a kernel-spaced per-context CSR (read_kctxt_csr / write_kctxt_csr).
@@ -352,6 +364,9 @@ mod tests {
             (RCV_TID_CTRL, 0x1100018),
             (RCV_HDR_OVFL_CNT, 0x1100058),
             (RCV_EGR_INDEX_HEAD, 0x1300018),
+            // hfi1_user.h: ur_rcvegrindextail = 2, ur_rcvegroffsettail = 4 qwords into the page.
+            (RCV_EGR_INDEX_TAIL, 0x1300010),
+            (RCV_EGR_OFFSET_TAIL, 0x1300020),
             (RCV_TID_FLOW_TABLE, 0x1300800),
         ];
         for (got, want) in table {
@@ -377,6 +392,10 @@ mod tests {
             (0x1100800, Csr::Unimplemented),
             (0x1200800, Csr::RcvArray(0x100)),
             (0x1305008, Csr::Uctxt { ctxt: 5, reg: 1 }),
+            (0x1305010, Csr::Uctxt { ctxt: 5, reg: 2 }),
+            (0x1305018, Csr::Uctxt { ctxt: 5, reg: 3 }),
+            (0x1305020, Csr::Uctxt { ctxt: 5, reg: 4 }),
+            (0x1305028, Csr::Unimplemented),
             (0x1302818, Csr::Flow { ctxt: 2, flow: 3 }),
             (0x1000100, Csr::QpMap(0)),
             (0x10001F8, Csr::QpMap(31)),

@@ -49,6 +49,9 @@ pub const OPCODE_TID_RDMA_WRITE_DATA: u8 = OPCODE_TID_RDMA + 0x2;
 pub const OPCODE_TID_RDMA_WRITE_DATA_LAST: u8 = OPCODE_TID_RDMA + 0x3;
 pub const OPCODE_TID_RDMA_READ_RESP: u8 = OPCODE_TID_RDMA + 0x5;
 const TID_RDMA_OPCODES: u8 = 8;
+/// The KDETH opcodes a user process may send (user_sdma.c, pio.c: opcode & 0xC0 == 0xC0) below the kernel's
+/// TID RDMA ones, where PSM2 sends (docs/decisions.md).
+pub const USER_KDETH_OPCODES: std::ops::RangeInclusive<u8> = 0xC0..=0xDF;
 pub const OPCODE_CNP: u8 = 0x80;
 
 /// Bytes of extended headers behind the BTH for `opcode`, `None` for an opcode the chip does not know.

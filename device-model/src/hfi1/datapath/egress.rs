@@ -10,6 +10,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use crate::hfi1::cable::wire::{BTH_BYTES, ICRC_BYTES, USER_KDETH_OPCODES};
 use crate::hfi1::cable::WirePacket;
 use crate::hfi1::shared::{Shared, WfrFront};
 use crate::hfi1::wfr::pio::{LaunchKind, PBC_DC_INFO, PBC_PACKET_BYPASS, PBC_TEST_EBP, PBC_VL_MASK, PBC_VL_SHIFT};
@@ -28,17 +29,26 @@ pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64) {
             return;
         }
         for l in launches {
-            if let LaunchKind::Packet { pbc, body } = &l.kind {
+            if let LaunchKind::Packet { pbc, body, user } = &l.kind {
+                if *user {
+                    shared.counters.pio_user_launches.fetch_add(1, Relaxed);
+                }
                 send(shared, front, "pio", l.ctxt, *pbc, body, l.blocks);
             }
-            let cr = {
+            let (cr, halts) = {
                 // Under the RXE lock, which resets take: a return never lands on a freshly reset context.
                 let _rxe = shared.lock_rxe();
                 if !shared.current(epoch) {
                     return;
                 }
-                front.lock().credit_returned(&l)
+                let mut wfr = front.lock();
+                let cr = wfr.credit_returned(&l);
+                // A packet the return made room for may have launched, and failed its context's checks.
+                (cr, wfr.disallowed_vectors())
             };
+            for v in halts {
+                shared.raise(v);
+            }
             let Some(cr) = cr else { continue };
             if dma.write_u64(cr.addr, cr.word).is_err() {
                 shared.counters.pio_credit_dma_errors.fetch_add(1, Relaxed);
@@ -82,6 +92,9 @@ pub(in crate::hfi1) fn send(
                 let up = front.lock().link_up();
                 match front.cable.get() {
                     Some(end) if up => {
+                        if source == "sdma" {
+                            count_user_sdma(c, &pkt);
+                        }
                         end.transmit(pkt);
                         c.wire_tx_packets.fetch_add(1, Relaxed);
                         "sent"
@@ -108,5 +121,52 @@ pub(in crate::hfi1) fn send(
                 ("fate", Val::Str(fate)),
             ],
         );
+    }
+}
+
+/// Bytes of the KDETH header a user packet carries behind its BTH (hfi1_user.h struct hfi1_kdeth_header).
+const USER_KDETH_HEADER_BYTES: usize = 36;
+
+/// A packet an SDMA engine sends is a user's when its opcode is in the user KDETH range (user_sdma.c
+/// hfi1_user_sdma_process_request: opcode & USER_OPCODE_CHECK_MASK == USER_OPCODE_CHECK_VAL, 0xC0); the
+/// kernel's own KDETH packets are TID RDMA, 0xE0..=0xEF, and its verbs opcodes are below 0xC0.
+fn count_user_sdma(c: &crate::hfi1::counters::Counters, pkt: &WirePacket) {
+    if !USER_KDETH_OPCODES.contains(&pkt.opcode()) {
+        return;
+    }
+    let Ok(bth) = pkt.bth_offset() else { return };
+    let header = bth + BTH_BYTES + USER_KDETH_HEADER_BYTES;
+    let payload = pkt.bytes.len().saturating_sub(header + usize::from(pkt.pad()) + ICRC_BYTES);
+    c.sdma_user_packets.fetch_add(1, Relaxed);
+    c.sdma_user_bytes.fetch_add(payload as u64, Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hfi1::counters::Counters;
+
+    /// A 9B packet of `opcode` behind an LRH (BTH next) with the user ABI's 36-byte KDETH header, `payload`
+    /// bytes and `pad` bytes of pad.
+    fn packet(opcode: u8, payload: usize, pad: u8) -> WirePacket {
+        let mut b = vec![0u8; 8 + BTH_BYTES + USER_KDETH_HEADER_BYTES];
+        b[1] = 0x2;
+        b[8] = opcode;
+        b[9] = pad << 4;
+        b.resize(b.len() + payload + usize::from(pad), 0);
+        WirePacket::seal(b, false, false).unwrap()
+    }
+
+    #[test]
+    fn sdma_packets_count_as_a_users_by_their_kdeth_opcode() {
+        // (opcode, payload, pad, user?): the ends of the user KDETH range (user_sdma.c: & 0xC0 == 0xC0), the
+        // kernel's TID RDMA WRITE DATA (0xE2) and a UD SEND_ONLY (0x64).
+        let table = [(0xC0, 4096, 0, true), (0xDF, 1021, 3, true), (0xE2, 4096, 0, false), (0x64, 256, 0, false)];
+        for (opcode, payload, pad, user) in table {
+            let c = Counters::default();
+            count_user_sdma(&c, &packet(opcode, payload, pad));
+            let want = if user { (1, payload as u64) } else { (0, 0) };
+            assert_eq!((c.sdma_user_packets.load(Relaxed), c.sdma_user_bytes.load(Relaxed)), want, "{opcode:#x}");
+        }
     }
 }

@@ -27,7 +27,7 @@ use crate::hfi1::rxe::rcv;
 use crate::hfi1::rxe::rhq::{Arrival, Refusal};
 use crate::hfi1::rxe::state::Rxe;
 use crate::hfi1::shared::{Shared, WfrFront};
-use crate::hfi1::wfr::{Wfr, IS_RCVAVAIL_START};
+use crate::hfi1::wfr::{Wfr, IS_RCVAVAIL_START, IS_RCVURGENT_START};
 use crate::trace::{Block, Level, Val};
 
 /// Packets the port queues for its worker at most (one more while the worker has the head out to judge it);
@@ -178,6 +178,7 @@ fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacke
         }
     }
     trace_kdeth(shared, pkt, &d);
+    let urgent = d.kind != Kind::Ib && kdeth::intr(pkt);
     let Some(plan) = d.rhq else { return };
     let header_len = (plan.rhf_at - plan.header_at) as usize;
     let (header, rest) = pkt.bytes.split_at(header_len);
@@ -188,18 +189,22 @@ fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacke
     if !ok {
         counters.wire_rx_dma_errors.fetch_add(1, Relaxed);
     }
-    let vector = {
+    let vectors = {
         let mut rxe = shared.lock_rxe();
         if !shared.current(epoch) {
             return;
         }
         rxe.rhq_publish(plan.ctxt, plan.published);
         counters.wire_rx_written.fetch_add(1, Relaxed);
-        if plan.interrupt {
-            front.lock().raise(IS_RCVAVAIL_START + plan.ctxt as u32)
-        } else {
-            None
-        }
+        let mut wfr = front.lock();
+        // A KDETH.INTR packet raises its context's RcvUrgent once its entry is there to read; the driver gates
+        // it with CCE_INT_MASK alone (chip.c hfi1_rcvctrl URGENT_ENB: set_intr_bits), not with INTR_AVAIL.
+        let urgent = urgent.then(|| {
+            counters.wire_rx_kdeth_urgent.fetch_add(1, Relaxed);
+            wfr.raise(IS_RCVURGENT_START + plan.ctxt as u32)
+        });
+        let avail = plan.interrupt.then(|| wfr.raise(IS_RCVAVAIL_START + plan.ctxt as u32));
+        [urgent.flatten(), avail.flatten()]
     };
     let probe = &shared.probe;
     if probe.trace.on(Block::Rhq, Level::Info) {
@@ -217,7 +222,7 @@ fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacke
             ],
         );
     }
-    if let Some(v) = vector {
+    for v in vectors.into_iter().flatten() {
         shared.raise(v);
     }
 }

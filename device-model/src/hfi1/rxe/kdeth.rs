@@ -32,6 +32,8 @@ use crate::hfi1::regs::{
 };
 
 // KDETH word 0 fields beyond the ones placement reads (exp_rcv.h).
+/// The sender asks for the receiver's urgent interrupt (RcvUrgent, docs/decisions.md).
+pub const KDETH_INTR_SHIFT: u32 = 28;
 pub const KDETH_SH_SHIFT: u32 = 29;
 pub const KDETH_KVER_SHIFT: u32 = 30;
 pub const KDETH_KVER_MASK: u32 = 0x3;
@@ -41,6 +43,14 @@ pub const KDETH_KVER: u32 = 1;
 pub const KDETH_BYTES: usize = 8;
 /// The context number in a KDETH DestQP (tid_rdma.c ORs rcd->ctxt into the low bits).
 pub const KDETH_DESTQP_CTXT_MASK: u32 = 0xFF;
+
+/// Whether a KDETH packet carries KDETH.INTR (false when its KDETH does not fit in it).
+pub fn intr(pkt: &WirePacket) -> bool {
+    let at = pkt.bth_offset().unwrap_or(LRH_BYTES) + BTH_BYTES;
+    pkt.bytes
+        .get(at..at + 4)
+        .is_some_and(|w| (u32::from_le_bytes([w[0], w[1], w[2], w[3]]) >> KDETH_INTR_SHIFT) & 1 != 0)
+}
 
 /// The receive context a KDETH DestQP names.
 pub fn destqp_ctxt(dest_qp: u32) -> usize {
@@ -170,6 +180,9 @@ fn expected(
                 rxe.flows.accept(ctxt, p.flow());
             }
             counters.wire_rx_kdeth_expected.fetch_add(1, Relaxed);
+            if rxe.is_user_ctxt(ctxt) {
+                counters.wire_rx_kdeth_user_expected.fetch_add(1, Relaxed);
+            }
             if suppressed {
                 counters.wire_rx_kdeth_suppressed.fetch_add(1, Relaxed);
             }

@@ -31,7 +31,14 @@ const ACK: u8 = 0xE7;
 /// Context 2 as hfi1_rcvctrl enables a kernel context with TID RDMA: RCV_HDR_SIZE 9, the expected range
 /// with TID pair 2 programmed, flow 3 set as kern_set_hw_flow sets it, TID_FLOW_ENABLE, and `extra` control bits.
 fn rxe(extra: u64) -> (Rxe, Counters) {
+    rxe_keyed(extra, 0)
+}
+
+/// The same context with RCV_KEY_CTRL `key_ctrl` written first, as the kernel gives a context its J_KEY before
+/// its TIDs and flows are programmed (file_ops.c user_init, tid_rdma.c hfi1_kern_exp_rcv_init).
+fn rxe_keyed(extra: u64, key_ctrl: u64) -> (Rxe, Counters) {
     test_context::enabled("kdeth", CTXT, RCV_CTXT_CTRL_TID_FLOW_ENABLE_SMASK | extra, |c, n| {
+        c.write(kctxt_csr(RCV_KEY_CTRL, CTXT as u64), key_ctrl, n);
         c.write(kctxt_csr(RCV_HDR_SIZE, CTXT as u64), 9, n);
         c.write(kctxt_csr(RCV_TID_CTRL, CTXT as u64), (128 << 32) | (TID_BASE >> 3), n);
         c.write(RCV_ARRAY + 8 * (TID_BASE + 4), (1 << 63) | (2 << 36) | (EVEN_BUF >> 12), n);
@@ -426,4 +433,59 @@ fn programmed_tids_and_flows_are_counted_apart_from_eager_buffers_parked_flows_a
     assert_eq!(n.flows_programmed.load(Relaxed), 1);
     c.write(RCV_ARRAY + 8 * (TID_BASE + 4), 1 << 63, &n);
     assert_eq!(n.rcv_array_expected_programmed.load(Relaxed), 2);
+}
+
+/// hfi1_set_ctxt_jkey's RCV_KEY_CTRL: JOB_KEY_ENABLE (bit 33) and the key.
+const fn job_key(key: u64) -> u64 {
+    (1 << 33) | key
+}
+
+/// A user context is one whose receive job key is on with a key outside the kernel's 32..=63 (hfi.h
+/// generate_jkey; tid_rdma.c TID_RDMA_JKEY 32 for kernel contexts): its programmed TIDs, its flow writes and
+/// the expected packets placed for it are counted as a user's; the same work on a kernel context is not.
+#[test]
+fn tids_flows_and_expected_packets_of_a_user_context_are_counted_as_a_users() {
+    // (RCV_KEY_CTRL, user?): uid 1000's key, root's (0), an unprivileged uid 5's (0x8005), the kernel's TID RDMA
+    // key, the top of the kernel's range, a key with JOB_KEY_ENABLE clear, and hfi1_clear_ctxt_jkey's 0.
+    let table = [
+        (job_key(1000), true),
+        (job_key(0), true),
+        (job_key(0x8005), true),
+        (job_key(32), false),
+        (job_key(63), false),
+        (1000, false),
+        (0, false),
+    ];
+    for (key_ctrl, user) in table {
+        let (mut c, n) = rxe_keyed(0, key_ctrl);
+        judge_k(&mut c, &n, &data(0, 0, false)).unwrap();
+        let all = (
+            n.rcv_array_expected_programmed.load(Relaxed),
+            n.flows_programmed.load(Relaxed),
+            n.wire_rx_kdeth_expected.load(Relaxed),
+        );
+        assert_eq!(all, (2, 1, 1), "{key_ctrl:#x}");
+        let users = (
+            n.rcv_array_user_programmed.load(Relaxed),
+            n.tidflow_user_writes.load(Relaxed),
+            n.wire_rx_kdeth_user_expected.load(Relaxed),
+        );
+        assert_eq!(users, if user { (2, 1, 1) } else { (0, 0, 0) }, "{key_ctrl:#x}");
+    }
+}
+
+/// PSM2 parks its 32 flows at open (every write counts, not only the valid ones), and an eager buffer of a
+/// user context lies outside its expected range, so it is no programmed TID.
+#[test]
+fn every_flow_write_of_a_user_context_counts_and_its_eager_buffers_are_no_tids() {
+    let (mut c, n) = rxe_keyed(0, job_key(1000));
+    let before = n.tidflow_user_writes.load(Relaxed);
+    for flow in 0..RXE_NUM_TID_FLOWS as u64 {
+        c.write(tid_flow_csr(CTXT as u64, flow), 0, &n);
+    }
+    assert_eq!(n.tidflow_user_writes.load(Relaxed) - before, RXE_NUM_TID_FLOWS as u64);
+    // Another context's flow page: not this user's.
+    c.write(tid_flow_csr(CTXT as u64 + 1, 0), 0, &n);
+    assert_eq!(n.tidflow_user_writes.load(Relaxed) - before, RXE_NUM_TID_FLOWS as u64);
+    assert_eq!(n.rcv_array_user_programmed.load(Relaxed), 2, "the 8 eager entries are not counted");
 }

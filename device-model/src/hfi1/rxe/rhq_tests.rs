@@ -358,3 +358,39 @@ mod through_the_port {
         }
     }
 }
+
+/// RcvEgrIndexTail and RcvEgrOffsetTail (user page qwords 2 and 4, hfi1_user.h) read where the chip is in its
+/// eager buffers: the buffer the last packet went to and the 64-byte block after it. PSM2's overflow recovery
+/// takes the eager array as full when head == tail + 1 (mod count), which is when the chip holds (the test
+/// above). Enabling restarts at buffer 0, as hfi1_rcvctrl zeroes RcvEgrIndexHead with it (chip.c:12050).
+#[test]
+fn the_eager_tails_read_the_buffer_and_the_next_block_the_chip_wrote() {
+    let (mut c, n) = rxe(0);
+    let tails = |c: &mut Rxe| {
+        let r = |c: &mut Rxe, reg| match c.read(uctxt_csr(reg, CTXT as u64), &n) {
+            crate::hfi1::rxe::state::Access::Done(v) => v,
+            a => panic!("{a:?}"),
+        };
+        (r(c, RCV_EGR_INDEX_TAIL), r(c, RCV_EGR_OFFSET_TAIL))
+    };
+    assert_eq!(tails(&mut c), (0, 0));
+    // (payload bytes, tails after it): 100 B takes blocks 0-1, 64 B block 2, 16000 B blocks 3-252 of buffer 0;
+    // the next 16000 B do not fit its 3 blocks left and take blocks 0-249 of buffer 1, then 4 B block 250.
+    let table = [(100, (0, 2)), (64, (0, 3)), (16000, (0, 253)), (16000, (1, 250)), (4, (1, 251))];
+    for (len, want) in table {
+        let rest = vec![0u8; len];
+        c.rhq_reserve(CTXT, &Arrival { has_payload: true, ..arrive(&[0; 20], &rest) }, &n).unwrap();
+        assert_eq!(tails(&mut c), want, "after {len} bytes");
+    }
+    // Read-only: a write changes nothing.
+    for reg in [RCV_EGR_INDEX_TAIL, RCV_EGR_OFFSET_TAIL] {
+        let at = uctxt_csr(reg, CTXT as u64);
+        assert_eq!(c.write(at, 0, &n), crate::hfi1::rxe::state::Access::ReadOnly);
+    }
+    assert_eq!(tails(&mut c), (1, 251));
+    let k = kctxt_csr(RCV_CTXT_CTRL, CTXT as u64);
+    let crate::hfi1::rxe::state::Access::Done(ctrl) = c.read(k, &n) else { panic!() };
+    c.write(k, ctrl & !RCV_CTXT_CTRL_ENABLE_SMASK, &n);
+    c.write(k, ctrl, &n);
+    assert_eq!(tails(&mut c), (0, 0));
+}

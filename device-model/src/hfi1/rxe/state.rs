@@ -10,10 +10,12 @@ use serde_json::{json, Value};
 use super::flow::{FlowEntry, FlowTable, KERN_GENERATION_RESERVED};
 use super::rcvarray::RcvArray;
 use crate::hfi1::counters::Counters;
+use crate::hfi1::jkey;
 use crate::hfi1::regs::RXE_NUM_TID_FLOWS;
 use crate::hfi1::regs::{
     apply_write, decode, Csr, GLOBAL_REGS, KCTXT_REGS, RCV_ARRAY_CNT, RCV_CONTEXTS, RCV_CTXT_CTRL,
-    RCV_CTXT_CTRL_ENABLE_SMASK, RCV_EGR_CTRL, RCV_HDR_CNT, RCV_HDR_ENT_SIZE, RCV_HDR_OVFL_CNT, RCV_HDR_TAIL,
+    RCV_CTXT_CTRL_ENABLE_SMASK, RCV_EGR_CTRL, RCV_EGR_INDEX_TAIL, RCV_EGR_INDEX_TAIL_TAIL_MASK, RCV_EGR_OFFSET_TAIL,
+    RCV_EGR_OFFSET_TAIL_TAIL_MASK, RCV_HDR_CNT, RCV_HDR_ENT_SIZE, RCV_HDR_OVFL_CNT, RCV_HDR_TAIL, RCV_KEY_CTRL,
     RCV_QP_MAP_TABLE_REGS, RCV_SHIFT, RCV_TID_CTRL, RCV_TID_CTRL_TID_BASE_INDEX_MASK,
     RCV_TID_CTRL_TID_BASE_INDEX_SHIFT, RCV_TID_CTRL_TID_PAIR_CNT_MASK, RCV_TID_CTRL_TID_PAIR_CNT_SHIFT, RXE_KCTXT_BASE,
     UCTXT_REGS,
@@ -176,9 +178,14 @@ impl Rxe {
         Some((base << RCV_SHIFT, cnt << RCV_SHIFT))
     }
 
-    /// Whether RcvArray entry `index` lies in some context's expected range.
-    fn is_expected_entry(&self, index: u64) -> bool {
-        (0..self.contexts).filter_map(|c| self.tid_range(c)).any(|(base, count)| (base..base + count).contains(&index))
+    /// The contexts whose expected range holds RcvArray entry `index` (one, unless the driver overlapped them).
+    fn expected_owners(&self, index: u64) -> impl Iterator<Item = usize> + '_ {
+        (0..self.contexts).filter(move |&c| self.tid_range(c).is_some_and(|(b, n)| (b..b + n).contains(&index)))
+    }
+
+    /// Whether receive context `ctxt` is a user's: its job key is on with a user's key (jkey.rs).
+    pub fn is_user_ctxt(&self, ctxt: usize) -> bool {
+        self.kctxt(ctxt, RCV_KEY_CTRL).is_some_and(jkey::rcv_is_user)
     }
 
     /// A 64-bit register read at the 8-byte-aligned `offset`.
@@ -190,6 +197,16 @@ impl Rxe {
             Csr::Uctxt { ctxt, reg } if UCTXT_REGS[reg].offset == RCV_HDR_TAIL => {
                 self.rhq.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r.published()))
             }
+            // The eager tails read the context's place in its eager buffers: the buffer the last packet took and
+            // the next free 64-byte block in it (PSM2's eager-overflow recovery compares them with its heads).
+            Csr::Uctxt { ctxt, reg } if UCTXT_REGS[reg].offset == RCV_EGR_INDEX_TAIL => self
+                .rhq
+                .get(ctxt)
+                .map_or(Access::Unimplemented, |r| Access::Done(u64::from(r.egr_index) & RCV_EGR_INDEX_TAIL_TAIL_MASK)),
+            Csr::Uctxt { ctxt, reg } if UCTXT_REGS[reg].offset == RCV_EGR_OFFSET_TAIL => self
+                .rhq
+                .get(ctxt)
+                .map_or(Access::Unimplemented, |r| Access::Done(r.egr_offset & RCV_EGR_OFFSET_TAIL_TAIL_MASK)),
             Csr::Uctxt { ctxt, reg } => self.uctxt.get(ctxt).map_or(Access::Unimplemented, |r| Access::Done(r[reg])),
             Csr::Flow { ctxt, flow } => self.flows.read(ctxt, flow).map_or(Access::Unimplemented, Access::Done),
             Csr::QpMap(i) => Access::Done(self.qp_map[i]),
@@ -230,6 +247,9 @@ impl Rxe {
                 if !self.flows.write(ctxt, flow, value) {
                     return Access::Unimplemented;
                 }
+                if self.is_user_ctxt(ctxt) {
+                    counters.tidflow_user_writes.fetch_add(1, Relaxed);
+                }
                 let e = FlowEntry::decode(self.flows.read(ctxt, flow).unwrap_or(0));
                 match (e.flow_valid, e.generation == KERN_GENERATION_RESERVED) {
                     (true, false) => counters.flows_programmed.fetch_add(1, Relaxed),
@@ -244,8 +264,14 @@ impl Rxe {
             }
             Csr::RcvArray(i) => {
                 // Out-of-range indices are counted by the RcvArray itself.
-                if self.rcv_array.write(i, value, counters) && self.is_expected_entry(i) {
-                    counters.rcv_array_expected_programmed.fetch_add(1, Relaxed);
+                if self.rcv_array.write(i, value, counters) {
+                    let mut owners = self.expected_owners(i).peekable();
+                    if owners.peek().is_some() {
+                        counters.rcv_array_expected_programmed.fetch_add(1, Relaxed);
+                    }
+                    if owners.any(|c| self.is_user_ctxt(c)) {
+                        counters.rcv_array_user_programmed.fetch_add(1, Relaxed);
+                    }
                 }
                 Access::Done(value)
             }

@@ -51,6 +51,10 @@ const GROUPS: [Group; 12] = [
     },
 ];
 
+/// Status registers that are their own write-1-to-clear: SEND_EGRESS_ERR_INFO, which the driver clears by
+/// writing back what it read (chip.c handle_send_egress_err_info).
+const SELF_CLEARING: [u64; 1] = [SEND_EGRESS_ERR_INFO];
+
 /// Which register of a group `offset` is, and the STATUS offset of its element.
 enum Role {
     Status(u64),
@@ -58,6 +62,9 @@ enum Role {
 }
 
 fn role(offset: u64) -> Option<Role> {
+    if SELF_CLEARING.contains(&offset) {
+        return Some(Role::Clear(offset));
+    }
     GROUPS.iter().find_map(|g| {
         let element = |base: u64| {
             let rel = offset.checked_sub(base)?;
@@ -81,6 +88,7 @@ impl ErrGroups {
     pub fn read(&self, offset: u64) -> Option<u64> {
         match role(offset)? {
             Role::Status(s) => Some(self.status.get(&s).copied().unwrap_or(0)),
+            Role::Clear(s) if s == offset => Some(self.status.get(&s).copied().unwrap_or(0)),
             Role::Clear(_) => Some(0),
         }
     }

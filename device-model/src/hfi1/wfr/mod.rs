@@ -16,6 +16,7 @@ mod misc;
 pub mod names;
 pub mod pio;
 pub mod sdma;
+mod send_check;
 mod shape;
 mod storage;
 mod txe;
@@ -27,8 +28,8 @@ use csr::*;
 
 pub use shape::{
     Icode, Raised, WfrShape, CCE_MSIX_PBA, CCE_NUM_MSIX_VECTORS, DC_DC8051_INT, IS_DC_START, IS_RCVAVAIL_START,
-    IS_SDMAENG_ERR_START, IS_SENDCREDIT_START, NUM_INTERRUPT_SOURCES, PCIE_CFG_REG_PL_BASE, PCIE_CFG_REG_PL_LEN,
-    TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES, TXE_PIO_SEND, TXE_PIO_SIZE, WFR_BAR0_SIZE,
+    IS_RCVURGENT_START, IS_SDMAENG_ERR_START, IS_SENDCREDIT_START, NUM_INTERRUPT_SOURCES, PCIE_CFG_REG_PL_BASE,
+    PCIE_CFG_REG_PL_LEN, TXE_NUM_CONTEXTS, TXE_NUM_SDMA_ENGINES, TXE_PIO_SEND, TXE_PIO_SIZE, WFR_BAR0_SIZE,
 };
 
 /// The CSR file of the chip outside the RXE.
@@ -216,7 +217,9 @@ impl Wfr {
         if offset >= TXE_PIO_SEND {
             let mut raised = Raised::default();
             self.pio.buffer_write(offset - TXE_PIO_SEND, value, &mut self.errs, &mut raised);
-            return self.deliver(raised);
+            let mut vectors = self.deliver(raised);
+            vectors.extend(self.disallowed_vectors());
+            return vectors;
         }
         if offset == SEND_PIO_INIT_CTXT {
             self.pio.init(value);
@@ -244,6 +247,7 @@ impl Wfr {
         if !handled {
             self.note_unnamed(offset);
             self.storage.write(offset, value);
+            self.note_send_checks(offset);
             // Holding the DC in reset resets the 8051 and its RAMs (init_chip keeps it there across the FLR).
             if offset == CCE_DC_CTRL && value & CCE_DC_CTRL_DC_RESET_SMASK != 0 {
                 self.dc.reset_8051(false);
@@ -275,6 +279,58 @@ impl Wfr {
             vectors.extend(self.interrupt_8051());
         }
         vectors
+    }
+
+    /// A write to a send context's check registers, or to SEND_BTH_QP, which every context's KDETH checks read:
+    /// the send contexts see the registers as they are now (send_check.rs).
+    fn note_send_checks(&mut self, offset: u64) {
+        let contexts = u64::from(self.shape.send_contexts);
+        let changed = if offset == SEND_BTH_QP {
+            0..contexts
+        } else {
+            let Some(rel) = offset.checked_sub(SEND_CTXT_CHECK_ENABLE) else { return };
+            let (c, reg) = (rel / SEND_CTXT_STRIDE, SEND_CTXT_CHECK_ENABLE + rel % SEND_CTXT_STRIDE);
+            let check = matches!(
+                reg,
+                SEND_CTXT_CHECK_ENABLE
+                    | SEND_CTXT_CHECK_JOB_KEY
+                    | SEND_CTXT_CHECK_OPCODE
+                    | SEND_CTXT_CHECK_VL
+                    | SEND_CTXT_CHECK_PARTITION_KEY
+                    | SEND_CTXT_CHECK_SLID
+            );
+            if c >= contexts || !check {
+                return;
+            }
+            c..c + 1
+        };
+        for c in changed {
+            let at = |base: u64| base + SEND_CTXT_STRIDE * c;
+            let checks = send_check::SendChecks {
+                enable: self.stored(at(SEND_CTXT_CHECK_ENABLE)),
+                job_key: self.stored(at(SEND_CTXT_CHECK_JOB_KEY)),
+                opcode: self.stored(at(SEND_CTXT_CHECK_OPCODE)),
+                partition_key: self.stored(at(SEND_CTXT_CHECK_PARTITION_KEY)),
+                slid: self.stored(at(SEND_CTXT_CHECK_SLID)),
+                vl: self.stored(at(SEND_CTXT_CHECK_VL)),
+                bth_qp: self.stored(SEND_BTH_QP),
+            };
+            self.pio.set_checks(c as usize, checks);
+        }
+    }
+
+    /// Send contexts a disallowed packet halted: SEND_CTXT_ERR_STATUS.PIO_DISALLOWED_PACKET_ERR, the failed
+    /// check in SEND_EGRESS_ERR_INFO, and the context's error interrupt (chip.c is_sendctxt_err_int reads them
+    /// in that order); the MSI-X vectors due.
+    pub fn disallowed_vectors(&mut self) -> Vec<u16> {
+        let mut raised = Raised::default();
+        for (c, info) in self.pio.take_disallowed() {
+            let status = SEND_CTXT_ERR_STATUS + SEND_CTXT_STRIDE * u64::from(c);
+            self.errs.set(status, pio::SEND_CTXT_ERR_STATUS_PIO_DISALLOWED_PACKET_ERR_SMASK);
+            self.errs.set(SEND_EGRESS_ERR_INFO, info);
+            raised.raise(shape::IS_SENDCTXT_ERR_START + c);
+        }
+        self.deliver(raised)
     }
 
     fn note_unnamed(&mut self, offset: u64) {
@@ -325,6 +381,9 @@ fn reset_value(offset: u64) -> u64 {
         _ => 0,
     }
 }
+
+/// Per-send-context CSRs are spaced by 0x100 (write_kctxt_csr).
+const SEND_CTXT_STRIDE: u64 = 0x100;
 
 pub const CCE_DC_CTRL_DC_RESET_SMASK: u64 = 0x1;
 pub const CCE_DC_CTRL_RESETCSR: u64 = CCE_DC_CTRL_DC_RESET_SMASK;

@@ -18,6 +18,10 @@
 //! set, the context halted and its error interrupt raised (chip.c sc_err_status_flags, is_sendctxt_err_int)
 //! until a PIO init (pio.c sc_enable). So a context has at most its ring's blocks waiting for the worker,
 //! whatever the guest writes: the launch queue is bounded by the rings ([`MAX_QUEUED_PER_CONTEXT`]).
+//!
+//! A user context's packet must pass its send checks before it launches (`super::send_check`); one that
+//! fails is dropped like a discarded block run and halts the context (DisallowedPacket), the chip personality
+//! raising the error (`Wfr::disallowed_vectors`).
 
 #![forbid(unsafe_code)]
 
@@ -25,6 +29,7 @@ use std::collections::VecDeque;
 
 use super::csr::*;
 use super::errs::ErrGroups;
+use super::send_check::SendChecks;
 use super::shape::IS_SENDCTXT_ERR_START;
 use super::{Raised, WfrShape};
 
@@ -46,6 +51,7 @@ pub const MAX_QUEUED_PER_CONTEXT: usize = MAX_RING_BLOCKS + 1;
 // SEND_CTXT_CTRL, _STATUS, _ERR_STATUS (chip_registers.h).
 pub const SEND_CTXT_CTRL_CTXT_ENABLE_SMASK: u64 = 0x1;
 pub const SEND_CTXT_STATUS_CTXT_HALTED_SMASK: u64 = 0x1;
+pub const SEND_CTXT_ERR_STATUS_PIO_DISALLOWED_PACKET_ERR_SMASK: u64 = 0x2;
 pub const SEND_CTXT_ERR_STATUS_PIO_WRITE_OVERFLOW_ERR_SMASK: u64 = 0x8;
 pub const SEND_CTXT_CTRL_CTXT_DEPTH_SHIFT: u32 = 48;
 pub const SEND_CTXT_CTRL_CTXT_DEPTH_MASK: u64 = 0x7FF;
@@ -94,8 +100,9 @@ pub struct Launch {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LaunchKind {
-    /// A packet: its PBC and the bytes after it, up to the PBC length.
-    Packet { pbc: u64, body: Vec<u8> },
+    /// A packet: its PBC and the bytes after it, up to the PBC length; `user` if its context was a user's
+    /// when it launched (jkey.rs).
+    Packet { pbc: u64, body: Vec<u8>, user: bool },
     /// Blocks that held no packet (a bad PBC or a missing SOP): returned with the error reason.
     Discarded,
     /// A forced credit return (SEND_CTXT_CREDIT_FORCE): nothing freed, the counter reported.
@@ -129,6 +136,8 @@ pub struct PioCounters {
     pub writes_halted: u64,
     /// Rising CREDIT_FORCE edges while a forced return was already waiting.
     pub forces_coalesced: u64,
+    /// Packets of a user context that failed its checks (DisallowedPacket: dropped, the context halted).
+    pub disallowed: u64,
 }
 
 #[derive(Debug, Default)]
@@ -155,6 +164,9 @@ struct Ctxt {
     /// Blocks freed since init, mod 2048 (the credit counter).
     free: u64,
     generation: u64,
+    /// The context's check registers, which the chip personality's storage holds (send_check.rs): they make it
+    /// a user's (jkey.rs), whose packets are checked.
+    checks: SendChecks,
 }
 
 impl Ctxt {
@@ -191,6 +203,7 @@ pub struct Pio {
     ctxts: Vec<Ctxt>,
     launches: VecDeque<Launch>,
     counters: PioCounters,
+    disallowed: Vec<(u32, u64)>,
 }
 
 /// The context and register of a per-context CSR this block claims.
@@ -215,6 +228,7 @@ impl Pio {
             ctxts: (0..shape.send_contexts).map(|_| Ctxt::default()).collect(),
             launches: VecDeque::new(),
             counters: PioCounters::default(),
+            disallowed: Vec::new(),
         }
     }
 
@@ -274,6 +288,19 @@ impl Pio {
             _ => {} // CREDIT_STATUS and STATUS are read-only
         }
         true
+    }
+
+    /// Context `c`'s check registers (or SEND_BTH_QP) were written.
+    pub fn set_checks(&mut self, c: usize, checks: SendChecks) {
+        if let Some(ctxt) = self.ctxts.get_mut(c) {
+            ctxt.checks = checks;
+        }
+    }
+
+    /// Contexts halted by a disallowed packet since the last call, with the SEND_EGRESS_ERR_INFO bit of the
+    /// check it failed: at most one per context, as a halted context launches nothing.
+    pub fn take_disallowed(&mut self) -> Vec<(u32, u64)> {
+        std::mem::take(&mut self.disallowed)
     }
 
     /// SEND_PIO_INIT_CTXT: one context (sc_enable) or all (pio_reset_all).
@@ -374,11 +401,23 @@ impl Pio {
             let mut packet = Vec::with_capacity(nblocks * PIO_BLOCK_SIZE as usize);
             for &b in &ring {
                 packet.extend(ctxt.blocks[b].iter().flat_map(|q| q.to_le_bytes()));
-                ctxt.written[b] = 0;
-                ctxt.sop[b] = false;
             }
             packet.truncate(bytes);
             let body = packet.split_off(PBC_BYTES);
+            let user = ctxt.checks.user();
+            let (vl, bypass) = ((pbc >> PBC_VL_SHIFT) & PBC_VL_MASK, pbc & PBC_PACKET_BYPASS != 0);
+            if let Err(info) = if user { ctxt.checks.check(vl, bypass, &body) } else { Ok(()) } {
+                // DisallowedPacket: SEC_PACKET_DROPPED | SEC_SC_HALTED (chip.c sc_err_status_flags).
+                ctxt.halted = true;
+                self.counters.disallowed += 1;
+                self.disallowed.push((c as u32, info));
+                self.discard(c, nblocks);
+                return true;
+            }
+            for &b in &ring {
+                ctxt.written[b] = 0;
+                ctxt.sop[b] = false;
+            }
             ctxt.head = (head + nblocks) % depth;
             ctxt.held += nblocks;
             ctxt.inflight += nblocks;
@@ -387,7 +426,7 @@ impl Pio {
                 ctxt: c as u32,
                 generation,
                 blocks: nblocks as u16,
-                kind: LaunchKind::Packet { pbc, body },
+                kind: LaunchKind::Packet { pbc, body, user },
             });
             any = true;
         }
@@ -477,7 +516,7 @@ impl Pio {
             "packets": c.packets, "writes_disabled": c.writes_disabled,
             "writes_out_of_bounds": c.writes_out_of_bounds, "bad_sop": c.bad_sop, "bad_length": c.bad_length,
             "writes_overflow": c.writes_overflow, "writes_halted": c.writes_halted,
-            "forces_coalesced": c.forces_coalesced, "queued_launches": queued, "queued_bytes": queued_bytes,
+            "forces_coalesced": c.forces_coalesced, "disallowed": c.disallowed, "queued_launches": queued, "queued_bytes": queued_bytes,
             "enabled_contexts": active,
         })
     }
@@ -558,7 +597,7 @@ mod tests {
         copy(&mut r, 0, 16, 73);
         let l = r.p.take_launches();
         assert_eq!(l.len(), 1);
-        let LaunchKind::Packet { pbc, body } = &l[0].kind else { panic!("{l:?}") };
+        let LaunchKind::Packet { pbc, body, .. } = &l[0].kind else { panic!("{l:?}") };
         assert_eq!((*pbc, body.len(), l[0].blocks), (73, 73 * 4 - 8, 5));
         assert_eq!(&body[0..8], &0x1111_0001u64.to_le_bytes());
         let cr = r.p.returned(&l[0]).unwrap();

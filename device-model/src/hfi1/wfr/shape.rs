@@ -29,6 +29,8 @@ pub const IS_DC_START: u32 = 248;
 /// The 8051's source within the DC range (chip.c dc_errs[2], handle_8051_interrupt).
 pub const DC_DC8051_INT: u32 = 2;
 pub const IS_RCVAVAIL_START: u32 = 256;
+/// RcvUrgent: one source per receive context (chip.h IS_RCVURGENT_START).
+pub const IS_RCVURGENT_START: u32 = 416;
 pub const IS_SENDCREDIT_START: u32 = 576;
 pub const NUM_INTERRUPT_SOURCES: u32 = 768;
 

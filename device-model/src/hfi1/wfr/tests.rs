@@ -408,3 +408,145 @@ fn names_follow_the_kernel() {
     assert_eq!(names::name(WFR_BAR0_SIZE), None);
     assert!(!names::is_named(CHIP_DEBUG_GAP));
 }
+
+/// A PIO packet is a user's when its send context's job-key check is on with a user's key (jkey.rs):
+/// hfi1_set_ctxt_jkey writes SEND_CTXT_CHECK_JOB_KEY (MASK all ones, the key) and sets CHECK_JOB_KEY in
+/// SEND_CTXT_CHECK_ENABLE; hfi1_clear_ctxt_jkey clears both; kernel contexts carry TID_RDMA_JKEY 32.
+#[test]
+fn a_pio_packet_launches_as_a_users_when_its_context_checks_a_users_job_key() {
+    use super::pio::*;
+    const CTXT: u64 = 3;
+    const MASK_ALL_ONES: u64 = 0xFFFF_0000;
+    // (SEND_CTXT_CHECK_JOB_KEY, SEND_CTXT_CHECK_ENABLE, user?): the kernel's sc_enable leaves CHECK_ENABLE
+    // (bit 0) and friends, set_ctxt_jkey adds CHECK_JOB_KEY (bit 2).
+    let table = [
+        (MASK_ALL_ONES | 1000, 0x1 | 0x4, true),
+        (MASK_ALL_ONES | 0x8005, 0x1 | 0x4, true),
+        (MASK_ALL_ONES | 32, 0x1 | 0x4, false),
+        (MASK_ALL_ONES | 1000, 0x1, false),
+        (0, 0x1, false),
+    ];
+    for (job_key, enable, user) in table {
+        let mut c = wfr();
+        let at = |base: u64| base + 0x100 * CTXT;
+        // init_kdeth_qp: KDETH QPs are 0x80xxxx, so the packet below (QP 0) is no KDETH packet.
+        w(&mut c, SEND_BTH_QP, 0x80 << 16);
+        w(&mut c, at(SEND_CTXT_CHECK_JOB_KEY), job_key);
+        w(&mut c, at(SEND_CTXT_CHECK_ENABLE), enable);
+        w(&mut c, SEND_PIO_INIT_CTXT, SEND_PIO_INIT_CTXT_PIO_SINGLE_CTXT_INIT_SMASK | (CTXT << 8));
+        w(&mut c, at(SEND_CTXT_CTRL), (8 << SEND_CTXT_CTRL_CTXT_DEPTH_SHIFT) | SEND_CTXT_CTRL_CTXT_ENABLE_SMASK);
+        // One block: a PBC of 16 dwords (8 bytes of PBC, 56 of header) through the SOP alias.
+        let block = TXE_PIO_SEND + SOP_DISTANCE + (CTXT << PIO_ADDR_CONTEXT_SHIFT);
+        for q in 0..8 {
+            w(&mut c, block + 8 * q, if q == 0 { 16 } else { 0 });
+        }
+        let l = c.take_launches();
+        let [Launch { kind: LaunchKind::Packet { user: got, .. }, .. }] = l.as_slice() else { panic!("{l:?}") };
+        assert_eq!(*got, user, "{job_key:#x} {enable:#x}");
+    }
+}
+
+/// A user send context as the kernel leaves it for PSM2 (pio.c sc_alloc(SC_USER) and set_pio_integrity;
+/// chip.c hfi1_set_ctxt_jkey for uid 1000, hfi1_set_ctxt_pkey 0x8001, set_lidlmc LID 2; init_kdeth_qp), or with
+/// the kernel's TID RDMA J_KEY 32 instead, enabled with 8 credits; its error interrupt on vector 7.
+fn checked_context(c: &mut Wfr, ctxt: u64, jkey: u64) {
+    use super::pio::*;
+    let at = |base: u64| base + 0x100 * ctxt;
+    w(c, SEND_BTH_QP, 0x80 << 16);
+    // hfi1_pkt_default_send_ctxt_mask(SC_USER) on B0, then SET_PKEY: +CHECK_PARTITION_KEY, -DISALLOW_KDETH.
+    let default = 0x3F_F000 | 0x2000 | 0x1000 | 0x800 | 0x400 | 0x200 | 0x100 | 0xF3 | 0x4;
+    w(c, at(SEND_CTXT_CHECK_ENABLE), (default | 0x8) & !0x1000);
+    w(c, at(SEND_CTXT_CHECK_OPCODE), (0xC0 << 8) | 0xC0);
+    w(c, at(SEND_CTXT_CHECK_VL), 1 << 15);
+    w(c, at(SEND_CTXT_CHECK_JOB_KEY), 0xFFFF_0000 | jkey);
+    w(c, at(SEND_CTXT_CHECK_PARTITION_KEY), 0x8001);
+    w(c, at(SEND_CTXT_CHECK_SLID), (0xFFFF << 16) | 2);
+    let source = super::shape::IS_SENDCTXT_ERR_START as u64 + ctxt;
+    w(c, CCE_INT_MAP + 8 * (source / 8), 7 << (8 * (source % 8)));
+    w(c, CCE_INT_MASK + 8 * (source / 64), 1 << (source % 64));
+    w(c, SEND_PIO_INIT_CTXT, SEND_PIO_INIT_CTXT_PIO_SINGLE_CTXT_INIT_SMASK | (ctxt << 8));
+    w(c, at(SEND_CTXT_CTRL), (8 << SEND_CTXT_CTRL_CTXT_DEPTH_SHIFT) | SEND_CTXT_CTRL_CTXT_ENABLE_SMASK);
+}
+
+/// pio_copy of a header-only 9B packet (PBC VL `vl`, 16 dwords: PBC, LRH, BTH, 36 bytes of KDETH) of
+/// `opcode`, DestQP `qp`, J_KEY `jkey`, from LID 2 in partition 0x8001: the MSI-X vectors the last write sent.
+fn pio_send(c: &mut Wfr, ctxt: u64, vl: u64, opcode: u8, qp: u32, jkey: u16) -> Vec<u16> {
+    use super::pio::*;
+    let mut b = [0u8; 64];
+    b[..8].copy_from_slice(&((vl << PBC_VL_SHIFT) | 16).to_le_bytes());
+    b[9] = 0x2;
+    b[14..16].copy_from_slice(&2u16.to_be_bytes());
+    b[16] = opcode;
+    b[18..20].copy_from_slice(&0x8001u16.to_be_bytes());
+    b[20..24].copy_from_slice(&qp.to_be_bytes());
+    b[32..34].copy_from_slice(&jkey.to_le_bytes());
+    let block = TXE_PIO_SEND + SOP_DISTANCE + (ctxt << PIO_ADDR_CONTEXT_SHIFT);
+    let mut vectors = Vec::new();
+    for (q, chunk) in b.chunks(8).enumerate() {
+        vectors = c.write(block + 8 * q as u64, u64::from_le_bytes(chunk.try_into().unwrap()));
+    }
+    vectors
+}
+
+/// The send checks of a user context, with negative cases: a packet failing one is dropped, the context halts
+/// with SEND_CTXT_ERR_STATUS.PIO_DISALLOWED_PACKET_ERR and its error interrupt, and SEND_EGRESS_ERR_INFO names
+/// the checks, which the driver clears by writing back what it read (chip.c sc_err_status_flags
+/// "DisallowedPacket": SEC_PACKET_DROPPED | SEC_SC_HALTED; is_sendctxt_err_int; handle_send_egress_err_info).
+/// A kernel context is not checked.
+#[test]
+fn a_user_context_packet_failing_a_send_check_is_dropped_and_halts_the_context() {
+    use super::pio::*;
+    use super::send_check::*;
+    const CTXT: u64 = 20;
+    const USER: u64 = 1000;
+    // (what, J_KEY of the context, VL, opcode, DestQP, J_KEY in the packet, SEND_EGRESS_ERR_INFO or launched)
+    let table = [
+        ("PSM2's packet", USER, 0, 0xC1, 0x80_0014, 1000, None),
+        ("another job's J_KEY", USER, 0, 0xC1, 0x80_0014, 1001, Some(SEND_EGRESS_ERR_INFO_JOB_KEY_ERR_SMASK)),
+        (
+            "a forged SMP on VL15",
+            USER,
+            15,
+            0x64,
+            0,
+            0,
+            Some(
+                SEND_EGRESS_ERR_INFO_VL_ERR_SMASK
+                    | SEND_EGRESS_ERR_INFO_NON_KDETH_PACKETS_ERR_SMASK
+                    | SEND_EGRESS_ERR_INFO_OPCODE_ERR_SMASK,
+            ),
+        ),
+        ("a KDETH verbs opcode", USER, 0, 0x04, 0x80_0014, 1000, Some(SEND_EGRESS_ERR_INFO_OPCODE_ERR_SMASK)),
+        ("the same SMP from a kernel context", 32, 15, 0x64, 0, 0, None),
+    ];
+    for (what, jkey, vl, opcode, qp, pkt_jkey, refused) in table {
+        let mut c = wfr();
+        checked_context(&mut c, CTXT, jkey);
+        let vectors = pio_send(&mut c, CTXT, vl, opcode, qp, pkt_jkey);
+        let l = c.take_launches();
+        let status = c.read(SEND_CTXT_ERR_STATUS + 0x100 * CTXT);
+        let halted = c.read(SEND_CTXT_STATUS + 0x100 * CTXT) & SEND_CTXT_STATUS_CTXT_HALTED_SMASK != 0;
+        let info = c.read(SEND_EGRESS_ERR_INFO);
+        match refused {
+            None => {
+                assert!(matches!(l.as_slice(), [Launch { kind: LaunchKind::Packet { .. }, .. }]), "{what}: {l:?}");
+                assert_eq!((status, halted, info, vectors), (0, false, 0, vec![]), "{what}");
+            }
+            Some(bits) => {
+                assert!(
+                    matches!(l.as_slice(), [Launch { kind: LaunchKind::Discarded, blocks: 1, .. }]),
+                    "{what}: {l:?}"
+                );
+                assert_eq!(status, SEND_CTXT_ERR_STATUS_PIO_DISALLOWED_PACKET_ERR_SMASK, "{what}");
+                assert!(halted, "{what}");
+                assert_eq!(info, bits, "{what}");
+                assert_eq!(vectors, vec![7], "{what}: the send context's error interrupt");
+                // The halted context drops what follows until the driver's CTXT_RESET runs a PIO init.
+                pio_send(&mut c, CTXT, 0, 0xC1, 0x80_0014, 1000);
+                assert!(c.take_launches().is_empty(), "{what}");
+                w(&mut c, SEND_EGRESS_ERR_INFO, info);
+                assert_eq!(c.read(SEND_EGRESS_ERR_INFO), 0, "{what}: written back, cleared");
+            }
+        }
+    }
+}
