@@ -413,7 +413,7 @@ stage_userland() { # userland-dir stage
     done
     for p in "${USERLAND_DIRS[@]}"; do mkdir -p "$stage/$p"; done
     cp -a "$REPO_ROOT/ci/guest/rootfs/." "$stage/"
-    python3 "$REPO_ROOT/ci/guest/opafm-config.py" "$root/etc/opa-fm/opafm.xml" "$stage/etc/opa-fm/opafm.xml" \
+    "$GUEST_RUN" opafm-config "$root/etc/opa-fm/opafm.xml" "$stage/etc/opa-fm/opafm.xml" \
         || die "editing opa-fm's opafm.xml failed"
     # opa-fm's config_check, run on the host with the guest's own loader and libraries, must accept it and start
     # fm0's SM.
@@ -493,7 +493,6 @@ fi
 BBDIR=$(fetch_busybox)
 UDIR=$(fetch_userland)
 KVER=$(cat "$KDIR/release")
-command -v python3 >/dev/null || apt_install python3
 
 if [ -n "$UDRIVER" ]; then
     udriver_is_static "$UDRIVER" || die "$UDRIVER is dynamically linked; build it with -C target-feature=+crt-static"
@@ -566,7 +565,8 @@ INPUTS=$({
     echo "userland $(sha256sum <"$UDIR/pins" | cut -c1-64)"
     echo "userland-files $(printf '%s\n' "${USERLAND_PROGRAMS[@]}" "${USERLAND_DLOPEN[@]}" "${USERLAND_FILES[@]}" \
         "${USERLAND_DIRS[@]}" | sha256sum | cut -c1-64)"
-    (cd "$REPO_ROOT/ci/guest" && find rootfs opafm-config.py elf-closure.sh -type f | LC_ALL=C sort | xargs sha256sum)
+    (cd "$REPO_ROOT/ci/guest" && find rootfs elf-closure.sh -type f | LC_ALL=C sort | xargs sha256sum)
+    echo "opafm-config $(sha256sum <"$REPO_ROOT/testing/guest-run/src/opafm.rs" | cut -c1-64)"
     echo "udriver $UDRIVER_SUM"
     echo "hfi1-user $HFI1_USER_SUM"
     echo "firmware $FIRMWARE_SUM"

@@ -13,6 +13,7 @@ pub mod console;
 pub mod control;
 pub mod dm;
 pub mod expect;
+pub mod opafm;
 pub mod pty;
 pub mod pyfmt;
 pub mod qemu;

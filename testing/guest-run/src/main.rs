@@ -102,6 +102,8 @@ enum Cmd {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Edits opa-fm's packaged opafm.xml IN for the guest and writes it to OUT (ci/build-guest.sh).
+    OpafmConfig(guest_run::opafm::ConfigArgs),
     #[command(flatten)]
     Tools(guest_run::tools::ToolCmd),
 }
@@ -379,6 +381,7 @@ fn run(cli: Cli) -> Result<bool, String> {
             let state = socket.connect().and_then(|mut c| control::device_state(&mut c)).map_err(|e| e.to_string())?;
             write_json(&out, &state).map_err(|e| e.to_string()).map(|()| true)
         }
+        Cmd::OpafmConfig(args) => guest_run::opafm::run(&args).map(|()| true).map_err(|e| e.to_string()),
         Cmd::Tools(cmd) => guest_run::tools::run(cmd),
     }
 }
