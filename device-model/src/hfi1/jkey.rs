@@ -22,6 +22,7 @@ pub const RCV_KEY_CTRL_JOB_KEY_VALUE_MASK: u64 = 0xFFFF;
 /// SEND_CTXT_CHECK_ENABLE.CHECK_JOB_KEY and SEND_CTXT_CHECK_JOB_KEY.VALUE (chip_registers.h).
 pub const SEND_CTXT_CHECK_ENABLE_CHECK_JOB_KEY_SMASK: u64 = 0x4;
 pub const SEND_CTXT_CHECK_JOB_KEY_VALUE_MASK: u64 = 0xFFFF;
+pub const SEND_CTXT_CHECK_JOB_KEY_MASK_SMASK: u64 = 0xFFFF_0000;
 
 fn is_user_key(key: u64) -> bool {
     !KERNEL_JKEYS.contains(&(key as u16))
@@ -33,8 +34,12 @@ pub fn rcv_is_user(rcv_key_ctrl: u64) -> bool {
 }
 
 /// Whether a send context with this SEND_CTXT_CHECK_ENABLE and SEND_CTXT_CHECK_JOB_KEY is a user's.
+/// A send context is a user's when its job key was set for one: the kernel turns CHECK_JOB_KEY on for every
+/// context type on B0 silicon (hfi.h:2260-2262) but leaves SEND_CTXT_CHECK_JOB_KEY at 0 (chip.c:13784) unless
+/// hfi1_set_ctxt_jkey writes a key with an all-ones mask (chip.c:14776-14782).
 pub fn send_is_user(check_enable: u64, check_job_key: u64) -> bool {
     check_enable & SEND_CTXT_CHECK_ENABLE_CHECK_JOB_KEY_SMASK != 0
+        && check_job_key & SEND_CTXT_CHECK_JOB_KEY_MASK_SMASK != 0
         && is_user_key(check_job_key & SEND_CTXT_CHECK_JOB_KEY_VALUE_MASK)
 }
 
@@ -43,7 +48,7 @@ mod tests {
     use super::*;
 
     /// SEND_CTXT_CHECK_JOB_KEY.MASK, which hfi1_set_ctxt_jkey always sets.
-    const MASK_ALL_ONES: u64 = 0xFFFF_0000;
+    const MASK_ALL_ONES: u64 = SEND_CTXT_CHECK_JOB_KEY_MASK_SMASK;
 
     #[test]
     fn a_context_is_a_users_when_its_job_key_check_is_on_with_a_key_outside_the_kernels_range() {
@@ -72,6 +77,12 @@ mod tests {
             assert_eq!(rcv_is_user(rcv), user, "{key:?}");
             assert_eq!(send_is_user(enable, job_key), user, "{key:?}");
         }
+    }
+
+    #[test]
+    fn a_kernel_send_context_with_the_job_key_check_on_but_no_key_set_is_no_users() {
+        // The VL15 and kernel contexts after init: CHECK_JOB_KEY on (hfi.h:2260-2262), the key register 0.
+        assert!(!send_is_user(SEND_CTXT_CHECK_ENABLE_CHECK_JOB_KEY_SMASK, 0));
     }
 
     #[test]
