@@ -114,9 +114,10 @@ step_psm2_mpi() {
     psm2_snapshot; before=$PSM2_SNAP
     xs=""
     for kv in $PSM2_ENV; do xs="$xs -x $kv"; done
+    # orterun forwards its stdin to rank 0: here that would be the console, where the host's answers arrive.
     # shellcheck disable=SC2086 # the options are meant to split
     run_to "$KDRIVER_TIMEOUT" orterun --allow-run-as-root --mca plm_rsh_agent /bin/false --oversubscribe \
-        --bind-to none -np 2 --mca pml cm --mca mtl psm2 $xs sh "$PSM2_MPI_PORT_SCRIPT" mpi-check -i "$PSM2_MPI_ITERS"
+        --bind-to none -np 2 --mca pml cm --mca mtl psm2 $xs sh "$PSM2_MPI_PORT_SCRIPT" mpi-check -i "$PSM2_MPI_ITERS" </dev/null
     rc=$?
     psm2_snapshot
     host_deadline_end psm2-mpi
