@@ -508,52 +508,36 @@ else
     HFI1_USER_SUM=none
 fi
 
-# verbs-check (testing/verbs-check), C against libibverbs: built here from its source with the host's gcc and
-# Debian's libibverbs-dev (bookworm's rdma-core, the version the guest's libibverbs1 is pinned at), linked
-# dynamically against the guest's libibverbs. Cached by the source's hash.
-VERBS_CHECK_SRC="$REPO_ROOT/testing/verbs-check/verbs-check.c"
-build_verbs_check() {
-    local sum out
-    sum=$(cat "$VERBS_CHECK_SRC" "$UDIR/pins" | sha256sum | cut -c1-16)
-    out="$GUEST_DIR/verbs-check-$sum"
+# The guest's C test programs (testing/NAME/NAME.c), built here with the host's compiler against Debian's -dev
+# package of the library they test, the version the guest's runtime package is pinned at, and linked dynamically
+# against the guest's copy. Cached by the source's and the pins' hash. Prints the binary's path.
+build_guest_c() { # name dev-package guest-pin compiler [libraries...]
+    local name=$1 dev=$2 pin=$3 cc=$4 src sum out
+    shift 4
+    src="$REPO_ROOT/testing/$name/$name.c"
+    sum=$(cat "$src" "$UDIR/pins" | sha256sum | cut -c1-16)
+    out="$GUEST_DIR/$name-$sum"
     if [ ! -x "$out" ]; then
-        apt_install gcc libc6-dev libibverbs-dev
+        apt_install gcc libc6-dev "$dev"
         local have want
-        have=$(dpkg-query -W -f='${Version}' libibverbs-dev)
-        want=$(sed -n 's/^libibverbs1=//p' "$UDIR/pins")
-        [ "$have" = "$want" ] || log "warning: the host's libibverbs-dev is $have, the guest's libibverbs1 $want"
-        log "building verbs-check"
-        gcc -O2 -Wall -Wextra -Werror -o "$out.tmp" "$VERBS_CHECK_SRC" -libverbs >&2 || die "verbs-check did not build"
+        have=$(dpkg-query -W -f='${Version}' "$dev")
+        want=$(sed -n "s/^$pin=//p" "$UDIR/pins")
+        [ "$have" = "$want" ] || log "warning: the host's $dev is $have, the guest's $pin $want"
+        log "building $name"
+        "$cc" -O2 -Wall -Wextra -Werror -o "$out.tmp" "$src" "$@" >&2 || die "$name did not build"
         mv "$out.tmp" "$out"
     fi
     echo "$out"
 }
-VERBS_CHECK=$(build_verbs_check)
+# verbs-check: RDMA WRITE and READ between the fabric's two HFIs, against bookworm's rdma-core.
+VERBS_CHECK=$(build_guest_c verbs-check libibverbs-dev libibverbs1 gcc -libverbs)
 # The scenario table's guest-side settings (testing/guest-run/src/scenario.rs), which the init reads for
 # rdma_emu.scenario=NAME.
 guest_run_bin
 SCENARIOS_ENV=$("$GUEST_RUN" scenario --guest-env) || die "guest-run scenario --guest-env failed"
 
-# mpi-check (testing/mpi-check), C against Open MPI: built like verbs-check, with the host's mpicc from Debian's
-# libopenmpi-dev (bookworm's Open MPI, the version the guest's libopenmpi3 is pinned at).
-MPI_CHECK_SRC="$REPO_ROOT/testing/mpi-check/mpi-check.c"
-build_mpi_check() {
-    local sum out
-    sum=$(cat "$MPI_CHECK_SRC" "$UDIR/pins" | sha256sum | cut -c1-16)
-    out="$GUEST_DIR/mpi-check-$sum"
-    if [ ! -x "$out" ]; then
-        apt_install gcc libc6-dev libopenmpi-dev
-        local have want
-        have=$(dpkg-query -W -f='${Version}' libopenmpi-dev)
-        want=$(sed -n 's/^libopenmpi3=//p' "$UDIR/pins")
-        [ "$have" = "$want" ] || log "warning: the host's libopenmpi-dev is $have, the guest's libopenmpi3 $want"
-        log "building mpi-check"
-        mpicc -O2 -Wall -Wextra -Werror -o "$out.tmp" "$MPI_CHECK_SRC" >&2 || die "mpi-check did not build"
-        mv "$out.tmp" "$out"
-    fi
-    echo "$out"
-}
-MPI_CHECK=$(build_mpi_check)
+# mpi-check: the psm2 layer's MPI ping-pong, with the host's mpicc against bookworm's Open MPI.
+MPI_CHECK=$(build_guest_c mpi-check libopenmpi-dev libopenmpi3 mpicc)
 
 # Everything the cpio depends on; identical inputs mean the existing cpio is reused.
 INPUTS=$({

@@ -137,31 +137,21 @@ run_fabric() {
     fi
 }
 
-run_tid_rdma() {
+# A row of the scenario table that must pass, run with the options the table gives it.
+run_row() { # scenario what
     local out opts
-    log "end-to-end run: the kernel's own TID RDMA on the fabric"
-    mapfile -t opts < <("$GUEST_RUN" scenario tid-rdma --options)
+    log "end-to-end run: $2"
+    mapfile -t opts < <("$GUEST_RUN" scenario "$1" --options)
     if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" "${opts[@]}" \
-        --result "$OUT_DIR/result-tid-rdma.json" "${EXTRA[@]}"); then
-        log "tid-rdma: PASS ($out)"
+        --result "$OUT_DIR/result-$1.json" "${EXTRA[@]}"); then
+        log "$1: PASS ($out)"
     else
-        log "tid-rdma: FAIL (result: $out)"
+        log "$1: FAIL (result: $out)"
         rc=1
     fi
 }
-
-run_psm2() {
-    local out opts
-    log "end-to-end run: the OPA userspace stack (PSM2, libfabric, Open MPI) on the fabric"
-    mapfile -t opts < <("$GUEST_RUN" scenario psm2 --options)
-    if out=$(bash ci/run-qemu.sh --device-model "$DM" --udriver "$UD" "${opts[@]}" \
-        --result "$OUT_DIR/result-psm2.json" "${EXTRA[@]}"); then
-        log "psm2: PASS ($out)"
-    else
-        log "psm2: FAIL (result: $out)"
-        rc=1
-    fi
-}
+run_tid_rdma() { run_row tid-rdma "the kernel's own TID RDMA on the fabric"; }
+run_psm2() { run_row psm2 "the OPA userspace stack (PSM2, libfabric, Open MPI) on the fabric"; }
 
 # On the functional simulator's icode the link bounce deadlocks the stock driver (docs/hfi1-fabric.md, "A kernel
 # deadlock the fabric reproduces"): the run must fail within its deadline, with the step, both HFIs' last CSR
