@@ -14,7 +14,8 @@ pub struct Count {
 
 #[derive(Debug, serde::Serialize)]
 pub struct Report {
-    pub header: Header,
+    /// The region's header (None for a report of sites gathered elsewhere).
+    pub header: Option<Header>,
     /// Distinct call sites hit, from the first-hit bitmap.
     pub sites_reached: u64,
     /// Call sites in the module's MOD_TEXT (hook call relocations).
@@ -53,8 +54,24 @@ impl Report {
     pub fn build(region: &Region, module: &Module, symbolizer: &Symbolizer) -> Result<Report, ReportError> {
         let header = region.header()?;
         let log = region.pc_log();
-        let all = module.call_sites()?;
         let reached: HashSet<u32> = log.offsets.iter().copied().collect();
+        let mut report = Report::from_reached(module, symbolizer, &reached)?;
+        let map = region.edge_map();
+        report.sites_reached = region.seen_count();
+        report.log_dropped = log.dropped;
+        report.edges = map.iter().filter(|&&b| b != 0).count() as u64;
+        report.header = Some(header);
+        Ok(report)
+    }
+
+    /// The report of a set of call sites gathered elsewhere (a campaign's union over its boots): no header,
+    /// no edge map.
+    pub fn from_reached(
+        module: &Module,
+        symbolizer: &Symbolizer,
+        reached: &HashSet<u32>,
+    ) -> Result<Report, ReportError> {
+        let all = module.call_sites()?;
         let unknown: Vec<u32> = reached.iter().copied().filter(|o| all.binary_search(o).is_err()).collect();
         if !unknown.is_empty() {
             // A site the module does not have: the region was written by another build of the module.
@@ -62,16 +79,15 @@ impl Report {
         }
         let sites = symbolizer.symbolize(module, &all)?;
         let (mut files, mut functions) = (BTreeMap::new(), BTreeMap::new());
-        tally(&sites, &reached, &mut files, &mut functions);
-        let map = region.edge_map();
+        tally(&sites, reached, &mut files, &mut functions);
         Ok(Report {
-            sites_reached: region.seen_count(),
+            header: None,
+            sites_reached: reached.len() as u64,
             sites_total: all.len() as u64,
-            log_dropped: log.dropped,
-            edges: map.iter().filter(|&&b| b != 0).count() as u64,
+            log_dropped: 0,
+            edges: 0,
             functions_reached: functions.values().filter(|c| c.reached > 0).count() as u64,
             functions_total: functions.len() as u64,
-            header,
             files,
             functions,
         })
