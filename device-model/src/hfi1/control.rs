@@ -157,7 +157,10 @@ pub(super) fn parse(req: &Value) -> Result<Command> {
                         Value::Object(_) => wire_packet(p),
                         _ => Err(err("a packet is a hex string or {\"packet_hex\":...}")),
                     };
-                    packet.map_err(|e| err(format!("packets[{i}]: {e}")))
+                    packet.map_err(|e| match e {
+                        Hfi1Error::Control(why) => err(format!("packets[{i}]: {why}")),
+                        other => other,
+                    })
                 })
                 .collect::<Result<Vec<_>>>()?;
             let wait_ms = match req.get("wait_ms") {
@@ -201,9 +204,11 @@ pub(super) fn parse(req: &Value) -> Result<Command> {
             let mib = field_or(req, "max_mib", CAPTURE_MAX_MIB, CAPTURE_DEFAULT_MIB)?.max(1);
             Command::Capture { file, max_bytes: mib << 20 }
         }
-        other => return Err(err(format!(
+        other => {
+            return Err(err(format!(
             "unknown command \"{other}\" (inject, dump, reset, counters, link, capture, wire, wire-batch, link-event)"
-        ))),
+        )))
+        }
     })
 }
 

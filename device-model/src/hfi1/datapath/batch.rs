@@ -245,7 +245,8 @@ impl<'a> BatchWait<'a> {
         let contexts: Vec<Value> = (0..rxe.contexts())
             .filter_map(|c| {
                 let pending = rxe.rhq_pending(c);
-                let behind = t.mark.as_ref().map_or(0, |m| m[c].saturating_sub(rxe.rhq_consumed(c)));
+                let marked = t.mark.as_ref().and_then(|m| m.get(c).copied()).unwrap_or(0);
+                let behind = marked.saturating_sub(rxe.rhq_consumed(c));
                 (pending > 0 || behind > 0).then(|| where_context(&rxe, &mut wfr, c, pending, behind))
             })
             .collect();
