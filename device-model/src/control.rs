@@ -261,6 +261,7 @@ pub fn help() -> Value {
             "accesses": "{\"device\":D,\"cmd\":\"accesses\",\"keep\":true|false}: the session's register accesses by name (totals and the last 64)",
             "fault": "{\"device\":D,\"cmd\":\"fault\",\"add\":SPEC} arms a fault; \"remove\":ID, \"clear\":true; without them: the armed faults and their counts",
             "hfi1": "{\"device\":\"hfi1\",\"cmd\":\"inject|dump|counters|reset\",...} (docs/hfi1-device.md)",
+            "hfi1-wfr": "{\"device\":\"hfi1-wfr\",\"cmd\":\"link|capture|wire|wire-batch|link-event\",...} (docs/hfi1-fabric.md)",
             "irdma": "{\"device\":\"irdma\",\"cmd\":\"dump|counters|reset|classify\",...} (docs/irdma-device.md)",
         },
         "reference": crate::cli::reference().lines().collect::<Vec<_>>(),

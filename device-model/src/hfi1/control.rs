@@ -1,11 +1,12 @@
-//! Control-socket commands of the hfi1 engine (JSON objects): inject, dump, reset, counters, and on a cabled
-//! chip-personality function link and capture.
+//! Control-socket commands of the hfi1 engine (JSON objects): inject, dump, reset, counters, and on a
+//! chip-personality function link, capture, wire, wire-batch and link-event.
 //! Every field is checked; a hostile request gets an error, never a panic.
 
 #![forbid(unsafe_code)]
 
 use serde_json::Value;
 
+use super::datapath::batch::{WIRE_BATCH_MAX, WIRE_BATCH_WAIT_DEFAULT_MS, WIRE_BATCH_WAIT_MAX_MS};
 use super::datapath::loopback::LB_MAX_PAYLOAD;
 use super::error::{Hfi1Error, Result};
 use super::rxe::rcv::{Packet, GENERATION_MASK, HFI1_KDETH_BTH_SEQ_MASK, KDETH_OFFSET_MASK, PSN_MASK};
@@ -77,6 +78,21 @@ fn parse_inject(req: &Value) -> Result<(Packet, Vec<u8>)> {
     Ok((packet, payload))
 }
 
+/// `{"packet_hex":"..","sc4":0|1,"test_ebp":0|1}`: the wire's bytes, ICRC included, and the PBC's flags.
+fn wire_packet(req: &Value) -> Result<crate::hfi1::cable::WirePacket> {
+    use crate::hfi1::cable::wire::{MAX_PACKET_BYTES, MIN_PACKET_BYTES};
+    let hex = req.get("packet_hex").and_then(Value::as_str).ok_or_else(|| err("wire needs \"packet_hex\""))?;
+    if hex.len() > 2 * MAX_PACKET_BYTES {
+        return Err(err(format!("packet_hex: at most {MAX_PACKET_BYTES} bytes")));
+    }
+    let bytes = decode_hex_any(hex)?;
+    if bytes.len() < MIN_PACKET_BYTES || !bytes.len().is_multiple_of(4) {
+        return Err(err(format!("a wire packet has at least {MIN_PACKET_BYTES} bytes in whole dwords")));
+    }
+    let flag = |name| field_or(req, name, 1, 0).map(|v| v == 1);
+    Ok(crate::hfi1::cable::WirePacket { bytes, sc4: flag("sc4")?, test_ebp: flag("test_ebp")? })
+}
+
 /// A control request, checked field by field; the engine carries it out.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Command {
@@ -92,6 +108,12 @@ pub(super) enum Command {
     /// A packet as if from the cable (the wire's bytes, ICRC included).
     Wire {
         packet: crate::hfi1::cable::WirePacket,
+    },
+    /// Packets as if from the cable, then a wait of at most `wait` for the driver to read them
+    /// (datapath/batch.rs).
+    WireBatch {
+        packets: Vec<crate::hfi1::cable::WirePacket>,
+        wait: std::time::Duration,
     },
     /// Link news as if from the cable.
     LinkEvent(crate::hfi1::cable::LinkEvent),
@@ -117,19 +139,35 @@ pub(super) fn parse(req: &Value) -> Result<Command> {
         "reset" => Command::Reset,
         "counters" => Command::Counters,
         "link" => Command::Link,
-        "wire" => {
-            use crate::hfi1::cable::wire::{MAX_PACKET_BYTES, MIN_PACKET_BYTES};
-            let hex = req.get("packet_hex").and_then(Value::as_str).ok_or_else(|| err("wire needs \"packet_hex\""))?;
-            if hex.len() > 2 * MAX_PACKET_BYTES {
-                return Err(err(format!("packet_hex: at most {MAX_PACKET_BYTES} bytes")));
+        "wire" => Command::Wire { packet: wire_packet(req)? },
+        "wire-batch" => {
+            let list = req
+                .get("packets")
+                .and_then(Value::as_array)
+                .ok_or_else(|| err("wire-batch needs \"packets\": [...]"))?;
+            if list.len() > WIRE_BATCH_MAX {
+                return Err(err(format!("a batch holds at most {WIRE_BATCH_MAX} packets, not {}", list.len())));
             }
-            let bytes = decode_hex_any(hex)?;
-            if bytes.len() < MIN_PACKET_BYTES || !bytes.len().is_multiple_of(4) {
-                return Err(err(format!("a wire packet has at least {MIN_PACKET_BYTES} bytes in whole dwords")));
-            }
-            let flag = |name| field_or(req, name, 1, 0).map(|v| v == 1);
-            let packet = crate::hfi1::cable::WirePacket { bytes, sc4: flag("sc4")?, test_ebp: flag("test_ebp")? };
-            Command::Wire { packet }
+            let packets = list
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let packet = match p {
+                        Value::String(_) => wire_packet(&serde_json::json!({ "packet_hex": p })),
+                        Value::Object(_) => wire_packet(p),
+                        _ => Err(err("a packet is a hex string or {\"packet_hex\":...}")),
+                    };
+                    packet.map_err(|e| match e {
+                        Hfi1Error::Control(why) => err(format!("packets[{i}]: {why}")),
+                        other => other,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let wait_ms = match req.get("wait_ms") {
+                None => WIRE_BATCH_WAIT_DEFAULT_MS,
+                Some(_) => field(req, "wait_ms", WIRE_BATCH_WAIT_MAX_MS)?,
+            };
+            Command::WireBatch { packets, wait: std::time::Duration::from_millis(wait_ms) }
         }
         "link-event" => {
             use crate::hfi1::cable::{LinkEvent, Neighbor, VerifyCapFrame};
@@ -168,8 +206,8 @@ pub(super) fn parse(req: &Value) -> Result<Command> {
         }
         other => {
             return Err(err(format!(
-                "unknown command \"{other}\" (inject, dump, reset, counters, link, capture, wire, link-event)"
-            )))
+            "unknown command \"{other}\" (inject, dump, reset, counters, link, capture, wire, wire-batch, link-event)"
+        )))
         }
     })
 }

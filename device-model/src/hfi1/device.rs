@@ -17,6 +17,7 @@ use vfio_user_proto::sync::Unpoison;
 use super::cable::{Cable, End, Port, WirePacket};
 use super::config::{Hfi1Config, Personality, HFI1_BAR, HFI1_BAR0_SIZE, HFI1_MSIX_VECTORS};
 use super::counters::Counters;
+use super::datapath::batch::{BatchWait, WIRE_BATCH_MAX};
 use super::datapath::loopback::{LB_DESC_ADDR, LB_DOORBELL, LB_MAX_PAYLOAD};
 use super::datapath::port::{kick, HfiPort};
 use super::datapath::worker::{run_job, Job};
@@ -28,6 +29,7 @@ use super::rxe::state::{Access, Rxe};
 use super::shared::{Front, LbRegs, Shared, WfrFront, WORK_TIMEOUT};
 use super::shm::SharedWords;
 use super::wfr::{self, Wfr};
+use crate::clock::Clock;
 use crate::engine::{BarMmap, BarSpec, Engine, Interrupt, MsixPlacement, NoInterrupt, PciShape, PcieLink};
 use crate::probe::Probe;
 use crate::trace::RegisterName;
@@ -132,7 +134,28 @@ impl Hfi1 {
         let Front::Wfr(front) = &self.shared.front else {
             return Err(Hfi1Error::Config(format!("{} has no port", self.config.name())));
         };
-        Ok(super::datapath::port::arrive(&self.shared, front, &self.worker, packet, false))
+        Ok(super::datapath::port::arrive(&self.shared, front, &self.worker, packet, false, None))
+    }
+
+    /// The control socket's `wire-batch`: `packets` queued as [`Hfi1::wire`] queues them, then a wait of at
+    /// most `wait` until the worker has judged every one and the driver's RCV_HDR_HEAD has passed every entry
+    /// placed by then (datapath/batch.rs). The reply is the JSON the control socket sends.
+    pub fn wire_batch(&self, packets: Vec<WirePacket>, wait: Duration) -> Result<serde_json::Value> {
+        let clock = crate::clock::RealClock;
+        Ok(self.start_wire_batch(packets, &clock)?.wait(&clock, wait))
+    }
+
+    /// The first half of [`Hfi1::wire_batch`]: the batch queued and registered for its wake-ups.
+    pub(super) fn start_wire_batch<'a>(&'a self, packets: Vec<WirePacket>, clock: &dyn Clock) -> Result<BatchWait<'a>> {
+        let Front::Wfr(front) = &self.shared.front else {
+            return Err(Hfi1Error::Config(format!("{} has no port", self.config.name())));
+        };
+        if packets.len() > WIRE_BATCH_MAX {
+            return Err(Hfi1Error::Control(format!("a batch holds at most {WIRE_BATCH_MAX} packets")));
+        }
+        BatchWait::start(&self.shared, front, packets, clock, |p, batch| {
+            super::datapath::port::arrive(&self.shared, front, &self.worker, p, false, Some(batch));
+        })
     }
 
     /// Packets waiting at the port for the worker, one held back for room included: what an observer that
@@ -236,6 +259,10 @@ impl Hfi1 {
             // A head register moved, or a context changed: the packet waiting for room may fit now.
             if matches!(access, Access::Done(_)) && front.ingress_held.load(Ordering::Acquire) {
                 kick(&self.worker, &self.shared, &front.ingress_kicked, Job::Ingress);
+            }
+            // The driver read entries, or restarted a queue: a batch waiting for that may be done.
+            if matches!(access, Access::Done(_)) {
+                front.batches.nudge_for_write(offset, self.config.rcv_contexts);
             }
             match access {
                 Access::Done(_) => return,
@@ -411,6 +438,7 @@ impl Engine for Hfi1 {
             Command::Wire { packet } => {
                 Ok(serde_json::json!({"queued": self.wire(packet).map_err(|e| e.to_string())?}))
             }
+            Command::WireBatch { packets, wait } => self.wire_batch(packets, wait).map_err(|e| e.to_string()),
             Command::LinkEvent(event) => {
                 let applied = match &self.shared.front {
                     Front::Wfr(front) => super::datapath::port::apply_link(&self.shared, front, event, false),
@@ -463,3 +491,7 @@ impl Engine for Hfi1 {
 #[cfg(test)]
 #[path = "device_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "wire_batch_tests.rs"]
+mod wire_batch_tests;

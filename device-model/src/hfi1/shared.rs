@@ -15,8 +15,9 @@ use emu_abi::hfi1::{
 use vfio_user_proto::dma::{DmaAccess, NoDma};
 use vfio_user_proto::sync::Unpoison;
 
-use super::cable::{CableEnd, Phy, WirePacket};
+use super::cable::{CableEnd, Phy};
 use super::counters::Counters;
+use super::datapath::batch::{Queued, Waiters};
 use super::observe::HeldInject;
 use super::rxe::state::Rxe;
 use super::wfr::Wfr;
@@ -86,7 +87,9 @@ pub(super) struct WfrFront {
     /// The cable, once connected.
     pub(super) cable: OnceLock<CableEnd>,
     /// Packets from the cable waiting for the worker (bounded: `ingress::INGRESS_QUEUE`).
-    pub(super) ingress: Mutex<VecDeque<WirePacket>>,
+    pub(super) ingress: Mutex<VecDeque<Queued>>,
+    /// The control socket's batches waiting for the driver (bounded: `batch::BATCH_WAITERS`).
+    pub(super) batches: Waiters,
     /// The packet at the head of `ingress` waits for room in its context.
     pub(super) ingress_held: AtomicBool,
     /// An ingress or egress job is queued.
@@ -102,6 +105,7 @@ impl WfrFront {
             wfr: Mutex::new(wfr),
             cable: OnceLock::new(),
             ingress: Mutex::new(VecDeque::new()),
+            batches: Waiters::default(),
             ingress_held: AtomicBool::new(false),
             ingress_kicked: AtomicBool::new(false),
             egress_kicked: AtomicBool::new(false),
@@ -113,12 +117,13 @@ impl WfrFront {
         self.wfr.lock().unpoison()
     }
 
-    /// Power-on state of the chip's blocks and the port's queue (call under the RXE lock); the link loss to
-    /// tell the cable.
+    /// Power-on state of the chip's blocks and the port's queue (call under the RXE lock, after the epoch
+    /// moved: a waiting batch wakes to its end); the link loss to tell the cable.
     fn reset(&self) -> Option<Phy> {
         let signal = self.lock().reset();
         self.ingress.lock().unpoison().clear();
         self.ingress_held.store(false, Ordering::Release);
+        self.batches.nudge_all();
         signal
     }
 

@@ -21,6 +21,7 @@ use crate::hfi1::cable::wire::{
 };
 use crate::hfi1::cable::WirePacket;
 use crate::hfi1::counters::Counters;
+use crate::hfi1::datapath::batch::{Judged, Queued};
 use crate::hfi1::regs::*;
 use crate::hfi1::rxe::kdeth::{self, Delivery, Kind};
 use crate::hfi1::rxe::rcv;
@@ -86,29 +87,29 @@ pub(in crate::hfi1) fn route(
 /// What became of the packet at the head of the queue.
 enum Step {
     Placed(Delivery),
-    Dropped,
+    Dropped(&'static str),
     Held,
 }
 
 /// Drains the port's queue in order, until it is empty or a packet must wait for room. Work of an older
-/// epoch stops.
+/// epoch stops. A `wire-batch` packet's batch hears what became of it.
 pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64) {
     let dma = shared.dma();
     loop {
         if !shared.current(epoch) {
             return;
         }
-        let Some(pkt) = front.ingress.lock().unpoison().pop_front() else {
+        let Some(Queued { packet: pkt, batch }) = front.ingress.lock().unpoison().pop_front() else {
             front.ingress_held.store(false, Relaxed);
             return;
         };
         let step = judge(shared, front, &pkt);
-        match step {
+        let judged = match step {
             Step::Held => {
                 // Back at the head, unless a reset emptied the queue meanwhile (it moves the epoch first).
                 let mut q = front.ingress.lock().unpoison();
                 if shared.current(epoch) {
-                    q.push_front(pkt);
+                    q.push_front(Queued { packet: pkt, batch });
                 }
                 drop(q);
                 if !front.ingress_held.swap(true, Relaxed) {
@@ -116,10 +117,13 @@ pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64) {
                 }
                 return;
             }
-            Step::Dropped => {}
-            Step::Placed(plan) => write(shared, front, dma.as_ref(), &pkt, plan, epoch),
-        }
+            Step::Dropped(why) => Some(Judged::Dropped(why)),
+            Step::Placed(plan) => write(shared, front, dma.as_ref(), &pkt, plan, epoch).then_some(Judged::Placed),
+        };
         front.ingress_held.store(false, Relaxed);
+        if let (Some(b), Some(judged)) = (batch, judged) {
+            b.judged(&shared.lock_rxe(), judged);
+        }
     }
 }
 
@@ -131,7 +135,7 @@ fn judge(shared: &Shared, front: &WfrFront, pkt: &WirePacket) -> Step {
         Ok(r) => r,
         Err(why) => {
             trace(shared, pkt, None, why);
-            return Step::Dropped;
+            return Step::Dropped(why);
         }
     };
     drop(wfr);
@@ -153,15 +157,15 @@ fn judge(shared: &Shared, front: &WfrFront, pkt: &WirePacket) -> Step {
         Err(Refusal::Hold(_)) => Step::Held,
         Err(Refusal::Drop(why)) => {
             trace(shared, pkt, Some(ctxt), why);
-            Step::Dropped
+            Step::Dropped(why)
         }
     }
 }
 
 /// The writes of a placed packet, in the order the driver's polling needs: the TID payload of an expected
 /// packet; then, for a packet with a header queue entry, eager payload, header, RHF, tail; then the tail
-/// register and the interrupt.
-fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacket, d: Delivery, epoch: u64) {
+/// register and the interrupt. False when a reset came first: nothing was published.
+fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacket, d: Delivery, epoch: u64) -> bool {
     let counters = &shared.counters;
     if let Some((placement, range)) = &d.tid {
         let payload = pkt.bytes.get(range.clone()).unwrap_or_default();
@@ -179,7 +183,7 @@ fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacke
     }
     trace_kdeth(shared, pkt, &d);
     let urgent = d.kind != Kind::Ib && kdeth::intr(pkt);
-    let Some(plan) = d.rhq else { return };
+    let Some(plan) = d.rhq else { return true };
     let header_len = (plan.rhf_at - plan.header_at) as usize;
     let (header, rest) = pkt.bytes.split_at(header_len);
     let mut ok = plan.eager.is_none_or(|at| dma.write(at, rest).is_ok());
@@ -192,7 +196,7 @@ fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacke
     let vectors = {
         let mut rxe = shared.lock_rxe();
         if !shared.current(epoch) {
-            return;
+            return false;
         }
         rxe.rhq_publish(plan.ctxt, plan.published);
         counters.wire_rx_written.fetch_add(1, Relaxed);
@@ -225,6 +229,7 @@ fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacke
     for v in vectors.into_iter().flatten() {
         shared.raise(v);
     }
+    true
 }
 
 /// Names what became of a KDETH packet: eager, placed through a TID (where, how much, suppressed or not),

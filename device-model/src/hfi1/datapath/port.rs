@@ -8,6 +8,7 @@ use std::sync::{Arc, Weak};
 
 use vfio_user_proto::sync::Unpoison;
 
+use super::batch::{Batch, Judged, Queued, CAUSE_PORT_QUEUE_FULL};
 use super::ingress::INGRESS_QUEUE;
 use super::worker::Job;
 use crate::hfi1::cable::{LinkEvent, Neighbor, Port, WirePacket};
@@ -65,7 +66,7 @@ impl Port for HfiPort {
 
     fn receive(&self, packet: WirePacket) {
         if let Some(worker) = self.worker.upgrade() {
-            arrive(&self.shared, &self.front, &worker, packet, true);
+            arrive(&self.shared, &self.front, &worker, packet, true, None);
         }
     }
 }
@@ -117,13 +118,15 @@ pub(in crate::hfi1) fn apply_link(shared: &Shared, front: &WfrFront, event: Link
 }
 
 /// A packet from the wire: queued for the worker (false: the queue was full, the packet is dropped and
-/// counted). `record` as for [`apply_link`].
+/// counted). `record` as for [`apply_link`]. A packet of a `wire-batch` carries its batch, which learns of a
+/// drop here.
 pub(in crate::hfi1) fn arrive(
     shared: &Shared,
     front: &WfrFront,
     worker: &WorkQueue<Job>,
     packet: WirePacket,
     record: bool,
+    batch: Option<&Arc<Batch>>,
 ) -> bool {
     shared.counters.wire_rx_packets.fetch_add(1, Ordering::Relaxed);
     let queued = {
@@ -137,7 +140,7 @@ pub(in crate::hfi1) fn arrive(
             shared.record_input(request, serde_json::json!({"queued": queued}));
         }
         if queued {
-            q.push_back(packet);
+            q.push_back(Queued { packet, batch: batch.cloned() });
         } else {
             shared.counters.wire_rx_ingress_overflow.fetch_add(1, Ordering::Relaxed);
         }
@@ -145,6 +148,9 @@ pub(in crate::hfi1) fn arrive(
     };
     if queued {
         kick(worker, shared, &front.ingress_kicked, Job::Ingress);
+    } else if let Some(b) = batch {
+        // Lock order: the RXE before the port's queue, so the batch hears of it once the queue is let go.
+        b.judged(&shared.lock_rxe(), Judged::Dropped(CAUSE_PORT_QUEUE_FULL));
     }
     queued
 }

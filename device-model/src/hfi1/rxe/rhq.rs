@@ -251,6 +251,29 @@ impl Rxe {
         Ok(plan)
     }
 
+    /// Entries of context `ctxt` the driver has yet to read: from RCV_HDR_HEAD's entry up to the tail it reads
+    /// (RCV_HDR_TAIL). A context disabled or without a configured queue has none: the driver no longer reads
+    /// them, and enabling restarts the queue.
+    pub fn rhq_pending(&self, ctxt: usize) -> u32 {
+        let k = |reg| self.kctxt(ctxt, reg).unwrap_or(0);
+        let cnt = ((k(RCV_HDR_CNT) & RCV_HDR_CNT_CNT_MASK) << HDRQ_SIZE_SHIFT) as u32;
+        let (Some(entsize), true) = (entry_dwords(k(RCV_HDR_ENT_SIZE)), cnt > 0) else { return 0 };
+        if k(RCV_CTXT_CTRL) & RCV_CTXT_CTRL_ENABLE_SMASK == 0 {
+            return 0;
+        }
+        let entry = |dwords: u64| (dwords / u64::from(entsize) % u64::from(cnt)) as u32;
+        let head = entry(self.uctxt_reg(ctxt, RCV_HDR_HEAD) & RCV_HDR_HEAD_HEAD_MASK);
+        let tail = entry(self.rhq(ctxt).published());
+        (tail + cnt - head) % cnt
+    }
+
+    /// Entries of context `ctxt` the driver's head has passed (or a restart of the queue discarded), counted
+    /// like [`Rxe::rhq_placed`]: the entries placed less those pending. The queue keeps one entry free, so the
+    /// pending ones are always the newest.
+    pub fn rhq_consumed(&self, ctxt: usize) -> u64 {
+        self.rhq_placed(ctxt).saturating_sub(u64::from(self.rhq_pending(ctxt)))
+    }
+
     /// Re-derives the context's place in its header queue and eager buffers from the size registers
     /// (RCV_HDR_CNT, RCV_HDR_ENT_SIZE, RCV_EGR_CTRL) after one of them changed. The kernel writes them only
     /// while the context is disabled (set_hdrq_regs from hfi1_create_rcvhdrq, RCV_EGR_CTRL in hfi1_rcvctrl

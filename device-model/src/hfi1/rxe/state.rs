@@ -79,6 +79,8 @@ pub struct Rxe {
     qp_map: [u64; RCV_QP_MAP_TABLE_REGS],
     /// Each context's place in its header queue and eager buffers.
     rhq: Vec<RhqState>,
+    /// Entries each context's header queue has been given, ever (never reset: a `wire-batch` marks against it).
+    placed: Vec<u64>,
     pub flows: FlowTable,
     pub rcv_array: RcvArray,
 }
@@ -93,6 +95,7 @@ impl Rxe {
             uctxt: vec![[0; UCTXT_REGS.len()]; contexts],
             qp_map: [0; RCV_QP_MAP_TABLE_REGS],
             rhq: vec![RhqState::default(); contexts],
+            placed: vec![0; contexts],
             flows: FlowTable::new(contexts),
             rcv_array: RcvArray::new(shm),
         };
@@ -160,6 +163,14 @@ impl Rxe {
         if let Some(r) = self.rhq.get_mut(ctxt) {
             r.set_published(published);
         }
+        if let Some(n) = self.placed.get_mut(ctxt) {
+            *n += 1;
+        }
+    }
+
+    /// Entries published to context `ctxt` since the engine was made.
+    pub fn rhq_placed(&self, ctxt: usize) -> u64 {
+        self.placed.get(ctxt).copied().unwrap_or(0)
     }
 
     /// A packet dropped for a full header queue (RCV_HDR_OVFL_CNT).
