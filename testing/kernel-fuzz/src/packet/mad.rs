@@ -21,12 +21,14 @@ pub const IB_MGMT_METHOD_REPORT: u8 = 0x06;
 pub const IB_MGMT_METHOD_TRAP_REPRESS: u8 = 0x07;
 /// The GSI's Q_Key (ib_mad.h:97).
 pub const IB_QP1_QKEY: u32 = 0x8001_0000;
-/// The management P_Keys (common.h:237-238): SMPs need the full one (ud.c opa_smp_check 776-779).
+/// The management P_Keys (common.h:237-238): SMPs need the full one (ud.c opa_smp_check 780).
 pub const FULL_MGMT_P_KEY: u16 = 0xFFFF;
 pub const LIM_MGMT_P_KEY: u16 = 0x7FFF;
+/// The status word's direction bit: a response (IB_SMP_DIRECTION, ib_smi.h:39).
+pub const IB_SMP_DIRECTION: u16 = 0x8000;
 
 /// Sizes: the common MAD header (IB_MGMT_MAD_HDR) and whole MADs (IB_MGMT_MAD_SIZE, OPA_MGMT_MAD_SIZE:
-/// ib_mad.h:121-134). hfi1_ud_rcv drops a MAD above 2048 bytes (ud.c:892, 908).
+/// ib_mad.h:121-134). hfi1_ud_rcv drops a MAD above 2048 bytes (ud.c:899, 908).
 pub const IB_MGMT_MAD_HDR: usize = 24;
 pub const IB_MGMT_MAD_SIZE: usize = 256;
 pub const OPA_MGMT_MAD_SIZE: usize = 2048;
@@ -103,9 +105,9 @@ pub enum Am {
     VlArbSection,
     /// OPA_AM_CI_ADDR (bits 30:19) and OPA_AM_CI_LEN - 1 (bits 18:13) (cable_info 2097-2098).
     CableInfo,
-    /// The segment count in bits 7:0, 1..=117 (subn_get_opa_aggregate 4221-4225).
+    /// The segment count in bits 7:0, 1..=117 (subn_get_opa_aggregate 4220-4225).
     Aggregate,
-    /// PMA requests: NPORT = 1 in bits 31:24 (pma_get_opa_portstatus 2696, datacounters 2954).
+    /// PMA requests: NPORT = 1 in bits 31:24 (pma_get_opa_portstatus 2692, datacounters 2955).
     PmaNPort,
 }
 
@@ -116,13 +118,13 @@ pub const OPA_AM_CI_ADDR_SHIFT: u32 = 19;
 pub const OPA_AM_CI_ADDR_MASK: u32 = 0xFFF;
 pub const OPA_AM_CI_LEN_SHIFT: u32 = 13;
 pub const OPA_AM_CI_LEN_MASK: u32 = 0x3F;
-/// Aggregate: at most this many segments (mad.c 4223).
+/// Aggregate: at most this many segments (mad.c 4222).
 pub const OPA_AGGREGATE_MAX: u32 = 117;
-/// VL arbitration sections: low, high, preempt table, preempt matrix (OPA_VLARB_*_ELEMENTS, mad.c 2203-2225).
+/// VL arbitration sections: low, high, preempt table, preempt matrix (OPA_VLARB_*_ELEMENTS, mad.c 2207-2219).
 pub const OPA_VLARB_SECTIONS: u32 = 4;
 /// P_Key table start blocks: OPA_AM_START_BLK is 11 bits for the P_Key table (mad.c 985).
 pub const PKEY_START_BLOCK_MASK: u32 = 0x7FF;
-/// CableInfo's QSFP memory: 128-byte pages (mad.c __CI_PAGE_SIZE 2116).
+/// CableInfo's QSFP memory: 128-byte pages (mad.c __CI_PAGE_SIZE 2107).
 pub const CABLE_INFO_PAGE: u32 = 128;
 
 impl Am {
@@ -256,7 +258,7 @@ pub mod id {
 }
 use id::*;
 
-/// Every case of subn_get_opa_sma / subn_set_opa_sma (mad.c:4049-4212), the Aggregate of process_subn_opa
+/// Every case of subn_get_opa_sma / subn_set_opa_sma (mad.c:4049-4203), the Aggregate of process_subn_opa
 /// (4530, 4543), and two IDs that take the default (unsupported) branch.
 pub const OPA_SMA: &[Attr] = &[
     opa_sma("NODE_DESC", IB_SMP_ATTR_NODE_DESC, false, Am::Zero),

@@ -9,8 +9,11 @@
 
 pub mod mad;
 pub mod opcodes;
+mod seeds;
 #[cfg(test)]
 mod tests;
+
+pub use seeds::{seeds, SEEDED_SETS};
 
 use device_model::hfi1::cable::wire::{
     self, WirePacket, BTH_BYTES, GRH_BYTES, ICRC_BYTES, LID_MULTICAST_BASE, LID_PERMISSIVE, LNH_BTH, LNH_GRH,
@@ -107,12 +110,13 @@ pub mod method {
     /// Bits 5:4: 0 the attribute's versions; 1 the other base version; 2 the wrong class version; 3 a raw
     /// class.
     pub const VERSION_SHIFT: u32 = 4;
+    pub const VERSION_MASK: u8 = 0x3;
     /// The status word's direction bit (IB_SMP_DIRECTION, ib_smi.h:39): a response.
     pub const DIRECTION: u8 = 1 << 6;
 }
 
-/// KDETH knob bits: 2:0 TIDCtrl (0 the opcode's own, 1..=4 TIDCtrl 0..=3), 3 OM, 4 SH, 5 Intr, 7:6 KVer
-/// (0 KDETH_KVER, else that value minus nothing: 1 → 0, 2 → 2, 3 → 3).
+/// KDETH knob bits: 2:0 TIDCtrl (1..=4 TIDCtrl 0..=3, other values the opcode's own), 3 OM, 4 SH, 5 Intr,
+/// 7:6 KVer (0 KDETH_KVER; 1 KVer 0; 2 and 3 themselves).
 pub mod kdeth_knob {
     pub const TIDCTRL_MASK: u8 = 0x7;
     pub const OM: u8 = 1 << 3;
@@ -121,12 +125,48 @@ pub mod kdeth_knob {
     pub const KVER_SHIFT: u32 = 6;
 }
 
+/// LRH, BTH and GRH bit positions (include/rdma/ib_hdrs.h:23-45, 163-235).
+mod ib {
+    /// LRH word 0: SC[3:0] (IB_SC_SHIFT 12) is byte 0's high nibble; SL (IB_SL_SHIFT 4) byte 1's.
+    pub const LRH_SC_SHIFT: u32 = 4;
+    pub const LRH_SL_SHIFT: u32 = 4;
+    pub const SC_MASK: u8 = 0xF;
+    /// SC[4] travels beside the 9B header (IB_SC5_MASK).
+    pub const SC5_BIT: u8 = 0x10;
+    pub const LNH_MASK: u8 = 0x3;
+    /// LRH.PktLen: 11 bits of dwords.
+    pub const PKT_LEN_MASK: u16 = 0x7FF;
+    pub const BTH_OPCODE_SHIFT: u32 = 24;
+    pub const BTH_SE_SHIFT: u32 = 23;
+    pub const BTH_M_SHIFT: u32 = 22;
+    pub const BTH_PAD_SHIFT: u32 = 20;
+    pub const BTH_TVER_SHIFT: u32 = 16;
+    pub const BTH_TVER_MASK: u32 = 0xF;
+    pub const FECN_SHIFT: u32 = 31;
+    pub const BECN_SHIFT: u32 = 30;
+    pub const BTH_A_SHIFT: u32 = 31;
+    /// hfi1 reads 31 PSN bits (PSN_MASK, hfi1/verbs.h:304); the 9B wire's own are 24.
+    pub const HFI1_PSN_MASK: u32 = 0x7FFF_FFFF;
+    pub const GRH_VERSION_SHIFT: u32 = 28;
+    pub const GRH_TCLASS_SHIFT: u32 = 20;
+    pub const GRH_FLOW_MASK: u32 = 0xF_FFFF;
+    /// AETH: syndrome in bits 31:24 over the 24-bit MSN (IB_AETH_CREDIT_SHIFT, IB_MSN_MASK).
+    pub const AETH_SYNDROME_SHIFT: u32 = 24;
+    pub const MSN_MASK: u32 = 0x00FF_FFFF;
+    /// A P_Key's membership bit: full (set) or limited.
+    pub const PKEY_FULL_MEMBER: u16 = 0x8000;
+    /// A controlled Q_Key (bit 31), which only privileged senders may use (IBTA 10.2.4).
+    pub const QKEY_CONTROLLED: u32 = 0x8000_0000;
+}
+
 /// KDETH word 0 and 1 fields (drivers/infiniband/hw/hfi1/exp_rcv.h:37-56).
 mod kdeth {
     pub const OFFSET_MASK: u32 = 0x7FFF;
     pub const OM_SHIFT: u32 = 15;
     pub const TID_SHIFT: u32 = 16;
     pub const TID_MASK: u32 = 0x3FF;
+    /// RAW32 gives the TID in its low bits and the offset above them.
+    pub const TID_BITS: u32 = 10;
     pub const TIDCTRL_SHIFT: u32 = 26;
     pub const INTR_SHIFT: u32 = 28;
     pub const SH_SHIFT: u32 = 29;
@@ -378,6 +418,8 @@ const VARIANT_SHIFT: u32 = 5;
 const ENTRY_MASK: u8 = 0x1F;
 /// How far a PSN must move to leave the receiver's window (half the 24-bit space: rc.c's delta_psn).
 const PSN_HALF_SPACE: u32 = 1 << 23;
+/// PSN variant 6's low bits: 0, the largest PSN, half the space ahead, half behind.
+const PSN_BOUNDARY_MASK: u8 = 0x3;
 /// The kernel receive contexts a KDETH DestQP names for most values of CTXT: the control context and the
 /// krcvqs queues that follow it (init.c:55-61); other values reach user or missing contexts.
 const KERNEL_CTXTS: u8 = 4;
@@ -499,7 +541,7 @@ impl<'a> Knobs<'a> {
         };
         // Variant 4 flips the membership bit (full ↔ limited) rather than adding one.
         match sel >> VARIANT_SHIFT {
-            4 => dict ^ 0x8000,
+            4 => dict ^ ib::PKEY_FULL_MEMBER,
             _ => vary(sel, dict.into(), self.raw32().into(), u16::MAX.into()) as u16,
         }
     }
@@ -507,14 +549,14 @@ impl<'a> Knobs<'a> {
     fn psn(&self, dict: u32) -> u32 {
         let sel = self.k[at::PSN];
         match sel >> VARIANT_SHIFT {
-            6 => match sel & 0x3 {
+            6 => match sel & PSN_BOUNDARY_MASK {
                 0 => 0,
                 1 => PSN_MASK,
                 2 => dict.wrapping_add(PSN_HALF_SPACE) & PSN_MASK,
                 _ => dict.wrapping_sub(PSN_HALF_SPACE) & PSN_MASK,
             },
-            // Raw PSNs may use all 31 bits hfi1 reads (PSN_MASK 0x7FFFFFFF, verbs.h:304).
-            7 => self.raw32() & 0x7FFF_FFFF,
+            // Raw PSNs may use all the bits hfi1 reads.
+            7 => self.raw32() & ib::HFI1_PSN_MASK,
             _ => vary(sel, dict.into(), 0, PSN_MASK.into()) as u32,
         }
     }
@@ -529,7 +571,7 @@ impl<'a> Knobs<'a> {
         let sel = self.k[at::LIDS];
         let dlid = match sel & 0xF {
             1 => LID_PERMISSIVE,
-            2 => LID_MULTICAST_BASE | (raw & 0x3FFF),
+            2 => LID_MULTICAST_BASE | (raw & !LID_MULTICAST_BASE),
             3 => t.lid.wrapping_add(1),
             4 => 0,
             5 => raw,
@@ -558,7 +600,7 @@ impl<'a> Knobs<'a> {
             0 => natural_sc,
             s => s,
         };
-        (sc | if self.flag(flag::SC4) { 0x10 } else { 0 }, sl)
+        (sc | if self.flag(flag::SC4) { ib::SC5_BIT } else { 0 }, sl)
     }
 
     fn draft(&self, t: &Target, class: Class, natural_sc: u8, natural_lids: (u16, u16)) -> Draft {
@@ -623,7 +665,7 @@ impl<'a> Knobs<'a> {
         let sel = self.k[at::QKEY];
         match sel >> VARIANT_SHIFT {
             // A controlled Q_Key (bit 31), which only privileged senders may use.
-            4 => dict | 0x8000_0000,
+            4 => dict | ib::QKEY_CONTROLLED,
             6 if sel & 1 == 1 => mad::IB_QP1_QKEY,
             _ => vary(sel, dict.into(), self.raw32().into(), u32::MAX.into()) as u32,
         }
@@ -717,8 +759,8 @@ impl<'a> Knobs<'a> {
                 Field::Kdeth1 => self.kdeth1().into(),
                 Field::TidFlowPsn => d.psn.into(),
                 Field::TidFlowQp => d.dest_qp.into(),
-                Field::VerbsQp => qp.map_or(0, |q| q.qpn).into(),
-                Field::VerbsPsn => qp.map_or(0, |q| q.psn).into(),
+                Field::VerbsQp => self.qpn(qp.map(|q| q.qpn)).into(),
+                Field::VerbsPsn => qp.map_or(0, |q| if op.role == Role::Request { q.psn } else { q.peer_psn }).into(),
                 Field::Reserved => 0,
             };
             if matches!(f, Field::Kdeth0 | Field::Kdeth1) {
@@ -769,9 +811,9 @@ impl<'a> Knobs<'a> {
             1 => ACK | IB_AETH_CREDIT_INVAL,
             2 => IB_RNR_NAK | (param & PARAM_MASK),
             3..=6 => NAKS[usize::from(sel & 0x7) - 3 + usize::from(param) % 2],
-            _ => (self.raw32() >> 24) as u8,
+            _ => (self.raw32() >> ib::AETH_SYNDROME_SHIFT) as u8,
         };
-        (u32::from(syndrome) << 24) | (self.raw32() & 0x00FF_FFFF)
+        (u32::from(syndrome) << ib::AETH_SYNDROME_SHIFT) | (self.raw32() & ib::MSN_MASK)
     }
 
     fn kdeth0(&self, op: &Opcode) -> u32 {
@@ -792,7 +834,7 @@ impl<'a> Knobs<'a> {
             | (tidctrl << kdeth::TIDCTRL_SHIFT)
             | ((raw & kdeth::TID_MASK) << kdeth::TID_SHIFT)
             | (u32::from(sel & kdeth_knob::OM != 0) << kdeth::OM_SHIFT)
-            | ((raw >> 10) & kdeth::OFFSET_MASK)
+            | ((raw >> kdeth::TID_BITS) & kdeth::OFFSET_MASK)
     }
 
     fn kdeth1(&self) -> u32 {
@@ -852,7 +894,7 @@ impl<'a> Knobs<'a> {
         if directed {
             mgmt_class = mad::IB_MGMT_CLASS_SUBN_DIRECTED_ROUTE;
         }
-        match (m >> method::VERSION_SHIFT) & 0x3 {
+        match (m >> method::VERSION_SHIFT) & method::VERSION_MASK {
             1 if base == mad::OPA_MGMT_BASE_VERSION => base = mad::IB_MGMT_BASE_VERSION,
             1 => base = mad::OPA_MGMT_BASE_VERSION,
             2 if class_version == mad::OPA_SM_CLASS_VERSION => class_version = mad::IB_CLASS_VERSION,
@@ -876,7 +918,7 @@ impl<'a> Knobs<'a> {
             (hdr::MGMT_CLASS, 1, mgmt_class.into()),
             (hdr::CLASS_VERSION, 1, class_version.into()),
             (hdr::METHOD, 1, method.into()),
-            (hdr::STATUS, 2, if m & method::DIRECTION != 0 { 0x8000 } else { 0 }),
+            (hdr::STATUS, 2, if m & method::DIRECTION != 0 { mad::IB_SMP_DIRECTION.into() } else { 0 }),
             (hdr::TID, 8, tid),
             (hdr::ATTR_ID, 2, attr.id.into()),
             (hdr::ATTR_MOD, 4, am.into()),
@@ -921,14 +963,18 @@ impl<'a> Knobs<'a> {
         let bth_at = b.len();
         let f = self.k[at::FLAGS];
         let pad_cnt = if damage == Some(Damage::BadPad) { (pad + 1 + (raw64 as usize % 3)) % 4 } else { pad };
-        let bth0 = (u32::from(d.opcode) << 24)
-            | (u32::from(f & flag::SOLICITED != 0) << 23)
-            | (u32::from(f & flag::MIG_REQ != 0) << 22)
-            | ((pad_cnt as u32) << 20)
-            | (if f & flag::TVER != 0 { ((raw64 >> 60) as u32 | 1) << 16 } else { 0 })
+        // A non-zero TVer from RAW64's top nibble.
+        let tver = if f & flag::TVER != 0 { ((raw64 >> 60) as u32 & ib::BTH_TVER_MASK) | 1 } else { 0 };
+        let bth0 = (u32::from(d.opcode) << ib::BTH_OPCODE_SHIFT)
+            | (u32::from(f & flag::SOLICITED != 0) << ib::BTH_SE_SHIFT)
+            | (u32::from(f & flag::MIG_REQ != 0) << ib::BTH_M_SHIFT)
+            | ((pad_cnt as u32) << ib::BTH_PAD_SHIFT)
+            | (tver << ib::BTH_TVER_SHIFT)
             | u32::from(d.pkey);
-        let bth1 = (u32::from(f & flag::FECN != 0) << 31) | (u32::from(f & flag::BECN != 0) << 30) | d.dest_qp;
-        let bth2 = (u32::from(f & flag::ACK_REQ != 0) << 31) | d.psn;
+        let bth1 = (u32::from(f & flag::FECN != 0) << ib::FECN_SHIFT)
+            | (u32::from(f & flag::BECN != 0) << ib::BECN_SHIFT)
+            | (d.dest_qp & QPN_MASK);
+        let bth2 = (u32::from(f & flag::ACK_REQ != 0) << ib::BTH_A_SHIFT) | (d.psn & ib::HFI1_PSN_MASK);
         for w in [bth0, bth1, bth2] {
             b.extend_from_slice(&w.to_be_bytes());
         }
@@ -950,9 +996,9 @@ impl<'a> Knobs<'a> {
             Some(Damage::LrhLenShort) => dwords.wrapping_sub(1),
             Some(Damage::LrhLenLong) => dwords.wrapping_add(1),
             _ => dwords,
-        } & 0x7FF;
-        b[0] = (d.sc & 0xF) << 4;
-        b[1] = (d.sl << 4) | (d.lnh & 0x3);
+        } & ib::PKT_LEN_MASK;
+        b[0] = (d.sc & ib::SC_MASK) << ib::LRH_SC_SHIFT;
+        b[1] = (d.sl << ib::LRH_SL_SHIFT) | (d.lnh & ib::LNH_MASK);
         b[2..4].copy_from_slice(&d.dlid.to_be_bytes());
         b[4..6].copy_from_slice(&pkt_len.to_be_bytes());
         b[6..8].copy_from_slice(&d.slid.to_be_bytes());
@@ -961,7 +1007,7 @@ impl<'a> Knobs<'a> {
             let paylen = (b.len() + ICRC_BYTES).saturating_sub(LRH_BYTES + GRH_BYTES) as u16;
             b[LRH_BYTES + 4..LRH_BYTES + 6].copy_from_slice(&paylen.to_be_bytes());
         }
-        let sc4 = d.sc & 0x10 != 0;
+        let sc4 = d.sc & ib::SC5_BIT != 0;
         let test_ebp = damage == Some(Damage::TestEbp);
         let mut bytes = seal(b, sc4, test_ebp);
         if damage == Some(Damage::IcrcCorrupt) {
@@ -976,7 +1022,9 @@ impl<'a> Knobs<'a> {
         let tclass = u32::from(self.k[at::MISC] >> 2);
         let (version, next) =
             if bad { (IB_GRH_VERSION - 2, IB_GRH_NEXT_HDR ^ 0x1) } else { (IB_GRH_VERSION, IB_GRH_NEXT_HDR) };
-        let vtf = (version << 28) | (tclass << 20) | ((raw64 as u32) & 0xF_FFFF);
+        let vtf = (version << ib::GRH_VERSION_SHIFT)
+            | (tclass << ib::GRH_TCLASS_SHIFT)
+            | ((raw64 as u32) & ib::GRH_FLOW_MASK);
         g[0..4].copy_from_slice(&vtf.to_be_bytes());
         g[6] = next;
         g[7] = GRH_HOP_LIMIT;
@@ -1000,7 +1048,7 @@ fn put(b: &mut [u8], o: usize, n: usize, v: u64) {
 /// Appends the ICRC: through WirePacket::seal for the 9B headers it carries, through the same CRC for the
 /// raw and IP LNHs it refuses.
 fn seal(body: Vec<u8>, sc4: bool, test_ebp: bool) -> Vec<u8> {
-    let lnh = body.get(1).map_or(0, |b| b & 0x3);
+    let lnh = body.get(1).map_or(0, |b| b & ib::LNH_MASK);
     let sealable =
         lnh == LNH_BTH || (lnh == LNH_GRH && body.len() + ICRC_BYTES >= LRH_BYTES + GRH_BYTES + BTH_BYTES + ICRC_BYTES);
     if sealable {
@@ -1091,6 +1139,3 @@ pub fn batch_request(device: &str, frames: &[Frame], wait_ms: u64) -> String {
         .collect();
     json!({"device": device, "cmd": "wire-batch", "packets": packets, "wait_ms": wait_ms}).to_string()
 }
-
-mod seeds;
-pub use seeds::seeds;

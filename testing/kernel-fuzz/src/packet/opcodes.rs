@@ -1,6 +1,6 @@
 //! The opcodes hfi1's receive path dispatches on (verbs.c opcode_handler_tbl, 188-242) with the extension
 //! headers each carries behind the BTH, field by field. Offsets are from the end of the BTH (the kernel's
-//! `union ib_ehdrs`, include/rdma/ib_hdrs.h:61-90; the TID RDMA structs, include/rdma/tid_rdma_defs.h:12-71).
+//! `union ib_ehdrs`, include/rdma/ib_hdrs.h:63-90; the TID RDMA structs, include/rdma/tid_rdma_defs.h:12-71).
 
 /// One field of an extension header. Big-endian on the wire except KDETH's two words (exp_rcv.h:58 KDETH_GET
 /// reads them with le32_to_cpu).
@@ -31,7 +31,7 @@ pub enum Field {
     Kdeth1,
     TidFlowPsn,
     TidFlowQp,
-    /// The RC QP a TID RDMA packet is for (hfi1_kdeth_eager_rcv reads r_req.verbs_qp, verbs.c:349).
+    /// The RC QP a TID RDMA packet is for (hfi1_kdeth_eager_rcv reads r_req.verbs_qp, verbs.c:355-357).
     VerbsQp,
     VerbsPsn,
     Reserved,
@@ -85,10 +85,10 @@ const IETH: &[(Field, usize)] = &[(Ieth, 0)];
 const RETH: &[(Field, usize)] = &[(RethVaddr, 0), (RethRkey, 8), (RethLen, 12)];
 const RETH_IMM: &[(Field, usize)] = &[(RethVaddr, 0), (RethRkey, 8), (RethLen, 12), (ImmDt, 16)];
 const AETH: &[(Field, usize)] = &[(Aeth, 0)];
-/// `ib_ehdrs.at` (ib_hdrs.h:71-74).
+/// `ib_ehdrs.at` (ib_hdrs.h:72-75).
 const ATOMIC_ACK: &[(Field, usize)] = &[(Aeth, 0), (AtomicAckData, 4)];
 const ATOMIC_ETH: &[(Field, usize)] = &[(AtomicVaddr, 0), (AtomicRkey, 8), (AtomicSwap, 12), (AtomicCompare, 20)];
-/// `ib_ehdrs.ud` (ib_hdrs.h:62-65).
+/// `ib_ehdrs.ud` (ib_hdrs.h:64-67).
 const DETH: &[(Field, usize)] = &[(DethQkey, 0), (DethSrcQp, 4)];
 const DETH_IMM: &[(Field, usize)] = &[(DethQkey, 0), (DethSrcQp, 4), (ImmDt, 8)];
 /// struct tid_rdma_read_req (tid_rdma_defs.h:12-19).
@@ -254,6 +254,7 @@ pub fn lookup(opcode: u8) -> Option<&'static Opcode> {
 
 /// The opcodes no handler takes (the drop path): RD, the rest of RC/UC/UD, FLUSH and ATOMIC_WRITE, the
 /// user KDETH range, and the reserved ones.
-pub fn unhandled() -> Vec<u8> {
-    (0..=u8::MAX).filter(|&o| lookup(o).is_none()).collect()
+pub fn unhandled() -> &'static [u8] {
+    static UNHANDLED: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    UNHANDLED.get_or_init(|| (0..=u8::MAX).filter(|&o| lookup(o).is_none()).collect())
 }

@@ -64,25 +64,65 @@ fn mad_data(t: &Target, attr: &Attr, method: u8) -> Vec<u8> {
         // Aggregate: segments of (attr_id, request length in 8-byte units, attr_mod, data) (mad.c:2379-2384):
         // NodeInfo then PortInfo.
         (_, id::OPA_ATTRIB_ID_AGGREGATE) => {
-            const NODE_INFO_UNITS: u16 = 5; // struct opa_node_info: 40 bytes (opa_smi.h:76-91)
+            const NODE_INFO_UNITS: u16 = 5; // struct opa_node_info: 40 bytes (opa_smi.h:76-90)
             const PORT_INFO_UNITS: u16 = 31; // struct opa_port_info: 248 bytes (opa_port_info.h:253)
+            const MAP_UNITS: u16 = 4; // 32 one-byte entries
+            let segments: Vec<(u16, u16, u32, Vec<u8>)> = if method == mad::IB_MGMT_METHOD_SET {
+                vec![
+                    (id::OPA_ATTRIB_ID_SL_TO_SC_MAP, MAP_UNITS, 0, identity_map()),
+                    (id::OPA_ATTRIB_ID_SC_TO_SL_MAP, MAP_UNITS, 0, identity_map()),
+                ]
+            } else {
+                vec![
+                    (id::IB_SMP_ATTR_NODE_INFO, NODE_INFO_UNITS, 0, Vec::new()),
+                    (id::IB_SMP_ATTR_PORT_INFO, PORT_INFO_UNITS, mad::Am::NPort.value(0), Vec::new()),
+                ]
+            };
             let mut d = Vec::new();
-            for (attr_id, units, am) in [
-                (id::IB_SMP_ATTR_NODE_INFO, NODE_INFO_UNITS, 0),
-                (id::IB_SMP_ATTR_PORT_INFO, PORT_INFO_UNITS, mad::Am::NPort.value(0)),
-            ] {
+            for (attr_id, units, am, data) in segments {
                 d.extend_from_slice(&attr_id.to_be_bytes());
                 d.extend_from_slice(&units.to_be_bytes());
                 d.extend_from_slice(&am.to_be_bytes());
-                d.resize(d.len() + usize::from(units) * 8, 0);
+                let end = d.len() + usize::from(units) * 8;
+                d.extend_from_slice(&data);
+                d.resize(end, 0);
             }
             d
         }
-        // PortInfo Set: the port's own LID (struct opa_port_info.lid, first), so the Set keeps it.
-        (_, id::IB_SMP_ATTR_PORT_INFO) if method == mad::IB_MGMT_METHOD_SET => u32::from(t.lid).to_be_bytes().to_vec(),
+        // P_Key table block 0: the dictionary's P_Keys (set_pkeys ignores a table without the limited
+        // management key, mad.c:1645-1653).
+        (_, id::IB_SMP_ATTR_PKEY_TABLE) if method == mad::IB_MGMT_METHOD_SET => {
+            t.pkeys.iter().flat_map(|k| k.to_be_bytes()).collect()
+        }
+        // The SL-to-SC and SC-to-SL maps hfi1 starts with: the identity (verbs.c:1547-1549).
+        (_, id::OPA_ATTRIB_ID_SL_TO_SC_MAP) | (_, id::OPA_ATTRIB_ID_SC_TO_SL_MAP) => identity_map(),
         _ => Vec::new(),
     }
 }
+
+/// The identity map of the 32 SLs or SCs (OPA_MAX_SLS, opa_smi.h:17).
+fn identity_map() -> Vec<u8> {
+    const OPA_MAX_SLS: u8 = 32;
+    (0..OPA_MAX_SLS).collect()
+}
+
+/// The Sets a seed carries: those whose data the dictionary or the driver's defaults give, so the first exec
+/// leaves the fabric as it found it. PortInfo, BufferControlTable, VLArbitration and the SC-to-VL maps hold
+/// state the dictionary cannot read back (a Set of zeros would take the link's VLs or credits away:
+/// mad.c __subn_set_opa_portinfo, __subn_set_opa_bct); mutating METHOD reaches them.
+pub const SEEDED_SETS: &[u16] = &[
+    id::IB_SMP_ATTR_PKEY_TABLE,
+    id::OPA_ATTRIB_ID_SL_TO_SC_MAP,
+    id::OPA_ATTRIB_ID_SC_TO_SL_MAP,
+    id::OPA_ATTRIB_ID_PORT_STATE_INFO,
+    id::OPA_ATTRIB_ID_HFI_CONGESTION_SETTING,
+    id::OPA_ATTRIB_ID_CONGESTION_CONTROL_TABLE,
+    id::IB_SMP_ATTR_LED_INFO,
+    id::IB_SMP_ATTR_SM_INFO,
+    id::OPA_ATTRIB_ID_AGGREGATE,
+    id::OPA_PM_ATTRIB_ID_CLEAR_PORT_STATUS,
+    id::OPA_PM_ATTRIB_ID_ERROR_INFO,
+];
 
 fn mad_seed(t: &Target, class: Class, i: usize, attr: &Attr, set: bool, directed: bool) -> Record {
     let mut m = if set { method::SET } else { 0 };
@@ -125,7 +165,7 @@ pub fn seeds(t: &Target) -> Vec<Vec<u8>> {
     for (i, attr) in mad::OPA_SMA.iter().enumerate() {
         one.push(mad_seed(t, Class::OpaSmp, i, attr, false, false));
         one.push(mad_seed(t, Class::OpaSmp, i, attr, false, true));
-        if attr.set {
+        if attr.set && SEEDED_SETS.contains(&attr.id) {
             one.push(mad_seed(t, Class::OpaSmp, i, attr, true, false));
         }
     }
@@ -135,7 +175,7 @@ pub fn seeds(t: &Target) -> Vec<Vec<u8>> {
     one.push(mad_seed(t, Class::IbSmp, 0, &mad::IB_SMA[0], false, true));
     for (i, attr) in mad::GSI.iter().enumerate() {
         one.push(mad_seed(t, Class::Gsi, i, attr, false, false));
-        if attr.set {
+        if attr.set && SEEDED_SETS.contains(&attr.id) {
             one.push(mad_seed(t, Class::Gsi, i, attr, true, false));
         }
     }
