@@ -67,7 +67,7 @@ pub mod at {
     pub const RAW32: usize = 20;
     /// A raw 64-bit value (u64 LE): addresses, atomic operands, M_Key, GIDs.
     pub const RAW64: usize = 24;
-    /// TID RDMA: the receive context in a KDETH DestQP.
+    /// TID RDMA: the receive context in a KDETH DestQP; unhandled opcodes: its upper half sends them to one.
     pub const CTXT: usize = 32;
     pub const JKEY: usize = 33;
     /// Directed-route SMPs: hop pointer and count.
@@ -405,9 +405,10 @@ impl Record {
     }
 }
 
-/// LEN values with the top three bits set pick a boundary length ([`Knobs::payload_len`]).
+/// LEN values with the top three bits set pick a boundary length by their low 3 bits: the MTU, one past it,
+/// one short of it, none, 1, 2 and 3 bytes (the pad cases), and the most that fits.
 pub const LEN_BOUNDARY: u16 = 0xE000;
-/// The boundary lengths: the MTU, one past and one short of it, no payload, the pad cases, the most that fits.
+/// The boundary length of one MTU.
 pub const LEN_MTU: u16 = LEN_BOUNDARY;
 /// LEN values below [`LEN_BOUNDARY`] are a length in bytes, in its low bits.
 const LEN_EXPLICIT_MASK: u16 = 0x3FFF;
@@ -423,6 +424,8 @@ const PSN_BOUNDARY_MASK: u8 = 0x3;
 /// The kernel receive contexts a KDETH DestQP names for most values of CTXT: the control context and the
 /// krcvqs queues that follow it (init.c:55-61); other values reach user or missing contexts.
 const KERNEL_CTXTS: u8 = 4;
+/// CTXT variants from here on send an unhandled opcode to a KDETH DestQP (the upper half of the values).
+const KDETH_FOR_UNHANDLED: u8 = 4;
 /// The GID prefix of a port without a subnet manager's (IB_DEFAULT_GID_PREFIX) and of multicast GIDs.
 const LINK_LOCAL_GID_PREFIX: u64 = 0xFE80_0000_0000_0000;
 const MULTICAST_GID_PREFIX: u64 = 0xFF12_401B_0000_0000;
@@ -433,9 +436,8 @@ const IB_GRH_NEXT_HDR: u8 = 0x1B;
 /// QP0 and QP1 (the SMI and GSI).
 const QP0: u32 = 0;
 const QP1: u32 = 1;
-/// RC/UC opcodes that carry no payload (a read request, ACKs, atomics) and TID RDMA requests and ACKs.
-const NO_PAYLOAD: [u8; 10] = [0x0C, 0x11, 0x12, 0x13, 0x14, 0xE0, 0xE1, 0xE4, 0xE6, 0xE7];
-
+/// The value a selector's variant asks for: the dictionary's (variants 0-3), one past it, one short of it,
+/// 0 or `max`, or the raw value.
 fn vary(sel: u8, dict: u64, raw: u64, max: u64) -> u64 {
     match sel >> VARIANT_SHIFT {
         0..=3 => dict & max,
@@ -635,7 +637,7 @@ impl<'a> Knobs<'a> {
         let dict_psn = qp.map_or(0, |q| if op.role == Role::Request { q.psn } else { q.peer_psn });
         d.psn = self.psn(dict_psn);
         d.ext = self.ext(t, op, qp, &d);
-        let natural = if NO_PAYLOAD.contains(&op.opcode) { 0 } else { t.mtu as usize };
+        let natural = if op.carries_payload() { t.mtu as usize } else { 0 };
         d.payload = self.payload(t, natural, self.room(LRH_BYTES + self.grh_bytes() + BTH_BYTES + d.ext.len()));
         d
     }
@@ -704,7 +706,14 @@ impl<'a> Knobs<'a> {
             }
         };
         d.pkey = self.pkey(t, t.pkeys.first().copied().unwrap_or(mad::FULL_MGMT_P_KEY));
-        d.dest_qp = self.qpn(qp.map(|q| q.qpn));
+        let ctxt = self.k[at::CTXT];
+        d.dest_qp = if class == Class::NoHandler && ctxt >> VARIANT_SHIFT >= KDETH_FOR_UNHANDLED {
+            // On a KDETH DestQP: the eager or expected KDETH path, whose tid_qp_ok refuses anything but TID
+            // RDMA (verbs.c:317-325).
+            (u32::from(t.kdeth_qp) << 16) | u32::from(ctxt % KERNEL_CTXTS)
+        } else {
+            self.qpn(qp.map(|q| q.qpn))
+        };
         d.psn = self.psn(qp.map_or(0, |q| q.psn));
         let natural = if class == Class::Cnp { 0 } else { t.mtu as usize };
         d.payload = self.payload(t, natural, self.room(LRH_BYTES + self.grh_bytes() + BTH_BYTES));
@@ -732,7 +741,7 @@ impl<'a> Knobs<'a> {
         let dict_psn = qp.map_or(0, |q| if op.role == Role::Request { q.psn } else { q.peer_psn });
         d.psn = self.psn(dict_psn);
         d.ext = self.ext(t, op, qp, &d);
-        let natural = if NO_PAYLOAD.contains(&op.opcode) { 0 } else { t.mtu as usize };
+        let natural = if op.carries_payload() { t.mtu as usize } else { 0 };
         d.payload = self.payload(t, natural, self.room(LRH_BYTES + self.grh_bytes() + BTH_BYTES + d.ext.len()));
         d
     }

@@ -70,7 +70,27 @@ pub struct Opcode {
     pub expected: bool,
 }
 
+/// The opcodes whose packets carry no payload: requests for data or atomics, acknowledgements, TID RDMA's
+/// requests and flow control, and the CNP.
+pub const NO_PAYLOAD: [&str; 11] = [
+    "RC_RDMA_READ_REQUEST",
+    "RC_ACKNOWLEDGE",
+    "RC_ATOMIC_ACKNOWLEDGE",
+    "RC_COMPARE_SWAP",
+    "RC_FETCH_ADD",
+    "TID_RDMA_WRITE_REQ",
+    "TID_RDMA_WRITE_RESP",
+    "TID_RDMA_READ_REQ",
+    "TID_RDMA_RESYNC",
+    "TID_RDMA_ACK",
+    "CNP",
+];
+
 impl Opcode {
+    pub fn carries_payload(&self) -> bool {
+        !NO_PAYLOAD.contains(&self.name)
+    }
+
     /// Bytes of extension headers behind the BTH.
     pub fn ext_bytes(&self) -> usize {
         self.ext.iter().map(|&(f, at)| at + f.bytes()).max().unwrap_or(0)

@@ -3,7 +3,7 @@
 
 use super::mad::{self, id, Attr};
 use super::opcodes::{self, Opcode};
-use super::{at, encode, flag, method, Class, Record, LEN_MTU, NO_PAYLOAD};
+use super::{at, encode, flag, method, Class, Record, KDETH_FOR_UNHANDLED, LEN_MTU, VARIANT_SHIFT};
 use crate::target::{QpType, Target, PSN_MASK};
 
 /// Bytes of payload a seed carries when the opcode takes some.
@@ -11,11 +11,13 @@ const SEED_PAYLOAD: usize = 64;
 /// DMA_LEN entries: the payload's length, one MTU, and a three-packet message.
 const DMA_LEN_ONE_MTU: u8 = 1;
 const DMA_LEN_THREE_MTUS: u8 = 3;
-/// The PSN knob's "dictionary + 1" and raw variants (VARIANT_SHIFT 5: variants 4 and 7).
-const PSN_PLUS_ONE: u8 = 4 << 5;
-const PSN_RAW: u8 = 7 << 5;
+/// The PSN knob's "dictionary + 1" and raw variants.
+const PSN_PLUS_ONE: u8 = 4 << VARIANT_SHIFT;
+const PSN_RAW: u8 = 7 << VARIANT_SHIFT;
 /// The kernel receive context a TID RDMA seed names (the first after the control context).
 const SEED_CTXT: u8 = 1;
+/// The first opcode of the user KDETH range (PSM2's; wire.rs USER_KDETH_OPCODES).
+const USER_KDETH_OPCODE: u8 = 0xC0;
 
 fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| i as u8).collect()
@@ -25,7 +27,7 @@ fn pattern(n: usize) -> Vec<u8> {
 fn transport(class: Class, i: usize, op: &Opcode) -> Record {
     let r = Record::new(class, i);
     let name = op.name;
-    if NO_PAYLOAD.contains(&op.opcode) || class == Class::Cnp {
+    if !op.carries_payload() {
         let dma = if name.ends_with("READ_REQUEST") || name.ends_with("READ_REQ") { DMA_LEN_ONE_MTU } else { 0 };
         return r.len(0).knob(at::DMA_LEN, dma);
     }
@@ -161,6 +163,11 @@ pub fn seeds(t: &Target) -> Vec<Vec<u8>> {
         if let Some(i) = unhandled.iter().position(|&u| u == op) {
             one.push(Record::new(Class::NoHandler, i).payload(pattern(SEED_PAYLOAD)));
         }
+    }
+    // A user (PSM) KDETH opcode on a kernel context's KDETH DestQP (the CTXT knob's upper half).
+    if let Some(i) = unhandled.iter().position(|&u| u == USER_KDETH_OPCODE) {
+        let kdeth_ctxt = (KDETH_FOR_UNHANDLED << VARIANT_SHIFT) | SEED_CTXT;
+        one.push(Record::new(Class::NoHandler, i).knob(at::CTXT, kdeth_ctxt).payload(pattern(SEED_PAYLOAD)));
     }
     for (i, attr) in mad::OPA_SMA.iter().enumerate() {
         one.push(mad_seed(t, Class::OpaSmp, i, attr, false, false));

@@ -130,6 +130,9 @@ fn the_templates_are_exactly_the_opcodes_opcode_handler_tbl_dispatches() {
     assert_eq!(got, want);
     let unhandled = opcodes::unhandled();
     assert_eq!(unhandled.len(), 256 - want.len());
+    for name in opcodes::NO_PAYLOAD {
+        assert!(opcodes::handled().any(|o| o.name == name), "{name}");
+    }
     assert!(unhandled.iter().all(|o| !want.contains(o)));
 }
 
@@ -360,6 +363,16 @@ fn a_grh_is_version_6_with_next_header_bth_and_its_payload_length() {
     assert_eq!(p.bth_offset(), Ok(48));
     assert_eq!(p.opcode(), 0x64);
     assert!(p.icrc_ok());
+}
+
+#[test]
+fn an_unhandled_opcode_goes_to_a_verbs_qp_or_with_ctxt_to_a_kdeth_destqp() {
+    let user_kdeth = opcodes::unhandled().iter().position(|&o| o == 0xC0).unwrap();
+    let verbs = one(Record::new(Class::NoHandler, user_kdeth)).wire();
+    assert_eq!((verbs.opcode(), verbs.dest_qp()), (0xC0, RC_QPN));
+    let kdeth = one(Record::new(Class::NoHandler, user_kdeth).knob(at::CTXT, 0x81)).wire();
+    // DestQP[23:16] = RCV_BTH_QP's KDETH_QP (chip.c init_kdeth_qp), the context below.
+    assert_eq!(kdeth.dest_qp(), 0x80_0001);
 }
 
 #[test]
