@@ -7,6 +7,10 @@ use serde::Deserialize;
 /// The KDETH QP prefix hfi1 programs into RCV_BTH_QP when the report carries none (RVT_KDETH_QP_PREFIX,
 /// include/rdma/rdmavt_qp.h:35; chip.c init_kdeth_qp).
 pub const DEFAULT_KDETH_QP: u8 = 0x80;
+/// Where KDETH_QP sits in a DestQP (RVT_KDETH_QP_PREFIX_SHIFT, rdmavt_qp.h:38), above the receive context
+/// (tid_rdma.c:197).
+pub const KDETH_QP_SHIFT: u32 = 16;
+pub const KDETH_CTXT_MASK: u32 = 0xFF;
 /// QPNs and PSNs are 24-bit on the 9B wire (IB_QPN_MASK; BTH PSN, include/rdma/ib_hdrs.h).
 pub const QPN_MASK: u32 = 0x00FF_FFFF;
 pub const PSN_MASK: u32 = 0x00FF_FFFF;
@@ -108,6 +112,11 @@ impl Target {
             }
         }
         Ok(t)
+    }
+
+    /// The DestQP of a KDETH packet for receive context `ctxt`.
+    pub fn kdeth_destqp(&self, ctxt: u32) -> u32 {
+        (u32::from(self.kdeth_qp) << KDETH_QP_SHIFT) | (ctxt & KDETH_CTXT_MASK)
     }
 
     /// The keeper's QPs of one transport, in report order.

@@ -40,7 +40,9 @@ pub mod at {
     /// Destination QP: low 5 bits the dictionary entry, high 3 bits the variant.
     pub const QP: usize = 2;
     pub const PSN: usize = 3;
-    /// Low nibble DLID, high nibble SLID.
+    /// Low nibble DLID (1 permissive, 2 multicast, 3 the port's LID + 1, 4 zero, 5 raw, else the class's),
+    /// high nibble SLID (1 permissive, 2 the port's own LID, 3 the class's + 1, 4 zero, 5 raw, else the
+    /// class's: the peer, or the SM for MADs).
     pub const LIDS: usize = 4;
     pub const PKEY: usize = 5;
     /// BTH and sideband flags ([`super::flag`]).
@@ -70,10 +72,21 @@ pub mod at {
     /// TID RDMA: the receive context in a KDETH DestQP; unhandled opcodes: its upper half sends them to one.
     pub const CTXT: usize = 32;
     pub const JKEY: usize = 33;
-    /// Directed-route SMPs: hop pointer and count.
+    /// Directed-route SMPs: 0 a request at the end of a one-hop path (pointer = count = 1), else the low
+    /// nibble the hop pointer and the high nibble the hop count.
     pub const HOP: usize = 34;
-    /// Bit 0: raw M_Key; bit 1: raw MAD TID; bits 2-7: GRH traffic class.
+    /// [`super::misc`] bits.
     pub const MISC: usize = 35;
+}
+
+/// MISC bits.
+pub mod misc {
+    /// The MAD's M_Key from RAW64 (else 0, the M_Key of a port no SM has protected).
+    pub const RAW_MKEY: u8 = 1 << 0;
+    /// The MAD's transaction ID from RAW64 (else the report's generation).
+    pub const RAW_TID: u8 = 1 << 1;
+    /// Bits 7:2: the GRH's traffic class.
+    pub const TCLASS_SHIFT: u32 = 2;
 }
 
 /// FLAGS bits.
@@ -173,6 +186,7 @@ mod kdeth {
     pub const KVER_SHIFT: u32 = 30;
     /// The version every TID RDMA packet carries (tid_rdma.c:1746 KDETH_RESET(kdeth0, KVER, 0x1)).
     pub const KVER: u32 = 1;
+    pub const JKEY_MASK: u32 = 0xFF;
     pub const HCRC_SHIFT: u32 = 16;
     /// The J_KEY of every kernel context (TID_RDMA_JKEY, tid_rdma.c:54).
     pub const TID_RDMA_JKEY: u32 = 32;
@@ -412,6 +426,9 @@ pub const LEN_BOUNDARY: u16 = 0xE000;
 pub const LEN_MTU: u16 = LEN_BOUNDARY;
 /// LEN values below [`LEN_BOUNDARY`] are a length in bytes, in its low bits.
 const LEN_EXPLICIT_MASK: u16 = 0x3FFF;
+const LEN_BOUNDARY_INDEX: u16 = 0x7;
+/// The most pad a packet has (BTH.PadCnt, 2 bits of 0..=3 bytes).
+const MAX_PAD: usize = 3;
 
 /// A selector's high 3 bits choose the variant (half of the values the dictionary's), its low 5 bits the
 /// dictionary entry.
@@ -513,7 +530,9 @@ impl<'a> Knobs<'a> {
         let sel = u16::from_le_bytes([self.k[at::LEN], self.k[at::LEN + 1]]);
         let len = match sel {
             0 => self.payload.len().min(natural),
-            s if s & LEN_BOUNDARY == LEN_BOUNDARY => [mtu, mtu + 1, mtu - 1, 0, 1, 2, 3, room][usize::from(s & 0x7)],
+            s if s & LEN_BOUNDARY == LEN_BOUNDARY => {
+                [mtu, mtu + 1, mtu.saturating_sub(1), 0, 1, 2, 3, room][usize::from(s & LEN_BOUNDARY_INDEX)]
+            }
             s => usize::from(s & LEN_EXPLICIT_MASK),
         }
         .min(room);
@@ -523,8 +542,9 @@ impl<'a> Knobs<'a> {
     }
 
     fn room(&self, headers: usize) -> usize {
-        // Headers, up to 3 bytes of pad and the ICRC must fit.
-        MAX_PACKET_BYTES - ICRC_BYTES - 3 - headers.min(MAX_PACKET_BYTES - ICRC_BYTES - 3)
+        // Headers, the pad and the ICRC must fit.
+        let most = MAX_PACKET_BYTES - ICRC_BYTES - MAX_PAD;
+        most - headers.min(most)
     }
 
     fn grh_bytes(&self) -> usize {
@@ -710,7 +730,7 @@ impl<'a> Knobs<'a> {
         d.dest_qp = if class == Class::NoHandler && ctxt >> VARIANT_SHIFT >= KDETH_FOR_UNHANDLED {
             // On a KDETH DestQP: the eager or expected KDETH path, whose tid_qp_ok refuses anything but TID
             // RDMA (verbs.c:317-325).
-            (u32::from(t.kdeth_qp) << 16) | u32::from(ctxt % KERNEL_CTXTS)
+            t.kdeth_destqp((ctxt % KERNEL_CTXTS).into())
         } else {
             self.qpn(qp.map(|q| q.qpn))
         };
@@ -730,10 +750,9 @@ impl<'a> Knobs<'a> {
         d.opcode = op.opcode;
         d.pkey = self.pkey(t, t.pkeys.first().copied().unwrap_or(mad::FULL_MGMT_P_KEY));
         let ctxt = self.k[at::CTXT];
-        let kdeth_qp = u32::from(t.kdeth_qp) << 16;
         d.dest_qp = match ctxt >> VARIANT_SHIFT {
-            0..=3 => kdeth_qp | u32::from(ctxt % KERNEL_CTXTS),
-            4 | 5 => kdeth_qp | (self.raw32() & 0xFF),
+            0..=3 => t.kdeth_destqp((ctxt % KERNEL_CTXTS).into()),
+            4 | 5 => t.kdeth_destqp(self.raw32()),
             // A TID opcode on a verbs QPN: qp_ok refuses it (verbs.c:274-283).
             6 => qp.map_or(0, |q| q.qpn),
             _ => self.raw32() & QPN_MASK,
@@ -804,22 +823,31 @@ impl<'a> Knobs<'a> {
         vary(sel, dict, self.raw32().into(), u32::MAX.into())
     }
 
-    /// AETH: syndrome by the knob's low 3 bits (ACK with credits, ACK with invalid credits, RNR NAK, the
-    /// four NAK codes, raw), its parameter (credits, RNR timer) from the high 5, MSN from RAW32.
+    /// AETH: syndrome by the knob's low 3 bits (ACK with credits, ACK with invalid credits, RNR NAK with a
+    /// timer, four kinds picking among the five NAK codes, raw), credits or timer from the high 5 bits, MSN
+    /// from RAW32.
     fn aeth(&self) -> u32 {
-        /// AETH syndromes (include/rdma/ib_hdrs.h:13-21, 42-45).
+        // AETH syndromes (include/rdma/ib_hdrs.h:13-21, 42-45): ACK with credits, RNR NAK with a timer, NAKs.
         const ACK: u8 = 0x00;
         const IB_AETH_CREDIT_INVAL: u8 = 0x1F;
         const IB_RNR_NAK: u8 = 0x20;
-        const NAKS: [u8; 5] = [0x60, 0x61, 0x62, 0x63, 0x64];
-        const PARAM_MASK: u8 = 0x1F;
+        const NAKS: [u8; 5] = [
+            0x60, // IB_NAK_PSN_ERROR
+            0x61, // IB_NAK_INVALID_REQUEST
+            0x62, // IB_NAK_REMOTE_ACCESS_ERROR
+            0x63, // IB_NAK_REMOTE_OPERATIONAL_ERROR
+            0x64, // IB_NAK_INVALID_RD_REQUEST
+        ];
+        const KIND_MASK: u8 = 0x7;
+        const PARAM_SHIFT: u32 = 3;
+        const FIRST_NAK_KIND: usize = 3;
         let sel = self.k[at::AETH];
-        let param = sel >> 3;
-        let syndrome = match sel & 0x7 {
-            0 => ACK | (param & PARAM_MASK),
+        let param = sel >> PARAM_SHIFT;
+        let syndrome = match sel & KIND_MASK {
+            0 => ACK | param,
             1 => ACK | IB_AETH_CREDIT_INVAL,
-            2 => IB_RNR_NAK | (param & PARAM_MASK),
-            3..=6 => NAKS[usize::from(sel & 0x7) - 3 + usize::from(param) % 2],
+            2 => IB_RNR_NAK | param,
+            k @ 3..=6 => NAKS[usize::from(k) - FIRST_NAK_KIND + usize::from(param & 1)],
             _ => (self.raw32() >> ib::AETH_SYNDROME_SHIFT) as u8,
         };
         (u32::from(syndrome) << ib::AETH_SYNDROME_SHIFT) | (self.raw32() & ib::MSN_MASK)
@@ -852,7 +880,7 @@ impl<'a> Knobs<'a> {
             0..=3 => kdeth::TID_RDMA_JKEY,
             4..=6 => u32::from(sel),
             // J_KEY and the HCRC raw.
-            _ => (self.raw32() & 0xFF) | ((self.raw32() >> 16) << kdeth::HCRC_SHIFT),
+            _ => (self.raw32() & kdeth::JKEY_MASK) | ((self.raw32() >> kdeth::HCRC_SHIFT) << kdeth::HCRC_SHIFT),
         }
     }
 
@@ -921,7 +949,7 @@ impl<'a> Knobs<'a> {
             _ => raw,
         };
         let misc = self.k[at::MISC];
-        let tid = if misc & 0x2 != 0 { self.raw64() } else { t.generation };
+        let tid = if misc & misc::RAW_TID != 0 { self.raw64() } else { t.generation };
         let fields: [(usize, usize, u64); 9] = [
             (hdr::BASE_VERSION, 1, base.into()),
             (hdr::MGMT_CLASS, 1, mgmt_class.into()),
@@ -931,7 +959,7 @@ impl<'a> Knobs<'a> {
             (hdr::TID, 8, tid),
             (hdr::ATTR_ID, 2, attr.id.into()),
             (hdr::ATTR_MOD, 4, am.into()),
-            (hdr::MKEY, 8, if misc & 0x1 != 0 { self.raw64() } else { 0 }),
+            (hdr::MKEY, 8, if misc & misc::RAW_MKEY != 0 { self.raw64() } else { 0 }),
         ];
         let smp = matches!(attr.mgmt_class, mad::IB_MGMT_CLASS_SUBN_LID_ROUTED);
         for (o, n, v) in fields {
@@ -946,7 +974,8 @@ impl<'a> Knobs<'a> {
             // A request at the end of its directed path: hop pointer = hop count (IBTA C14-9), one hop out
             // of the SM's port, permissive DR LIDs.
             let hop = self.k[at::HOP];
-            let (ptr, cnt) = if hop == 0 { (1, 1) } else { (hop & 0xF, hop >> 4) };
+            const NIBBLE: u32 = 4;
+            let (ptr, cnt) = if hop == 0 { (1, 1) } else { (hop & 0xF, hop >> NIBBLE) };
             put(b, hdr::HOP_PTR, 1, ptr.into());
             put(b, hdr::HOP_CNT, 1, cnt.into());
             put(b, layout.dr_slid, layout.dr_lid_bytes, u64::MAX);
@@ -1011,10 +1040,13 @@ impl<'a> Knobs<'a> {
         b[2..4].copy_from_slice(&d.dlid.to_be_bytes());
         b[4..6].copy_from_slice(&pkt_len.to_be_bytes());
         b[6..8].copy_from_slice(&d.slid.to_be_bytes());
-        if let Some(_g) = &d.grh {
-            // GRH.PayLen: the bytes after the GRH through the ICRC.
+        if d.grh.is_some() {
+            // GRH.PayLen (struct ib_grh's second field): the bytes after the GRH through the ICRC.
+            const PAYLEN: usize = LRH_BYTES + 4;
             let paylen = (b.len() + ICRC_BYTES).saturating_sub(LRH_BYTES + GRH_BYTES) as u16;
-            b[LRH_BYTES + 4..LRH_BYTES + 6].copy_from_slice(&paylen.to_be_bytes());
+            if let Some(dst) = b.get_mut(PAYLEN..PAYLEN + 2) {
+                dst.copy_from_slice(&paylen.to_be_bytes());
+            }
         }
         let sc4 = d.sc & ib::SC5_BIT != 0;
         let test_ebp = damage == Some(Damage::TestEbp);
@@ -1028,21 +1060,33 @@ impl<'a> Knobs<'a> {
 
     fn grh(&self, d: &Draft, bad: bool, raw64: u64) -> [u8; GRH_BYTES] {
         let mut g = [0u8; GRH_BYTES];
-        let tclass = u32::from(self.k[at::MISC] >> 2);
-        let (version, next) =
-            if bad { (IB_GRH_VERSION - 2, IB_GRH_NEXT_HDR ^ 0x1) } else { (IB_GRH_VERSION, IB_GRH_NEXT_HDR) };
+        let tclass = u32::from(self.k[at::MISC] >> misc::TCLASS_SHIFT);
+        // A bad GRH has the wrong version or the wrong next header (RAW64 bit 0 says which: the driver
+        // checks them one after the other).
+        let (version, next) = match (bad, raw64 & 1) {
+            (false, _) => (IB_GRH_VERSION, IB_GRH_NEXT_HDR),
+            (true, 0) => (IB_GRH_VERSION - 2, IB_GRH_NEXT_HDR),
+            (true, _) => (IB_GRH_VERSION, IB_GRH_NEXT_HDR ^ 1),
+        };
         let vtf = (version << ib::GRH_VERSION_SHIFT)
             | (tclass << ib::GRH_TCLASS_SHIFT)
             | ((raw64 as u32) & ib::GRH_FLOW_MASK);
-        g[0..4].copy_from_slice(&vtf.to_be_bytes());
-        g[6] = next;
-        g[7] = GRH_HOP_LIMIT;
-        g[8..16].copy_from_slice(&LINK_LOCAL_GID_PREFIX.to_be_bytes());
-        g[16..24].copy_from_slice(&raw64.to_be_bytes());
+        // struct ib_grh (include/rdma/ib_verbs.h:788-795); PayLen is set once the length is known.
+        const VTF: usize = 0;
+        const NEXT_HDR: usize = 6;
+        const HOP_LIMIT: usize = 7;
+        const SGID: usize = 8;
+        const DGID: usize = 24;
+        const GID_HALF: usize = 8;
+        g[VTF..VTF + 4].copy_from_slice(&vtf.to_be_bytes());
+        g[NEXT_HDR] = next;
+        g[HOP_LIMIT] = GRH_HOP_LIMIT;
+        g[SGID..SGID + GID_HALF].copy_from_slice(&LINK_LOCAL_GID_PREFIX.to_be_bytes());
+        g[SGID + GID_HALF..DGID].copy_from_slice(&raw64.to_be_bytes());
         let mcast = d.dlid >= LID_MULTICAST_BASE && d.dlid != LID_PERMISSIVE;
         let prefix = if mcast { MULTICAST_GID_PREFIX } else { LINK_LOCAL_GID_PREFIX };
-        g[24..32].copy_from_slice(&prefix.to_be_bytes());
-        g[32..40].copy_from_slice(&raw64.swap_bytes().to_be_bytes());
+        g[DGID..DGID + GID_HALF].copy_from_slice(&prefix.to_be_bytes());
+        g[DGID + GID_HALF..].copy_from_slice(&raw64.swap_bytes().to_be_bytes());
         g
     }
 }

@@ -341,13 +341,16 @@ fn each_damage_breaks_what_it_names_and_nothing_else() {
             // GRH version 6 and next header 0x1B are what hfi1_setup_9B_packet accepts (driver.c:1491-1495).
             Damage::BadGrh => {
                 assert_eq!(p.lnh(), 3);
-                assert!(p.bytes[8] >> 4 != 6 && p.bytes[8 + 6] != 0x1B);
+                assert!(p.bytes[8] >> 4 != 6 || p.bytes[8 + 6] != 0x1B);
             }
         }
         if !matches!(d, Damage::LrhLenShort | Damage::LrhLenLong) {
             assert_eq!(usize::from(p.lrh_pkt_len()), len_dwords, "{d:?}");
         }
     }
+    // RAW64 bit 0 moves a bad GRH's fault from its version to its next header.
+    let g = one(base.clone().knob(at::DAMAGE, Damage::BadGrh.knob()).raw64(1)).wire();
+    assert_eq!((g.bytes[8] >> 4, g.bytes[8 + 6]), (6, 0x1A));
     // Below DAMAGE_FIRST nothing is damaged.
     assert_eq!(one(base.clone().knob(at::DAMAGE, DAMAGE_FIRST - 1)).bytes, clean.bytes);
 }
