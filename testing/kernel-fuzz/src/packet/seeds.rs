@@ -1,9 +1,11 @@
 //! The fuzzer's initial corpus: every template at least once with the dictionary's fields, and batches that
 //! walk a message through its PSNs.
 
+use super::frame::{
+    at, encode, flag, method, Class, Record, BAD_LNH, KDETH_FOR_UNHANDLED, LEN_MTU, MAX_PACKETS_PER_EXEC, VARIANT_SHIFT,
+};
 use super::mad::{self, id, Attr};
 use super::opcodes::{self, Opcode};
-use super::{at, encode, flag, method, Class, Record, KDETH_FOR_UNHANDLED, LEN_MTU, VARIANT_SHIFT};
 use crate::target::{QpType, Target, PSN_MASK};
 
 /// Bytes of payload a seed carries when the opcode takes some.
@@ -186,7 +188,7 @@ pub fn seeds(t: &Target) -> Vec<Vec<u8>> {
             one.push(mad_seed(t, Class::Gsi, i, attr, true, false));
         }
     }
-    for (i, _) in super::BAD_LNH.iter().enumerate() {
+    for (i, _) in BAD_LNH.iter().enumerate() {
         one.push(Record::new(Class::BadLnh, i).payload(pattern(SEED_PAYLOAD)));
     }
     let mut out: Vec<Vec<u8>> = one.iter().map(|r| encode(std::slice::from_ref(r))).collect();
@@ -213,7 +215,7 @@ pub fn seeds(t: &Target) -> Vec<Vec<u8>> {
         .filter_map(|&c| one.iter().find(|r| usize::from(r.knobs[at::CLASS]) == class_index(c)).cloned())
         .collect();
     out.push(encode(&mixed));
-    let gets: Vec<Record> = (0..mad::OPA_SMA.len().min(super::MAX_PACKETS_PER_EXEC))
+    let gets: Vec<Record> = (0..mad::OPA_SMA.len().min(MAX_PACKETS_PER_EXEC))
         .map(|i| mad_seed(t, Class::OpaSmp, i, &mad::OPA_SMA[i], false, false))
         .collect();
     out.push(encode(&gets));

@@ -1,11 +1,14 @@
 //! The packet templates as the kernel reads them. Expected values come from the kernel's headers and
 //! hfi1's source (linux-source-6.12), cited per table.
 
+use super::frame::DAMAGES;
 use super::mad::{self, Am};
 use super::opcodes::{self, Field};
 use super::*;
 use crate::target::{Mr, Qp, QpType, Target};
-use device_model::hfi1::cable::wire::{ext_header_bytes, MIN_PACKET_BYTES};
+use device_model::hfi1::cable::wire::{
+    ext_header_bytes, BTH_BYTES, ICRC_BYTES, LRH_BYTES, MAX_PACKET_BYTES, MIN_PACKET_BYTES,
+};
 
 const RC_QPN: u32 = 0x12;
 const RC_PSN: u32 = 100;
