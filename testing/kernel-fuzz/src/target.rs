@@ -70,13 +70,18 @@ pub struct Target {
     pub qps: Vec<Qp>,
     pub mr: Mr,
     pub recreated: u64,
-    /// RCV_BTH_QP.KDETH_QP: DestQP[23:16] of a KDETH packet.
-    #[serde(default = "default_kdeth_qp")]
+    /// RCV_BTH_QP.KDETH_QP: DestQP[23:16] of a KDETH packet. Absent or null: the driver's constant (6.12 has
+    /// no module parameter for it).
+    #[serde(default = "default_kdeth_qp", deserialize_with = "kdeth_qp_or_default")]
     pub kdeth_qp: u8,
 }
 
 fn default_kdeth_qp() -> u8 {
     DEFAULT_KDETH_QP
+}
+
+fn kdeth_qp_or_default<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u8, D::Error> {
+    Ok(Option::<u8>::deserialize(d)?.unwrap_or(DEFAULT_KDETH_QP))
 }
 
 /// Why a report line is not a dictionary the packets can use.
@@ -145,6 +150,8 @@ mod tests {
         assert_eq!(t.mr.rkey, 0x1234);
         let with_kdeth = LINE.replace("\"recreated\":0", "\"recreated\":0,\"kdeth_qp\":129");
         assert_eq!(Target::parse(&with_kdeth).unwrap().kdeth_qp, 0x81);
+        let null_kdeth = LINE.replace("\"recreated\":0", "\"recreated\":0,\"kdeth_qp\":null");
+        assert_eq!(Target::parse(&null_kdeth).unwrap().kdeth_qp, DEFAULT_KDETH_QP);
     }
 
     #[test]
