@@ -68,8 +68,10 @@ fn mad_data(t: &Target, attr: &Attr, method: u8) -> Vec<u8> {
         // Aggregate: segments of (attr_id, request length in 8-byte units, attr_mod, data) (mad.c:2379-2384):
         // NodeInfo then PortInfo.
         (_, id::OPA_ATTRIB_ID_AGGREGATE) => {
-            const NODE_INFO_UNITS: u16 = 5; // struct opa_node_info: 40 bytes (opa_smi.h:76-90)
-            const PORT_INFO_UNITS: u16 = 31; // struct opa_port_info: 248 bytes (opa_port_info.h:253)
+            // Each segment must hold its attribute (smp_length_check): struct opa_node_info is 44 bytes
+            // (opa_smi.h:76-90), struct opa_port_info 242 (opa_port_info.h:253-383), both packed.
+            const NODE_INFO_UNITS: u16 = 6;
+            const PORT_INFO_UNITS: u16 = 31;
             const MAP_UNITS: u16 = 4; // 32 one-byte entries
             let segments: Vec<(u16, u16, u32, Vec<u8>)> = if method == mad::IB_MGMT_METHOD_SET {
                 vec![

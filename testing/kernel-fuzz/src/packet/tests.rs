@@ -562,3 +562,37 @@ fn describe_names_the_template_its_fields_and_its_damage() {
     let smp = one(Record::new(Class::OpaSmp, 2)).describe();
     assert!(smp.contains("class 0x01 method 0x01 PORT_INFO am 0x1000000"), "{smp}");
 }
+
+#[test]
+fn the_aggregate_seeds_segments_each_hold_their_attribute() {
+    // smp_length_check (mad.c:31-37) refuses a segment shorter than its attribute: struct opa_node_info is
+    // 44 bytes (opa_smi.h:76-90), struct opa_port_info 242 (opa_port_info.h:253-383), the SL/SC maps 32.
+    let size_of = |id: u16| match id {
+        mad::id::IB_SMP_ATTR_NODE_INFO => 44,
+        mad::id::IB_SMP_ATTR_PORT_INFO => 242,
+        mad::id::OPA_ATTRIB_ID_SL_TO_SC_MAP | mad::id::OPA_ATTRIB_ID_SC_TO_SL_MAP => 32,
+        other => panic!("unexpected segment {other:#x}"),
+    };
+    let t = target();
+    let aggregates: Vec<Frame> = seeds(&t)
+        .iter()
+        .flat_map(|s| decode(s, &t))
+        .filter(|f| f.class == Class::OpaSmp && be16(&f.bytes, 28 + 16) == mad::id::OPA_ATTRIB_ID_AGGREGATE)
+        .filter(|f| f.bytes[28 + 1] == mad::IB_MGMT_CLASS_SUBN_LID_ROUTED)
+        .collect();
+    assert_eq!(aggregates.len(), 2, "a Get and a Set");
+    for f in aggregates {
+        // LID-routed data follows the 32-byte header and M_Key; the count is the modifier's low byte.
+        let (data, count) = (28 + 32, be32(&f.bytes, 28 + 20) & 0xFF);
+        let mut at = data;
+        for _ in 0..count {
+            let (id, units) = (be16(&f.bytes, at), usize::from(be16(&f.bytes, at + 2) & 0x7F));
+            assert!(units * 8 >= size_of(id), "segment {id:#x}: {} bytes", units * 8);
+            at += 8 + units * 8;
+        }
+    }
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
