@@ -62,6 +62,9 @@ fn mad_data(t: &Target, attr: &Attr, method: u8) -> Vec<u8> {
             d
         }
         (mad::IB_MGMT_CLASS_PERF_MGMT, id::OPA_PM_ATTRIB_ID_CLEAR_PORT_STATUS) => port_select(u32::MAX),
+        // struct ib_pma_portcounters and _ext (ib_pma.h:67-70, 106-109): reserved, then the port, which
+        // pma_get_ib_portcounters{,_ext} require (mad.c:3090, 3256).
+        (mad::IB_MGMT_CLASS_PERF_MGMT, id::IB_PMA_PORT_COUNTERS | id::IB_PMA_PORT_COUNTERS_EXT) => vec![0, t.port],
         (mad::IB_MGMT_CLASS_PERF_MGMT, id::OPA_PM_ATTRIB_ID_DATA_PORT_COUNTERS)
         | (mad::IB_MGMT_CLASS_PERF_MGMT, id::OPA_PM_ATTRIB_ID_ERROR_PORT_COUNTERS) => port_select(VL0),
         (mad::IB_MGMT_CLASS_PERF_MGMT, id::OPA_PM_ATTRIB_ID_ERROR_INFO) => port_select(u32::MAX),

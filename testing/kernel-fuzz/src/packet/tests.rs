@@ -564,6 +564,21 @@ fn describe_names_the_template_its_fields_and_its_damage() {
 }
 
 #[test]
+fn ib_pma_counter_seeds_select_the_port() {
+    let t = target();
+    let frames: Vec<Frame> = seeds(&t).iter().flat_map(|s| decode(s, &t)).collect();
+    for id in [mad::id::IB_PMA_PORT_COUNTERS, mad::id::IB_PMA_PORT_COUNTERS_EXT] {
+        let f = frames
+            .iter()
+            .find(|f| f.class == Class::Gsi && f.bytes[28] == 1 && be16(&f.bytes, 28 + 16) == id)
+            .unwrap_or_else(|| panic!("{id:#x}"));
+        // struct ib_pma_mad's data at 64 (ib_pma.h:28-32); port_select its second byte (ib_pma.h:67-70),
+        // which pma_get_ib_portcounters compares with the port (mad.c:3256); the modifier 0.
+        assert_eq!((f.bytes[28 + 64 + 1], be32(&f.bytes, 28 + 20)), (t.port, 0), "{id:#x}");
+    }
+}
+
+#[test]
 fn the_aggregate_seeds_segments_each_hold_their_attribute() {
     // smp_length_check (mad.c:31-37) refuses a segment shorter than its attribute: struct opa_node_info is
     // 44 bytes (opa_smi.h:76-90), struct opa_port_info 242 (opa_port_info.h:253-383), the SL/SC maps 32.
