@@ -88,6 +88,7 @@ struct keeper {
 	struct ibv_port_attr port;
 	uint16_t pkeys[MAX_PKEYS];
 	int npkeys;
+	uint16_t pkey0; /* the entry at index 0: the QPs' P_Key */
 	struct slot slots[NTYPES * MAX_PER_TYPE];
 	int nslots;
 	uint64_t generation, recreated, recreate_failures, throttled, async_events, error_completions;
@@ -139,6 +140,8 @@ static int query_port(struct keeper *k)
 
 		if (ibv_query_pkey(k->ctx, PORT, i, &pk))
 			return errno;
+		if (i == 0)
+			k->pkey0 = ntohs(pk);
 		if (ntohs(pk))
 			k->pkeys[k->npkeys++] = ntohs(pk);
 	}
@@ -268,7 +271,7 @@ static void report(struct keeper *k)
 	    k->peer_lid, mtu_bytes(k->port.active_mtu));
 	for (int i = 0; i < k->npkeys; i++)
 		put(buf, &len, "%s%u", i ? "," : "", k->pkeys[i]);
-	put(buf, &len, "],\"qkey\":%" PRIu32 ",\"sl\":0,\"qps\":[", k->qkey);
+	put(buf, &len, "],\"pkey\":%u,\"qkey\":%" PRIu32 ",\"sl\":0,\"qps\":[", k->pkey0, k->qkey);
 	for (int i = 0; i < k->nslots; i++) {
 		struct slot *s = &k->slots[i];
 		struct ibv_qp_attr a;
