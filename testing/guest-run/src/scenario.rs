@@ -116,8 +116,9 @@ pub const SMALL_GUEST: Guest = Guest { memory: "512M", cpu: None, smp: 1, psm2_l
 /// The stock kernel's own detectors, armed for fuzzing (docs/guest.md, the fuzz-wire row): a WARN and an oops
 /// panic (kernel/panic.c panic_on_warn, oops=), KFENCE samples every allocation it can (mm/kfence/core.c
 /// sample_interval), SLUB redzones, poisons and tracks every cache (mm/slub.c slub_debug), and a soft lockup or a
-/// hung task panics (kernel/watchdog.c softlockup_panic, kernel/hung_task.c hung_task_panic). With the init's
-/// `panic=-1` and QEMU's `-no-reboot`, any of them ends QEMU.
+/// hung task panics (kernel/watchdog.c softlockup_panic; hung_task_panic is the boot-time alias of the sysctl
+/// kernel.hung_task_panic, fs/proc/proc_sysctl.c sysctl_aliases). Each name is in the guest kernel's image. With
+/// the init's `panic=-1` and QEMU's `-no-reboot`, any of them ends QEMU.
 pub const FUZZ_ORACLES: &[&str] = &[
     "panic_on_warn=1",
     "oops=panic",
