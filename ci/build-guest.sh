@@ -531,6 +531,8 @@ build_guest_c() { # name dev-package guest-pin compiler [libraries...]
 }
 # verbs-check: RDMA WRITE and READ between the fabric's two HFIs, against bookworm's rdma-core.
 VERBS_CHECK=$(build_guest_c verbs-check libibverbs-dev libibverbs1 gcc -libverbs)
+# qp-keeper: the fuzz-wire row's live RC, UC and UD QPs on hfi1_0 (ci/guest/fuzz.sh).
+QP_KEEPER=$(build_guest_c qp-keeper libibverbs-dev libibverbs1 gcc -libverbs)
 # The scenario table's guest-side settings (testing/guest-run/src/scenario.rs), which the init reads for
 # rdma_emu.scenario=NAME.
 guest_run_bin
@@ -555,11 +557,12 @@ INPUTS=$({
     echo "hfi1-user $HFI1_USER_SUM"
     echo "firmware $FIRMWARE_SUM"
     echo "verbs-check $(sha256sum <"$VERBS_CHECK" | cut -c1-64)"
+    echo "qp-keeper $(sha256sum <"$QP_KEEPER" | cut -c1-64)"
     echo "mpi-check $(sha256sum <"$MPI_CHECK" | cut -c1-64)"
     echo "psm2-layer $(printf '%s\n' "${PSM2_PROGRAMS[@]}" "${PSM2_COMPONENT_DIRS[@]}" "$PSM2_INFINIPATH" \
         "$PSM2_INFINIPATH_TARGET" "${PSM2_DATA_DIRS[@]}" | sha256sum | cut -c1-64)"
     echo "scenarios $(printf '%s\n' "$SCENARIOS_ENV" | sha256sum | cut -c1-64)"
-    (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh tid-rdma.sh psm2.sh)
+    (cd "$REPO_ROOT/ci/guest" && sha256sum fabric.sh tid-rdma.sh psm2.sh fuzz.sh)
     (cd "$KDIR/modules" && xargs sha256sum <"$KDIR/load-order")
     (cd "$KDIR/kdriver" && xargs sha256sum <"$KDIR/kdriver.rel")
 })
@@ -607,9 +610,11 @@ else
     [ -n "$HFI1_USER" ] && install -m 0755 "$HFI1_USER" "$STAGE/bin/hfi1-user"
     [ -n "$FIRMWARE" ] && install -D -m 0644 "$FIRMWARE" "$STAGE/lib/firmware/hfi_dc8051.bin"
     install -D -m 0755 "$VERBS_CHECK" "$STAGE/usr/bin/verbs-check"
+    install -D -m 0755 "$QP_KEEPER" "$STAGE/usr/bin/qp-keeper"
     # Steps the init sources (functions only).
     install -D -m 0644 "$REPO_ROOT/ci/guest/fabric.sh" "$STAGE/lib/rdma-emu/fabric.sh"
     install -D -m 0644 "$REPO_ROOT/ci/guest/tid-rdma.sh" "$STAGE/lib/rdma-emu/tid-rdma.sh"
+    install -D -m 0644 "$REPO_ROOT/ci/guest/fuzz.sh" "$STAGE/lib/rdma-emu/fuzz.sh"
     printf '%s\n' "$SCENARIOS_ENV" >"$STAGE/lib/rdma-emu/scenarios.sh"
     cat >"$STAGE/etc/rdma-emu-guest" <<EOF
 kernel=$(cat "$KDIR/package")

@@ -56,6 +56,14 @@
 #                         contexts and PSM2-sized queues, and after the bring-up the guest runs fi_info,
 #                         fi_pingpong and an MPI job over psm2 (ci/guest/psm2.sh); implies --fabric. With
 #                         --shell: that guest, for your own PSM2 programs (docs/psm2.md)
+#   --fuzz-wire           the fabric as the wire-side fuzzer's target: 2 vCPUs, 1 GiB, the kernel's detectors armed
+#                         (panic_on_warn, oops=panic, KFENCE, slub_debug, soft-lockup and hung-task panics); after
+#                         the bring-up qp-keeper keeps RC, UC and UD QPs on hfi1_0 and each of its reports is
+#                         printed on stdout as a line "FUZZ-TARGET <json>" (and kept in the log directory's
+#                         fuzz-target.json); then the guest holds until SIGTERM ends the run (no --timeout unless
+#                         one is given); implies --fabric (docs/guest.md)
+#   --fuzz-secs N         with --fuzz-wire: the guest ends the hold itself after N s and reports (default --timeout
+#                         N + 900)
 #   --tid-rdma            the fabric with the kernel's own TID RDMA: cap_mask gains TID_RDMA and OPFN, and after
 #                         the bring-up the guest runs its TID RDMA steps (ci/guest/tid-rdma.sh) instead of the
 #                         plain verbs and fault steps; implies --fabric (docs/kernel-tid-rdma.md)

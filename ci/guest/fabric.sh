@@ -523,6 +523,13 @@ run_fabric() { # id
         step_fabric_dmesg
         return 0
     fi
+    # The wire-side fuzzer's target: live QPs reported to the host, then the guest holds (ci/guest/fuzz.sh).
+    if [ "$P_fuzz_wire" = 1 ]; then
+        if command -v run_fuzz_wire >/dev/null; then run_fuzz_wire
+        else begin fuzz-keeper; record fuzz-keeper false "$t" "the initramfs has no /lib/rdma-emu/fuzz.sh"; fi
+        step_fabric_dmesg
+        return 0
+    fi
     # The kernel's own TID RDMA: its steps instead of the plain verbs and fault steps (ci/guest/tid-rdma.sh).
     if [ "$P_tid_rdma" = 1 ]; then
         if command -v run_tid_rdma >/dev/null; then run_tid_rdma

@@ -347,5 +347,18 @@ echo 0x8086 >"$TMP/pci/00:03.0/vendor"; echo 0x24f0 >"$TMP/pci/00:03.0/device"
 got=$(dma identity)
 check "hfi1_dma_prepare identity: a group the kernel refuses" "00:03.0: the kernel refused an identity domain" "${got%% for its*}"
 
+echo "fuzz_line: the keeper's report gains the KDETH QP prefix and the peer HFI, and stays one JSON object"
+FUZZ="$REPO_ROOT/ci/guest/fuzz.sh"
+# shellcheck disable=SC2016
+bbz() { RDMA_EMU_INIT_FUNCTIONS_ONLY=1 CMDLINE="$TMP/cmdline" "$BUSYBOX" sh -c ". '$INIT'; . '$FABRIC'; . '$FUZZ'; $1"; }
+# report | kdeth | peer LID | the members added, as json-rows shows them
+while IFS='|' read -r report kdeth lid expected; do
+    got=$(bbz "echo \"[\$(fuzz_line '$report' '$kdeth' '$lid')]\"" | "$GUEST_RUN" json-rows generation kdeth_qp peer_device peer_device_lid 2>&1)
+    check "fuzz_line $report $kdeth $lid" "$expected" "$got"
+done <<'CASES'
+{"generation":1,"qps":[]}|128|2|1 128 hfi1_1 2
+{"generation":7,"qps":[{"type":"rc"}]}||5|7 None hfi1_1 5
+CASES
+
 if [ "$FAILS" -ne 0 ]; then die "$FAILS init helper check(s) failed"; fi
 log "all init helper checks passed"

@@ -11,6 +11,8 @@
 //! - `deadline-end` `{step}`: that step ended; the totals again, before the answer.
 //! - `fault` `{hfi, spec}`, `fault-clear`, `accesses`, `counters` `{names}`: the fabric run's requests of the
 //!   device model (`control::host_answer`).
+//! - `fuzz-target` `{target}`: the fuzz-wire guest's QPs, as qp-keeper reported them (a JSON object in a
+//!   string). The host writes it to `fuzz-target.json` and prints it as a `FUZZ-TARGET` line on its stdout.
 
 use std::time::Duration;
 
@@ -24,6 +26,8 @@ pub const ACK: &str = "RDMA-EMU-ACK ";
 pub const INIT: &str = "RDMA-EMU-INIT";
 /// The guest's result block ended.
 pub const RESULT_END: &str = "RDMA-EMU-RESULT-END";
+/// The prefix of the line `guest-run run` prints on its stdout for each `fuzz-target` request.
+pub const FUZZ_TARGET_LINE: &str = "FUZZ-TARGET ";
 /// What the host adds to a step's own timeout before it stops the guest.
 pub const DEADLINE_GRACE: Duration = Duration::from_secs(30);
 
@@ -56,6 +60,11 @@ pub enum Request {
         seq: u64,
         names: String,
     },
+    /// qp-keeper's report: a JSON object, as a string.
+    FuzzTarget {
+        seq: u64,
+        target: String,
+    },
 }
 
 impl Request {
@@ -66,14 +75,15 @@ impl Request {
             | Self::Fault { seq, .. }
             | Self::FaultClear { seq }
             | Self::Accesses { seq }
-            | Self::Counters { seq, .. } => *seq,
+            | Self::Counters { seq, .. }
+            | Self::FuzzTarget { seq, .. } => *seq,
         }
     }
 
     /// The words `control::host_answer` takes, for the requests of the device model.
     pub fn host_words(&self) -> Option<Vec<String>> {
         match self {
-            Self::Deadline { .. } | Self::DeadlineEnd { .. } => None,
+            Self::Deadline { .. } | Self::DeadlineEnd { .. } | Self::FuzzTarget { .. } => None,
             Self::Fault { hfi, spec, .. } => Some(vec!["fault".into(), hfi.clone(), spec.clone()]),
             Self::FaultClear { .. } => Some(vec!["fault-clear".into()]),
             Self::Accesses { .. } => Some(vec!["accesses".into()]),
@@ -121,6 +131,37 @@ pub fn parse(line: &str) -> Line {
     } else {
         Line::Other
     }
+}
+
+/// The members of qp-keeper's report that the fuzzer reads (testing/qp-keeper/README.md).
+const FUZZ_TARGET_KEYS: &[&str] = &[
+    "generation",
+    "device",
+    "port",
+    "lid",
+    "sm_lid",
+    "peer_lid",
+    "mtu",
+    "pkeys",
+    "qkey",
+    "sl",
+    "qps",
+    "mr",
+    "recreated",
+];
+
+/// A `fuzz-target` request's report, checked: one JSON object with every member the fuzzer reads, and `qps` a
+/// list. The line to publish (the guest's text as it came, which is one line), or why not.
+pub fn fuzz_target(target: &str) -> Result<String, String> {
+    let v: serde_json::Value = serde_json::from_str(target).map_err(|e| format!("fuzz-target is not JSON: {e}"))?;
+    let obj = v.as_object().ok_or("fuzz-target is not a JSON object")?;
+    if let Some(k) = FUZZ_TARGET_KEYS.iter().find(|k| !obj.contains_key(**k)) {
+        return Err(format!("fuzz-target has no \"{k}\""));
+    }
+    if !obj["qps"].is_array() {
+        return Err("fuzz-target's \"qps\" is not a list".into());
+    }
+    Ok(target.trim().replace(['\n', '\r'], " "))
 }
 
 #[derive(Serialize)]
@@ -196,6 +237,10 @@ mod tests {
                 r#"{"seq":6,"req":"counters","names":"tid_read_bytes tid_write_bytes"}"#,
                 Request::Counters { seq: 6, names: "tid_read_bytes tid_write_bytes".into() },
             ),
+            (
+                r#"{"seq":7,"req":"fuzz-target","target":"{\"generation\":1,\"qps\":[]}"}"#,
+                Request::FuzzTarget { seq: 7, target: r#"{"generation":1,"qps":[]}"#.into() },
+            ),
         ];
         for (json, want) in cases {
             assert_eq!(req(json), Line::Request(want.clone()), "{json}");
@@ -215,6 +260,7 @@ mod tests {
             (Request::FaultClear { seq: 1 }, Some(&["fault-clear"])),
             (Request::Accesses { seq: 1 }, Some(&["accesses"])),
             (Request::Counters { seq: 1, names: "a  b".into() }, Some(&["counters", "a", "b"])),
+            (Request::FuzzTarget { seq: 1, target: "{}".into() }, None),
         ];
         for (r, words) in cases {
             assert_eq!(r.host_words(), words.map(|w| w.iter().map(|s| s.to_string()).collect::<Vec<_>>()), "{r:?}");
@@ -261,6 +307,41 @@ mod tests {
         ];
         for (seq, ok, reply, want) in cases {
             assert_eq!(ack(*seq, *ok, reply), *want);
+        }
+    }
+
+    /// qp-keeper's report as its README gives it, with the keys fuzz.sh adds.
+    const KEEPER_REPORT: &str = r#"{"generation":3,"device":"hfi1_0","port":1,"lid":1,"sm_lid":1,"peer_lid":2,"mtu":4096,"pkeys":[65535],"qkey":286331153,"sl":0,"qps":[{"type":"rc","qpn":17,"psn":4096,"peer_qpn":2048,"peer_psn":4096,"sq_psn":8192}],"mr":{"addr":94000000000000,"len":65536,"rkey":5,"lkey":5},"recreated":1,"kdeth_qp":128,"peer_device":"hfi1_1","peer_device_lid":2}"#;
+
+    #[test]
+    fn a_fuzz_target_request_from_the_guests_console_line_yields_the_keepers_report_as_it_came() {
+        // The line as init's host_call writes it: the report a JSON string (json_str escapes its quotes).
+        let line = format!(
+            r#"RDMA-EMU {{"seq":9,"req":"fuzz-target","target":{}}}"#,
+            serde_json::to_string(KEEPER_REPORT).unwrap()
+        );
+        let Line::Request(Request::FuzzTarget { seq: 9, target }) = parse(&line) else { panic!("{line}") };
+        assert_eq!(fuzz_target(&target), Ok(KEEPER_REPORT.to_string()));
+    }
+
+    #[test]
+    fn a_fuzz_target_that_is_not_a_report_the_fuzzer_can_read_is_refused_with_the_reason() {
+        let no_qps = KEEPER_REPORT.replace(r#""qps":"#, r#""qpz":"#);
+        let qps_not_list = KEEPER_REPORT.replace(r#""recreated":1"#, r#""recreated":1,"qps":7"#).replacen(
+            r#""qps":[{"type":"rc","qpn":17,"psn":4096,"peer_qpn":2048,"peer_psn":4096,"sq_psn":8192}],"#,
+            "",
+            1,
+        );
+        let cases: &[(&str, &str)] = &[
+            ("{\"generation\":1,", "fuzz-target is not JSON"),
+            ("[1,2]", "fuzz-target is not a JSON object"),
+            (&no_qps, "fuzz-target has no \"qps\""),
+            (&qps_not_list, "fuzz-target's \"qps\" is not a list"),
+            (r#"{"generation":1}"#, "fuzz-target has no \"device\""),
+        ];
+        for (target, why) in cases {
+            let err = fuzz_target(target).expect_err(target);
+            assert!(err.starts_with(why), "{target}: {err}");
         }
     }
 

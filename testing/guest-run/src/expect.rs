@@ -34,7 +34,7 @@ pub fn check(row: &Scenario, result: &Value, took_s: u64) -> Check {
     let passed = result.get("ok") == Some(&Value::Bool(true));
     let met = match row.outcome {
         Outcome::Passes => passed,
-        Outcome::Interactive => false,
+        Outcome::Interactive | Outcome::HostDriven => false,
         Outcome::FailsReporting { one_problem_names, problems_name, within_s } => {
             let text = problems.join("\n");
             !passed

@@ -24,8 +24,13 @@ use crate::write_json;
 /// (docs/hfi1-kernel-driver.md).
 pub const HFI1_PARAMS: &str =
     "num_vls=1 num_sdma=1 krcvqs=1 num_user_contexts=1 cap_mask=0x4c09000cb9a eager_buffer_size=131072 rcvhdrcnt=64";
-/// A user's shell session has no deadline unless asked for.
+/// A user's shell session, and a fuzz-wire run the fuzzer ends, have no deadline unless asked for.
 const SHELL_TIMEOUT_S: u64 = 100 * 365 * 86400;
+/// A fuzz-wire run with --fuzz-secs: the boot and the fabric's bring-up under TCG (a few minutes), beyond the
+/// fuzz time.
+const FUZZ_SETUP_S: u64 = 900;
+/// The file in the log directory that holds the fuzz-wire guest's latest report (`fuzz-target` requests).
+pub const FUZZ_TARGET_FILE: &str = "fuzz-target.json";
 /// The fabric run (about 2 minutes under TCG) and then some 60 perftest runs with their set-ups.
 const PERF_TIMEOUT_S: u64 = 1800;
 
@@ -82,6 +87,10 @@ pub struct RunArgs {
     pub tid_rdma: bool,
     #[arg(long)]
     pub psm2: bool,
+    #[arg(long)]
+    pub fuzz_wire: bool,
+    #[arg(long, default_value_t = 0)]
+    pub fuzz_secs: u64,
     #[arg(long)]
     pub shell: bool,
     #[arg(long, default_value = HFI1_PARAMS, allow_hyphen_values = true)]
@@ -168,7 +177,7 @@ pub fn plan(mut a: RunArgs) -> Result<Plan, String> {
     if a.shell && !a.hfi1_wfr {
         a.fabric = true;
     }
-    if a.tid_rdma || a.psm2 {
+    if a.tid_rdma || a.psm2 || a.fuzz_wire {
         a.fabric = true;
     }
     if a.fabric {
@@ -176,8 +185,10 @@ pub fn plan(mut a: RunArgs) -> Result<Plan, String> {
     }
     let accel = a.accel.clone().or_else(|| env("RDMA_EMU_ACCEL")).unwrap_or_else(|| "auto".into());
     let timeout_set = a.timeout.is_some();
-    let timeout_s = a.timeout.unwrap_or(if a.shell {
+    let timeout_s = a.timeout.unwrap_or(if a.shell || (a.fuzz_wire && a.fuzz_secs == 0) {
         SHELL_TIMEOUT_S
+    } else if a.fuzz_wire {
+        a.fuzz_secs.saturating_add(FUZZ_SETUP_S)
     } else if a.fabric_perf {
         PERF_TIMEOUT_S
     } else {
@@ -228,6 +239,12 @@ pub fn plan(mut a: RunArgs) -> Result<Plan, String> {
             "--psm2 runs its own steps: not with --tid-rdma, --fabric-bounce or --fabric-perf",
         ),
         (!(a.bench && a.sockets.is_some()), "--bench starts its own servers: not with --sockets"),
+        (
+            !(a.fuzz_wire && (a.psm2 || a.tid_rdma || a.fabric_bounce || a.fabric_perf || a.shell || a.no_devices)),
+            "--fuzz-wire runs its own steps: not with --psm2, --tid-rdma, --fabric-bounce, --fabric-perf, --shell or \
+             --no-devices",
+        ),
+        (a.fuzz_secs == 0 || a.fuzz_wire, "--fuzz-secs needs --fuzz-wire"),
     ];
     if let Some((_, msg)) = checks.iter().find(|(ok, _)| !ok) {
         return Err(msg.to_string());
@@ -255,6 +272,8 @@ pub fn plan(mut a: RunArgs) -> Result<Plan, String> {
         "tid-rdma"
     } else if a.psm2 {
         "psm2"
+    } else if a.fuzz_wire {
+        "fuzz-wire"
     } else if a.fabric {
         "fabric"
     } else if a.hfi1_wfr {
@@ -915,6 +934,10 @@ impl Run {
         if a.bench {
             p.push(format!("rdma_emu.bench_budget_ms={}", a.bench_budget_ms));
         }
+        if a.fuzz_wire {
+            p.push(format!("rdma_emu.fuzz_secs={}", a.fuzz_secs));
+        }
+        p.extend(self.guest().kernel_args.iter().map(|k| k.to_string()));
         if a.fabric && !a.shell && !a.no_devices {
             // The node GUIDs the device model gave its two HFIs: the guest checks that opasmaquery reads them.
             let mut guids = vec![];
@@ -1273,6 +1296,19 @@ impl Host {
             .map_or("- - -".into(), |[r, w, u]| format!("{r} {w} {u}"))
     }
 
+    /// The fuzz-wire guest's latest report: replaces `fuzz-target.json` at once (a temporary file renamed over
+    /// it, so a reader never sees half of one) and goes to stdout as one `FUZZ-TARGET` line, flushed, for the
+    /// fuzzer that runs this process.
+    fn publish_fuzz_target(&self, json: &str) -> std::io::Result<()> {
+        let path = self.log_dir.join(FUZZ_TARGET_FILE);
+        let tmp = self.log_dir.join(format!("{FUZZ_TARGET_FILE}.tmp"));
+        std::fs::write(&tmp, format!("{json}\n"))?;
+        std::fs::rename(&tmp, &path)?;
+        let mut out = std::io::stdout().lock();
+        out.write_all(format!("{}{json}\n", console::FUZZ_TARGET_LINE).as_bytes())?;
+        out.flush()
+    }
+
     fn answer(&mut self, r: &Request) -> (bool, String) {
         match r {
             Request::Deadline { step, secs, .. } => {
@@ -1297,6 +1333,13 @@ impl Host {
                 }
                 (true, String::new())
             }
+            Request::FuzzTarget { target, .. } => match console::fuzz_target(target) {
+                Ok(line) => match self.publish_fuzz_target(&line) {
+                    Ok(()) => (true, String::new()),
+                    Err(e) => (false, format!("{FUZZ_TARGET_FILE}: {e}")),
+                },
+                Err(e) => (false, e),
+            },
             other => {
                 let (Some(words), Some(sock)) = (other.host_words(), self.control.as_ref()) else {
                     return (false, "no device model on this run".into());
@@ -1401,6 +1444,40 @@ mod tests {
         ];
         for (params, want) in cases {
             assert_eq!(tid_rdma_params(params).map_err(|_| ()), want.map(String::from), "{params}");
+        }
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: RunArgs,
+    }
+
+    fn plan_of(args: &[&str]) -> Result<Plan, String> {
+        let cli = <Cli as clap::Parser>::try_parse_from(std::iter::once("run").chain(args.iter().copied()));
+        plan(cli.map_err(|e| e.to_string())?.a)
+    }
+
+    #[test]
+    fn a_fuzz_wire_run_is_the_fabric_held_until_the_host_ends_it_unless_given_a_fuzz_time() {
+        // (arguments, the run's timeout in seconds, or the refusal's start)
+        let cases: &[(&[&str], Result<u64, &str>)] = &[
+            (&["--fuzz-wire"], Ok(SHELL_TIMEOUT_S)),
+            (&["--fuzz-wire", "--fuzz-secs", "3600"], Ok(3600 + FUZZ_SETUP_S)),
+            (&["--fuzz-wire", "--fuzz-secs", "3600", "--timeout", "300"], Ok(300)),
+            (&["--fuzz-wire", "--psm2"], Err("--fuzz-wire runs its own steps")),
+            (&["--fuzz-wire", "--no-devices"], Err("--fuzz-wire runs its own steps")),
+            (&["--fuzz-secs", "60"], Err("--fuzz-secs needs --fuzz-wire")),
+        ];
+        for (args, want) in cases {
+            match (plan_of(args), want) {
+                (Ok(p), Ok(secs)) => {
+                    assert_eq!((p.scenario, p.a.fabric, p.a.hfi1_wfr), ("fuzz-wire", true, true), "{args:?}");
+                    assert_eq!(p.timeout_s, *secs, "{args:?}");
+                }
+                (Err(e), Err(why)) => assert!(e.starts_with(why), "{args:?}: {e}"),
+                (got, _) => panic!("{args:?}: {:?}", got.map(|p| p.timeout_s)),
+            }
         }
     }
 }

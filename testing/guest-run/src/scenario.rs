@@ -79,6 +79,9 @@ pub enum Outcome {
     Passes,
     /// Not judged: the console belongs to the user (`--shell`).
     Interactive,
+    /// Not judged: a host program drives the run and ends it (the wire-side fuzzer, which reads the guest's
+    /// `FUZZ-TARGET` lines from `guest-run run` and stops it with SIGTERM). `ci/e2e.sh` does not run such a row.
+    HostDriven,
     /// The run fails within `within_s`, one problem naming all of `one_problem_names`, the problems together
     /// naming all of `problems_name`.
     FailsReporting { one_problem_names: &'static [&'static str], problems_name: &'static [&'static str], within_s: u64 },
@@ -94,8 +97,8 @@ pub struct Devices {
     pub bench_peers: bool,
 }
 
-/// The guest machine of a row: its RAM, CPU model and vCPUs, and whether the initramfs carries the psm2 layer
-/// (ci/build-guest.sh's INITRD_PSM2: PSM2, libfabric and Open MPI).
+/// The guest machine of a row: its RAM, CPU model and vCPUs, whether the initramfs carries the psm2 layer
+/// (ci/build-guest.sh's INITRD_PSM2: PSM2, libfabric and Open MPI), and the guest kernel's own parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Guest {
     pub memory: &'static str,
@@ -103,10 +106,27 @@ pub struct Guest {
     pub cpu: Option<&'static str>,
     pub smp: u8,
     pub psm2_layer: bool,
+    /// Kernel parameters of the guest kernel itself (not `rdma_emu.*`), appended to its command line.
+    pub kernel_args: &'static [&'static str],
 }
 
 /// One vCPU and 512 MiB: enough for the kernel driver, opa-fm and the verbs tools.
-pub const SMALL_GUEST: Guest = Guest { memory: "512M", cpu: None, smp: 1, psm2_layer: false };
+pub const SMALL_GUEST: Guest = Guest { memory: "512M", cpu: None, smp: 1, psm2_layer: false, kernel_args: &[] };
+
+/// The stock kernel's own detectors, armed for fuzzing (docs/guest.md, the fuzz-wire row): a WARN and an oops
+/// panic (kernel/panic.c panic_on_warn, oops=), KFENCE samples every allocation it can (mm/kfence/core.c
+/// sample_interval), SLUB redzones, poisons and tracks every cache (mm/slub.c slub_debug), and a soft lockup or a
+/// hung task panics (kernel/watchdog.c softlockup_panic; hung_task_panic is the boot-time alias of the sysctl
+/// kernel.hung_task_panic, fs/proc/proc_sysctl.c sysctl_aliases). Each name is in the guest kernel's image. With
+/// the init's `panic=-1` and QEMU's `-no-reboot`, any of them ends QEMU.
+pub const FUZZ_ORACLES: &[&str] = &[
+    "panic_on_warn=1",
+    "oops=panic",
+    "kfence.sample_interval=1",
+    "slub_debug=FZPU",
+    "softlockup_panic=1",
+    "hung_task_panic=1",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Scenario {
@@ -206,6 +226,9 @@ const PSM2: &[Step] = &[
     always("fabric-dmesg"),
 ];
 const BENCH: &[Step] = &[always("bench")];
+/// The wire-side fuzzer's target (ci/guest/fuzz.sh): qp-keeper's first report acknowledged by the host. The guest
+/// holds after it; the steps it records if the hold ends on its own (fuzz-hold, fabric-dmesg) are not expected.
+const FUZZ_WIRE: &[Step] = &[always("fuzz-keeper")];
 
 const fn param(text: &'static str) -> Param {
     Param { text, when: When::Always }
@@ -358,10 +381,29 @@ pub const SCENARIOS: &[Scenario] = &[
         kernel_params: &[CHIP_PARAM, param("rdma_emu.fabric=1"), param("rdma_emu.psm2=1")],
         // Debian's libpsm2 is built with -mavx2 (QEMU's default TCG CPU has no AVX); Open MPI's two ranks and
         // opa-fm want two vCPUs; PSM2's contexts pin their queues and eager buffers.
-        guest: Guest { memory: "2G", cpu: Some("max"), smp: 2, psm2_layer: true },
+        guest: Guest { memory: "2G", cpu: Some("max"), smp: 2, psm2_layer: true, kernel_args: &[] },
         steps: &[BASE, DEMOS, FABRIC_UP, PSM2],
         checks: &[Check::Psm2Counts],
         outcome: Outcome::Passes,
+    },
+    Scenario {
+        name: "fuzz-wire",
+        about: "the fabric up under opa-fm with the kernel's detectors armed, qp-keeper's RC, UC and UD QPs on hfi1_0 \
+                reported to the host as FUZZ-TARGET lines; the guest holds until the wire-side fuzzer ends the run",
+        devices: Devices { demo_functions: false, chip_hfis: TWO_HFIS, bench_peers: false },
+        options: &["--fuzz-wire", "--hfi1-id", "none", "--irdma-id", "none"],
+        // The init's watchdog covers the set-up only: the guest stops it once it holds (ci/guest/fuzz.sh).
+        kernel_params: &[
+            CHIP_PARAM,
+            param("rdma_emu.fabric=1"),
+            param("rdma_emu.fuzz_wire=1"),
+            param("rdma_emu.watchdog=900"),
+        ],
+        // The soft-lockup and hung-task detectors report from another vCPU; KFENCE and SLUB debugging want room.
+        guest: Guest { memory: "1G", cpu: None, smp: 2, psm2_layer: false, kernel_args: FUZZ_ORACLES },
+        steps: &[BASE, FABRIC_UP, FUZZ_WIRE],
+        checks: &[],
+        outcome: Outcome::HostDriven,
     },
     Scenario {
         name: "lifecycle",
@@ -502,7 +544,7 @@ mod tests {
     #[test]
     fn every_guest_step_a_row_expects_is_recorded_by_a_guest_script() {
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../ci/guest/");
-        let text: String = ["init", "fabric.sh", "tid-rdma.sh", "perf.sh", "psm2.sh"]
+        let text: String = ["init", "fabric.sh", "tid-rdma.sh", "perf.sh", "psm2.sh", "fuzz.sh"]
             .iter()
             .map(|f| std::fs::read_to_string(format!("{root}{f}")).unwrap_or_default())
             .collect();
