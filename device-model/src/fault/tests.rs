@@ -179,10 +179,7 @@ fn the_hostile_chips_word_edits_parse_with_their_defaults_and_print_back_the_sam
             "dc8051-reply,cmd=0x2,mask=0xff00,value=0x300,nth=1,count=1",
         ),
         ("dc8051-reply,cmd=0xff,xor=1", "dc8051-reply,cmd=0xff,xor=0x1,nth=1,count=1"),
-        (
-            "reg-stuck,reg=CCE_ERR_STATUS,xor=0x4",
-            "reg-stuck,reg=CCE_ERR_STATUS,xor=0x4,nth=1,count=forever",
-        ),
+        ("reg-stuck,reg=CCE_ERR_STATUS,xor=0x4", "reg-stuck,reg=CCE_ERR_STATUS,xor=0x4,nth=1,count=forever"),
         (
             "reg-stuck,offset=0x10,mask=0xf,value=0x3,xor=0x100",
             "reg-stuck,bar=0,offset=0x10,mask=0xf,value=0x3,xor=0x100,nth=1,count=forever",

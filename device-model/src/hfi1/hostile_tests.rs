@@ -141,10 +141,7 @@ fn a_credit_return_fault_edits_that_send_contexts_return_on_its_nth_event() {
     }
     let same: Edit = |w| w;
     let table: [(&str, [Edit; 3]); 3] = [
-        (
-            "credit-return,ctxt=159,mask=0x7ff,value=0x123,nth=2",
-            [same, |w| (w & !CR_COUNTER_SMASK) | 0x123, same],
-        ),
+        ("credit-return,ctxt=159,mask=0x7ff,value=0x123,nth=2", [same, |w| (w & !CR_COUNTER_SMASK) | 0x123, same]),
         ("credit-return,xor=0x800,nth=1,count=2", [|w| w ^ 0x800, |w| w ^ 0x800, same]),
         ("credit-return,ctxt=158,value=0", [same; 3]),
     ];
