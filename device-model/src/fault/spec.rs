@@ -56,10 +56,25 @@ pub enum FaultKind {
     CableCorrupt,
     /// hfi1 cable: a packet to this device arrives after the next one. Event: each packet.
     CableReorder,
+    /// hfi1 chip: the RHF of a header-queue entry (of `ctxt`) is edited before it is written. Event: each
+    /// header-queue entry written.
+    Rhf,
+    /// hfi1 chip: the RcvHdrTail DMA'd to a context's tail address (TAIL_UPD) is edited. Event: each tail
+    /// write-back (of `ctxt`).
+    RcvhdrtailWb,
+    /// hfi1 chip: an SDMA engine's head write-back (SEND_DMA_HEAD_ADDR) is edited. Event: each head
+    /// write-back (of `engine`).
+    SdmaHeadWb,
+    /// hfi1 chip: a send context's credit return DMA'd to host memory is edited. Event: each credit return
+    /// written (of send context `ctxt`).
+    CreditReturn,
+    /// hfi1 chip: the 8051's reply to a host command (DC_DC8051_CFG_HOST_CMD_1) is edited. Event: each reply
+    /// (to commands of type `cmd`).
+    Dc8051Reply,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 20] = [
+    pub const ALL: [FaultKind; 25] = [
         FaultKind::CqpFail,
         FaultKind::CqeDelay,
         FaultKind::CqeDrop,
@@ -80,6 +95,11 @@ impl FaultKind {
         FaultKind::CableDelay,
         FaultKind::CableCorrupt,
         FaultKind::CableReorder,
+        FaultKind::Rhf,
+        FaultKind::RcvhdrtailWb,
+        FaultKind::SdmaHeadWb,
+        FaultKind::CreditReturn,
+        FaultKind::Dc8051Reply,
     ];
 
     pub fn name(self) -> &'static str {
@@ -104,6 +124,11 @@ impl FaultKind {
             FaultKind::CableDelay => "cable-delay",
             FaultKind::CableCorrupt => "cable-corrupt",
             FaultKind::CableReorder => "cable-reorder",
+            FaultKind::Rhf => "rhf",
+            FaultKind::RcvhdrtailWb => "rcvhdrtail-wb",
+            FaultKind::SdmaHeadWb => "sdma-head-wb",
+            FaultKind::CreditReturn => "credit-return",
+            FaultKind::Dc8051Reply => "dc8051-reply",
         }
     }
 
@@ -120,6 +145,9 @@ impl FaultKind {
             FaultKind::CableDrop | FaultKind::CableDelay | FaultKind::CableCorrupt | FaultKind::CableReorder => {
                 Some(&["hfi1-wfr"])
             }
+            // Only the chip personality has a header queue the wire fills, SDMA engines, PIO send contexts
+            // and an 8051.
+            k if k.edits_a_word() && k != FaultKind::RegStuck => Some(&["hfi1-wfr"]),
             _ => None,
         }
     }
@@ -141,9 +169,10 @@ impl FaultKind {
             FaultKind::PacketReorder => (&["ctxt"], "a packet arrives after the next one"),
             FaultKind::DmaWriteFail => (&[], "a DMA write of the device fails"),
             FaultKind::DmaReadFail => (&[], "a DMA read of the device fails"),
-            FaultKind::RegStuck => {
-                (&["reg", "offset", "bar", "mask", "value"], "reads return value in the bits of mask")
-            }
+            FaultKind::RegStuck => (
+                &["reg", "offset", "bar", "mask", "value", "xor"],
+                "reads return value in the bits of mask, then XORed with xor",
+            ),
             FaultKind::Removed => (&[], "surprise removal: reads all-ones, nothing else reaches the device"),
             FaultKind::MsixDrop => (&["vector"], "an interrupt is not delivered"),
             FaultKind::DmaMapRefuse => (&["errno"], "a DMA_MAP is refused with errno (default ENOMEM)"),
@@ -160,7 +189,40 @@ impl FaultKind {
             FaultKind::CableReorder => {
                 (&["opcode"], "a packet to the device (of BTH opcode, if given) arrives after the next one")
             }
+            FaultKind::Rhf => (
+                &["ctxt", "mask", "value", "xor"],
+                "the RHF of a header-queue entry (of receive context ctxt) gets value in the bits of mask, then XOR xor",
+            ),
+            FaultKind::RcvhdrtailWb => (
+                &["ctxt", "mask", "value", "xor"],
+                "the RcvHdrTail DMA'd for receive context ctxt gets value (in mask, default all bits), then XOR xor",
+            ),
+            FaultKind::SdmaHeadWb => (
+                &["engine", "mask", "value", "xor"],
+                "the SDMA head written back for engine gets value (in mask, default all bits), then XOR xor",
+            ),
+            FaultKind::CreditReturn => (
+                &["ctxt", "mask", "value", "xor"],
+                "the credit return of send context ctxt gets value (in mask, default all bits), then XOR xor",
+            ),
+            FaultKind::Dc8051Reply => (
+                &["cmd", "mask", "value", "xor"],
+                "the 8051's DC_DC8051_CFG_HOST_CMD_1 after a command (of type cmd) gets value in mask, then XOR xor",
+            ),
         }
+    }
+
+    /// Faults that rewrite a 64-bit word the driver reads (`mask`, `value`, `xor`: [`Params::edit`]).
+    pub fn edits_a_word(self) -> bool {
+        matches!(
+            self,
+            FaultKind::RegStuck
+                | FaultKind::Rhf
+                | FaultKind::RcvhdrtailWb
+                | FaultKind::SdmaHeadWb
+                | FaultKind::CreditReturn
+                | FaultKind::Dc8051Reply
+        )
     }
 
     /// Faults that describe a state rather than an event: they fire for ever unless `count` says otherwise.
@@ -236,6 +298,17 @@ pub struct Params {
     pub byte: Option<u64>,
     /// Cable faults: only packets of this BTH opcode count as events (e.g. 0xE3, TID RDMA WRITE DATA LAST).
     pub opcode: Option<u8>,
+    /// `sdma-head-wb`: only this SDMA engine's write-backs count.
+    pub engine: Option<u32>,
+    /// `dc8051-reply`: only replies to host commands of this type (HCMD_*) count.
+    pub cmd: Option<u8>,
+}
+
+impl Params {
+    /// A word as a word-editing fault leaves it: `value` in the bits of `mask`, then XORed with `xor`.
+    pub fn edit(&self, word: u64) -> u64 {
+        ((word & !self.mask) | (self.value & self.mask)) ^ self.xor
+    }
 }
 
 /// When a fault fires.
@@ -288,6 +361,22 @@ fn number(s: &str) -> Option<u64> {
 const OPCODES: &[(&str, u8)] =
     &[("create-cq", 0x03), ("destroy-cq", 0x05), ("nop", 0x24), ("manage-qhash", 0x25), ("qhash", 0x25)];
 
+/// 8051 host command types by the kernel's names (chip.h HCMD_*), for `cmd=`.
+const HCMDS: &[(&str, u8)] = &[
+    ("load-config-data", 0x01),
+    ("read-config-data", 0x02),
+    ("change-phy-state", 0x03),
+    ("send-lcb-idle-msg", 0x04),
+    ("misc", 0x05),
+    ("read-lcb-idle-msg", 0x06),
+    ("read-lcb-csr", 0x07),
+    ("write-lcb-csr", 0x08),
+    ("interface-test", 0xff),
+];
+
+/// SDMA engines of the chip (chip.h TXE_NUM_SDMA_ENGINES), for `engine=`.
+const SDMA_ENGINES: u64 = 16;
+
 /// Errno names `dma-map-refuse` accepts.
 const ERRNOS: &[(&str, i32)] = &[
     ("ENOMEM", libc::ENOMEM),
@@ -316,6 +405,7 @@ impl FaultSpec {
         let mut trigger = Trigger { nth: 1, count: (!kind.lasting()).then_some(1), prob: 1.0, seed: 0 };
         let mut seen_major = false;
         let mut seen_minor = false;
+        let (mut seen_mask, mut seen_value, mut seen_xor) = (false, false, false);
         for item in parts.filter(|s| !s.is_empty()) {
             let (key, value) = item.split_once('=').ok_or_else(|| SpecError::Item { fault, item: item.to_string() })?;
             let (key, value) = (key.trim(), value.trim());
@@ -361,7 +451,10 @@ impl FaultSpec {
                             .ok_or_else(|| bad("wqe-idx, op-ret, major, minor, error, valid or ctx"))?,
                     )
                 }
-                "xor" => p.xor = num(u64::MAX)?,
+                "xor" => {
+                    p.xor = num(u64::MAX)?;
+                    seen_xor = true;
+                }
                 "index" => p.index = Some(num(u64::from(u32::MAX))?),
                 "ctxt" => p.ctxt = Some(num(0xFF)? as u32),
                 "flow" => p.flow = Some(num(0x1F)? as u32),
@@ -382,8 +475,19 @@ impl FaultSpec {
                         None => RegRef::Offset { bar, offset: 0 },
                     });
                 }
-                "mask" => p.mask = num(u64::MAX)?,
-                "value" => p.value = num(u64::MAX)?,
+                "mask" => {
+                    p.mask = num(u64::MAX)?;
+                    seen_mask = true;
+                }
+                "value" => {
+                    p.value = num(u64::MAX)?;
+                    seen_value = true;
+                }
+                "engine" => p.engine = Some(num(SDMA_ENGINES - 1)? as u32),
+                "cmd" => {
+                    let c = HCMDS.iter().find(|(n, _)| *n == value).map(|(_, c)| u64::from(*c));
+                    p.cmd = Some(c.map_or_else(|| num(0xFF), Ok)? as u8);
+                }
                 "vector" => p.vector = Some(num(2047)? as u16),
                 "byte" => p.byte = Some(num(u64::from(u16::MAX))?),
                 "opcode" => p.opcode = Some(num(0xFF)? as u8),
@@ -398,6 +502,26 @@ impl FaultSpec {
             }
         }
         let missing = |key| SpecError::Missing { fault, key };
+        if kind.edits_a_word() {
+            if !seen_xor {
+                p.xor = 0;
+            }
+            // A value without a mask replaces the whole word (reg-stuck keeps its mask mandatory).
+            if seen_value && !seen_mask && kind != FaultKind::RegStuck {
+                p.mask = u64::MAX;
+            }
+            if p.mask == 0 && p.xor == 0 {
+                return Err(missing(if kind == FaultKind::RegStuck { "mask" } else { "value, mask or xor" }));
+            }
+            if p.value & !p.mask != 0 {
+                return Err(SpecError::Value {
+                    fault,
+                    key: "value".into(),
+                    value: format!("{:#x}", p.value),
+                    why: "bits outside mask",
+                });
+            }
+        }
         match kind {
             FaultKind::CqpFail if p.op.is_none() => return Err(missing("op")),
             FaultKind::CqpFail if !seen_major => return Err(missing("major")),
@@ -405,7 +529,6 @@ impl FaultSpec {
             FaultKind::CqeDelay | FaultKind::CableDelay if p.ms == 0 => return Err(missing("ms")),
             FaultKind::CqeCorrupt if p.field.is_none() => return Err(missing("field")),
             FaultKind::RegStuck if p.reg.is_none() => return Err(missing("reg or offset")),
-            FaultKind::RegStuck if p.mask == 0 => return Err(missing("mask")),
             _ => {}
         }
         Ok(FaultSpec { device, kind, params: p, trigger })
@@ -421,6 +544,18 @@ impl FaultSpec {
             _ => Ok(()),
         }
     }
+}
+
+/// A word edit's keys: `mask` and `value` while the mask has bits, `xor` while it has.
+fn edit_keys(p: &Params, kv: &mut impl FnMut(&str, String) -> fmt::Result) -> fmt::Result {
+    if p.mask != 0 {
+        kv("mask", format!("{:#x}", p.mask))?;
+        kv("value", format!("{:#x}", p.value))?;
+    }
+    if p.xor != 0 {
+        kv("xor", format!("{:#x}", p.xor))?;
+    }
+    Ok(())
 }
 
 /// Whether `key=` appears among the items of `text`.
@@ -490,8 +625,25 @@ impl fmt::Display for FaultSpec {
                     }
                     None => {}
                 }
-                kv("mask", format!("{:#x}", p.mask))?;
-                kv("value", format!("{:#x}", p.value))?;
+                edit_keys(p, &mut kv)?;
+            }
+            FaultKind::Rhf | FaultKind::RcvhdrtailWb | FaultKind::CreditReturn => {
+                if let Some(c) = p.ctxt {
+                    kv("ctxt", c.to_string())?;
+                }
+                edit_keys(p, &mut kv)?;
+            }
+            FaultKind::SdmaHeadWb => {
+                if let Some(e) = p.engine {
+                    kv("engine", e.to_string())?;
+                }
+                edit_keys(p, &mut kv)?;
+            }
+            FaultKind::Dc8051Reply => {
+                if let Some(c) = p.cmd {
+                    kv("cmd", format!("{c:#x}"))?;
+                }
+                edit_keys(p, &mut kv)?;
             }
             FaultKind::MsixDrop => {
                 if let Some(v) = p.vector {

@@ -154,3 +154,89 @@ fn splitmix64_matches_its_reference_sequence() {
     assert_eq!(next_random(&mut s), 0xe220_a839_7b1d_cdaf);
     assert_eq!(next_random(&mut s), 0x6e78_9e6a_a1b9_65f4);
 }
+
+/// The hostile chip's faults: each edits one word the driver reads from host memory or HOST_CMD_1. A value
+/// without a mask replaces the word; `rhf` names its fields by mask (common.h RHF_*_SMASK).
+#[test]
+fn the_hostile_chips_word_edits_parse_with_their_defaults_and_print_back_the_same_fault() {
+    let table = [
+        // RHF EgrIndex (common.h RHF_EGR_INDEX_SMASK: 0x7ff << 16) set to 0x7ff on context 1's 3rd entry.
+        (
+            "hfi1-wfr:rhf,ctxt=1,mask=0x7ff0000,value=0x7ff0000,nth=3",
+            "hfi1-wfr:rhf,ctxt=1,mask=0x7ff0000,value=0x7ff0000,nth=3,count=1",
+        ),
+        // RHF_ICRC_ERR (bit 63) flipped on every entry.
+        ("rhf,xor=0x8000000000000000,count=forever", "rhf,xor=0x8000000000000000,nth=1,count=forever"),
+        ("rcvhdrtail-wb,ctxt=0,value=5", "rcvhdrtail-wb,ctxt=0,mask=0xffffffffffffffff,value=0x5,nth=1,count=1"),
+        ("sdma-head-wb,engine=15,xor=0x1", "sdma-head-wb,engine=15,xor=0x1,nth=1,count=1"),
+        (
+            "credit-return,ctxt=159,mask=0x7ff,value=0,xor=0x4000",
+            "credit-return,ctxt=159,mask=0x7ff,value=0x0,xor=0x4000,nth=1,count=1",
+        ),
+        // HOST_CMD_1 RETURN_CODE (bits 15:8) to something other than HCMD_SUCCESS (2).
+        (
+            "dc8051-reply,cmd=read-config-data,mask=0xff00,value=0x300",
+            "dc8051-reply,cmd=0x2,mask=0xff00,value=0x300,nth=1,count=1",
+        ),
+        ("dc8051-reply,cmd=0xff,xor=1", "dc8051-reply,cmd=0xff,xor=0x1,nth=1,count=1"),
+        ("reg-stuck,reg=CCE_ERR_STATUS,xor=0x4", "reg-stuck,reg=CCE_ERR_STATUS,xor=0x4,nth=1,count=forever"),
+        (
+            "reg-stuck,offset=0x10,mask=0xf,value=0x3,xor=0x100",
+            "reg-stuck,bar=0,offset=0x10,mask=0xf,value=0x3,xor=0x100,nth=1,count=forever",
+        ),
+    ];
+    for (text, shown) in table {
+        let s = spec(text);
+        assert_eq!(s.to_string(), shown, "{text}");
+        assert_eq!(spec(shown), s, "{shown} parses to the same fault");
+    }
+}
+
+#[test]
+fn bad_word_edits_say_what_is_wrong() {
+    let table: [(&str, IsVariant); 11] = [
+        ("rhf", |e| matches!(e, SpecError::Missing { key: "value, mask or xor", .. })),
+        ("rhf,ctxt=1,mask=0", |e| matches!(e, SpecError::Missing { .. })),
+        ("rhf,mask=0xff,value=0x100", |e| matches!(e, SpecError::Value { .. })),
+        ("rhf,engine=0,xor=1", |e| matches!(e, SpecError::Key { .. })),
+        ("rhf,ctxt=256,xor=1", |e| matches!(e, SpecError::Value { .. })),
+        ("rcvhdrtail-wb,cmd=1,xor=1", |e| matches!(e, SpecError::Key { .. })),
+        // chip.h TXE_NUM_SDMA_ENGINES: 16.
+        ("sdma-head-wb,engine=16,xor=1", |e| matches!(e, SpecError::Value { .. })),
+        ("sdma-head-wb,ctxt=0,xor=1", |e| matches!(e, SpecError::Key { .. })),
+        ("credit-return,value=0x1_0000_0000_0000_0000", |e| matches!(e, SpecError::Value { .. })),
+        ("dc8051-reply,cmd=reboot,xor=1", |e| matches!(e, SpecError::Value { .. })),
+        ("reg-stuck,offset=0x0,value=1", |e| matches!(e, SpecError::Missing { key: "mask", .. })),
+    ];
+    for (text, ok) in table {
+        let e = FaultSpec::parse(text).err().unwrap_or_else(|| panic!("{text} parsed"));
+        assert!(ok(&e), "{text}: {e}");
+    }
+}
+
+#[test]
+fn the_hostile_chips_faults_apply_only_to_the_chip_personality() {
+    for name in ["rhf", "rcvhdrtail-wb", "sdma-head-wb", "credit-return", "dc8051-reply"] {
+        let s = spec(&format!("{name},xor=1"));
+        assert_eq!(s.check_device("hfi1-wfr"), Ok(()), "{name}");
+        for other in ["hfi1", "irdma"] {
+            assert!(matches!(s.check_device(other), Err(SpecError::Device { .. })), "{name} on {other}");
+        }
+    }
+}
+
+#[test]
+fn a_word_edit_sets_the_masked_bits_to_value_then_xors() {
+    // (mask, value, xor, word, edited)
+    let table: [(u64, u64, u64, u64, u64); 5] = [
+        (0, 0, 0x8000_0000_0000_0000, 0x1234, 0x8000_0000_0000_1234),
+        (0xF000_0000, 0x5000_0000, 0, 0x1234_5678, 0x5234_5678),
+        (u64::MAX, 7, 0, 0xdead_beef, 7),
+        (0xFF, 0, 0x1, 0xabcd, 0xab01),
+        (0x7FF, 0x7FF, 0x7FF, 0x1001, 0x1000),
+    ];
+    for (mask, value, xor, word, edited) in table {
+        let p = Params { mask, value, xor, ..Params::default() };
+        assert_eq!(p.edit(word), edited, "mask {mask:#x} value {value:#x} xor {xor:#x} on {word:#x}");
+    }
+}

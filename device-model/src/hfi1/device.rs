@@ -275,7 +275,9 @@ impl Hfi1 {
         }
         let (vectors, signal, launched, engines) = {
             let mut w = front.lock();
-            (w.write(offset, value), w.take_signal(), w.launches_pending(), w.take_sdma_pending())
+            let vectors = w.write(offset, value);
+            w.hostile_8051_reply(offset, &self.shared.probe);
+            (vectors, w.take_signal(), w.launches_pending(), w.take_sdma_pending())
         };
         for v in vectors {
             self.shared.raise(v);

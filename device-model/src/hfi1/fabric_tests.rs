@@ -692,3 +692,6 @@ fn a_kdeth_packet_marked_intr_raises_its_contexts_urgent_interrupt_where_unmaske
         assert_eq!(b.counter("wire_rx_kdeth_urgent"), u64::from(intr));
     }
 }
+
+#[path = "hostile_tests.rs"]
+mod hostile;

@@ -73,7 +73,7 @@ impl Observer {
         self.removed.load(Ordering::Acquire) || self.probe.dead()
     }
 
-    /// After a BAR read: stuck bits, then the trace and the access log see the value the client gets.
+    /// After a BAR read: stuck (and flipped) bits, then the trace and the access log see the value the client gets.
     /// `name` names the register.
     pub fn bar_read(&self, name: &impl RegisterNaming, bar: u32, offset: u64, data: &mut [u8]) {
         if self.probe.faults.armed(FaultKind::RegStuck) {
@@ -81,8 +81,9 @@ impl Observer {
                 if let Some(RegRef::Offset { offset: reg, .. }) = f.params.reg {
                     for (i, byte) in data.iter_mut().enumerate() {
                         let Some(shift) = (offset + i as u64).checked_sub(reg).filter(|s| *s < 8) else { continue };
-                        let (m, v) = ((f.params.mask >> (8 * shift)) as u8, (f.params.value >> (8 * shift)) as u8);
-                        *byte = (*byte & !m) | (v & m);
+                        let byte_of = |w: u64| (w >> (8 * shift)) as u8;
+                        let (m, v, x) = (byte_of(f.params.mask), byte_of(f.params.value), byte_of(f.params.xor));
+                        *byte = ((*byte & !m) | (v & m)) ^ x;
                     }
                 }
             }

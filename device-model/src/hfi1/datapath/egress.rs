@@ -10,6 +10,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use crate::fault::FaultKind;
 use crate::hfi1::cable::wire::{BTH_BYTES, ICRC_BYTES, USER_KDETH_OPCODES};
 use crate::hfi1::cable::WirePacket;
 use crate::hfi1::shared::{Shared, WfrFront};
@@ -50,7 +51,11 @@ pub(in crate::hfi1) fn run(shared: &Shared, front: &WfrFront, epoch: u64) {
                 shared.raise(v);
             }
             let Some(cr) = cr else { continue };
-            if dma.write_u64(cr.addr, cr.word).is_err() {
+            let word = match shared.probe.fault(FaultKind::CreditReturn, |p| p.ctxt.is_none_or(|c| c == cr.ctxt)) {
+                Some(f) => f.params.edit(cr.word),
+                None => cr.word,
+            };
+            if dma.write_u64(cr.addr, word).is_err() {
                 shared.counters.pio_credit_dma_errors.fetch_add(1, Relaxed);
             }
             if cr.interrupt {

@@ -183,7 +183,7 @@ fn write(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, pkt: &WirePacke
     }
     trace_kdeth(shared, pkt, &d);
     let urgent = d.kind != Kind::Ib && kdeth::intr(pkt);
-    let Some(plan) = d.rhq else { return true };
+    let Some(plan) = d.rhq.map(|p| p.hostile(&shared.probe)) else { return true };
     let header_len = (plan.rhf_at - plan.header_at) as usize;
     let (header, rest) = pkt.bytes.split_at(header_len);
     let mut ok = plan.eager.is_none_or(|at| dma.write(at, rest).is_ok());

@@ -17,8 +17,10 @@
 #![forbid(unsafe_code)]
 
 use super::state::{RhqState, Rxe};
+use crate::fault::{FaultKind, Params};
 use crate::hfi1::counters::Counters;
 use crate::hfi1::regs::*;
+use crate::probe::Probe;
 
 /// RHF fields (common.h).
 pub const RHF_PKT_LEN_MASK: u64 = 0xFFF;
@@ -135,6 +137,24 @@ pub struct Plan {
     pub published: u64,
     /// RcvAvail (RCV_CTXT_CTRL.INTR_AVAIL).
     pub interrupt: bool,
+}
+
+impl Plan {
+    /// The plan as a hostile chip writes it: the RHF and the DMA'd tail edited where an `rhf` or
+    /// `rcvhdrtail-wb` fault fires (docs/observe.md, "Faults"). The RCV_HDR_TAIL register stays true.
+    pub fn hostile(mut self, probe: &Probe) -> Plan {
+        let ctxt = self.ctxt as u32;
+        let ours = |p: &Params| p.ctxt.is_none_or(|c| c == ctxt);
+        if let Some(f) = probe.fault(FaultKind::Rhf, ours) {
+            self.rhf = f.params.edit(self.rhf);
+        }
+        if let Some((at, tail)) = self.tail {
+            if let Some(f) = probe.fault(FaultKind::RcvhdrtailWb, ours) {
+                self.tail = Some((at, f.params.edit(tail)));
+            }
+        }
+        self
+    }
 }
 
 /// Why a context cannot take a packet now.

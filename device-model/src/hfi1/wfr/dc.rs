@@ -203,6 +203,11 @@ pub struct Dc {
     idle: [u64; 16],
     /// A host command posted a host message: the 8051 interrupt is due.
     posted: bool,
+    /// The type of the host command being carried out (an LCB relay completes after the write).
+    command: u8,
+    /// The command type the 8051 replied to in HOST_CMD_1 since the last HOST_CMD_0 write: a hostile
+    /// chip's reply hook edits that reply (`Wfr::hostile_8051_reply`).
+    replied: Option<u8>,
 }
 
 /// An LCB CSR access relayed through the 8051.
@@ -239,6 +244,8 @@ impl Default for Dc {
             ext_dev_1: 0,
             idle: [0; 16],
             posted: false,
+            command: 0,
+            replied: None,
         }
     }
 }
@@ -557,6 +564,21 @@ impl Dc {
         self.host_cmd_1 = ((response & HOST_CMD_1_RSP_DATA_MASK) << HOST_CMD_1_RSP_DATA_SHIFT)
             | (HCMD_SUCCESS << HOST_CMD_1_RETURN_CODE_SHIFT)
             | HOST_CMD_1_COMPLETED_SMASK;
+        self.replied = Some(self.command);
+    }
+
+    /// The command type of the reply the last HOST_CMD_0 write brought, if it brought one.
+    pub fn take_replied(&mut self) -> Option<u8> {
+        self.replied.take()
+    }
+
+    /// Replaces the reply in HOST_CMD_1 (a hostile chip's).
+    pub fn set_reply(&mut self, host_cmd_1: u64) {
+        self.host_cmd_1 = host_cmd_1;
+    }
+
+    pub fn reply(&self) -> u64 {
+        self.host_cmd_1
     }
 
     /// CHANGE_PHY_STATE: the port moves where the host says; leaving Polling or LinkUp for Offline or
@@ -609,6 +631,7 @@ impl Dc {
 
     /// HOST_CMD_0: the driver writes the request, then the same with REQ_NEW, polls COMPLETED, and writes 0.
     fn host_command(&mut self, value: u64) {
+        self.replied = None;
         let starts = value & !self.host_cmd_0 & HOST_CMD_0_REQ_NEW_SMASK != 0;
         self.host_cmd_0 = value;
         if value & HOST_CMD_0_REQ_NEW_SMASK == 0 {
@@ -622,6 +645,7 @@ impl Dc {
         let kind = (value >> HOST_CMD_0_REQ_TYPE_SHIFT) & HOST_CMD_0_REQ_TYPE_MASK;
         let data = value >> HOST_CMD_0_REQ_DATA_SHIFT;
         *self.commands.entry(kind as u8).or_default() += 1;
+        self.command = kind as u8;
         let response = match kind {
             HCMD_LOAD_CONFIG_DATA => {
                 let field = (data >> LOAD_DATA_FIELD_ID_SHIFT) & LOAD_DATA_FIELD_ID_MASK;

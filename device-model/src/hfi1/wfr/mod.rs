@@ -281,6 +281,19 @@ impl Wfr {
         vectors
     }
 
+    /// After a write at `offset`: where it was HOST_CMD_0 and the 8051 replied, a `dc8051-reply` fault of the
+    /// command's type edits the reply the driver polls (docs/observe.md, "Faults").
+    pub fn hostile_8051_reply(&mut self, offset: u64, probe: &crate::probe::Probe) {
+        use crate::fault::FaultKind;
+        if offset != DC_DC8051_CFG_HOST_CMD_0 || !probe.faults.armed(FaultKind::Dc8051Reply) {
+            return;
+        }
+        let Some(kind) = self.dc.take_replied() else { return };
+        if let Some(f) = probe.fault(FaultKind::Dc8051Reply, |p| p.cmd.is_none_or(|c| c == kind)) {
+            self.dc.set_reply(f.params.edit(self.dc.reply()));
+        }
+    }
+
     /// A write to a send context's check registers, or to SEND_BTH_QP, which every context's KDETH checks read:
     /// the send contexts see the registers as they are now (send_check.rs).
     fn note_send_checks(&mut self, offset: u64) {

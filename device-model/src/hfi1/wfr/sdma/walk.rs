@@ -13,6 +13,7 @@ use super::state::{
     Walk, SDMA_FIRST_DESC_ERR, SDMA_GEN_MISMATCH_ERR, SDMA_HEADER_SELECT_ERR, SDMA_LENGTH_MISMATCH_ERR,
     SDMA_MEM_READ_ERR, SDMA_PACKET_DESC_OVERFLOW_ERR, SDMA_TOO_LONG_ERR,
 };
+use crate::fault::FaultKind;
 use crate::hfi1::datapath::egress;
 use crate::hfi1::shared::{Shared, WfrFront};
 use crate::hfi1::wfr::pio::{PBC_BYTES, PBC_LENGTH_DWS_MASK};
@@ -246,6 +247,11 @@ fn walk_once(shared: &Shared, front: &WfrFront, dma: &dyn DmaAccess, walk: Walk,
             }
         };
         if let Some((addr, head)) = progress.head_write {
+            let engine = walk.engine as u32;
+            let head = match shared.probe.fault(FaultKind::SdmaHeadWb, |p| p.engine.is_none_or(|e| e == engine)) {
+                Some(f) => f.params.edit(head),
+                None => head,
+            };
             if dma.write_u64(addr, head).is_err() {
                 shared.counters.sdma_head_dma_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
