@@ -126,6 +126,9 @@ pub const FUZZ_ORACLES: &[&str] = &[
     "slub_debug=FZPU",
     "softlockup_panic=1",
     "hung_task_panic=1",
+    // After the init's `quiet` (console level 4, errors only): WARN's report is pr_warn (level 4), so 5 lets it
+    // reach the console, where the fuzzer reads it.
+    "loglevel=5",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
