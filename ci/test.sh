@@ -74,6 +74,13 @@ UDRIVER_IT_BACKEND=vfio-user cargo test -p testbed --test irdma_inproc
 if [ "$E2E" = 1 ]; then
     log "QEMU end-to-end (fd-mapped guest RAM, DMA_READ/WRITE messages, the fabric, the kernel's TID RDMA, the lifecycle and stall scenarios)"
     bash ci/e2e.sh --mode all
+    if [ "$FUZZ" = 1 ]; then
+        # The stock driver fuzzed from the wire for 2 minutes with the test-only planted defect: the loop runs, its
+        # coverage grows past what the fabric reached before the first exec, and the planted WARN is reported
+        # and replayed on a fresh boot (docs/fuzzing-kernel.md).
+        log "kernel fuzz smoke: the wire side, 2 minutes, with the planted finding"
+        bash ci/fuzz-kernel.sh --side wire --minutes 2 --plant --smoke --out "$(mktemp -d /tmp/rdma-emu-kfuzz.XXXXXX)"
+    fi
 fi
 
 # Every input that once failed a fuzz target is a test: replayed by both paths (ci/fuzz.sh replays before it fuzzes).

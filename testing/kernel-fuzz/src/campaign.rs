@@ -69,6 +69,13 @@ pub enum CampaignError {
     Other(String),
 }
 
+/// A batch to replay: a line as it was sent, or an input to decode against the boot's fabric.
+#[derive(Debug, Clone)]
+pub enum Batch {
+    Line(String),
+    Input(Vec<u8>),
+}
+
 /// What one exec saw.
 enum Outcome {
     Done,
@@ -87,7 +94,8 @@ pub struct Session {
     control: Option<Control>,
     region: Region,
     boots: u64,
-    history: VecDeque<String>,
+    /// The boot's last batches: the line sent and the input it was decoded from.
+    history: VecDeque<(String, Vec<u8>)>,
     findings: Findings,
     /// Call sites reached over all boots (text offsets).
     pub sites: HashSet<u32>,
@@ -195,15 +203,22 @@ impl Session {
     /// One request on the control socket; a broken connection is `Err`.
     fn request(&mut self, line: &Value) -> Result<Value, String> {
         let c = self.control.as_mut().ok_or("no control connection")?;
-        c.request(line).map_err(|e| e.to_string())
+        // The error names the request, which can be 20 KiB of hex: kept short for the log.
+        c.request(line).map_err(|e| {
+            let e = e.to_string();
+            match e.char_indices().nth(240) {
+                Some((cut, _)) => format!("{}...{}", &e[..cut], &e[e.len().saturating_sub(40)..]),
+                None => e,
+            }
+        })
     }
 
-    fn send_batch(&mut self, frames: &[packet::Frame]) -> Outcome {
+    fn send_batch(&mut self, input: &[u8], frames: &[packet::Frame]) -> Outcome {
         let line = packet::batch_request(&self.opts.device, frames, self.opts.wait_ms);
         if self.history.len() == HISTORY {
             self.history.pop_front();
         }
-        self.history.push_back(line.clone());
+        self.history.push_back((line.clone(), input.to_vec()));
         match serde_json::from_str::<Value>(&line) {
             Ok(req) => self.send_line(&req),
             Err(e) => Outcome::Gone(format!("our own batch line does not parse: {e}")),
@@ -251,7 +266,7 @@ impl Session {
         boot.refresh_target();
         let frames = packet::decode(input, &boot.target);
         self.region.reset_edges();
-        let outcome = self.send_batch(&frames);
+        let outcome = self.send_batch(input, &frames);
         self.execs_done += 1;
         if let Ok(map) = <&mut [u8; MAP_SIZE]>::try_from(edges) {
             self.region.edge_map_into(map);
@@ -282,12 +297,21 @@ impl Session {
                 (ExitKind::Crash, true)
             }
         };
+        // A fatal report with the batch taken: the guest is going down (panic_on_warn, oops=panic); its console's
+        // rest belongs to this exec, and the next one needs a fresh boot.
+        let (kind, gone) = if !gone && reports.iter().any(Report::is_fatal) {
+            reports.extend(self.boot.as_mut().expect("ensured").finish(Duration::from_secs(30)));
+            (ExitKind::Crash, true)
+        } else {
+            (kind, gone)
+        };
         let boot_n = self.boot.as_ref().map_or(0, |b| b.n);
         let logs = self.boot.as_ref().map(|b| b.logs.clone()).unwrap_or_default();
-        let lines: Vec<String> = self.history.iter().cloned().collect();
+        let lines: Vec<String> = self.history.iter().map(|(l, _)| l.clone()).collect();
+        let inputs: Vec<Vec<u8>> = self.history.iter().map(|(_, i)| i.clone()).collect();
         let mut any = false;
         for r in &reports {
-            let (id, new) = self.findings.record(r, boot_n, exec_no, &lines, &logs)?;
+            let (id, new) = self.findings.record(r, boot_n, exec_no, &lines, &inputs, &logs)?;
             eprintln!("kernel-fuzz: {} finding {id}: {}", if new { "NEW" } else { "known" }, r.title);
             any = true;
         }
@@ -301,31 +325,48 @@ impl Session {
         Ok(if any && kind == ExitKind::Ok { ExitKind::Crash } else { kind })
     }
 
-    /// Replays each pending finding on a fresh boot: the last batch alone, then the boot's history.
+    /// Replays each pending finding on a fresh boot: its last batch as sent; its last input decoded against the
+    /// fresh boot's fabric (a QP the keeper recreated before the hit has another number there); the boot's last
+    /// inputs so decoded. The first that gives the same report is the reproducer, as the lines it sent.
     fn replay_pending(&mut self) -> Result<(), CampaignError> {
         for f in self.findings.pending() {
             let history = self.findings.lines(&f, "history.jsonl");
-            let Some(last) = history.last().cloned() else { continue };
-            let mut how = Confirmed::No;
-            for (attempt, lines) in [(Confirmed::LastBatch, vec![last.clone()]), (Confirmed::History, history.clone())]
-            {
-                if self.replay(&lines, &f.signature)? {
-                    how = attempt;
+            let inputs = self.findings.inputs(&f);
+            let (Some(last), Some(last_input)) = (history.last().cloned(), inputs.last().cloned()) else { continue };
+            let attempts = [
+                (Confirmed::LastBatch, vec![Batch::Line(last)]),
+                (Confirmed::LastInput, vec![Batch::Input(last_input)]),
+                (Confirmed::History, inputs.into_iter().map(Batch::Input).collect()),
+            ];
+            let mut how = (Confirmed::No, None);
+            for (attempt, batches) in attempts {
+                if let Some(sent) = self.replay(&batches, &f.signature)? {
+                    how = (attempt, Some(sent));
                     break;
                 }
             }
-            eprintln!("kernel-fuzz: finding {} replayed on a fresh boot: {how:?}", f.id);
-            self.findings.confirm(&f.id, how, Some(&last))?;
+            eprintln!("kernel-fuzz: finding {} replayed on a fresh boot: {:?}", f.id, how.0);
+            self.findings.confirm(&f.id, how.0, how.1.as_deref())?;
         }
         Ok(())
     }
 
-    /// Sends `lines` on a fresh boot; whether a report with `signature` followed. The boot is ended after.
-    pub fn replay(&mut self, lines: &[String], signature: &str) -> Result<bool, CampaignError> {
+    /// Sends `batches` on a fresh boot, inputs decoded against its fabric; the lines sent up to a report with
+    /// `signature`, or None if none came. The boot is ended after.
+    pub fn replay(&mut self, batches: &[Batch], signature: &str) -> Result<Option<Vec<String>>, CampaignError> {
         self.ensure_boot()?;
         let mut seen = false;
-        for line in lines {
-            let Ok(req) = serde_json::from_str::<Value>(line) else { continue };
+        let mut sent = vec![];
+        for batch in batches {
+            let line = match batch {
+                Batch::Line(l) => l.clone(),
+                Batch::Input(i) => {
+                    let target = &self.boot.as_ref().expect("ensured").target;
+                    packet::batch_request(&self.opts.device, &packet::decode(i, target), self.opts.wait_ms)
+                }
+            };
+            let Ok(req) = serde_json::from_str::<Value>(&line) else { continue };
+            sent.push(line);
             let outcome = self.send_line(&req);
             let boot = self.boot.as_mut().expect("ensured");
             let mut reports = boot.reports();
@@ -351,7 +392,7 @@ impl Session {
             }
         }
         self.end_boot();
-        Ok(seen)
+        Ok(seen.then_some(sent))
     }
 
     pub fn shutdown(&mut self) {

@@ -21,9 +21,11 @@ pub enum FindingsError {
 pub enum Confirmed {
     /// Not replayed yet.
     Pending,
-    /// The last batch alone gave the same signature on a fresh boot: `repro.jsonl` is that one line.
+    /// The last batch alone, as sent, gave the same signature on a fresh boot: `repro.jsonl` is that one line.
     LastBatch,
-    /// The boot's last batches together did (`repro.jsonl` holds them all).
+    /// The last input, decoded against the fresh boot's fabric, did: `repro.jsonl` is the line it made.
+    LastInput,
+    /// The boot's last inputs together, so decoded, did: `repro.jsonl` holds the lines they made.
     History,
     /// Neither did; the lines are kept for a look by hand.
     No,
@@ -66,6 +68,7 @@ impl Findings {
         boot: u64,
         exec: u64,
         lines: &[String],
+        inputs: &[Vec<u8>],
         boot_logs: &Path,
     ) -> Result<(String, bool), FindingsError> {
         let sig = report.signature();
@@ -88,6 +91,8 @@ impl Findings {
         write("report.txt", report.text.join("\n") + "\n")?;
         write("repro.jsonl", lines.join("\n") + "\n")?;
         write("history.jsonl", lines.join("\n") + "\n")?;
+        let hex: Vec<String> = inputs.iter().map(|i| i.iter().map(|b| format!("{b:02x}")).collect()).collect();
+        write("history.inputs", hex.join("\n") + "\n")?;
         for log in ["serial.log", "device-model.log", "guest-run.log", "qemu-command.txt"] {
             let _ = std::fs::copy(boot_logs.join(log), dir.join(log));
         }
@@ -113,17 +118,29 @@ impl Findings {
         self.by_signature.values().filter(|f| f.confirmed == Confirmed::Pending).cloned().collect()
     }
 
-    /// Sets how a finding was confirmed; with `LastBatch`, its reproducer becomes that one line.
-    pub fn confirm(&mut self, id: &str, how: Confirmed, last: Option<&str>) -> Result<(), FindingsError> {
+    /// Sets how a finding was confirmed; when it was, its reproducer becomes the lines the replay sent.
+    pub fn confirm(&mut self, id: &str, how: Confirmed, sent: Option<&[String]>) -> Result<(), FindingsError> {
         let Some(f) = self.by_signature.values_mut().find(|f| f.id == id) else { return Ok(()) };
         f.confirmed = how;
         let f = f.clone();
-        if let (Confirmed::LastBatch, Some(line)) = (how, last) {
+        if let Some(lines) = sent {
             let p = self.root.join(&f.dir).join("repro.jsonl");
-            std::fs::write(&p, format!("{line}\n"))
+            std::fs::write(&p, lines.join("\n") + "\n")
                 .map_err(|source| FindingsError::Io { path: p.display().to_string(), source })?;
         }
         self.save(&f)
+    }
+
+    /// The inputs of a finding's history (`history.inputs`, one hex line each).
+    pub fn inputs(&self, f: &Finding) -> Vec<Vec<u8>> {
+        self.lines(f, "history.inputs")
+            .iter()
+            .map(|l| {
+                (0..l.len() / 2)
+                    .filter_map(|i| l.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+                    .collect()
+            })
+            .collect()
     }
 
     fn save(&self, f: &Finding) -> Result<(), FindingsError> {
@@ -170,11 +187,12 @@ mod tests {
         std::fs::write(logs.path().join("serial.log"), "console\n").unwrap();
         let mut f = Findings::new(out.path());
         let lines = vec![r#"{"device":"hfi1-wfr","cmd":"wire-batch","packets":[]}"#.to_string()];
+        let inputs = vec![vec![0xF1, 0x00, 0x7F]];
         let (id, new) =
-            f.record(&warn("WARNING: CPU: 0 PID: 1 at a.c:1 f+0x1/0x2"), 1, 10, &lines, logs.path()).unwrap();
+            f.record(&warn("WARNING: CPU: 0 PID: 1 at a.c:1 f+0x1/0x2"), 1, 10, &lines, &inputs, logs.path()).unwrap();
         assert!(new);
         let (id2, new2) =
-            f.record(&warn("WARNING: CPU: 1 PID: 9 at a.c:1 f+0x1/0x2"), 2, 20, &lines, logs.path()).unwrap();
+            f.record(&warn("WARNING: CPU: 1 PID: 9 at a.c:1 f+0x1/0x2"), 2, 20, &lines, &inputs, logs.path()).unwrap();
         assert_eq!((id2.as_str(), new2), (id.as_str(), false));
         let all = f.all();
         assert_eq!(all.len(), 1);
@@ -184,8 +202,9 @@ mod tests {
             assert!(dir.join(file).is_file(), "{file}");
         }
         assert_eq!(f.pending().len(), 1);
-        f.confirm(&id, Confirmed::LastBatch, Some("LAST")).unwrap();
-        assert_eq!(f.lines(&f.all()[0], "repro.jsonl"), vec!["LAST".to_string()]);
+        assert_eq!(f.inputs(&f.all()[0]), inputs);
+        f.confirm(&id, Confirmed::LastInput, Some(&["SENT".to_string()])).unwrap();
+        assert_eq!(f.lines(&f.all()[0], "repro.jsonl"), vec!["SENT".to_string()]);
         assert_eq!(f.lines(&f.all()[0], "history.jsonl"), lines);
         assert!(f.pending().is_empty());
     }

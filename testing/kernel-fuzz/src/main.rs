@@ -31,6 +31,8 @@ enum Cmd {
     Baseline(BaselineArgs),
     /// Checks a campaign's summary against the smoke's requirements.
     Check(CheckArgs),
+    /// A packet's bytes changed and its ICRC made right again: for minimising a finding's batch by hand.
+    Reseal(ResealArgs),
     /// Writes to stdout a seed input whose packet carries the test-only planted defect's payload (a UD
     /// SEND_ONLY to the keeper's first UD QP, payload "RDMAEMU-PLANT-40"; ci/build-hfi1-module.sh --plant).
     PlantSeed,
@@ -137,6 +139,19 @@ struct BaselineArgs {
 }
 
 #[derive(Args)]
+struct ResealArgs {
+    /// The packet as a wire-batch line carries it (hex, ICRC included).
+    #[arg(long)]
+    packet_hex: String,
+    /// OFFSET=HEX: write these bytes at this byte offset first (repeatable), e.g. a BTH field.
+    #[arg(long)]
+    set: Vec<String>,
+    /// Cut the packet to this many bytes (ICRC included) first, e.g. to drop a payload.
+    #[arg(long)]
+    len: Option<usize>,
+}
+
+#[derive(Args)]
 struct CheckArgs {
     #[arg(long)]
     summary: PathBuf,
@@ -165,6 +180,7 @@ fn main() -> ExitCode {
         Cmd::Baseline(a) => baseline(a),
         Cmd::Check(a) => check(a),
         Cmd::PlantSeed => plant_seed(),
+        Cmd::Reseal(a) => reseal(a),
     };
     match r {
         Ok(code) => code,
@@ -325,7 +341,8 @@ fn repro(a: ReproArgs) -> R {
         tokens: vec![],
     };
     let mut session = Session::new(opts).map_err(|e| e.to_string())?;
-    let seen = session.replay(&lines, &signature).map_err(|e| e.to_string())?;
+    let batches: Vec<campaign::Batch> = lines.into_iter().map(campaign::Batch::Line).collect();
+    let seen = session.replay(&batches, &signature).map_err(|e| e.to_string())?.is_some();
     session.shutdown();
     if seen {
         println!("REPRODUCED: {signature}");
@@ -360,6 +377,32 @@ fn baseline(a: BaselineArgs) -> R {
 fn plant_seed() -> R {
     use std::io::Write;
     std::io::stdout().write_all(&campaign::plant_seed()).map_err(|e| format!("stdout: {e}"))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn hex_bytes(s: &str) -> Result<Vec<u8>, String> {
+    if !s.len().is_multiple_of(2) {
+        return Err(format!("{s}: an odd number of hex digits"));
+    }
+    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| format!("{s}: {e}"))).collect()
+}
+
+fn reseal(a: ResealArgs) -> R {
+    use device_model::hfi1::cable::wire::{WirePacket, ICRC_BYTES};
+    let mut bytes = hex_bytes(&a.packet_hex)?;
+    if let Some(len) = a.len {
+        bytes.truncate(len);
+    }
+    for set in &a.set {
+        let (off, hex) = set.split_once('=').ok_or_else(|| format!("--set {set}: OFFSET=HEX"))?;
+        let off: usize = off.parse().map_err(|e| format!("--set {set}: {e}"))?;
+        let new = hex_bytes(hex)?;
+        let dst = bytes.get_mut(off..off + new.len()).ok_or_else(|| format!("--set {set}: past the packet"))?;
+        dst.copy_from_slice(&new);
+    }
+    let body = bytes[..bytes.len().saturating_sub(ICRC_BYTES)].to_vec();
+    let p = WirePacket::seal(body, false, false).map_err(|e| e.to_string())?;
+    println!("{}", p.bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -399,7 +442,9 @@ fn check(a: CheckArgs) -> R {
         if matching.is_empty() {
             problems.push(format!("no finding whose title names {want}"));
         } else if a.confirmed
-            && !matching.iter().any(|x| matches!(x["confirmed"].as_str(), Some("last-batch" | "history")))
+            && !matching
+                .iter()
+                .any(|x| matches!(x["confirmed"].as_str(), Some("last-batch" | "last-input" | "history")))
         {
             problems.push(format!("the finding naming {want} was not reproduced on a fresh boot"));
         }
