@@ -34,6 +34,9 @@ use crate::guest::{Boot, BootSpec};
 use crate::oracle::Report;
 use crate::packet;
 
+/// How long a replay waits after its last batch for a report from deferred work.
+pub const REPLAY_SETTLE: Duration = Duration::from_secs(20);
+
 /// Batches of a boot kept for a finding's reproducer.
 pub const HISTORY: usize = 32;
 
@@ -53,6 +56,8 @@ pub struct Options {
     pub extra_seeds: Vec<Vec<u8>>,
     /// Byte strings the token mutators insert (the dictionary beyond the fabric's own numbers).
     pub tokens: Vec<Vec<u8>>,
+    /// Say what the device model answered to each batch, and keep every boot's logs (a reproducer's run).
+    pub verbose: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +195,9 @@ impl Session {
         self.control = None;
         if let Some(mut b) = self.boot.take() {
             b.stop();
-            let _ = std::fs::remove_dir_all(&b.logs);
+            if !self.opts.verbose {
+                let _ = std::fs::remove_dir_all(&b.logs);
+            }
         }
     }
 
@@ -228,7 +235,17 @@ impl Session {
     /// Sends one batch request and judges it: taken, taken late (within the grace period, asked with an empty
     /// batch: done once the driver has caught up with everything placed), never taken, or the peer is gone.
     fn send_line(&mut self, req: &Value) -> Outcome {
-        match self.request(req) {
+        let reply = self.request(req);
+        if self.opts.verbose {
+            match &reply {
+                Ok(r) => eprintln!(
+                    "kernel-fuzz: batch: done {}, placed {}, dropped {} {}",
+                    r["done"], r["placed"], r["dropped"], r["drops"]
+                ),
+                Err(e) => eprintln!("kernel-fuzz: batch: {e}"),
+            }
+        }
+        match reply {
             Ok(r) if r.get("done").and_then(Value::as_bool) == Some(true) => {
                 self.placed += r.get("placed").and_then(Value::as_u64).unwrap_or(0);
                 self.dropped += r.get("dropped").and_then(Value::as_u64).unwrap_or(0);
@@ -386,9 +403,11 @@ impl Session {
             }
         }
         if !seen {
-            // A report may still be on its way (panic output after the reply).
+            // A report may still be on its way: a defect in deferred work (the send workqueue, a timer) oopses
+            // after the batch was taken. A guest that panics ends its boot at once; one that does not is given
+            // REPLAY_SETTLE.
             if let Some(b) = self.boot.as_mut() {
-                seen = b.reports().iter().any(|r| r.signature() == signature);
+                seen = b.finish(REPLAY_SETTLE).iter().any(|r| r.signature() == signature);
             }
         }
         self.end_boot();

@@ -214,6 +214,7 @@ fn wire(a: WireArgs) -> R {
         seed: a.seed,
         extra_seeds: extra,
         tokens: a.token.iter().map(|t| t.as_bytes().to_vec()).collect(),
+        verbose: false,
     };
     let ended = campaign::run(opts).map_err(|e| e.to_string())?;
     let summary = summarize(&a, &tables, &ko, &ended)?;
@@ -339,6 +340,7 @@ fn repro(a: ReproArgs) -> R {
         seed: 0,
         extra_seeds: vec![],
         tokens: vec![],
+        verbose: true,
     };
     let mut session = Session::new(opts).map_err(|e| e.to_string())?;
     let batches: Vec<campaign::Batch> = lines.into_iter().map(campaign::Batch::Line).collect();
