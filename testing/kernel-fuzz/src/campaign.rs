@@ -58,6 +58,10 @@ pub struct Options {
     pub tokens: Vec<Vec<u8>>,
     /// Say what the device model answered to each batch, and keep every boot's logs (a reproducer's run).
     pub verbose: bool,
+    /// Whether a WARN (and a KFENCE report) ends the boot, as the row's `panic_on_warn=1` makes it. Off
+    /// (`--warn-continues`, which boots with `panic_on_warn=0`), the report is a finding and the guest goes on:
+    /// a WARN_ON_ONCE the fuzzer hits every minute no longer costs a boot each time.
+    pub warn_fatal: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -264,6 +268,10 @@ impl Session {
         }
     }
 
+    fn ends_boot(&self, r: &Report) -> bool {
+        ends_boot(r, self.opts.warn_fatal)
+    }
+
     /// The finding of a batch the driver never took while no detector spoke.
     fn stall_report(&self, place: &Value) -> Report {
         let title =
@@ -316,7 +324,7 @@ impl Session {
         };
         // A fatal report with the batch taken: the guest is going down (panic_on_warn, oops=panic); its console's
         // rest belongs to this exec, and the next one needs a fresh boot.
-        let (kind, gone) = if !gone && reports.iter().any(Report::is_fatal) {
+        let (kind, gone) = if !gone && reports.iter().any(|r| self.ends_boot(r)) {
             reports.extend(self.boot.as_mut().expect("ensured").finish(Duration::from_secs(30)));
             (ExitKind::Crash, true)
         } else {
@@ -345,7 +353,7 @@ impl Session {
     /// Replays each pending finding on a fresh boot: its last batch as sent; its last input decoded against the
     /// fresh boot's fabric (a QP the keeper recreated before the hit has another number there); the boot's last
     /// inputs so decoded. The first that gives the same report is the reproducer, as the lines it sent.
-    fn replay_pending(&mut self) -> Result<(), CampaignError> {
+    pub fn replay_pending(&mut self) -> Result<(), CampaignError> {
         for f in self.findings.pending() {
             let history = self.findings.lines(&f, "history.jsonl");
             let inputs = self.findings.inputs(&f);
@@ -416,6 +424,15 @@ impl Session {
 
     pub fn shutdown(&mut self) {
         self.end_boot();
+    }
+
+    /// Ends the boot, then replays the findings still pending on fresh boots (setup time, not fuzzing).
+    pub fn end_boot_and_replay(&mut self) -> Result<(), CampaignError> {
+        let t = Instant::now();
+        self.end_boot();
+        let r = self.replay_pending();
+        self.setup_time += t.elapsed();
+        r
     }
 }
 
@@ -547,8 +564,17 @@ pub fn run(opts: Options) -> Result<Ended, CampaignError> {
     let execs = *state.executions();
     let corpus = libafl::corpus::Corpus::count(libafl::state::HasCorpus::corpus(&state));
     let mut session = executor.session;
-    session.shutdown();
+    // Findings of reports the guest survived are replayed once the campaign is over.
+    session.end_boot_and_replay()?;
     Ok(Ended { session, execs, wall: started.elapsed(), corpus })
+}
+
+/// Whether the guest goes down after this report: with `panic_on_warn` (`warn_fatal`) every fatal kind does;
+/// without it a WARN and a KFENCE report leave the kernel running (kernel/panic.c `__warn`, mm/kfence/report.c
+/// both panic only through `check_panic_on_warn`).
+pub fn ends_boot(r: &Report, warn_fatal: bool) -> bool {
+    use crate::oracle::Kind;
+    r.is_fatal() && (warn_fatal || !matches!(r.kind, Kind::Warn | Kind::Kfence))
 }
 
 /// The magic kernel-cov/hfi1_cov.c's test-only planted WARN looks for at the start of a received payload.
@@ -566,6 +592,24 @@ pub fn plant_seed() -> Vec<u8> {
 mod tests {
     use super::*;
     use device_model::hfi1::cable::wire::{BTH_BYTES, LRH_BYTES};
+
+    #[test]
+    fn a_warn_ends_the_boot_only_under_panic_on_warn_and_an_oops_always() {
+        use crate::oracle::Kind;
+        let table = [
+            (Kind::Warn, true, true),
+            (Kind::Warn, false, false),
+            (Kind::Kfence, false, false),
+            (Kind::Oops, false, true),
+            (Kind::Bug, false, true),
+            (Kind::SoftLockup, false, true),
+            (Kind::RcuStall, true, false),
+        ];
+        for (kind, warn_fatal, want) in table {
+            let r = Report { kind, title: String::new(), text: vec![] };
+            assert_eq!(ends_boot(&r, warn_fatal), want, "{kind:?} warn_fatal {warn_fatal}");
+        }
+    }
 
     /// ib_pack.h: IB_OPCODE_UD_SEND_ONLY = IB_OPCODE_UD (0x60) + IB_OPCODE_SEND_ONLY (0x04); the DETH is 8 bytes
     /// (ib_pack.h IB_DETH_BYTES).

@@ -110,6 +110,10 @@ struct WireArgs {
     /// A dictionary token for the token mutators; repeatable.
     #[arg(long)]
     token: Vec<String>,
+    /// Boot with panic_on_warn=0: a WARN or KFENCE report is a finding and the guest goes on (for long
+    /// campaigns, where a WARN_ON_ONCE hit every minute would cost a boot each time).
+    #[arg(long)]
+    warn_continues: bool,
 }
 
 #[derive(Args)]
@@ -204,8 +208,13 @@ fn wire(a: WireArgs) -> R {
     }
     // A boot lasts until the campaign ends it; guest-run's own limit is only a backstop.
     let timeout_s = (a.minutes * 60.0) as u64 + 2 * a.boot.ready_s + 600;
+    let mut boot = a.boot.spec(timeout_s);
+    if a.warn_continues {
+        // After the row's panic_on_warn=1 on the command line: the later one wins.
+        boot.append = format!("{} panic_on_warn=0", boot.append).trim().to_string();
+    }
     let opts = Options {
-        boot: a.boot.spec(timeout_s),
+        boot,
         out: a.out.clone(),
         minutes: a.minutes,
         device: a.boot.device.clone(),
@@ -215,6 +224,7 @@ fn wire(a: WireArgs) -> R {
         extra_seeds: extra,
         tokens: a.token.iter().map(|t| t.as_bytes().to_vec()).collect(),
         verbose: false,
+        warn_fatal: !a.warn_continues,
     };
     let ended = campaign::run(opts).map_err(|e| e.to_string())?;
     let summary = summarize(&a, &tables, &ko, &ended)?;
@@ -289,6 +299,7 @@ fn summarize(a: &WireArgs, tables: &Tables, ko: &[u8], ended: &campaign::Ended) 
         "setup_s": round2(s.setup_time.as_secs_f64()),
         "execs_per_s_wall": round2(ended.execs as f64 / ended.wall.as_secs_f64().max(1e-9)),
         "max_packets_per_exec": kernel_fuzz::packet::MAX_PACKETS_PER_EXEC,
+        "warn_ends_boot": !a.warn_continues,
         "slow_execs": s.execs_slow,
         "packets_placed": s.placed,
         "packets_dropped": s.dropped,
@@ -341,6 +352,7 @@ fn repro(a: ReproArgs) -> R {
         extra_seeds: vec![],
         tokens: vec![],
         verbose: true,
+        warn_fatal: true,
     };
     let mut session = Session::new(opts).map_err(|e| e.to_string())?;
     let batches: Vec<campaign::Batch> = lines.into_iter().map(campaign::Batch::Line).collect();
