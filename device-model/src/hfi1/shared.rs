@@ -17,8 +17,8 @@ use vfio_user_proto::sync::Unpoison;
 
 use super::cable::{CableEnd, Phy};
 use super::counters::Counters;
-use super::datapath::batch::{Queued, Waiters};
 use super::observe::HeldInject;
+use super::rxe::batch::{Queued, Waiters};
 use super::rxe::state::Rxe;
 use super::wfr::Wfr;
 use crate::engine::{Interrupt, NoInterrupt};

@@ -3,6 +3,7 @@
 //! and eager buffers (`rhq`), TID placement (`rcv`), KDETH packets (`kdeth`). The worker's data path
 //! (`hfi1::ingress`) calls these; none of them reaches up into it.
 
+pub(super) mod batch;
 pub(super) mod flow;
 pub(super) mod kdeth;
 pub(super) mod rcv;
