@@ -296,7 +296,10 @@ run_tid_rdma() {
     step_tid_opfn
     step_tid_fault tid-fault-read-drop "" hfi1-wfr "cable-drop,prob=0.02,seed=7,count=3"
     step_tid_fault tid-fault-read-reorder "" hfi1-wfr "cable-reorder,prob=0.02,seed=5,count=3"
-    step_tid_fault tid-fault-write-corrupt "" hfi1-wfr1 "cable-corrupt,prob=0.02,seed=11,count=3,byte=200"
+    # Only WRITE DATA packets (0xE2), whose loss the flow's next packet reveals (a sequence error, NAK, resend):
+    # a corrupted WRITE DATA LAST (0xE3) of a first segment is never recovered, the kernel's RESYNC defect
+    # (docs/kernel-findings.md, 3), and which packet 2 % of them hits depends on the arrival order.
+    step_tid_fault tid-fault-write-corrupt "" hfi1-wfr1 "cable-corrupt,opcode=0xe2,prob=0.02,seed=11,count=3,byte=200"
     # A WRITE DATA packet (0xE2) in the middle of the 1 MiB WRITE's second segment is lost (the 256 KiB WRITE
     # sends 63, the first segment 64), and so is the NAK the responder sends for it: the step's second and third
     # TID ACKs (0xE7) to hfi1_0 are lost, after the 256 KiB WRITE's, and the NAK is one of them whether or not the
