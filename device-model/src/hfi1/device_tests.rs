@@ -22,9 +22,9 @@ use crate::hfi1::{
     LB_LAST_RESULT, LB_MAX_CHAIN, LB_MSIX_VECTOR,
 };
 
-/// Records raised vectors.
+/// Records raised vectors (the wire-batch tests use it too).
 #[derive(Default)]
-struct Irqs(Mutex<Vec<u16>>, Condvar);
+pub(super) struct Irqs(Mutex<Vec<u16>>, Condvar);
 impl Interrupt for Irqs {
     fn raise(&self, vector: u16) {
         self.0.lock().unwrap().push(vector);
@@ -36,6 +36,12 @@ impl Irqs {
     fn wait(&self, n: usize) -> usize {
         let g = self.0.lock().unwrap();
         self.1.wait_timeout_while(g, Duration::from_secs(5), |v| v.len() < n).unwrap().0.len()
+    }
+
+    /// Waits (bounded: a hang guard) for vector `v`; whether it came.
+    pub(super) fn wait_for(&self, v: u16) -> bool {
+        let g = self.0.lock().unwrap();
+        !self.1.wait_timeout_while(g, Duration::from_secs(10), |got| !got.contains(&v)).unwrap().1.timed_out()
     }
 }
 

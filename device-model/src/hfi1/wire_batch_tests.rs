@@ -6,7 +6,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -14,28 +14,13 @@ use vfio_user_proto::dma::{DmaAccess, HeapMemory};
 
 use super::*;
 use crate::clock::FakeClock;
-use crate::engine::{Engine, Interrupt};
+use crate::engine::Engine;
 use crate::hfi1::cable::WirePacket;
 use crate::hfi1::datapath::batch::{BATCH_WAITERS, WIRE_BATCH_MAX};
 use crate::hfi1::regs::*;
 use crate::hfi1::wfr::csr::{CCE_INT_MAP, CCE_INT_MASK, DCC_CFG_PORT_CONFIG1};
 
-/// Records raised vectors.
-#[derive(Default)]
-struct Irqs(Mutex<Vec<u16>>, Condvar);
-impl Interrupt for Irqs {
-    fn raise(&self, vector: u16) {
-        self.0.lock().unwrap().push(vector);
-        self.1.notify_all();
-    }
-}
-impl Irqs {
-    /// Waits (bounded: a hang guard) for vector `v`.
-    fn wait_for(&self, v: u16) -> bool {
-        let g = self.0.lock().unwrap();
-        !self.1.wait_timeout_while(g, Duration::from_secs(10), |got| !got.contains(&v)).unwrap().1.timed_out()
-    }
-}
+use super::tests::Irqs;
 
 const HDRQ: u64 = 0x10_0000;
 const TAIL: u64 = 0x11_0000;
